@@ -1,0 +1,330 @@
+"""Shared timing and reporting helpers for the quantplan benchmarks (SPEC section 6).
+
+Method: every measurement runs on PyTorch's current CUDA stream (pass
+``torch.cuda.current_stream()`` to ``plan.run`` too, so quantplan, PyTorch eager and
+``torch.compile`` share one stream). :func:`time_gpu` brackets each call with a pair of CUDA events
+and reports the median in microseconds. Before each chunk of timed calls it parks the stream behind
+a short ``torch.cuda._sleep`` so the host enqueues the whole chunk while the GPU is still busy:
+the events then measure the GPU's time for the call, not the Python time taken to launch it (that
+is reported separately by :func:`host_overhead_us`).
+
+Effective bandwidth is ``(bytes read + bytes written) / median time``; :func:`copy_time` measures
+a device-to-device copy moving the same bytes in the same run, the yardstick for "% of copy".
+
+Cache policy (:func:`rotation_sets`): problems moving less than 1 MiB per call are timed hot (they
+are launch-latency bound, as in back-to-back layers); problems between that and twice the L2 size
+rotate among several buffer sets, so consecutive calls do not find their operands in L2; larger
+problems use one set (they flush L2 themselves).
+
+PyTorch is imported lazily, so a script can parse ``--help`` on a machine without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Row",
+    "copy_time",
+    "device_summary",
+    "host_overhead_us",
+    "l2_cache_bytes",
+    "print_markdown",
+    "rotation_sets",
+    "time_gpu",
+    "write_json",
+]
+
+#: Problems moving fewer bytes than this per call are timed with a hot cache (launch-bound regime).
+SMALL_PROBLEM_BYTES = 1 << 20
+#: Most buffer sets :func:`rotation_sets` asks for.
+MAX_ROTATION_SETS = 64
+#: Timed calls enqueued behind one backlog sleep.
+_CHUNK = 32
+#: Assumed host cost of recording one CUDA event, in µs (only sizes the backlog, generously).
+_EVENT_US = 5.0
+#: Longest backlog sleep, in µs.
+_MAX_BACKLOG_US = 50_000.0
+
+Thunk = Callable[[], Any]
+
+
+# ---- device facts ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def l2_cache_bytes() -> int:
+    """L2 size of the current CUDA device in bytes (50 MiB when PyTorch does not report it)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    size = int(getattr(props, "L2_cache_size", 0) or 0)
+    return size if size > 0 else 50 << 20
+
+
+def device_summary() -> dict[str, Any]:
+    """Device name, L2 size and library versions, for the report header and the JSON file."""
+    import torch
+
+    info: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "l2_bytes": l2_cache_bytes(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except Exception:  # CuPy missing only matters to the plans, which report it themselves
+        info["cupy"] = None
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:  # torch.compile rows will say n/a
+        info["triton"] = None
+    return info
+
+
+def rotation_sets(nbytes: int, *, l2_bytes: int | None = None) -> int:
+    """How many buffer sets a problem moving ``nbytes`` per call should rotate among.
+
+    1 below :data:`SMALL_PROBLEM_BYTES` (hot, launch-bound) and at or above twice the L2 size
+    (streams through L2 anyway); otherwise enough sets for the rotation to span twice the L2
+    size, at most :data:`MAX_ROTATION_SETS`.
+    """
+    l2 = l2_cache_bytes() if l2_bytes is None else l2_bytes
+    if nbytes < SMALL_PROBLEM_BYTES or nbytes >= 2 * l2:
+        return 1
+    return min(MAX_ROTATION_SETS, math.ceil(2 * l2 / nbytes))
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _sleep_cycles_per_us() -> float | None:
+    """Clock cycles of ``torch.cuda._sleep`` per µs, or None when it is unavailable."""
+    import torch
+
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    try:
+        sleep(1000)  # first call may load the kernel
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 2_000_000
+        start.record()
+        sleep(cycles)
+        end.record()
+        end.synchronize()
+        us = start.elapsed_time(end) * 1e3
+    except Exception:
+        return None
+    return cycles / us if us > 0 else None
+
+
+def _backlog(us: float) -> None:
+    """Keep the current stream busy for about ``us`` µs (no-op without ``torch.cuda._sleep``)."""
+    import torch
+
+    rate = _sleep_cycles_per_us()
+    if rate is None or us <= 0:
+        return
+    torch.cuda._sleep(int(min(us, _MAX_BACKLOG_US) * rate))
+
+
+def _thunks(fn: Thunk | Sequence[Thunk], rotate: Sequence[Thunk]) -> list[Thunk]:
+    fns = list(fn) if isinstance(fn, Sequence) else [fn]
+    fns.extend(rotate)
+    if not fns:
+        raise ValueError("time_gpu needs at least one callable")
+    return fns
+
+
+def time_gpu(
+    fn: Thunk | Sequence[Thunk],
+    *,
+    warmup: int = 10,
+    reps: int = 100,
+    rotate: Sequence[Thunk] = (),
+) -> float:
+    """Median GPU time of one call of ``fn``, in µs, measured with CUDA events around each call.
+
+    ``fn`` launches work on PyTorch's current stream. ``rotate``: further callables doing the same
+    work on other buffers (see :func:`rotation_sets`); calls cycle through ``fn, *rotate`` so
+    consecutive calls touch different memory. ``fn`` may also be a sequence of such callables.
+    Calls are enqueued in chunks behind a short GPU sleep, so the events time the GPU work and
+    not the host's launch latency.
+    """
+    import torch
+
+    fns = _thunks(fn, rotate)
+    n = len(fns)
+    counter = 0
+    torch.cuda.synchronize()
+    # Warm up (first calls may compile or allocate); time the later ones on the host to size the backlog.
+    host_us = 50.0
+    t0 = time.perf_counter()
+    for i in range(max(1, warmup)):
+        if i == 1:
+            t0 = time.perf_counter()
+        fns[counter % n]()
+        counter += 1
+    if warmup > 1:
+        host_us = max(1.0, (time.perf_counter() - t0) * 1e6 / (warmup - 1))
+    torch.cuda.synchronize()
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    done = 0
+    while done < reps:
+        m = min(_CHUNK, reps - done)
+        torch.cuda.synchronize()
+        _backlog(1.5 * m * (host_us + 2 * _EVENT_US) + 20.0)
+        for j in range(done, done + m):
+            starts[j].record()
+            fns[counter % n]()
+            ends[j].record()
+            counter += 1
+        done += m
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+
+
+def copy_time(nbytes_read: int, nbytes_written: int, *, warmup: int = 10, reps: int = 100) -> tuple[float, float]:
+    """Time a device-to-device copy moving ``nbytes_read + nbytes_written`` bytes in all.
+
+    Copies a uint8 tensor of ``ceil((read + written) / 2)`` bytes (read that many, write that
+    many), rotating buffers as :func:`rotation_sets` says. Returns ``(median µs, TB/s)``, the
+    bandwidth counting bytes read plus bytes written.
+    """
+    import torch
+
+    half = max(1, (nbytes_read + nbytes_written + 1) // 2)
+    sets = rotation_sets(2 * half)
+    pairs = [
+        (
+            torch.randint(0, 256, (half,), dtype=torch.uint8, device="cuda"),
+            torch.empty(half, dtype=torch.uint8, device="cuda"),
+        )
+        for _ in range(sets)
+    ]
+    fns: list[Thunk] = [lambda src=src, dst=dst: dst.copy_(src) for src, dst in pairs]
+    us = time_gpu(fns, warmup=warmup, reps=reps)
+    return us, 2 * half / us / 1e6
+
+
+def host_overhead_us(fn: Thunk, n: int = 2000, *, batch: int = 100) -> float:
+    """Host time of one call of ``fn`` in µs (e.g. ``plan.run``), averaged over ``n`` calls.
+
+    The device is synchronized before and after each batch of ``batch`` calls, outside the timed
+    region, so the launch queue never fills and the figure is the Python/driver cost alone.
+    """
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    total = 0.0
+    left = n
+    while left > 0:
+        m = min(batch, left)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(m):
+            fn()
+        total += time.perf_counter() - t0
+        left -= m
+    torch.cuda.synchronize()
+    return total * 1e6 / max(1, n)
+
+
+# ---- reporting --------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One benchmark row: our time and its peers on the same problem.
+
+    ``nbytes``: bytes read plus bytes written by the op (parameters included). ``copy_us``: a
+    device-to-device copy of the same bytes. ``compile_us`` / ``eager_us``: ``torch.compile``
+    and PyTorch eager doing the same math (None when unavailable). ``note``: free text.
+    """
+
+    op: str
+    shape: str
+    dtype: str
+    us: float
+    nbytes: int
+    copy_us: float
+    compile_us: float | None = None
+    eager_us: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tbps(self) -> float:
+        """Effective bandwidth of our op, TB/s."""
+        return self.nbytes / self.us / 1e6
+
+    @property
+    def copy_tbps(self) -> float:
+        """Bandwidth of the copy of the same bytes, TB/s."""
+        return self.nbytes / self.copy_us / 1e6
+
+    @property
+    def pct_of_copy(self) -> float:
+        """Our bandwidth as a percentage of the copy's (= copy time / our time)."""
+        return 100.0 * self.copy_us / self.us
+
+    @property
+    def x_compile(self) -> float | None:
+        """``torch.compile`` time / our time (> 1: we are faster)."""
+        return None if self.compile_us is None else self.compile_us / self.us
+
+    @property
+    def x_eager(self) -> float | None:
+        """PyTorch eager time / our time (> 1: we are faster)."""
+        return None if self.eager_us is None else self.eager_us / self.us
+
+    def to_dict(self) -> dict[str, Any]:
+        """Fields plus derived figures, for JSON."""
+        d = asdict(self)
+        d.update(
+            tbps=self.tbps, copy_tbps=self.copy_tbps, pct_of_copy=self.pct_of_copy,
+            x_compile=self.x_compile, x_eager=self.x_eager,
+        )
+        return d
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}×"
+
+
+def print_markdown(rows: Sequence[Row]) -> None:
+    """Print ``rows`` as a markdown table (op, shape, dtype, µs, TB/s, % of copy, × compile, × eager)."""
+    header = ["op", "shape", "dtype", "µs", "TB/s", "% of copy", "× torch.compile", "× eager"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|")
+    for r in rows:
+        cells = [
+            r.op, r.shape, r.dtype, f"{r.us:.2f}", f"{r.tbps:.3f}", f"{r.pct_of_copy:.1f}%",
+            _ratio(r.x_compile), _ratio(r.x_eager),
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+def write_json(rows: Sequence[Row], path: str | Path, meta: dict[str, Any] | None = None) -> None:
+    """Write ``rows`` (fields and derived figures) and optional ``meta`` to ``path`` as JSON."""
+    payload = {"meta": meta or {}, "rows": [r.to_dict() for r in rows]}
+    Path(path).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

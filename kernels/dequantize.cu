@@ -1,0 +1,102 @@
+// dequantize.cu: static-parameter dequantization (DequantizePlan).
+//
+//   y = (q - zp) * scale     computed in the accumulator type (float; double for f64 output),
+//                            rounded once to the output type
+//   y = fp8_to_float(q) * scale   for FP8 codes (exact widening, then the same product)
+// Template arguments: In (s8, u8q, s4, u4, e4m3, e5m2), Out (f16, bf16, f32, f64), VEC,
+// VECTOR_IO, HIGH_FIRST nibble order for packed inputs.
+#include "qp_elements.cuh"
+#include "qp_vector_io.cuh"
+#include "qp_packing.cuh"
+#include "qp_row_layout.cuh"
+
+namespace qp {
+
+static const int kDequantizeUnroll = 4;
+
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+struct DequantizeBody {
+  typedef FloatElement<Out> FE;
+  typedef typename FE::storage out_t;
+  typedef typename FE::acc acc_t;
+  static const int kind = QuantElement<In>::kind;
+  static const bool is_signed = QuantElement<In>::is_signed;
+  static const bool packed = (kind == 1);
+  static const int in_bytes = packed ? VEC / 2 : VEC;
+
+  const u8* __restrict__ q;
+  out_t* __restrict__ y;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
+  const RowLayout& lay;
+  acc_t row_scale;
+  int row_zp;
+  ElementVector<u8, in_bytes> qv[kDequantizeUnroll];
+
+  __device__ __forceinline__ DequantizeBody(const u8* q_, out_t* y_, const acc_t* sp, const int* zp, acc_t sv, int zv,
+                                            const RowLayout& l)
+      : q(q_), y(y_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
+
+  __device__ __forceinline__ acc_t scale_at(i64 index) const { return scale_ptr ? scale_ptr[index] : scale_value; }
+  __device__ __forceinline__ int zp_at(i64 index) const { return zp_ptr ? zp_ptr[index] : zp_value; }
+
+  __device__ __forceinline__ void begin_item(i64, i64 pbase) {
+    if (lay.cs == 0) {
+      row_scale = scale_at(pbase);
+      row_zp = zp_at(pbase);
+    }
+  }
+
+  __device__ __forceinline__ void load(int u, i64 row, int col, int valid) {
+    if constexpr (packed) {
+      const i64 row_bytes = (lay.L + 1) / 2;
+      qv[u].template load<VECTOR_IO>(q + row * row_bytes + col / 2, (valid + 1) / 2);
+    } else {
+      qv[u].template load<VECTOR_IO>(q + row * lay.L + col, valid);
+    }
+  }
+
+  __device__ __forceinline__ acc_t value(int k, int u) const {
+    if constexpr (kind == 2) return (acc_t)Fp8Element<In>::to_f32(qv[u].v[k]);
+    if constexpr (packed) return 0;  // handled by code()
+    return is_signed ? (acc_t)(i8)qv[u].v[k] : (acc_t)qv[u].v[k];
+  }
+
+  __device__ __forceinline__ int code(int k, int u) const {
+    if constexpr (packed) return unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1);
+    return is_signed ? (int)(i8)qv[u].v[k] : (int)qv[u].v[k];
+  }
+
+  __device__ __forceinline__ acc_t dequant(int k, int u, acc_t scale, int zp) const {
+    if constexpr (kind == 2) return value(k, u) * scale;
+    return (acc_t)((i64)code(k, u) - zp) * scale;
+  }
+
+  __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
+    ElementVector<out_t, VEC> out;
+    if (lay.cs == 0) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.v[k] = FE::from_acc(dequant(k, u, row_scale, row_zp));
+    } else {
+      for_each_column_param<VEC>(lay, pbase, col, valid, [&](int k, i64 index) {
+        out.v[k] = FE::from_acc(dequant(k, u, scale_at(index), zp_at(index)));
+      });
+    }
+    out.template store<VECTOR_IO>(y + row * lay.L + col, valid);
+  }
+};
+
+}  // namespace qp
+
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+__global__ void __launch_bounds__(256)
+dequantize_rows(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::storage* __restrict__ y,
+                const typename qp::FloatElement<Out>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
+                typename qp::FloatElement<Out>::acc scale_value, int zp_value, const qp::i64* __restrict__ layout) {
+  qp::RowLayout lay;
+  lay.load(layout);
+  qp::DequantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST> body(q, y, scale_ptr, zp_ptr, scale_value, zp_value, lay);
+  qp::for_each_row_vector<VEC, qp::kDequantizeUnroll>(lay, body);
+}

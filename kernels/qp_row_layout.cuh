@@ -1,0 +1,94 @@
+// qp_row_layout.cuh: the canonical (rows x L) view every elementwise plan runs on, and the
+// row-segment work loop shared by the quantize and dequantize families.
+//
+// A contiguous tensor is viewed as `rows` rows of `L` elements. The parameter (scale, zero
+// point) of element (row, col) is params[row_param_base(row) + (col / gc) * cs] with
+//   row_param_base(row) = o * Co + ((row / M) % A / g_rows) * Ca + (row % M) * Cm,
+//   o = row / (M * A),
+// which expresses tensor, token, channel(axis) and group(axis, g) scopes of any rank (the
+// Python side derives the coefficients). Rows are split into chunks of
+// `seg_threads * VEC * UNROLL` columns; a segment of seg_threads consecutive threads takes one
+// (row, chunk) item at a time in a grid-stride loop, so there is no limit on rows and every
+// index is 64-bit.
+#pragma once
+#include "qp_elements.cuh"
+
+namespace qp {
+
+// Slots of the int64 layout array written by quantplan/_layout.py (keep in sync).
+enum LayoutSlot {
+  kRows = 0, kRowLength, kItems, kChunksPerRow, kChunkCols, kSegLog2,
+  kM, kA, kGRows, kCo, kCa, kCm, kGroupCols, kColStride, kQMin, kQMax, kLayoutSlots
+};
+
+struct RowLayout {
+  i64 rows, items, chunks_per_row, M, A, Co, Ca, Cm;
+  int L, chunk_cols, seg_log2, g_rows, gc, cs, q_min, q_max;
+
+  __device__ __forceinline__ void load(const i64* __restrict__ s) {
+    rows = s[kRows]; L = (int)s[kRowLength]; items = s[kItems];
+    chunks_per_row = s[kChunksPerRow]; chunk_cols = (int)s[kChunkCols]; seg_log2 = (int)s[kSegLog2];
+    M = s[kM]; A = s[kA]; g_rows = (int)s[kGRows]; Co = s[kCo]; Ca = s[kCa]; Cm = s[kCm];
+    gc = (int)s[kGroupCols]; cs = (int)s[kColStride]; q_min = (int)s[kQMin]; q_max = (int)s[kQMax];
+  }
+
+  __device__ __forceinline__ i64 row_param_base(i64 row) const {
+    if (M == 1 && A == 1) return row * Co;
+    const i64 t = row / M;
+    const i64 m = row - t * M;
+    const i64 o = t / A;
+    const i64 a = t - o * A;
+    return o * Co + (a / g_rows) * Ca + m * Cm;
+  }
+};
+
+// Runs body over every (row, column-vector) of the layout. Body provides
+//   begin_item(row, pbase)                 once per (row, chunk) item
+//   load<u>(row, col, valid)               issue the loads of vector u (all loads first)
+//   finish<u>(row, pbase, col, valid)      compute and store vector u
+// `valid` is min(VEC, L - col): the elements of the vector inside the row.
+template <int VEC, int UNROLL, class Body>
+__device__ __forceinline__ void for_each_row_vector(const RowLayout& lay, Body& body) {
+  const int seg_threads = 1 << lay.seg_log2;
+  const int lane = threadIdx.x & (seg_threads - 1);
+  const int segs_per_block = blockDim.x >> lay.seg_log2;
+  const i64 seg_stride = (i64)gridDim.x * segs_per_block;
+  for (i64 item = (i64)blockIdx.x * segs_per_block + (threadIdx.x >> lay.seg_log2); item < lay.items;
+       item += seg_stride) {
+    i64 row = item;
+    int chunk = 0;
+    if (lay.chunks_per_row != 1) {
+      row = item / lay.chunks_per_row;
+      chunk = (int)(item - row * lay.chunks_per_row);
+    }
+    const i64 pbase = lay.row_param_base(row);
+    const int col0 = chunk * lay.chunk_cols + lane * VEC;
+    body.begin_item(row, pbase);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int col = col0 + u * seg_threads * VEC;
+      if (col < lay.L) body.load(u, row, col, min(VEC, lay.L - col));
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int col = col0 + u * seg_threads * VEC;
+      if (col < lay.L) body.finish(u, row, pbase, col, min(VEC, lay.L - col));
+    }
+  }
+}
+
+// Parameter of vector element k at columns col..col+VEC-1: walks group boundaries without a
+// division per element. Calls fn(k, param_index) for each k < valid.
+template <int VEC, class Fn>
+__device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 pbase, int col, int valid,
+                                                      Fn fn) {
+  int gi = (unsigned)col / (unsigned)lay.gc;
+  int rem = col - gi * lay.gc;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    if (k < valid) fn(k, pbase + (i64)gi * lay.cs);
+    if (++rem == lay.gc) { rem = 0; ++gi; }
+  }
+}
+
+}  // namespace qp

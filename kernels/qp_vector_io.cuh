@@ -1,0 +1,67 @@
+// qp_vector_io.cuh: aligned vector loads and stores of N bytes (N a power of two).
+//
+// A vector of N bytes moves as ceil(N/16) 16-byte words (or one 8/4/2/1-byte word), so a
+// thread's VEC elements cost one or two memory instructions. Callers guarantee alignment.
+#pragma once
+#include "qp_elements.cuh"
+
+namespace qp {
+
+template <int BYTES> struct VectorWord;
+template <> struct VectorWord<1> { typedef u8 type; };
+template <> struct VectorWord<2> { typedef u16 type; };
+template <> struct VectorWord<4> { typedef u32 type; };
+template <> struct VectorWord<8> { typedef uint2 type; };
+template <> struct VectorWord<16> { typedef uint4 type; };
+
+// BYTES bytes viewed as words of at most 16 bytes.
+template <int BYTES> struct ByteVector {
+  static const int word_bytes = BYTES < 16 ? BYTES : 16;
+  static const int words = BYTES / word_bytes;
+  typedef typename VectorWord<word_bytes>::type word;
+  union {
+    word w[words];
+    u8 b[BYTES];
+  };
+  __device__ __forceinline__ void load(const void* p) {
+    const word* src = reinterpret_cast<const word*>(p);
+#pragma unroll
+    for (int i = 0; i < words; ++i) w[i] = src[i];
+  }
+  __device__ __forceinline__ void store(void* p) const {
+    word* dst = reinterpret_cast<word*>(p);
+#pragma unroll
+    for (int i = 0; i < words; ++i) dst[i] = w[i];
+  }
+};
+
+// VEC elements of storage type T, loaded and stored as one aligned vector when VECTOR_IO,
+// or one element at a time (with a bound) otherwise.
+template <class T, int VEC> struct ElementVector {
+  union {
+    ByteVector<sizeof(T) * VEC> bytes;
+    T v[VEC];
+  };
+  __device__ __forceinline__ ElementVector() {}
+  template <bool VECTOR_IO>
+  __device__ __forceinline__ void load(const T* p, int valid) {
+    if (VECTOR_IO) {
+      bytes.load(p);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = (k < valid) ? p[k] : T(0);
+    }
+  }
+  template <bool VECTOR_IO>
+  __device__ __forceinline__ void store(T* p, int valid) const {
+    if (VECTOR_IO) {
+      bytes.store(p);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        if (k < valid) p[k] = v[k];
+    }
+  }
+};
+
+}  // namespace qp

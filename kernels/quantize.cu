@@ -1,0 +1,96 @@
+// quantize.cu: static-parameter quantization (QuantizePlan).
+//
+//   q = clamp(rne(x / scale) + zp, q_min, q_max)      integer outputs (S8, U8, S4, U4 packed)
+//   q = fp8_rne_saturate(x / scale)                   FP8 outputs
+// Parameters come from a device array (scale_ptr / zp_ptr) or, when the pointer is null, from
+// the scalar arguments. Template arguments: In (f16, bf16, f32, f64), Out (s8, u8q, s4, u4,
+// e4m3, e5m2), VEC elements per thread-vector, VECTOR_IO (aligned vector loads/stores or a
+// bounded element loop), HIGH_FIRST nibble order for packed outputs.
+#include "qp_elements.cuh"
+#include "qp_vector_io.cuh"
+#include "qp_packing.cuh"
+#include "qp_rounding.cuh"
+#include "qp_row_layout.cuh"
+
+namespace qp {
+
+static const int kQuantizeUnroll = 4;
+
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+struct QuantizeBody {
+  typedef FloatElement<In> FE;
+  typedef typename FE::storage in_t;
+  typedef typename FE::acc acc_t;
+  static const int kind = QuantElement<Out>::kind;
+  static const bool packed = (kind == 1);
+  static const int out_bytes = packed ? VEC / 2 : VEC;
+
+  const in_t* __restrict__ x;
+  u8* __restrict__ q;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
+  const RowLayout& lay;
+  IntQuantParam<acc_t> row_param;
+  ElementVector<in_t, VEC> xv[kQuantizeUnroll];
+
+  __device__ __forceinline__ QuantizeBody(const in_t* x_, u8* q_, const acc_t* sp, const int* zp, acc_t sv, int zv,
+                                          const RowLayout& l)
+      : x(x_), q(q_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
+
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
+    IntQuantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value, lay.q_min, lay.q_max);
+    return p;
+  }
+
+  __device__ __forceinline__ void begin_item(i64, i64 pbase) {
+    if (lay.cs == 0) row_param = param(pbase);
+  }
+
+  __device__ __forceinline__ void load(int u, i64 row, int col, int valid) {
+    xv[u].template load<VECTOR_IO>(x + row * lay.L + col, valid);
+  }
+
+  __device__ __forceinline__ int code(acc_t v, const IntQuantParam<acc_t>& p) const {
+    if constexpr (kind == 2) return fp8_from_acc<Out>(acc_div(v, p.scale));
+    return quantize_int_code(v, p, lay.q_min, lay.q_max);
+  }
+
+  __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
+    int codes[VEC];
+    if (lay.cs == 0) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) codes[k] = code(FE::to_acc(xv[u].v[k]), row_param);
+    } else {
+      for_each_column_param<VEC>(lay, pbase, col, valid, [&](int k, i64 index) {
+        codes[k] = code(FE::to_acc(xv[u].v[k]), param(index));
+      });
+    }
+    ElementVector<u8, out_bytes> out;
+    if constexpr (packed) {
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) out.v[k / 2] = pack_nibbles<HIGH_FIRST>(codes[k], k + 1 < valid ? codes[k + 1] : 0);
+      const i64 row_bytes = (lay.L + 1) / 2;
+      out.template store<VECTOR_IO>(q + row * row_bytes + col / 2, (valid + 1) / 2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.v[k] = (u8)codes[k];
+      out.template store<VECTOR_IO>(q + row * lay.L + col, valid);
+    }
+  }
+};
+
+}  // namespace qp
+
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+__global__ void __launch_bounds__(256)
+quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
+              const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
+              typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::i64* __restrict__ layout) {
+  qp::RowLayout lay;
+  lay.load(layout);
+  qp::QuantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST> body(x, q, scale_ptr, zp_ptr, scale_value, zp_value, lay);
+  qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
+}

@@ -1,0 +1,92 @@
+"""quantplan: GPU quantization kernels behind a plan-based, typed API.
+
+Describe a problem with a descriptor, ``select`` a plan for it, ``run`` it on a stream::
+
+    import quantplan as qp
+    desc = qp.QuantizeDescriptor(shape=(16, 4096), scope=qp.TokenScope(),
+                                 input_element=qp.ElementKind.F32, output_element=qp.ElementKind.S8)
+    plan = qp.QuantizePlan.select(None, desc)
+    plan.run(None, None, qp.QuantizeArgs(input=x, output=q, scale=s))
+
+Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy reference backend
+(:mod:`quantplan.reference`) otherwise, with the same results bit for bit.
+"""
+
+from __future__ import annotations
+
+from ._device import cuda_available
+from .errors import (
+    InvalidProblem,
+    KernelCompileError,
+    MisalignedOperand,
+    QuantPlanError,
+    Unsupported,
+    WorkspaceTooSmall,
+)
+from .quantize import (
+    DequantizeArgs,
+    DequantizeDescriptor,
+    DequantizePlan,
+    QuantizeArgs,
+    QuantizeDescriptor,
+    QuantizePlan,
+)
+from .types import (
+    HOST_ARCH,
+    ArchSku,
+    BackendKind,
+    ChannelScope,
+    ElementKind,
+    GroupScope,
+    KernelSku,
+    MathPrecision,
+    NibbleOrder,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    QuantizeKind,
+    QuantMode,
+    Rounding,
+    Scope,
+    TensorScope,
+    TokenScope,
+)
+from .workspace import Workspace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HOST_ARCH",
+    "ArchSku",
+    "BackendKind",
+    "ChannelScope",
+    "DequantizeArgs",
+    "DequantizeDescriptor",
+    "DequantizePlan",
+    "ElementKind",
+    "GroupScope",
+    "InvalidProblem",
+    "KernelCompileError",
+    "KernelSku",
+    "MathPrecision",
+    "MisalignedOperand",
+    "NibbleOrder",
+    "OpCategory",
+    "PlanPreference",
+    "PrecisionGuarantee",
+    "QuantMode",
+    "QuantPlanError",
+    "QuantizeArgs",
+    "QuantizeDescriptor",
+    "QuantizeKind",
+    "QuantizePlan",
+    "Rounding",
+    "Scope",
+    "TensorScope",
+    "TokenScope",
+    "Unsupported",
+    "Workspace",
+    "WorkspaceTooSmall",
+    "cuda_available",
+    "__version__",
+]

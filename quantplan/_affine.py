@@ -1,0 +1,425 @@
+"""Shared machinery of the static affine plans (QuantizePlan, DequantizePlan).
+
+Both plans map between a float tensor and a tensor of codes through per-segment parameters
+(scale, zero point) and run the same row kernels; only the direction differs. This module
+holds the resolved problem, the operand checks and the CUDA / reference launch paths once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import reference
+from ._device import as_cupy_stream, cuda_available, device_info, stream_device_id
+from ._layout import BLOCK_THREADS, RowLayout, expand_params, param_shape, row_layout
+from ._operands import Operand, is_scalar, operand
+from .compiler import compile_options, load_kernels, template_name
+from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
+from .errors import InvalidProblem, MisalignedOperand, Unsupported
+from .types import (
+    HOST_ARCH,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    NibbleOrder,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    QuantizeKind,
+    QuantMode,
+    Scope,
+    TensorScope,
+)
+from .workspace import Workspace, check_workspace
+
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def storage_shape(shape: tuple[int, ...], kind: ElementKind) -> tuple[int, ...]:
+    """Shape of the array holding ``shape`` elements of ``kind`` (4-bit kinds: last axis halved, rounded up)."""
+    if not ELEMENTS[kind].is_packed:
+        return shape
+    dims = shape if shape else (1,)
+    return (*dims[:-1], (dims[-1] + 1) // 2)
+
+
+@dataclass(frozen=True)
+class AffineProblem:
+    """A validated static affine problem: float side, code side, scope, parameters, code range."""
+
+    shape: tuple[int, ...]
+    scope: Scope
+    mode: QuantMode
+    float_kind: ElementKind
+    code_kind: ElementKind
+    q_min: int
+    q_max: int
+    nibble_order: NibbleOrder
+
+    @property
+    def precision(self) -> MathPrecision:
+        return ELEMENTS[self.float_kind].math_precision
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        return param_shape(self.shape, self.scope)
+
+    @property
+    def code_shape(self) -> tuple[int, ...]:
+        return storage_shape(self.shape, self.code_kind)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def resolve_affine_problem(
+    shape: tuple[int, ...],
+    scope: Scope,
+    mode: QuantMode,
+    float_kind: ElementKind,
+    code_kind: ElementKind,
+    q_min: int | None,
+    q_max: int | None,
+    nibble_order: NibbleOrder,
+) -> AffineProblem:
+    """Validate the descriptor fields shared by the affine plans; raise InvalidProblem / Unsupported."""
+    if any(e < 0 for e in shape):
+        raise InvalidProblem(f"shape {shape} has a negative extent")
+    if not ELEMENTS[float_kind].is_float:
+        raise InvalidProblem(f"float element must be one of F16, BF16, F32, F64, got {float_kind.name}")
+    code = ELEMENTS[code_kind]
+    if not code.is_code:
+        raise InvalidProblem(
+            f"quantized element must be one of S8, U8, S4, U4, FP8_E4M3, FP8_E5M2, got {code_kind.name}"
+        )
+    param_shape(shape, scope)  # validates axis and group divisibility
+    if code.is_fp8:
+        if mode is QuantMode.ASYMMETRIC:
+            raise InvalidProblem(f"{code_kind.name} codes are symmetric only; use QuantMode.SYMMETRIC")
+        if q_min is not None or q_max is not None:
+            raise InvalidProblem(f"q_min/q_max do not apply to {code_kind.name}; leave them None")
+        lo, hi = 0, 0
+    else:
+        assert code.code_range is not None
+        lo, hi = code.code_range
+        lo = lo if q_min is None else q_min
+        hi = hi if q_max is None else q_max
+        if not (code.code_range[0] <= lo <= code.code_range[1] and code.code_range[0] <= hi <= code.code_range[1]):
+            raise InvalidProblem(
+                f"q_min={lo}, q_max={hi} fall outside the {code_kind.name} range {code.code_range}; "
+                f"narrow within it (e.g. symmetric int8 uses q_min=-127)"
+            )
+        if lo > hi:
+            raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
+    return AffineProblem(tuple(shape), scope, mode, float_kind, code_kind, lo, hi, nibble_order)
+
+
+def choose_backend(pref: PlanPreference) -> BackendKind:
+    """CUDA when a GPU is present (or demanded), else REFERENCE."""
+    if pref.backend is BackendKind.REFERENCE:
+        return BackendKind.REFERENCE
+    if cuda_available():
+        return BackendKind.CUDA
+    if pref.backend is BackendKind.CUDA:
+        raise Unsupported("PlanPreference(backend=CUDA) but no CUDA GPU is visible (CuPy sees no device)")
+    return BackendKind.REFERENCE
+
+
+@dataclass(frozen=True)
+class _KernelChoice:
+    function: Any
+    layout_array: Any
+    grid: int
+
+
+@dataclass(slots=True)
+class AffineArgs:
+    """Tensors of one static affine run: ``input``, ``output``, ``scale`` and ``zero_point``.
+
+    ``scale``: array of the descriptor's ``param_shape`` (float32; float64 for F64 plans) or, for
+    TensorScope, a Python float or a one-element device array. ``zero_point``: None for
+    SYMMETRIC; for ASYMMETRIC an int32 array of ``param_shape`` or, for TensorScope, a Python int
+    or one-element array.
+    """
+
+    input: Any
+    output: Any
+    scale: Any
+    zero_point: Any = None
+
+
+class StaticAffinePlan:
+    """Base of QuantizePlan and DequantizePlan: select once, check arguments, run the row kernel."""
+
+    _family: ClassVar[str]
+    _kernel: ClassVar[str]
+    _category: ClassVar[OpCategory]
+    #: True when the plan reads floats and writes codes (quantize), False for the reverse.
+    _float_to_code: ClassVar[bool]
+
+    def __init__(
+        self,
+        problem: AffineProblem,
+        backend: BackendKind,
+        device_id: int | None,
+        arch_name: str,
+        primary: _KernelChoice | None,
+        fallback: _KernelChoice | None,
+        align: tuple[int, int],
+        variant: str,
+    ) -> None:
+        self.problem = problem
+        self.backend = backend
+        self.device_id = device_id
+        self._arch_name = arch_name
+        self._primary = primary
+        self._fallback = fallback
+        self._align_in, self._align_out = align
+        self._variant = variant
+        float_shape, code_shape = problem.shape, problem.code_shape
+        self._in_shape, self._out_shape = (float_shape, code_shape) if self._float_to_code else (code_shape, float_shape)
+        self._in_kind, self._out_kind = (
+            (problem.float_kind, problem.code_kind) if self._float_to_code else (problem.code_kind, problem.float_kind)
+        )
+        self._in_info: ElementInfo = ELEMENTS[self._in_kind]
+        self._out_info: ElementInfo = ELEMENTS[self._out_kind]
+        self._param_shape = problem.param_shape
+        self._param_dtype = param_numpy_dtype(problem.precision)
+        self._scalar_type = np.float64 if problem.precision is MathPrecision.F64 else np.float32
+        self._tensor_scope = isinstance(problem.scope, TensorScope)
+
+    # ---- selection ------------------------------------------------------------------------
+
+    @classmethod
+    def _vec_max(cls, problem: AffineProblem) -> int:
+        return 4 if problem.float_kind is ElementKind.F64 else 8
+
+    @classmethod
+    def _name(cls, problem: AffineProblem, layout: RowLayout) -> str:
+        float_tag, code_tag = ELEMENTS[problem.float_kind].cpp_tag, ELEMENTS[problem.code_kind].cpp_tag
+        in_tag, out_tag = (float_tag, code_tag) if cls._float_to_code else (code_tag, float_tag)
+        high_first = ELEMENTS[problem.code_kind].is_packed and problem.nibble_order is NibbleOrder.HIGH_FIRST
+        return template_name(cls._kernel, in_tag, out_tag, layout.vec, layout.vector_io, high_first)
+
+    @classmethod
+    def _compile_unit(cls, problem: AffineProblem) -> list[str]:
+        """Name expressions compiled together with this problem's kernel."""
+        raise NotImplementedError
+
+    @classmethod
+    def _select(cls, stream: Any, problem: AffineProblem, pref: PlanPreference) -> StaticAffinePlan:
+        backend = choose_backend(pref)
+        packed = ELEMENTS[problem.code_kind].is_packed
+        primary_layout = row_layout(problem.shape, problem.scope, cls._vec_max(problem), packed)
+        variant = f"{problem.scope.kind}/{problem.mode.value}/{primary_layout.describe()}"
+        if backend is BackendKind.REFERENCE:
+            return cls(problem, backend, None, HOST_ARCH.name, None, None, (1, 1), "numpy")
+        import cupy
+
+        device_id = stream_device_id(stream) if stream is not None else int(cupy.cuda.runtime.getDevice())
+        info = device_info(device_id)
+        fallback_layout = row_layout(problem.shape, problem.scope, 1, packed)
+        names = [cls._name(problem, primary_layout), cls._name(problem, fallback_layout)]
+        # One NVRTC program per (input, output, nibble order): every vector width at once, so
+        # plans of other shapes with the same dtypes reuse the loaded module.
+        unit = cls._compile_unit(problem)
+        functions = load_kernels(cls._family, unit, info.arch, device_id, compile_options())
+
+        def choice(layout: RowLayout, name: str) -> _KernelChoice:
+            fn = functions[name]
+            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
+            with cupy.cuda.Device(device_id):
+                slots = cupy.asarray(layout.slots(problem.q_min, problem.q_max))
+            return _KernelChoice(fn, slots, layout.blocks(max(1, per_sm) * info.sm_count))
+
+        in_bits, out_bits = (
+            (ELEMENTS[problem.float_kind].storage_bits, ELEMENTS[problem.code_kind].storage_bits)
+            if cls._float_to_code
+            else (ELEMENTS[problem.code_kind].storage_bits, ELEMENTS[problem.float_kind].storage_bits)
+        )
+        v = primary_layout.vec
+        align = (min(16, v * in_bits // 8), min(16, max(1, v * out_bits // 8)))
+        return cls(
+            problem, backend, device_id, info.arch.name,
+            choice(primary_layout, names[0]), choice(fallback_layout, names[1]), align, variant,
+        )
+
+    # ---- introspection --------------------------------------------------------------------
+
+    def workspace_size(self) -> int:
+        """Bytes of workspace ``run`` needs: always 0 for these elementwise plans."""
+        return 0
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        """f32 arithmetic (f64 for F64 data), no reduction, bit-exact to the reference, deterministic."""
+        return PrecisionGuarantee(
+            math_precision=self.problem.precision, accumulator=param_element(self.problem.precision)
+        )
+
+    def sku(self) -> KernelSku:
+        """Identity of the selected kernel (variant names the row layout and vector width)."""
+        return KernelSku(
+            category=self._category,
+            op=QuantizeKind.STATIC,
+            element=self._in_kind,
+            aux_element=self._out_kind,
+            variant=self._variant,
+            arch=self._arch_name,
+            backend=self.backend,
+            precision_guarantee=self.precision_guarantee(),
+        )
+
+    # ---- argument checks ------------------------------------------------------------------
+
+    def _tensor(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.shape != shape:
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the descriptor implies {shape}")
+        if op.dtype_name not in info.dtype_names:
+            raise InvalidProblem(
+                f"{name} has dtype {op.dtype_name}; {info.kind.name} needs one of {sorted(info.dtype_names)}"
+            )
+        if not op.contiguous:
+            raise MisalignedOperand(f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)")
+        if op.ptr % op.itemsize:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _check_residence(self, op: Operand, name: str) -> None:
+        if self.backend is BackendKind.REFERENCE:
+            if not isinstance(op.obj, np.ndarray):
+                raise InvalidProblem(
+                    f"{name} is a {type(op.obj).__name__}; this plan runs on the REFERENCE backend, which takes "
+                    f"NumPy arrays (select a CUDA plan for device tensors)"
+                )
+        elif op.device_id != self.device_id:
+            where = "host memory" if op.device_id is None else f"device {op.device_id}"
+            raise InvalidProblem(f"{name} lives in {where}, but the plan was selected for device {self.device_id}")
+
+    def _param(self, value: Any, name: str, dtype: np.dtype, allow_none: bool) -> Operand | float | int | None:
+        if value is None:
+            if allow_none:
+                return None
+            raise InvalidProblem(f"{name} is required for this plan")
+        if is_scalar(value):
+            if not self._tensor_scope:
+                raise InvalidProblem(
+                    f"{name} is a scalar, which only TensorScope takes; pass an array of shape {self._param_shape}"
+                )
+            return value  # type: ignore[no-any-return]
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
+        if op.dtype_name != dtype.name:
+            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan needs {dtype.name}")
+        if not op.contiguous:
+            raise MisalignedOperand(f"{name} is not C-contiguous")
+        if op.ptr % op.itemsize:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _check(self, args: AffineArgs) -> tuple[Operand, Operand, Operand | float, Operand | int | None]:
+        x = self._tensor(args.input, "input", self._in_shape, self._in_info)
+        y = self._tensor(args.output, "output", self._out_shape, self._out_info)
+        scale = self._param(args.scale, "scale", self._param_dtype, allow_none=False)
+        assert scale is not None
+        if not isinstance(scale, Operand):
+            s = float(scale)
+            if not (math.isfinite(s) and s > 0):
+                raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0")
+            if self._scalar_type(s) == 0 or not math.isfinite(float(self._scalar_type(s))):
+                raise InvalidProblem(f"scale={scale!r} rounds to 0 or Inf in {self._param_dtype.name}")
+        if self.problem.mode is QuantMode.SYMMETRIC:
+            if args.zero_point is not None:
+                raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
+            zp: Operand | int | None = None
+        else:
+            zp = self._param(args.zero_point, "zero_point", np.dtype(np.int32), allow_none=False)  # type: ignore[assignment]
+            if not isinstance(zp, Operand):
+                if float(zp) != int(zp) or not _INT32[0] <= int(zp) <= _INT32[1]:  # type: ignore[arg-type]
+                    raise InvalidProblem(f"zero_point={zp!r} must be an integer in the int32 range")
+        return x, y, scale, zp
+
+    def can_implement(self, args: AffineArgs) -> bool:
+        """Check ``args`` against the plan (shape, dtype, device, contiguity, alignment, parameters).
+
+        Returns True, or raises InvalidProblem / MisalignedOperand naming the offending argument.
+        """
+        self._check(args)
+        return True
+
+    # ---- execution ------------------------------------------------------------------------
+
+    def run(self, stream: Any, workspace: Workspace | None, args: AffineArgs, *, check: bool = True) -> None:
+        """Launch on ``stream`` (CuPy / PyTorch stream, raw handle, or None for CuPy's current stream).
+
+        No allocation, no synchronisation, no compilation: capturable in a CUDA graph.
+        ``check=False`` skips the argument checks (the caller vouches for ``args``).
+        """
+        if check:
+            check_workspace(workspace, 0)
+            x, y, scale, zp = self._check(args)
+        else:
+            x, y = operand(args.input, "input"), operand(args.output, "output")
+            scale = args.scale if is_scalar(args.scale) else operand(args.scale, "scale")
+            zp = None if args.zero_point is None else (
+                args.zero_point if is_scalar(args.zero_point) else operand(args.zero_point, "zero_point")
+            )
+        if self.backend is BackendKind.REFERENCE:
+            self._run_reference(x, y, scale, zp)
+            return
+        if self.problem.numel == 0:
+            return
+        aligned = x.ptr % self._align_in == 0 and y.ptr % self._align_out == 0
+        chosen = self._primary if aligned else self._fallback
+        assert chosen is not None
+        if isinstance(scale, Operand):
+            scale_ptr, scale_value = scale.ptr, self._scalar_type(0)
+        else:
+            scale_ptr, scale_value = 0, self._scalar_type(scale)
+        if isinstance(zp, Operand):
+            zp_ptr, zp_value = zp.ptr, np.int32(0)
+        else:
+            zp_ptr, zp_value = 0, np.int32(0 if zp is None else int(zp))
+        chosen.function(
+            (chosen.grid,), (BLOCK_THREADS,),
+            (x.ptr, y.ptr, scale_ptr, zp_ptr, scale_value, zp_value, chosen.layout_array),
+            0, as_cupy_stream(stream),
+        )
+
+    def _run_reference(self, x: Operand, y: Operand, scale: Operand | float, zp: Operand | int | None) -> None:
+        p = self.problem
+        shape = p.shape if p.shape else (1,)
+        pshape = self._param_shape if self._param_shape else (1,)
+        if isinstance(scale, Operand):
+            scale_np = np.asarray(scale.obj).reshape(pshape)
+        else:
+            scale_np = np.full(pshape, scale, dtype=self._param_dtype)
+        scale_np = expand_params(scale_np, shape, p.scope)
+        zp_np: np.ndarray | int = 0
+        if isinstance(zp, Operand):
+            zp_np = expand_params(np.asarray(zp.obj).reshape(pshape), shape, p.scope)
+        elif zp is not None:
+            zp_np = int(zp)
+        src = np.asarray(x.obj).view(self._in_info.numpy_dtype).reshape(
+            storage_shape(shape, self._in_kind)
+        )
+        result = self._reference(src, scale_np, zp_np, shape)
+        out = np.asarray(y.obj).view(self._out_info.numpy_dtype)
+        np.copyto(out, result.reshape(out.shape).view(self._out_info.numpy_dtype), casting="no")
+
+    def _reference(
+        self, src: np.ndarray, scale: np.ndarray, zp: np.ndarray | int, shape: tuple[int, ...]
+    ) -> np.ndarray:
+        raise NotImplementedError
+
+
+__all__ = ["AffineArgs", "AffineProblem", "StaticAffinePlan", "choose_backend", "resolve_affine_problem", "storage_shape"]

@@ -1,0 +1,196 @@
+"""Scopes -> parameter shapes and the canonical (rows x L) launch layout.
+
+Every elementwise plan runs on a contiguous tensor viewed as ``rows`` rows of ``L`` elements;
+``kernels/qp_row_layout.cuh`` documents how (row, col) maps to a parameter index. This module
+derives those coefficients from a scope, merges short rows where the mapping allows it, picks
+the vector width and threads per row, and packs everything into the int64 layout array the
+kernel reads (slot order must match ``LayoutSlot`` in the header).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidProblem, Unsupported
+from .types import ChannelScope, GroupScope, Scope, TensorScope, TokenScope
+
+#: Threads per block of the row kernels; must match __launch_bounds__ in the .cu files.
+BLOCK_THREADS = 256
+#: Vectors each thread handles per (row, chunk) item (kQuantizeUnroll / kDequantizeUnroll).
+UNROLL = 4
+#: Rows shorter than this are merged with their neighbours where the scope allows.
+MERGE_BELOW = 2048
+_MAX_ROW = 2**31 - 1
+
+
+def normalize_axis(axis: int, rank: int, what: str) -> int:
+    """``axis`` in [0, rank), or InvalidProblem."""
+    if not -rank <= axis < rank:
+        raise InvalidProblem(f"{what} axis {axis} is out of range for a rank-{rank} tensor; use -{rank}..{rank - 1}")
+    return axis % rank
+
+
+def param_shape(shape: tuple[int, ...], scope: Scope) -> tuple[int, ...]:
+    """Shape of the scale / zero-point tensor of ``scope`` on ``shape`` (SPEC section 3)."""
+    rank = len(shape)
+    if isinstance(scope, TensorScope):
+        return (1,) * rank
+    if rank == 0:
+        raise InvalidProblem(f"{scope.kind} scope needs a tensor of rank >= 1, got shape ()")
+    if isinstance(scope, TokenScope):
+        return (*shape[:-1], 1)
+    if isinstance(scope, ChannelScope):
+        axis = normalize_axis(scope.axis, rank, "channel scope")
+        return tuple(e if i == axis else 1 for i, e in enumerate(shape))
+    axis = normalize_axis(scope.axis, rank, "group scope")
+    g = scope.group_size
+    if shape[axis] % g != 0:
+        raise InvalidProblem(
+            f"group_size {g} does not divide the extent {shape[axis]} of axis {scope.axis} in shape {shape}; "
+            f"choose a group size that divides it (or pad the tensor)"
+        )
+    return tuple(e // g if i == axis else e for i, e in enumerate(shape))
+
+
+def expand_params(params: np.ndarray, shape: tuple[int, ...], scope: Scope) -> np.ndarray:
+    """Broadcastable view of a parameter tensor over ``shape`` (groups repeated along their axis)."""
+    if isinstance(scope, GroupScope):
+        axis = normalize_axis(scope.axis, len(shape), "group scope")
+        return np.repeat(params, scope.group_size, axis=axis)
+    return params
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The launch geometry of one elementwise problem (see ``kernels/qp_row_layout.cuh``)."""
+
+    rows: int
+    L: int
+    M: int
+    A: int
+    g_rows: int
+    Co: int
+    Ca: int
+    Cm: int
+    gc: int
+    cs: int
+    vec: int
+    vector_io: bool
+    seg_log2: int
+    chunks_per_row: int
+    chunk_cols: int
+
+    @property
+    def items(self) -> int:
+        return self.rows * self.chunks_per_row
+
+    def slots(self, q_min: int, q_max: int) -> np.ndarray:
+        """The int64 array the kernel reads (order of ``LayoutSlot``)."""
+        return np.array(
+            [
+                self.rows, self.L, self.items, self.chunks_per_row, self.chunk_cols, self.seg_log2,
+                self.M, self.A, self.g_rows, self.Co, self.Ca, self.Cm, self.gc, self.cs, q_min, q_max,
+            ],
+            dtype=np.int64,
+        )
+
+    def blocks(self, max_blocks: int) -> int:
+        """Grid size: enough blocks for every item, at most ``max_blocks`` (grid-stride beyond)."""
+        segs = BLOCK_THREADS >> self.seg_log2
+        return max(1, min(max_blocks, -(-self.items // segs)))
+
+    def describe(self) -> str:
+        """Short variant tag for KernelSku.variant."""
+        threads = 1 << self.seg_log2
+        unit = "block" if threads == BLOCK_THREADS else f"{threads}t"
+        io = "" if self.vector_io else ",scalar-io"
+        return f"rows[{unit}-per-row,vec{self.vec}{io},chunks{self.chunks_per_row}]"
+
+
+def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool) -> RowLayout:
+    """Canonical layout of ``scope`` on a contiguous tensor of ``shape``.
+
+    ``vec_max``: widest vector (elements) the kernel family is instantiated for. ``packed``:
+    one operand holds 4-bit codes packed along the last axis (rows of odd length keep their own
+    padding nibble, so such rows are never merged).
+    """
+    dims = shape if shape else (1,)
+    rank = len(dims)
+    n = math.prod(dims)
+    L = dims[-1]
+    rows = n // L if L else 0
+
+    def mergeable_length(start_axis: int) -> int:
+        """Merge trailing axes (down to start_axis) into the row while the row is short."""
+        length = L
+        axis = rank - 2
+        while length < MERGE_BELOW and axis >= start_axis and (not packed or length % 2 == 0):
+            length *= dims[axis]
+            axis -= 1
+        return length
+
+    M = A = g_rows = 1
+    Co = Ca = Cm = 0
+    gc, cs = 1, 0
+    if isinstance(scope, TensorScope):
+        L = mergeable_length(0)
+    elif isinstance(scope, TokenScope):
+        if L < MERGE_BELOW:
+            g = L
+            L = mergeable_length(0)
+            gc, cs, Co = max(g, 1), 1, L // max(g, 1)
+        else:
+            Co = 1
+    elif isinstance(scope, ChannelScope):
+        axis = normalize_axis(scope.axis, rank, "channel scope")
+        if axis == rank - 1:
+            gc, cs = 1, 1
+        else:
+            # Parameter constant along each row; rows after the axis merge into one.
+            A = dims[axis]
+            inner = math.prod(dims[axis + 1 :])
+            if not packed or L % 2 == 0:
+                L = inner
+            else:
+                M = inner // L
+            Ca = 1
+    else:
+        assert isinstance(scope, GroupScope)
+        axis = normalize_axis(scope.axis, rank, "group scope")
+        g = scope.group_size
+        if axis == rank - 1:
+            L = mergeable_length(0)
+            gc, cs, Co = g, 1, L // g
+        else:
+            A = dims[axis]
+            M = math.prod(dims[axis + 1 : -1])
+            g_rows = g
+            Co, Ca, Cm = (A // g) * M * L, M * L, L
+            gc, cs = 1, 1
+    if L > _MAX_ROW:
+        raise Unsupported(
+            f"a row (merged last axes) of {L} elements exceeds 2**31 - 1; reshape the tensor so its last "
+            f"axis is shorter (e.g. (-1, 4096)) with a scope that means the same"
+        )
+    rows = n // L if L else 0
+
+    vec = vec_max
+    while vec > 1 and L % vec:
+        vec //= 2
+    vector_io = True
+    if packed and vec < 2:
+        vec, vector_io = 2, False  # odd rows: bounded element loads, nibbles paired per row
+    threads = 1
+    while threads < BLOCK_THREADS and threads * vec * UNROLL < L:
+        threads *= 2
+    chunk_cols = threads * vec * UNROLL
+    chunks = max(1, -(-L // chunk_cols)) if L else 1
+    return RowLayout(
+        rows, L, M, A, g_rows, Co, Ca, Cm, gc, cs, vec, vector_io, int(math.log2(threads)), chunks, chunk_cols
+    )
+
+
+__all__ = ["BLOCK_THREADS", "RowLayout", "expand_params", "normalize_axis", "param_shape", "row_layout"]

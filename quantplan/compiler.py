@@ -1,0 +1,244 @@
+"""The kernel compile layer: ``kernels/<family>.cu`` -> NVRTC -> cubin -> CuPy module.
+
+One path serves the GPU and the GPU-less check:
+
+* :func:`kernel_source` reads a family's ``.cu`` and inlines its ``#include "*.cuh"`` headers
+  (so the cache key covers every byte compiled and NVRTC needs no include path or CUDA headers);
+* :func:`compile_instantiations` compiles a list of template name expressions for an explicit
+  architecture through ``cupy.cuda.nvrtc`` (no GPU needed) and caches the cubin on disk;
+* :func:`load_kernels` (GPU only) loads that cubin with ``cupy.RawModule`` and returns the
+  launchable functions; modules are cached per (family, arch, options, names).
+
+Plans call :func:`load_kernels` from ``select``; ``run`` never compiles. Each op family lists
+its compile units in :data:`FAMILY_UNITS`, built from the dtype table, and a CPU test compiles
+all of them for sm_80 and sm_90. ``python -m quantplan precompile sm_90`` fills the cache ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .errors import KernelCompileError, Unsupported
+from .types import ArchSku
+
+#: Options every kernel is compiled with. No fast math; no FMA contraction, so float results
+#: equal the NumPy reference's separately rounded multiply and add.
+BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false")
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+#: family name -> function returning the family's compile units (lists of name expressions).
+FAMILY_UNITS: dict[str, Callable[[], list[list[str]]]] = {}
+
+
+def kernel_dir() -> Path:
+    """Folder holding ``*.cu`` / ``*.cuh``: inside the installed package, else the repository's."""
+    packaged = Path(__file__).resolve().parent / "kernels"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "kernels"
+
+
+@lru_cache(maxsize=None)
+def kernel_source(family: str) -> str:
+    """Source of ``kernels/<family>.cu`` with its quoted includes inlined once each."""
+    root = kernel_dir()
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        path = root / name
+        if not path.is_file():
+            raise Unsupported(f"kernel source {name!r} not found under the kernels folder; reinstall quantplan")
+        text = path.read_text()
+
+        def include(match: re.Match[str]) -> str:
+            header = match.group(1)
+            if header in seen:
+                return ""
+            seen.add(header)
+            return f"// ---- begin {header} ----\n{expand(header)}\n// ---- end {header} ----"
+
+        return _INCLUDE.sub(include, text)
+
+    return expand(f"{family}.cu")
+
+
+def register_family(family: str) -> Callable[[Callable[[], list[list[str]]]], Callable[[], list[list[str]]]]:
+    """Decorator: record the function listing ``family``'s compile units."""
+
+    def wrap(fn: Callable[[], list[list[str]]]) -> Callable[[], list[list[str]]]:
+        FAMILY_UNITS[family] = fn
+        return fn
+
+    return wrap
+
+
+def compile_options() -> tuple[str, ...]:
+    """Extra options from the environment: ``QUANTPLAN_FP8_SOFTWARE=1`` forces the portable
+    (sm_80) FP8 conversion on every arch, which lets a Hopper GPU test that path."""
+    return ("-DQP_FP8_SOFTWARE",) if os.environ.get("QUANTPLAN_FP8_SOFTWARE") == "1" else ()
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """Version of the NVRTC library CuPy loads."""
+    from cupy.cuda import nvrtc
+
+    major, minor = nvrtc.getVersion()
+    return int(major), int(minor)
+
+
+def cache_dir() -> Path:
+    """On-disk cubin cache: ``$QUANTPLAN_CACHE_DIR`` or ``~/.cache/quantplan``."""
+    env = os.environ.get("QUANTPLAN_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "quantplan"
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """A compiled cubin and the mangled (lowered) name of each requested name expression."""
+
+    cubin_path: Path
+    lowered_names: dict[str, str]
+
+
+def compile_instantiations(
+    family: str, names: Sequence[str], arch: ArchSku, options: Sequence[str] = (), use_cache: bool = True
+) -> CompiledModule:
+    """Compile ``names`` of ``family`` for ``arch`` with NVRTC; no GPU needed.
+
+    Raises :class:`KernelCompileError` with the NVRTC log when compilation fails.
+    """
+    from cupy.cuda import nvrtc
+
+    source = kernel_source(family)
+    all_options = (*BASE_OPTIONS, *options, f"-arch={arch.nvrtc_arch}")
+    key_text = json.dumps([source, all_options, list(names), nvrtc_version()])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:32]
+    directory = cache_dir()
+    cubin_path = directory / f"{family}-{arch.name}-{key}.cubin"
+    names_path = cubin_path.with_suffix(".json")
+    if use_cache and cubin_path.is_file() and names_path.is_file():
+        return CompiledModule(cubin_path, json.loads(names_path.read_text()))
+
+    prog = nvrtc.createProgram(source, f"{family}.cu", [], [])
+    try:
+        for name in names:
+            nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, list(all_options))
+        except nvrtc.NVRTCError as exc:
+            raise KernelCompileError(
+                f"NVRTC failed to compile kernels/{family}.cu for {arch.nvrtc_arch} ({len(names)} instantiations): {exc}",
+                nvrtc.getProgramLog(prog),
+            ) from None
+        lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = cubin_path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, cubin_path)
+    tmp_names = names_path.with_suffix(f".tmp{os.getpid()}")
+    tmp_names.write_text(json.dumps(lowered))
+    os.replace(tmp_names, names_path)
+    return CompiledModule(cubin_path, lowered)
+
+
+_modules: dict[tuple[str, str, tuple[str, ...], tuple[str, ...], int], dict[str, Any]] = {}
+_modules_lock = threading.Lock()
+
+
+def load_kernels(
+    family: str, names: Sequence[str], arch: ArchSku, device_id: int, options: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Compile (or fetch from cache) and load ``names``; returns name expression -> ``cupy`` Function.
+
+    The returned functions launch with ``fn(grid, block, args, shared_mem, stream)``.
+    """
+    key = (family, arch.name, tuple(options), tuple(names), device_id)
+    with _modules_lock:
+        cached = _modules.get(key)
+        if cached is not None:
+            return cached
+        import cupy
+
+        compiled = compile_instantiations(family, names, arch, options)
+        with cupy.cuda.Device(device_id):
+            module = cupy.RawModule(path=str(compiled.cubin_path))
+            functions = {name: module.get_function(compiled.lowered_names[name]).kernel for name in names}
+        _modules[key] = functions
+        return functions
+
+
+def compile_units(family: str) -> list[list[str]]:
+    """The groups of name expressions ``family``'s plans compile together (one NVRTC program each)."""
+    from . import quantize  # noqa: F401  (registers its families)
+
+    return FAMILY_UNITS[family]()
+
+
+def all_instantiations(family: str) -> list[str]:
+    """Every name expression ``family`` may ask for."""
+    return [name for unit in compile_units(family) for name in unit]
+
+
+def _compile_unit_job(job: tuple[str, list[str], str, tuple[str, ...]]) -> str:
+    family, names, arch, options = job
+    compile_instantiations(family, names, ArchSku.from_compute_capability(arch.removeprefix("sm_")), options)
+    return family
+
+
+def precompile(arch: ArchSku, families: Sequence[str] | None = None, jobs: int | None = None) -> int:
+    """Fill the on-disk cache with every compile unit of ``families`` for ``arch`` (no GPU needed).
+
+    **When to use:** before a first run on a fresh machine (a container image, a CI cache), so no
+    ``select`` waits for NVRTC. Returns the number of units compiled.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+
+    chosen = list(families) if families else sorted(FAMILY_UNITS) or ["quantize", "dequantize"]
+    work = [(f, unit, arch.nvrtc_arch, compile_options()) for f in chosen for unit in compile_units(f)]
+    with ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
+        return len(list(pool.map(_compile_unit_job, work)))
+
+
+def template_name(kernel: str, *args: object) -> str:
+    """``template_name("quantize_rows", "qp::f16", "qp::s8", 8, True)`` -> C++ name expression."""
+
+    def render(a: object) -> str:
+        if isinstance(a, bool):
+            return "true" if a else "false"
+        return str(a)
+
+    return f"{kernel}<{', '.join(render(a) for a in args)}>"
+
+
+__all__ = [
+    "BASE_OPTIONS",
+    "FAMILY_UNITS",
+    "CompiledModule",
+    "all_instantiations",
+    "cache_dir",
+    "compile_instantiations",
+    "compile_options",
+    "compile_units",
+    "precompile",
+    "kernel_dir",
+    "kernel_source",
+    "load_kernels",
+    "nvrtc_version",
+    "register_family",
+    "template_name",
+]
+

@@ -1,0 +1,108 @@
+"""The one dtype table: everything quantplan knows about each :class:`ElementKind`.
+
+Kernel template instantiations, operand dtype checks, NumPy storage types and default code
+ranges are all read from :data:`ELEMENTS`. Adding an element kind means adding one row here
+(and its C++ traits in ``kernels/qp_elements.cuh``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .types import ElementKind, MathPrecision
+
+
+@dataclass(frozen=True)
+class ElementInfo:
+    """Facts about one element kind.
+
+    ``cpp_tag``: the C++ tag type used in kernel name expressions. ``storage_bits``: bits per
+    element in memory (4 for packed kinds). ``numpy_dtype``: the NumPy dtype of the storage the
+    reference backend reads and writes (uint8 bytes for packed kinds). ``dtype_names``: dtype
+    names accepted for operands of this kind (NumPy / CuPy / PyTorch names; raw-bit views such as
+    uint16 for BF16 are accepted because CuPy has no bfloat16). ``code_range``: default
+    [q_min, q_max] of integer codes. ``fp8_max``: largest finite value of FP8 kinds.
+    """
+
+    kind: ElementKind
+    cpp_tag: str
+    storage_bits: int
+    numpy_dtype: np.dtype
+    dtype_names: frozenset[str]
+    is_float: bool = False
+    is_integer_code: bool = False
+    is_fp8: bool = False
+    is_packed: bool = False
+    code_range: tuple[int, int] | None = None
+    fp8_max: float | None = None
+
+    @property
+    def math_precision(self) -> MathPrecision:
+        """Arithmetic type for data of this kind (F64 only for F64)."""
+        return MathPrecision.F64 if self.kind is ElementKind.F64 else MathPrecision.F32
+
+    @property
+    def is_code(self) -> bool:
+        """True for quantized kinds (integer codes and FP8)."""
+        return self.is_integer_code or self.is_fp8
+
+
+def _names(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+ELEMENTS: dict[ElementKind, ElementInfo] = {
+    ElementKind.F16: ElementInfo(ElementKind.F16, "qp::f16", 16, np.dtype(np.float16), _names("float16"), is_float=True),
+    ElementKind.BF16: ElementInfo(
+        ElementKind.BF16, "qp::bf16", 16, np.dtype(ml_dtypes.bfloat16), _names("bfloat16", "uint16"), is_float=True
+    ),
+    ElementKind.F32: ElementInfo(ElementKind.F32, "qp::f32", 32, np.dtype(np.float32), _names("float32"), is_float=True),
+    ElementKind.F64: ElementInfo(ElementKind.F64, "qp::f64", 64, np.dtype(np.float64), _names("float64"), is_float=True),
+    ElementKind.S8: ElementInfo(
+        ElementKind.S8, "qp::s8", 8, np.dtype(np.int8), _names("int8"), is_integer_code=True, code_range=(-128, 127)
+    ),
+    ElementKind.U8: ElementInfo(
+        ElementKind.U8, "qp::u8q", 8, np.dtype(np.uint8), _names("uint8"), is_integer_code=True, code_range=(0, 255)
+    ),
+    ElementKind.S4: ElementInfo(
+        ElementKind.S4, "qp::s4", 4, np.dtype(np.uint8), _names("uint8"),
+        is_integer_code=True, is_packed=True, code_range=(-8, 7),
+    ),
+    ElementKind.U4: ElementInfo(
+        ElementKind.U4, "qp::u4", 4, np.dtype(np.uint8), _names("uint8"),
+        is_integer_code=True, is_packed=True, code_range=(0, 15),
+    ),
+    ElementKind.FP8_E4M3: ElementInfo(
+        ElementKind.FP8_E4M3, "qp::e4m3", 8, np.dtype(ml_dtypes.float8_e4m3fn), _names("float8_e4m3fn", "uint8"),
+        is_fp8=True, fp8_max=448.0,
+    ),
+    ElementKind.FP8_E5M2: ElementInfo(
+        ElementKind.FP8_E5M2, "qp::e5m2", 8, np.dtype(ml_dtypes.float8_e5m2), _names("float8_e5m2", "uint8"),
+        is_fp8=True, fp8_max=57344.0,
+    ),
+    ElementKind.I32: ElementInfo(ElementKind.I32, "int", 32, np.dtype(np.int32), _names("int32")),
+}
+
+FLOAT_KINDS: tuple[ElementKind, ...] = tuple(k for k, v in ELEMENTS.items() if v.is_float)
+CODE_KINDS: tuple[ElementKind, ...] = tuple(k for k, v in ELEMENTS.items() if v.is_code)
+
+
+def element_info(kind: ElementKind) -> ElementInfo:
+    """The table row of ``kind``."""
+    return ELEMENTS[kind]
+
+
+def param_numpy_dtype(precision: MathPrecision) -> np.dtype:
+    """Scale dtype for arithmetic ``precision``: float32, or float64 for F64 plans."""
+    return np.dtype(np.float64) if precision is MathPrecision.F64 else np.dtype(np.float32)
+
+
+def param_element(precision: MathPrecision) -> ElementKind:
+    """Scale element kind for arithmetic ``precision``."""
+    return ElementKind.F64 if precision is MathPrecision.F64 else ElementKind.F32
+
+
+__all__ = ["CODE_KINDS", "ELEMENTS", "FLOAT_KINDS", "ElementInfo", "element_info", "param_element", "param_numpy_dtype"]

@@ -1,0 +1,237 @@
+"""The typed vocabulary of quantplan: element kinds, modes, scopes, kernel identity.
+
+Everything here is a plain enum, a frozen pydantic model or a small frozen dataclass, so
+descriptors that hold them are hashable and can key caches.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ElementKind(str, enum.Enum):
+    """Element types of inputs, outputs and parameters.
+
+    Floats: F16, BF16, F32, F64. Quantized codes: S8, U8, S4 and U4 (the 4-bit kinds are packed
+    two per byte along the last axis, see :class:`NibbleOrder`), FP8_E4M3 (OCP e4m3fn, largest
+    finite 448, no infinities) and FP8_E5M2 (largest finite 57344). I32 is the zero-point type.
+    """
+
+    F16 = "f16"
+    BF16 = "bf16"
+    F32 = "f32"
+    F64 = "f64"
+    S8 = "s8"
+    U8 = "u8"
+    S4 = "s4"
+    U4 = "u4"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    I32 = "i32"
+
+
+class QuantMode(str, enum.Enum):
+    """SYMMETRIC: zero point 0 (no zero-point tensor). ASYMMETRIC: an int32 zero point per segment."""
+
+    SYMMETRIC = "symmetric"
+    ASYMMETRIC = "asymmetric"
+
+
+class Rounding(str, enum.Enum):
+    """NEAREST_EVEN: round half to even (default). STOCHASTIC: Philox-driven, see SPEC section 4."""
+
+    NEAREST_EVEN = "nearest_even"
+    STOCHASTIC = "stochastic"
+
+
+class NibbleOrder(str, enum.Enum):
+    """Order of two 4-bit codes in a byte.
+
+    LOW_FIRST (default): element 2i in bits 0-3, as PyTorch ``float4_e2m1fn_x2`` and CUTLASS.
+    HIGH_FIRST: element 2i in bits 4-7, as DeepSpeed and bitsandbytes.
+    """
+
+    LOW_FIRST = "low_first"
+    HIGH_FIRST = "high_first"
+
+
+class BackendKind(str, enum.Enum):
+    """CUDA: the kernels of ``kernels/*.cu``. REFERENCE: the NumPy implementation of the same semantics."""
+
+    CUDA = "cuda"
+    REFERENCE = "reference"
+
+
+class MathPrecision(str, enum.Enum):
+    """Arithmetic type a plan computes in: F32 for F16/BF16/F32 data, F64 for F64 data."""
+
+    F32 = "f32"
+    F64 = "f64"
+
+
+class OpCategory(str, enum.Enum):
+    """Broad family of an operation."""
+
+    QUANTIZE = "quantize"
+    DEQUANTIZE = "dequantize"
+    FAKE_QUANTIZE = "fake_quantize"
+    GRADIENT = "gradient"
+    COLLECTIVE = "collective"
+
+
+class QuantizeKind(str, enum.Enum):
+    """How parameters are obtained: given (STATIC) or computed from the data (DYNAMIC_RANGE)."""
+
+    STATIC = "static"
+    DYNAMIC_RANGE = "dynamic_range"
+
+
+# ---------------------------------------------------------------------------------------------
+# Scopes: which elements share one scale / zero point.
+# ---------------------------------------------------------------------------------------------
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorScope(BaseModel):
+    """One scale (and zero point) for the whole tensor. Parameter shape: all extents 1."""
+
+    model_config = _FROZEN
+    kind: Literal["tensor"] = "tensor"
+
+
+class TokenScope(BaseModel):
+    """One parameter per row: all axes but the last. Parameter shape: input shape, last extent 1."""
+
+    model_config = _FROZEN
+    kind: Literal["token"] = "token"
+
+
+class ChannelScope(BaseModel):
+    """One parameter per index along ``axis`` (negative axes count from the end).
+
+    Parameter shape: all extents 1 except ``axis``.
+    """
+
+    model_config = _FROZEN
+    kind: Literal["channel"] = "channel"
+    axis: int
+
+
+class GroupScope(BaseModel):
+    """One parameter per contiguous run of ``group_size`` elements along ``axis``.
+
+    Parameter shape: the input shape with the ``axis`` extent divided by ``group_size``
+    (which must divide it).
+    """
+
+    model_config = _FROZEN
+    kind: Literal["group"] = "group"
+    axis: int = -1
+    group_size: int = Field(gt=0)
+
+
+Scope = Annotated[Union[TensorScope, TokenScope, ChannelScope, GroupScope], Field(discriminator="kind")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel identity and guarantees.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchSku:
+    """A GPU architecture by compute capability (``ArchSku(9, 0)`` is sm_90), or ``HOST``."""
+
+    major: int
+    minor: int
+
+    @property
+    def name(self) -> str:
+        return "host" if self.major == 0 else f"sm_{self.major}{self.minor}"
+
+    @property
+    def nvrtc_arch(self) -> str:
+        """The ``-arch`` value NVRTC compiles for (``sm_90``)."""
+        return f"sm_{self.major}{self.minor}"
+
+    @classmethod
+    def from_compute_capability(cls, cc: str | tuple[int, int]) -> ArchSku:
+        """``ArchSku.from_compute_capability("90")`` or ``((9, 0))``."""
+        if isinstance(cc, str):
+            return cls(int(cc[:-1]), int(cc[-1]))
+        return cls(int(cc[0]), int(cc[1]))
+
+    def __str__(self) -> str:
+        return self.name
+
+
+HOST_ARCH = ArchSku(0, 0)
+
+
+class PrecisionGuarantee(BaseModel):
+    """What a plan promises about its numbers.
+
+    ``math_precision``: arithmetic type. ``accumulator``: element kind of any reduction.
+    ``bit_stable_on_same_hardware``: the same inputs give the same bits on every run on one GPU.
+    ``deterministic``: no run-to-run variation from scheduling (no order-dependent atomics).
+    ``matches_reference``: the CUDA backend equals the NumPy reference bit for bit.
+    """
+
+    model_config = _FROZEN
+    math_precision: MathPrecision
+    accumulator: ElementKind
+    bit_stable_on_same_hardware: bool = True
+    deterministic: bool = True
+    matches_reference: bool = True
+
+
+class KernelSku(BaseModel):
+    """Identity of the kernel a plan runs: what it computes, on which types, which variant, where."""
+
+    model_config = _FROZEN
+    category: OpCategory
+    op: QuantizeKind
+    element: ElementKind
+    aux_element: ElementKind
+    variant: str
+    arch: str
+    backend: BackendKind
+    precision_guarantee: PrecisionGuarantee
+
+
+class PlanPreference(BaseModel):
+    """Caller's wishes for ``select``.
+
+    ``backend``: None picks CUDA when a GPU is present and REFERENCE otherwise; CUDA demands the
+    GPU (``Unsupported`` without one); REFERENCE forces the NumPy backend.
+    """
+
+    model_config = _FROZEN
+    backend: BackendKind | None = None
+
+
+__all__ = [
+    "HOST_ARCH",
+    "ArchSku",
+    "BackendKind",
+    "ChannelScope",
+    "ElementKind",
+    "GroupScope",
+    "KernelSku",
+    "MathPrecision",
+    "NibbleOrder",
+    "OpCategory",
+    "PlanPreference",
+    "PrecisionGuarantee",
+    "QuantMode",
+    "QuantizeKind",
+    "Rounding",
+    "Scope",
+    "TensorScope",
+    "TokenScope",
+]
