@@ -8,6 +8,7 @@
 #include "qp_elements.cuh"
 #include "qp_vector_io.cuh"
 #include "qp_packing.cuh"
+#include "qp_rounding.cuh"
 #include "qp_row_layout.cuh"
 
 namespace qp {
@@ -31,25 +32,24 @@ struct DequantizeBody {
   acc_t scale_value;
   int zp_value;
   const RowLayout& lay;
-  acc_t row_scale;
-  int row_zp;
+  DequantParam<acc_t> row_param;
   ElementVector<u8, in_bytes> qv[kDequantizeUnroll];
 
   __device__ __forceinline__ DequantizeBody(const u8* q_, out_t* y_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                             const RowLayout& l)
       : q(q_), y(y_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
 
-  __device__ __forceinline__ acc_t scale_at(i64 index) const { return scale_ptr ? scale_ptr[index] : scale_value; }
-  __device__ __forceinline__ int zp_at(i64 index) const { return zp_ptr ? zp_ptr[index] : zp_value; }
-
-  __device__ __forceinline__ void begin_item(i64, i64 pbase) {
-    if (lay.cs == 0) {
-      row_scale = scale_at(pbase);
-      row_zp = zp_at(pbase);
-    }
+  __device__ __forceinline__ DequantParam<acc_t> param(i64 index) const {
+    DequantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
   }
 
-  __device__ __forceinline__ void load(int u, i64 row, int col, int valid) {
+  __device__ __forceinline__ void begin_item(i64, i64 pbase) {
+    if (lay.cs == 0) row_param = param(pbase);
+  }
+
+  __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
     if constexpr (packed) {
       const i64 row_bytes = (lay.L + 1) / 2;
       qv[u].template load<VECTOR_IO>(q + row * row_bytes + col / 2, (valid + 1) / 2);
@@ -58,31 +58,39 @@ struct DequantizeBody {
     }
   }
 
-  __device__ __forceinline__ acc_t value(int k, int u) const {
-    if constexpr (kind == 2) return (acc_t)Fp8Element<In>::to_f32(qv[u].v[k]);
-    if constexpr (packed) return 0;  // handled by code()
-    return is_signed ? (acc_t)(i8)qv[u].v[k] : (acc_t)qv[u].v[k];
-  }
-
   __device__ __forceinline__ int code(int k, int u) const {
     if constexpr (packed) return unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1);
     return is_signed ? (int)(i8)qv[u].v[k] : (int)qv[u].v[k];
   }
 
-  __device__ __forceinline__ acc_t dequant(int k, int u, acc_t scale, int zp) const {
-    if constexpr (kind == 2) return value(k, u) * scale;
-    return (acc_t)((i64)code(k, u) - zp) * scale;
+  // (q - zp) * scale in the accumulator type (FP8: q * scale).
+  __device__ __forceinline__ acc_t dequant(int k, int u, const DequantParam<acc_t>& p) const {
+    if constexpr (kind == 2) return (acc_t)Fp8Element<In>::to_f32(qv[u].v[k]) * p.scale;
+    return centered_code(code(k, u), p) * p.scale;
   }
 
   __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
-    ElementVector<out_t, VEC> out;
+    acc_t vals[VEC];
     if (lay.cs == 0) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = FE::from_acc(dequant(k, u, row_scale, row_zp));
+      for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, row_param);
     } else {
-      for_each_column_param<VEC>(lay, pbase, col, valid, [&](int k, i64 index) {
-        out.v[k] = FE::from_acc(dequant(k, u, scale_at(index), zp_at(index)));
-      });
+      for_each_column_param<VEC, DequantParam<acc_t>>(
+          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return param(index); },
+          [&](int k, const DequantParam<acc_t>& p) { vals[k] = dequant(k, u, p); });
+    }
+    ElementVector<out_t, VEC> out;
+    if constexpr (FE::has_pair && VEC % 2 == 0) {
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) {
+        const u32 pair = FE::pair_from_acc(vals[k], vals[k + 1]);
+        out.v[k] = (out_t)(pair & 0xFFFFu);
+        out.v[k + 1] = (out_t)(pair >> 16);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out.v[k] = FE::from_acc(vals[k]);
     }
     out.template store<VECTOR_IO>(y + row * lay.L + col, valid);
   }

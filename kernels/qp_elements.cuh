@@ -42,6 +42,13 @@ template <> struct FloatElement<f16> {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
   }
+  // Two roundings in one instruction: element `lo` in bits 0-15.
+  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+  }
+  static const bool has_pair = true;
 };
 
 template <> struct FloatElement<bf16> {
@@ -53,6 +60,12 @@ template <> struct FloatElement<bf16> {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
   }
+  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+  }
+  static const bool has_pair = true;
 };
 
 template <> struct FloatElement<f32> {
@@ -60,6 +73,8 @@ template <> struct FloatElement<f32> {
   typedef float acc;
   static __device__ __forceinline__ float to_acc(float v) { return v; }
   static __device__ __forceinline__ float from_acc(float v) { return v; }
+  static __device__ __forceinline__ u32 pair_from_acc(float, float) { return 0; }
+  static const bool has_pair = false;
 };
 
 template <> struct FloatElement<f64> {
@@ -67,6 +82,8 @@ template <> struct FloatElement<f64> {
   typedef double acc;
   static __device__ __forceinline__ double to_acc(double v) { return v; }
   static __device__ __forceinline__ double from_acc(double v) { return v; }
+  static __device__ __forceinline__ u32 pair_from_acc(double, double) { return 0; }
+  static const bool has_pair = false;
 };
 
 // ---- FP8 (OCP e4m3fn and e5m2): round to nearest even, saturate to the largest finite ----
@@ -102,6 +119,14 @@ __device__ __forceinline__ u8 fp8_e5m2_from_f32_software(float v) {
 template <class T> struct Fp8Element;
 
 template <> struct Fp8Element<e4m3> {
+#if __CUDA_ARCH__ >= 890
+  // Two conversions in one instruction: low byte from lo, high byte from hi.
+  static __device__ __forceinline__ u16 pair_from_f32(float lo, float hi) {
+    u16 pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    return pair;
+  }
+#endif
   static __device__ __forceinline__ u8 from_f32(float v) {
 #if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
     u16 pair;
@@ -121,6 +146,13 @@ template <> struct Fp8Element<e4m3> {
 };
 
 template <> struct Fp8Element<e5m2> {
+#if __CUDA_ARCH__ >= 890
+  static __device__ __forceinline__ u16 pair_from_f32(float lo, float hi) {
+    u16 pair;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    return pair;
+  }
+#endif
   static __device__ __forceinline__ u8 from_f32(float v) {
 #if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
     u16 pair;

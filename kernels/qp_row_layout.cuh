@@ -44,7 +44,7 @@ struct RowLayout {
 
 // Runs body over every (row, column-vector) of the layout. Body provides
 //   begin_item(row, pbase)                 once per (row, chunk) item
-//   load<u>(row, col, valid)               issue the loads of vector u (all loads first)
+//   load(u, row, pbase, col, valid)        issue the loads of vector u (all loads first)
 //   finish<u>(row, pbase, col, valid)      compute and store vector u
 // `valid` is min(VEC, L - col): the elements of the vector inside the row.
 template <int VEC, int UNROLL, class Body>
@@ -67,7 +67,7 @@ __device__ __forceinline__ void for_each_row_vector(const RowLayout& lay, Body& 
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int col = col0 + u * seg_threads * VEC;
-      if (col < lay.L) body.load(u, row, col, min(VEC, lay.L - col));
+      if (col < lay.L) body.load(u, row, pbase, col, min(VEC, lay.L - col));
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -77,17 +77,24 @@ __device__ __forceinline__ void for_each_row_vector(const RowLayout& lay, Body& 
   }
 }
 
-// Parameter of vector element k at columns col..col+VEC-1: walks group boundaries without a
-// division per element. Calls fn(k, param_index) for each k < valid.
-template <int VEC, class Fn>
-__device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 pbase, int col, int valid,
-                                                      Fn fn) {
-  int gi = (unsigned)col / (unsigned)lay.gc;
+// Column-varying parameters (cs != 0): the group index of a vector's first element, and the
+// walk over its elements that reloads a parameter only where a group boundary falls inside
+// the vector. The first parameter is loaded in the load phase (its latency overlaps the data
+// loads); fn(k, param) runs for every k (elements k >= valid are never stored).
+__device__ __forceinline__ int column_group(const RowLayout& lay, int col) { return (unsigned)col / (unsigned)lay.gc; }
+
+template <int VEC, class Param, class Load, class Fn>
+__device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 pbase, int col, int valid, int gi,
+                                                      Param p, Load load, Fn fn) {
   int rem = col - gi * lay.gc;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    if (k < valid) fn(k, pbase + (i64)gi * lay.cs);
-    if (++rem == lay.gc) { rem = 0; ++gi; }
+    fn(k, p);
+    if (++rem == lay.gc && k + 1 < valid) {
+      rem = 0;
+      ++gi;
+      p = load(pbase + (i64)gi * lay.cs);
+    }
   }
 }
 

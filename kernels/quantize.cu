@@ -41,7 +41,7 @@ struct QuantizeBody {
 
   __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
     IntQuantParam<acc_t> p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value, lay.q_min, lay.q_max);
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
     return p;
   }
 
@@ -49,12 +49,12 @@ struct QuantizeBody {
     if (lay.cs == 0) row_param = param(pbase);
   }
 
-  __device__ __forceinline__ void load(int u, i64 row, int col, int valid) {
+  __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
     xv[u].template load<VECTOR_IO>(x + row * lay.L + col, valid);
   }
 
   __device__ __forceinline__ int code(acc_t v, const IntQuantParam<acc_t>& p) const {
-    if constexpr (kind == 2) return fp8_from_acc<Out>(acc_div(v, p.scale));
+    if constexpr (kind == 2) return quantize_fp8_code<Out>(v, p);
     return quantize_int_code(v, p, lay.q_min, lay.q_max);
   }
 
@@ -64,9 +64,10 @@ struct QuantizeBody {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) codes[k] = code(FE::to_acc(xv[u].v[k]), row_param);
     } else {
-      for_each_column_param<VEC>(lay, pbase, col, valid, [&](int k, i64 index) {
-        codes[k] = code(FE::to_acc(xv[u].v[k]), param(index));
-      });
+      for_each_column_param<VEC, IntQuantParam<acc_t>>(
+          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return param(index); },
+          [&](int k, const IntQuantParam<acc_t>& p) { codes[k] = code(FE::to_acc(xv[u].v[k]), p); });
     }
     ElementVector<u8, out_bytes> out;
     if constexpr (packed) {

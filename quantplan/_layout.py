@@ -88,7 +88,7 @@ class RowLayout:
         return self.rows * self.chunks_per_row
 
     def slots(self, q_min: int, q_max: int) -> np.ndarray:
-        """The int64 array the kernel reads (order of ``LayoutSlot``)."""
+        """The int64 array the kernel reads (16 values in ``LayoutSlot`` order)."""
         return np.array(
             [
                 self.rows, self.L, self.items, self.chunks_per_row, self.chunk_cols, self.seg_log2,

@@ -28,15 +28,30 @@ def to_acc(x: np.ndarray, precision: MathPrecision) -> np.ndarray:
 
 
 def fp8_encode(v: np.ndarray, kind: ElementKind) -> np.ndarray:
-    """``fp8_rne_saturate(v)`` as uint8 bytes: round to nearest even straight from ``v``'s type,
-    saturate to +-largest finite (Inf included), NaN -> 0x7F."""
+    """``fp8_rne_saturate(v)`` as uint8 bytes: one round-to-nearest-even straight from ``v``'s exact
+    value, saturating to +-largest finite (Inf included); NaN -> 0x7F.
+
+    Written on the float64 bit pattern (exact for float32 / float64 inputs) rather than through a
+    library cast, because a cast from float64 may round twice (via float32).
+    """
     info = ELEMENTS[kind]
     assert info.fp8_max is not None
-    clipped = np.clip(v, -info.fp8_max, info.fp8_max)
-    with np.errstate(invalid="ignore"):
-        codes = clipped.astype(info.numpy_dtype).view(np.uint8).copy()
-    codes[np.isnan(v)] = FP8_CANONICAL_NAN
-    return codes
+    mant = 3 if kind is ElementKind.FP8_E4M3 else 2
+    bias = 7 if kind is ElementKind.FP8_E4M3 else 15
+    max_code = 0x7E if kind is ElementKind.FP8_E4M3 else 0x7B
+    x = np.asarray(v, dtype=np.float64)
+    a = np.abs(x)
+    sign = np.where(np.signbit(x), 0x80, 0).astype(np.uint64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        subnormal = np.rint(a * 2.0 ** (bias - 1 + mant)).astype(np.uint64, copy=False) if a.size else a.astype(np.uint64)
+        bits = np.nan_to_num(a, nan=0.0, posinf=0.0).view(np.uint64)
+        shift = np.uint64(52 - mant)
+        rounded = (bits + np.uint64((1 << (51 - mant)) - 1) + ((bits >> shift) & np.uint64(1))) >> shift
+        normal = rounded - np.uint64((1023 - bias) << mant)
+        code = np.where(a >= info.fp8_max, np.uint64(max_code), np.where(a < 2.0 ** (1 - bias), subnormal, normal))
+    code = (code | sign).astype(np.uint8)
+    code[np.isnan(x)] = FP8_CANONICAL_NAN
+    return code
 
 
 def fp8_decode(codes: np.ndarray, kind: ElementKind) -> np.ndarray:
