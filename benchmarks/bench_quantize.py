@@ -277,12 +277,22 @@ def bench_case(case: Case, timing: Timing, use_compile: bool) -> Row:
         a0 = args[0]
         host = harness.host_overhead_us(lambda: plan.run(stream, None, a0), timing.host_calls)
         host_nc = harness.host_overhead_us(lambda: plan.run(stream, None, a0, check=False), timing.host_calls)
-        print(f"{case.op} {case.shape_str} {case.dtype}: plan.run host time: {host:.2f} µs/call "
-              f"(check=False: {host_nc:.2f} µs/call)", flush=True)
+        print(
+            f"{case.op} {case.shape_str} {case.dtype}: plan.run host time: {host:.2f} µs/call "
+            f"(check=False: {host_nc:.2f} µs/call)",
+            flush=True,
+        )
 
     return Row(
-        op=case.op, shape=case.shape_str, dtype=case.dtype, us=ours, nbytes=moved, copy_us=copy_us,
-        compile_us=compile_us, eager_us=eager_us, note="; ".join(notes),
+        op=case.op,
+        shape=case.shape_str,
+        dtype=case.dtype,
+        us=ours,
+        nbytes=moved,
+        copy_us=copy_us,
+        compile_us=compile_us,
+        eager_us=eager_us,
+        note="; ".join(notes),
         extra={"variant": plan.sku().variant, "buffer_sets": len(sets)},
     )
 

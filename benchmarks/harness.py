@@ -301,8 +301,11 @@ class Row:
         """Fields plus derived figures, for JSON."""
         d = asdict(self)
         d.update(
-            tbps=self.tbps, copy_tbps=self.copy_tbps, pct_of_copy=self.pct_of_copy,
-            x_compile=self.x_compile, x_eager=self.x_eager,
+            tbps=self.tbps,
+            copy_tbps=self.copy_tbps,
+            pct_of_copy=self.pct_of_copy,
+            x_compile=self.x_compile,
+            x_eager=self.x_eager,
         )
         return d
 
@@ -318,8 +321,14 @@ def print_markdown(rows: Sequence[Row]) -> None:
     print("|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|")
     for r in rows:
         cells = [
-            r.op, r.shape, r.dtype, f"{r.us:.2f}", f"{r.tbps:.3f}", f"{r.pct_of_copy:.1f}%",
-            _ratio(r.x_compile), _ratio(r.x_eager),
+            r.op,
+            r.shape,
+            r.dtype,
+            f"{r.us:.2f}",
+            f"{r.tbps:.3f}",
+            f"{r.pct_of_copy:.1f}%",
+            _ratio(r.x_compile),
+            _ratio(r.x_eager),
         ]
         print("| " + " | ".join(cells) + " |")
 

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import reference
 from ._device import as_cupy_stream, cuda_available, device_info, stream_device_id
 from ._layout import BLOCK_THREADS, RowLayout, expand_params, param_shape, row_layout
 from ._operands import Operand, is_scalar, operand
@@ -183,7 +182,9 @@ class StaticAffinePlan:
         self._align_in, self._align_out = align
         self._variant = variant
         float_shape, code_shape = problem.shape, problem.code_shape
-        self._in_shape, self._out_shape = (float_shape, code_shape) if self._float_to_code else (code_shape, float_shape)
+        self._in_shape, self._out_shape = (
+            (float_shape, code_shape) if self._float_to_code else (code_shape, float_shape)
+        )
         self._in_kind, self._out_kind = (
             (problem.float_kind, problem.code_kind) if self._float_to_code else (problem.code_kind, problem.float_kind)
         )
@@ -246,8 +247,14 @@ class StaticAffinePlan:
         v = primary_layout.vec
         align = (min(16, v * in_bits // 8), min(16, max(1, v * out_bits // 8)))
         return cls(
-            problem, backend, device_id, info.arch.name,
-            choice(primary_layout, names[0]), choice(fallback_layout, names[1]), align, variant,
+            problem,
+            backend,
+            device_id,
+            info.arch.name,
+            choice(primary_layout, names[0]),
+            choice(fallback_layout, names[1]),
+            align,
+            variant,
         )
 
     # ---- introspection --------------------------------------------------------------------
@@ -287,7 +294,9 @@ class StaticAffinePlan:
                 f"{name} has dtype {op.dtype_name}; {info.kind.name} needs one of {sorted(info.dtype_names)}"
             )
         if not op.contiguous:
-            raise MisalignedOperand(f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)")
+            raise MisalignedOperand(
+                f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)"
+            )
         if op.ptr % op.itemsize:
             raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
         return op
@@ -370,8 +379,10 @@ class StaticAffinePlan:
         else:
             x, y = operand(args.input, "input"), operand(args.output, "output")
             scale = args.scale if is_scalar(args.scale) else operand(args.scale, "scale")
-            zp = None if args.zero_point is None else (
-                args.zero_point if is_scalar(args.zero_point) else operand(args.zero_point, "zero_point")
+            zp = (
+                None
+                if args.zero_point is None
+                else (args.zero_point if is_scalar(args.zero_point) else operand(args.zero_point, "zero_point"))
             )
         if self.backend is BackendKind.REFERENCE:
             self._run_reference(x, y, scale, zp)
@@ -390,9 +401,11 @@ class StaticAffinePlan:
         else:
             zp_ptr, zp_value = 0, np.int32(0 if zp is None else int(zp))
         chosen.function(
-            (chosen.grid,), (BLOCK_THREADS,),
+            (chosen.grid,),
+            (BLOCK_THREADS,),
             (x.ptr, y.ptr, scale_ptr, zp_ptr, scale_value, zp_value, chosen.layout_array),
-            0, as_cupy_stream(stream),
+            0,
+            as_cupy_stream(stream),
         )
 
     def _run_reference(self, x: Operand, y: Operand, scale: Operand | float, zp: Operand | int | None) -> None:
@@ -409,9 +422,7 @@ class StaticAffinePlan:
             zp_np = expand_params(np.asarray(zp.obj).reshape(pshape), shape, p.scope)
         elif zp is not None:
             zp_np = int(zp)
-        src = np.asarray(x.obj).view(self._in_info.numpy_dtype).reshape(
-            storage_shape(shape, self._in_kind)
-        )
+        src = np.asarray(x.obj).view(self._in_info.numpy_dtype).reshape(storage_shape(shape, self._in_kind))
         result = self._reference(src, scale_np, zp_np, shape)
         out = np.asarray(y.obj).view(self._out_info.numpy_dtype)
         np.copyto(out, result.reshape(out.shape).view(self._out_info.numpy_dtype), casting="no")
@@ -422,4 +433,11 @@ class StaticAffinePlan:
         raise NotImplementedError
 
 
-__all__ = ["AffineArgs", "AffineProblem", "StaticAffinePlan", "choose_backend", "resolve_affine_problem", "storage_shape"]
+__all__ = [
+    "AffineArgs",
+    "AffineProblem",
+    "StaticAffinePlan",
+    "choose_backend",
+    "resolve_affine_problem",
+    "storage_shape",
+]

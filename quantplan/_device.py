@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from .errors import InvalidProblem
@@ -30,7 +30,7 @@ class DeviceInfo:
     sm_count: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def device_info(device_id: int) -> DeviceInfo:
     """Compute capability and multiprocessor count of ``device_id``."""
     import cupy

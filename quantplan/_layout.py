@@ -91,8 +91,22 @@ class RowLayout:
         """The int64 array the kernel reads (16 values in ``LayoutSlot`` order)."""
         return np.array(
             [
-                self.rows, self.L, self.items, self.chunks_per_row, self.chunk_cols, self.seg_log2,
-                self.M, self.A, self.g_rows, self.Co, self.Ca, self.Cm, self.gc, self.cs, q_min, q_max,
+                self.rows,
+                self.L,
+                self.items,
+                self.chunks_per_row,
+                self.chunk_cols,
+                self.seg_log2,
+                self.M,
+                self.A,
+                self.g_rows,
+                self.Co,
+                self.Ca,
+                self.Cm,
+                self.gc,
+                self.cs,
+                q_min,
+                q_max,
             ],
             dtype=np.int64,
         )

@@ -14,8 +14,15 @@ import numpy as np
 from .errors import InvalidProblem
 
 _CAI_TYPESTR = {
-    "<f2": "float16", "<f4": "float32", "<f8": "float64", "|i1": "int8", "|u1": "uint8",
-    "<i4": "int32", "<u2": "uint16", "<i2": "int16", "<i8": "int64",
+    "<f2": "float16",
+    "<f4": "float32",
+    "<f8": "float64",
+    "|i1": "int8",
+    "|u1": "uint8",
+    "<i4": "int32",
+    "<u2": "uint16",
+    "<i2": "int16",
+    "<i8": "int64",
 }
 
 
@@ -54,11 +61,14 @@ def operand(obj: Any, name: str) -> Operand:
     if module.startswith("torch"):
         device = obj.device
         if device.type != "cuda":
-            return Operand(
-                obj, 0, tuple(obj.shape), str(obj.dtype)[6:], obj.element_size(), obj.is_contiguous(), None
-            )
+            return Operand(obj, 0, tuple(obj.shape), str(obj.dtype)[6:], obj.element_size(), obj.is_contiguous(), None)
         return Operand(
-            obj, obj.data_ptr(), tuple(obj.shape), str(obj.dtype)[6:], obj.element_size(), obj.is_contiguous(),
+            obj,
+            obj.data_ptr(),
+            tuple(obj.shape),
+            str(obj.dtype)[6:],
+            obj.element_size(),
+            obj.is_contiguous(),
             device.index,
         )
     cai = getattr(obj, "__cuda_array_interface__", None)

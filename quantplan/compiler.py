@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def kernel_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "kernels"
 
 
-@lru_cache(maxsize=None)
+@cache
 def kernel_source(family: str) -> str:
     """Source of ``kernels/<family>.cu`` with its quoted includes inlined once each."""
     root = kernel_dir()
@@ -241,4 +241,3 @@ __all__ = [
     "register_family",
     "template_name",
 ]
-

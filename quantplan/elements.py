@@ -55,12 +55,18 @@ def _names(*names: str) -> frozenset[str]:
 
 
 ELEMENTS: dict[ElementKind, ElementInfo] = {
-    ElementKind.F16: ElementInfo(ElementKind.F16, "qp::f16", 16, np.dtype(np.float16), _names("float16"), is_float=True),
+    ElementKind.F16: ElementInfo(
+        ElementKind.F16, "qp::f16", 16, np.dtype(np.float16), _names("float16"), is_float=True
+    ),
     ElementKind.BF16: ElementInfo(
         ElementKind.BF16, "qp::bf16", 16, np.dtype(ml_dtypes.bfloat16), _names("bfloat16", "uint16"), is_float=True
     ),
-    ElementKind.F32: ElementInfo(ElementKind.F32, "qp::f32", 32, np.dtype(np.float32), _names("float32"), is_float=True),
-    ElementKind.F64: ElementInfo(ElementKind.F64, "qp::f64", 64, np.dtype(np.float64), _names("float64"), is_float=True),
+    ElementKind.F32: ElementInfo(
+        ElementKind.F32, "qp::f32", 32, np.dtype(np.float32), _names("float32"), is_float=True
+    ),
+    ElementKind.F64: ElementInfo(
+        ElementKind.F64, "qp::f64", 64, np.dtype(np.float64), _names("float64"), is_float=True
+    ),
     ElementKind.S8: ElementInfo(
         ElementKind.S8, "qp::s8", 8, np.dtype(np.int8), _names("int8"), is_integer_code=True, code_range=(-128, 127)
     ),
@@ -68,20 +74,42 @@ ELEMENTS: dict[ElementKind, ElementInfo] = {
         ElementKind.U8, "qp::u8q", 8, np.dtype(np.uint8), _names("uint8"), is_integer_code=True, code_range=(0, 255)
     ),
     ElementKind.S4: ElementInfo(
-        ElementKind.S4, "qp::s4", 4, np.dtype(np.uint8), _names("uint8"),
-        is_integer_code=True, is_packed=True, code_range=(-8, 7),
+        ElementKind.S4,
+        "qp::s4",
+        4,
+        np.dtype(np.uint8),
+        _names("uint8"),
+        is_integer_code=True,
+        is_packed=True,
+        code_range=(-8, 7),
     ),
     ElementKind.U4: ElementInfo(
-        ElementKind.U4, "qp::u4", 4, np.dtype(np.uint8), _names("uint8"),
-        is_integer_code=True, is_packed=True, code_range=(0, 15),
+        ElementKind.U4,
+        "qp::u4",
+        4,
+        np.dtype(np.uint8),
+        _names("uint8"),
+        is_integer_code=True,
+        is_packed=True,
+        code_range=(0, 15),
     ),
     ElementKind.FP8_E4M3: ElementInfo(
-        ElementKind.FP8_E4M3, "qp::e4m3", 8, np.dtype(ml_dtypes.float8_e4m3fn), _names("float8_e4m3fn", "uint8"),
-        is_fp8=True, fp8_max=448.0,
+        ElementKind.FP8_E4M3,
+        "qp::e4m3",
+        8,
+        np.dtype(ml_dtypes.float8_e4m3fn),
+        _names("float8_e4m3fn", "uint8"),
+        is_fp8=True,
+        fp8_max=448.0,
     ),
     ElementKind.FP8_E5M2: ElementInfo(
-        ElementKind.FP8_E5M2, "qp::e5m2", 8, np.dtype(ml_dtypes.float8_e5m2), _names("float8_e5m2", "uint8"),
-        is_fp8=True, fp8_max=57344.0,
+        ElementKind.FP8_E5M2,
+        "qp::e5m2",
+        8,
+        np.dtype(ml_dtypes.float8_e5m2),
+        _names("float8_e5m2", "uint8"),
+        is_fp8=True,
+        fp8_max=57344.0,
     ),
     ElementKind.I32: ElementInfo(ElementKind.I32, "int", 32, np.dtype(np.int32), _names("int32")),
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from . import reference
 from ._affine import AffineArgs, AffineProblem, StaticAffinePlan, resolve_affine_problem, storage_shape
@@ -164,8 +164,14 @@ class QuantizePlan(StaticAffinePlan):
         if desc.rounding is Rounding.STOCHASTIC:
             raise Unsupported("stochastic rounding is not available for QuantizePlan yet; use NEAREST_EVEN")
         problem = resolve_affine_problem(
-            desc.shape, desc.scope, desc.mode, desc.input_element, desc.output_element,
-            desc.q_min, desc.q_max, desc.nibble_order,
+            desc.shape,
+            desc.scope,
+            desc.mode,
+            desc.input_element,
+            desc.output_element,
+            desc.q_min,
+            desc.q_max,
+            desc.nibble_order,
         )
         plan = cls._select(stream, problem, pref or PlanPreference())
         assert isinstance(plan, QuantizePlan)

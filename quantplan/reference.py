@@ -43,7 +43,9 @@ def fp8_encode(v: np.ndarray, kind: ElementKind) -> np.ndarray:
     a = np.abs(x)
     sign = np.where(np.signbit(x), 0x80, 0).astype(np.uint64)
     with np.errstate(invalid="ignore", over="ignore"):
-        subnormal = np.rint(a * 2.0 ** (bias - 1 + mant)).astype(np.uint64, copy=False) if a.size else a.astype(np.uint64)
+        subnormal = (
+            np.rint(a * 2.0 ** (bias - 1 + mant)).astype(np.uint64, copy=False) if a.size else a.astype(np.uint64)
+        )
         bits = np.nan_to_num(a, nan=0.0, posinf=0.0).view(np.uint64)
         shift = np.uint64(52 - mant)
         rounded = (bits + np.uint64((1 << (51 - mant)) - 1) + ((bits >> shift) & np.uint64(1))) >> shift
@@ -98,9 +100,7 @@ def round_and_clamp(v: np.ndarray, zero_point: np.ndarray | int, q_min: int, q_m
     return t.astype(np.int32)
 
 
-def encode_codes(
-    codes_or_values: np.ndarray, output: ElementKind, nibble_order: NibbleOrder
-) -> np.ndarray:
+def encode_codes(codes_or_values: np.ndarray, output: ElementKind, nibble_order: NibbleOrder) -> np.ndarray:
     """Storage of ``output``: int codes -> int8/uint8 (or packed bytes); FP8 values -> bytes."""
     info = ELEMENTS[output]
     if info.is_fp8:
@@ -110,9 +110,7 @@ def encode_codes(
     return codes_or_values.astype(info.numpy_dtype)
 
 
-def decode_codes(
-    storage: np.ndarray, input_kind: ElementKind, length: int, nibble_order: NibbleOrder
-) -> np.ndarray:
+def decode_codes(storage: np.ndarray, input_kind: ElementKind, length: int, nibble_order: NibbleOrder) -> np.ndarray:
     """Integer codes (int32) or, for FP8, exact float32 values of quantized storage."""
     info = ELEMENTS[input_kind]
     if info.is_fp8:

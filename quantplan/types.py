@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -135,7 +135,7 @@ class GroupScope(BaseModel):
     group_size: int = Field(gt=0)
 
 
-Scope = Annotated[Union[TensorScope, TokenScope, ChannelScope, GroupScope], Field(discriminator="kind")]
+Scope = Annotated[TensorScope | TokenScope | ChannelScope | GroupScope, Field(discriminator="kind")]
 
 
 # ---------------------------------------------------------------------------------------------

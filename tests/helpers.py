@@ -11,7 +11,9 @@ from quantplan.types import ElementKind
 REFERENCE = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
 
 
-def random_floats(rng: np.random.Generator, shape: tuple[int, ...], kind: ElementKind, specials: bool = True) -> np.ndarray:
+def random_floats(
+    rng: np.random.Generator, shape: tuple[int, ...], kind: ElementKind, specials: bool = True
+) -> np.ndarray:
     """Normal data with per-row magnitudes spread over decades; a few zeros, ties and huge values."""
     n = int(np.prod(shape)) if shape else 1
     rows = shape[0] if shape else 1
@@ -21,7 +23,9 @@ def random_floats(rng: np.random.Generator, shape: tuple[int, ...], kind: Elemen
         flat = x.reshape(-1)
         idx = rng.choice(n, size=max(1, n // 50), replace=False)
         flat[idx[: len(idx) // 3]] = 0.0
-        flat[idx[len(idx) // 3 : 2 * len(idx) // 3]] = rng.integers(-20, 20, size=len(idx[len(idx) // 3 : 2 * len(idx) // 3])) + 0.5
+        flat[idx[len(idx) // 3 : 2 * len(idx) // 3]] = (
+            rng.integers(-20, 20, size=len(idx[len(idx) // 3 : 2 * len(idx) // 3])) + 0.5
+        )
         flat[idx[2 * len(idx) // 3 :]] *= 1e3
     with np.errstate(over="ignore"):
         return x.astype(ELEMENTS[kind].numpy_dtype)

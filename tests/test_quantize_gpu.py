@@ -63,13 +63,18 @@ def from_device(a, like: np.ndarray) -> np.ndarray:  # noqa: ANN001
 
 
 def _params(rng: np.random.Generator, desc, code: EK):  # noqa: ANN001, ANN202
-    scale = random_scale(rng, desc.param_shape, ELEMENTS[desc.input_element if ELEMENTS[desc.input_element].is_float else desc.output_element].math_precision)
+    scale = random_scale(
+        rng,
+        desc.param_shape,
+        ELEMENTS[desc.input_element if ELEMENTS[desc.input_element].is_float else desc.output_element].math_precision,
+    )
     zp = random_zero_point(rng, desc.param_shape, code) if desc.mode is qp.QuantMode.ASYMMETRIC else None
     return scale, zp
 
 
 @pytest.mark.parametrize(
-    "float_kind,code_kind,scope_index,mode", COMBOS,
+    "float_kind,code_kind,scope_index,mode",
+    COMBOS,
     ids=[f"{f.name}-{c.name}-s{i}-{m.name[:4]}" for f, c, i, m in COMBOS],
 )
 @pytest.mark.parametrize("order", [qp.NibbleOrder.LOW_FIRST, qp.NibbleOrder.HIGH_FIRST], ids=["low", "high"])
@@ -100,7 +105,9 @@ def test_quantize_and_dequantize_match_reference(rng, float_kind, code_kind, sco
     y_ref = np.zeros(shape, ELEMENTS[float_kind].numpy_dtype)
     qp.DequantizePlan.select(None, ddesc, REFERENCE).run(None, None, qp.DequantizeArgs(codes, y_ref, scale, zp))
     y_dev = to_device(np.full(shape, np.nan, y_ref.dtype))
-    qp.DequantizePlan.select(None, ddesc).run(None, None, qp.DequantizeArgs(to_device(codes), y_dev, to_device(scale), dev_zp))
+    qp.DequantizePlan.select(None, ddesc).run(
+        None, None, qp.DequantizeArgs(to_device(codes), y_dev, to_device(scale), dev_zp)
+    )
     y_gpu = from_device(y_dev, y_ref)
     assert float_bits_equal(y_gpu, y_ref), first_mismatch(y_gpu, y_ref)
 
@@ -111,7 +118,9 @@ def test_scalar_and_device_scalar_scale(rng, float_kind, code_kind) -> None:
     import cupy
 
     shape = (33, 77)
-    desc = qp.QuantizeDescriptor(shape=shape, scope=qp.TensorScope(), input_element=float_kind, output_element=code_kind)
+    desc = qp.QuantizeDescriptor(
+        shape=shape, scope=qp.TensorScope(), input_element=float_kind, output_element=code_kind
+    )
     x = random_floats(rng, shape, float_kind)
     s = float(np.exp(rng.uniform(-3, 1)))
     q_ref = np.zeros(desc.output_shape, ELEMENTS[code_kind].numpy_dtype)
@@ -127,7 +136,9 @@ def test_scalar_and_device_scalar_scale(rng, float_kind, code_kind) -> None:
 def test_torch_tensors_and_torch_stream(rng) -> None:
     torch = pytest.importorskip("torch")
     shape = (257, 1000)
-    desc = qp.QuantizeDescriptor(shape=shape, scope=qp.TokenScope(), input_element=EK.BF16, output_element=EK.S8, q_min=-127)
+    desc = qp.QuantizeDescriptor(
+        shape=shape, scope=qp.TokenScope(), input_element=EK.BF16, output_element=EK.S8, q_min=-127
+    )
     x = random_floats(rng, shape, EK.BF16)
     scale = random_scale(rng, desc.param_shape, qp.MathPrecision.F32)
     q_ref = np.zeros(shape, np.int8)
@@ -161,7 +172,9 @@ def test_torch_fp8_output(rng) -> None:
     qp.QuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeArgs(x, q_ref, scale))
     qt = torch.empty(shape, dtype=torch.float8_e4m3fn, device="cuda")
     qp.QuantizePlan.select(None, desc).run(
-        torch.cuda.current_stream(), None, qp.QuantizeArgs(torch.from_numpy(x).cuda(), qt, torch.from_numpy(scale).cuda())
+        torch.cuda.current_stream(),
+        None,
+        qp.QuantizeArgs(torch.from_numpy(x).cuda(), qt, torch.from_numpy(scale).cuda()),
     )
     torch.cuda.synchronize()
     assert np.array_equal(qt.view(torch.uint8).cpu().numpy(), q_ref.view(np.uint8))
@@ -172,8 +185,11 @@ def test_non_default_stream_and_graph_capture(rng) -> None:
 
     shape = (123, 515)
     desc = qp.QuantizeDescriptor(
-        shape=shape, scope=qp.GroupScope(group_size=5), mode=qp.QuantMode.ASYMMETRIC,
-        input_element=EK.F16, output_element=EK.U4,
+        shape=shape,
+        scope=qp.GroupScope(group_size=5),
+        mode=qp.QuantMode.ASYMMETRIC,
+        input_element=EK.F16,
+        output_element=EK.U4,
     )
     stream = cupy.cuda.Stream(non_blocking=True)
     plan = qp.QuantizePlan.select(stream, desc)
@@ -214,7 +230,9 @@ def test_misaligned_pointers_use_fallback(rng, code_kind) -> None:
     q_buf = cupy.zeros(n_out + 3, np.uint8)
     q_view = q_buf[3:].reshape(desc.output_shape)
     q_view = q_view.view(np.int8) if code_kind is EK.S8 else q_view
-    qp.QuantizePlan.select(None, desc).run(None, None, qp.QuantizeArgs(x_buf[1:].reshape(shape), q_view, cupy.asarray(scale)))
+    qp.QuantizePlan.select(None, desc).run(
+        None, None, qp.QuantizeArgs(x_buf[1:].reshape(shape), q_view, cupy.asarray(scale))
+    )
     assert np.array_equal(q_view.get().view(np.uint8), q_ref.view(np.uint8))
 
 
@@ -281,7 +299,9 @@ def test_fp8_every_byte_round_trips_and_software_path_matches(rng, float_kind, f
         q_dev = cupy.zeros(x.shape, np.uint8)
         qp.QuantizePlan.select(None, desc).run(None, None, qp.QuantizeArgs(to_device(x), q_dev, 1.0))
         got = q_dev.get()
-        assert np.array_equal(got, q_ref.view(np.uint8)), f"software={software}: " + first_mismatch(got, q_ref.view(np.uint8))
+        assert np.array_equal(got, q_ref.view(np.uint8)), f"software={software}: " + first_mismatch(
+            got, q_ref.view(np.uint8)
+        )
 
 
 def test_zero_size_problem_launches_nothing() -> None:
@@ -289,7 +309,13 @@ def test_zero_size_problem_launches_nothing() -> None:
 
     desc = qp.QuantizeDescriptor(shape=(0, 16), scope=qp.TokenScope(), input_element=EK.F16, output_element=EK.S8)
     plan = qp.QuantizePlan.select(None, desc)
-    plan.run(None, None, qp.QuantizeArgs(cupy.zeros((0, 16), cupy.float16), cupy.zeros((0, 16), cupy.int8), cupy.zeros((0, 1), cupy.float32)))
+    plan.run(
+        None,
+        None,
+        qp.QuantizeArgs(
+            cupy.zeros((0, 16), cupy.float16), cupy.zeros((0, 16), cupy.int8), cupy.zeros((0, 1), cupy.float32)
+        ),
+    )
 
 
 def test_bad_input_raises_before_launch_and_writes_nothing(rng) -> None:
@@ -339,7 +365,9 @@ def test_values_at_and_next_to_rounding_boundaries(rng, float_kind, code_kind) -
     rows, L = 64, 256
     scale = np.exp(rng.uniform(-4, 3, size=(rows, 1))).astype(np.float32)
     if ELEMENTS[code_kind].is_fp8:
-        grid = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ELEMENTS[code_kind].numpy_dtype).astype(np.float64)))
+        grid = np.unique(
+            np.abs(np.arange(256, dtype=np.uint8).view(ELEMENTS[code_kind].numpy_dtype).astype(np.float64))
+        )
         grid = grid[np.isfinite(grid)]
         bounds = (grid[1:] + grid[:-1]) / 2
         centers = rng.choice(bounds, size=(rows, L)) * rng.choice([-1.0, 1.0], size=(rows, L))
@@ -347,9 +375,13 @@ def test_values_at_and_next_to_rounding_boundaries(rng, float_kind, code_kind) -
         centers = rng.integers(-20, 20, size=(rows, L)) + 0.5
     x = (centers * scale).astype(np.float32)
     step = rng.integers(-3, 4, size=(rows, L)).astype(np.float32)
-    x = np.where(step > 0, np.nextafter(x, np.float32(np.inf)), np.where(step < 0, np.nextafter(x, np.float32(-np.inf)), x))
+    x = np.where(
+        step > 0, np.nextafter(x, np.float32(np.inf)), np.where(step < 0, np.nextafter(x, np.float32(-np.inf)), x)
+    )
     x = x.astype(ELEMENTS[float_kind].numpy_dtype)
-    desc = qp.QuantizeDescriptor(shape=(rows, L), scope=qp.TokenScope(), input_element=float_kind, output_element=code_kind)
+    desc = qp.QuantizeDescriptor(
+        shape=(rows, L), scope=qp.TokenScope(), input_element=float_kind, output_element=code_kind
+    )
     q_ref = np.zeros(desc.output_shape, ELEMENTS[code_kind].numpy_dtype)
     qp.QuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeArgs(x, q_ref, scale))
     q_dev = to_device(np.zeros(desc.output_shape, q_ref.dtype))

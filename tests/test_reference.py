@@ -36,7 +36,14 @@ def test_ties_through_division_by_scale() -> None:
 
 def test_clamp_edges_and_narrowed_range() -> None:
     assert quantize([127.4, 127.5, 128.0, -128.0, -128.5, -129.0, 1e30, -1e30], 1.0).tolist() == [
-        127, 127, 127, -128, -128, -128, 127, -128,
+        127,
+        127,
+        127,
+        -128,
+        -128,
+        -128,
+        127,
+        -128,
     ]
     assert quantize([-128.0, -127.0, 127.0], 1.0, q_min=-127).tolist() == [-127, -127, 127]
 
@@ -106,7 +113,9 @@ def test_dequantize_formula_and_rounding_to_output() -> None:
 
 def test_dequantize_fp8_values() -> None:
     q = np.array([[0x38, 0xB8, 0x7E, 0x01]], np.uint8)
-    desc = qp.DequantizeDescriptor(shape=q.shape, scope=qp.TensorScope(), input_element=EK.FP8_E4M3, output_element=EK.F32)
+    desc = qp.DequantizeDescriptor(
+        shape=q.shape, scope=qp.TensorScope(), input_element=EK.FP8_E4M3, output_element=EK.F32
+    )
     y = np.zeros(q.shape, np.float32)
     qp.DequantizePlan.select(None, desc, REFERENCE).run(None, None, qp.DequantizeArgs(q, y, 2.0))
     assert y.tolist() == [[2.0, -2.0, 896.0, 2.0**-8]]

@@ -1,0 +1,59 @@
+"""CPU: NVRTC compiles every kernel instantiation for sm_80 and sm_90 (no GPU needed).
+
+Runs through the same compile layer the plans use (``quantplan.compiler``), bypassing the disk
+cache so the compiler really runs. In CI (``CI`` set) a missing CuPy / NVRTC is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from quantplan import compiler
+from quantplan.types import ArchSku
+
+
+def _nvrtc_or_skip() -> None:
+    try:
+        compiler.nvrtc_version()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"NVRTC not available: {exc}")
+
+
+@pytest.mark.parametrize("arch", [ArchSku(8, 0), ArchSku(9, 0)], ids=lambda a: a.nvrtc_arch)
+@pytest.mark.parametrize("family", ["quantize", "dequantize"])
+def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    _nvrtc_or_skip()
+    monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
+    names = compiler.all_instantiations(family)
+    assert len(names) == len(set(names)) >= 100
+    module = compiler.compile_instantiations(family, names, arch, use_cache=False)
+    assert set(module.lowered_names) == set(names)
+    assert module.cubin_path.stat().st_size > 10_000
+    print(f"{family} {arch.nvrtc_arch}: {len(names)} instantiations compiled")
+
+
+def test_compile_errors_carry_the_nvrtc_log(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    _nvrtc_or_skip()
+    monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
+    from quantplan.errors import KernelCompileError
+
+    with pytest.raises(KernelCompileError) as info:
+        compiler.compile_instantiations("quantize", ["quantize_rows<qp::f16, qp::f16, 8, true, false>"], ArchSku(9, 0))
+    assert "error" in info.value.log
+
+
+def test_kernel_source_inlines_headers_once() -> None:
+    src = compiler.kernel_source("quantize")
+    assert '#include "' not in src
+    assert src.count("---- begin qp_elements.cuh ----") == 1
+
+
+def test_compile_units_cover_the_dtype_table() -> None:
+    from quantplan.elements import CODE_KINDS, FLOAT_KINDS
+
+    units = compiler.compile_units("quantize")
+    assert len(units) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)  # packed kinds: two nibble orders

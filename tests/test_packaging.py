@@ -1,0 +1,31 @@
+"""CPU: the wheel ships every kernel source (kernels/*.cu and *.cuh) and py.typed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_contains_every_kernel_source(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"building the wheel failed:\n{result.stdout}\n{result.stderr}")
+    wheels = list(tmp_path.glob("quantplan-*.whl"))
+    assert len(wheels) == 1
+    names = set(zipfile.ZipFile(wheels[0]).namelist())
+    sources = sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cu", ".cuh"))
+    assert sources, "no kernel sources found"
+    for name in sources:
+        assert f"quantplan/kernels/{name}" in names, f"{name} missing from the wheel"
+    assert "quantplan/py.typed" in names
