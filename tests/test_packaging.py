@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 import zipfile
@@ -13,12 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_contains_every_kernel_source(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)]
+    if importlib.util.find_spec("hatchling") is not None:
+        command.insert(4, "--no-build-isolation")  # the build backend is already here: no download
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    offline = "No matching distribution found for hatchling" in result.stderr
+    if result.returncode != 0 and offline and not os.environ.get("CI"):
+        pytest.skip("the build backend (hatchling) is neither installed nor downloadable on this offline machine")
     if result.returncode != 0:
         pytest.fail(f"building the wheel failed:\n{result.stdout}\n{result.stderr}")
     wheels = list(tmp_path.glob("quantplan-*.whl"))
