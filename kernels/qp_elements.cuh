@@ -129,9 +129,7 @@ template <> struct Fp8Element<e4m3> {
 #endif
   static __device__ __forceinline__ u8 from_f32(float v) {
 #if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
-    u16 pair;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
-    return (v != v) ? (u8)QP_FP8_CANONICAL_NAN : (u8)(pair & 0xFFu);
+    return (v != v) ? (u8)QP_FP8_CANONICAL_NAN : (u8)(pair_from_f32(v, 0.0f) & 0xFFu);
 #else
     return fp8_e4m3_from_f32_software(v);
 #endif
@@ -155,9 +153,7 @@ template <> struct Fp8Element<e5m2> {
 #endif
   static __device__ __forceinline__ u8 from_f32(float v) {
 #if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
-    u16 pair;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
-    return (v != v) ? (u8)QP_FP8_CANONICAL_NAN : (u8)(pair & 0xFFu);
+    return (v != v) ? (u8)QP_FP8_CANONICAL_NAN : (u8)(pair_from_f32(v, 0.0f) & 0xFFu);
 #else
     return fp8_e5m2_from_f32_software(v);
 #endif
