@@ -74,6 +74,10 @@ struct DequantizeBody {
     if (lay.cs == 0) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, row_param);
+    } else if ((lay.gc & (VEC - 1)) == 0) {  // groups are whole vectors: one parameter per vector
+      const DequantParam<acc_t> p = param(pbase + (i64)column_group(lay, col) * lay.cs);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, p);
     } else {
       for_each_column_param<VEC, DequantParam<acc_t>>(
           lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
@@ -83,11 +87,7 @@ struct DequantizeBody {
     ElementVector<out_t, VEC> out;
     if constexpr (FE::has_pair && VEC % 2 == 0) {
 #pragma unroll
-      for (int k = 0; k < VEC; k += 2) {
-        const u32 pair = FE::pair_from_acc(vals[k], vals[k + 1]);
-        out.v[k] = (out_t)(pair & 0xFFFFu);
-        out.v[k + 1] = (out_t)(pair >> 16);
-      }
+      for (int k = 0; k < VEC; k += 2) out.words[k / 2] = FE::pair_from_acc(vals[k], vals[k + 1]);
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out.v[k] = FE::from_acc(vals[k]);
@@ -102,9 +102,7 @@ template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 __global__ void __launch_bounds__(256)
 dequantize_rows(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::storage* __restrict__ y,
                 const typename qp::FloatElement<Out>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
-                typename qp::FloatElement<Out>::acc scale_value, int zp_value, const qp::i64* __restrict__ layout) {
-  qp::RowLayout lay;
-  lay.load(layout);
+                typename qp::FloatElement<Out>::acc scale_value, int zp_value, const qp::RowLayout lay) {
   qp::DequantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST> body(q, y, scale_ptr, zp_ptr, scale_value, zp_value, lay);
   qp::for_each_row_vector<VEC, qp::kDequantizeUnroll>(lay, body);
 }

@@ -25,15 +25,29 @@ __device__ __forceinline__ i64 acc_to_i64(double v) { return __double2ll_rz(v); 
 
 // ---- fast exact quotient rounding ----
 // A division per element is expensive (MUFU.RCP plus a fix-up on the slow conversion pipe), so
-// the float path computes t = x * (1/scale) and brackets the exact IEEE quotient q = x / scale:
-// |t - q| <= |t| * 2^-22, so q lies in [t - m, t + m] with m = |t| * 2^-20 (a 4x margin). Any
-// monotone rounding f (rne to an integer, rne-saturate to FP8) gives f(q) = f(t - m) when
-// f(t - m) == f(t + m). When the two differ (t within a few ulps of a rounding boundary,
-// probability ~2^-20) or t is not finite, the element takes the exact division. The result is
-// therefore always f(x / scale) with IEEE division: bit-identical to the reference.
+// float data first tries a division-free path whose result is proven equal to the division's;
+// when the proof's condition fails the element takes the exact division. Bit-identical to the
+// reference either way.
+//
+// Integer codes: with inv = rn(1/scale) and Q = x / scale (real), the exact product x * inv is
+// Q (1 + e1), |e1| <= 2^-24, and the reference's fl(Q) is Q (1 + e2), |e2| <= 2^-24, so
+// |fl(Q) - x * inv| <= |Q| 2^-23 (1 + 2^-23). One FFMA gives r = rne(x * inv) (x * inv + 1.5 * 2^23,
+// rounded once, has unit spacing while |x * inv| < 2^22) and a second the residual
+// e = fl(x * inv - r) (error <= 2^-25). With |Q| <= (|r| + 0.5)(1 + 2^-24), the test
+//   |e| < 0.5 - (|r| + 1) 2^-22        (the bound itself computed by one FFMA, error <= 2^-25)
+// leaves a margin of more than 2^-23 over the sum of those errors, so it proves |fl(Q) - r| < 0.5,
+// hence rne(fl(Q)) = r. It fails for |r| >= 2^21 (the bound is <= 0), for NaN and Inf, and for
+// random data with probability about (|r| + 1) 2^-21 per element; those elements are redone
+// exactly.
+//
+// FP8 codes: t = fl(x * inv) brackets the quotient, |t - fl(Q)| <= |t| 2^-22, so with
+// m = |t| 2^-20 any monotone rounding f has f(fl(Q)) = f(t - m) when f(t - m) == f(t + m); one
+// hardware instruction converts both bracket ends (sm_89+).
 #define QP_RNE_MAGIC 12582912.0f          // 1.5 * 2^23: v + MAGIC rounds |v| < 2^22 to an integer
 #define QP_RNE_MAGIC_BITS 0x4B400000      // bits of MAGIC; (bits of v + MAGIC) - this = rne(v)
-#define QP_MARGIN 9.5367431640625e-07f    // 2^-20
+#define QP_TIE_SLOPE -2.384185791015625e-07f  // -2^-22: the proof's margin per unit of |r|
+#define QP_TIE_LIMIT 0.49999976158142089844f  // 0.5 - 2^-22
+#define QP_MARGIN 9.5367431640625e-07f    // 2^-20: FP8 bracket half-width relative to |t|
 
 // Scale and zero point of one segment, with what the fast path needs.
 template <class Acc> struct IntQuantParam {
@@ -70,18 +84,34 @@ __device__ __forceinline__ int clamp_rounded_code(Acc v, int zp, int q_min, int 
   return (int)(acc_to_i64(r) + zp);
 }
 
+// Division-free clamp(rne(x / scale) + zp, q_min, q_max) (see above). Clears `ok` when the
+// element must be redone exactly; the returned code is then meaningless.
+__device__ __forceinline__ int quantize_int_code_fast(float x, const IntQuantParam<float>& p, int q_min, int q_max,
+                                                      bool& ok) {
+  const float rb = __fmaf_rn(x, p.inv, QP_RNE_MAGIC);
+  const float r = __fsub_rn(rb, QP_RNE_MAGIC);
+  const float e = __fmaf_rn(x, p.inv, -r);
+  // Bitwise &: no short-circuit branch; the flag stays a predicate.
+  ok = ok & (fabsf(e) < __fmaf_rn(fabsf(r), QP_TIE_SLOPE, QP_TIE_LIMIT));
+  const int code = (int)((u32)__float_as_int(rb) - (u32)QP_RNE_MAGIC_BITS + (u32)p.zp);
+  return min(max(code, q_min), q_max);
+}
+
+// The exact path, kept out of line: it is rare in float data, and inlining it at every element
+// would multiply the kernel's code size (instruction-cache misses).
+template <class Acc>
+__device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, int q_min, int q_max) {
+  return clamp_rounded_code(acc_div(x, scale), zp, q_min, q_max);
+}
+
 template <class Acc>
 __device__ __forceinline__ int quantize_int_code(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
   if constexpr (sizeof(Acc) == 4) {
-    if (p.fast) {
-      const float t = __fmul_rn(x, p.inv);
-      const float m = __fmul_rn(fabsf(t), QP_MARGIN);
-      const int a = __float_as_int(__fadd_rn(__fsub_rn(t, m), QP_RNE_MAGIC));
-      const int b = __float_as_int(__fadd_rn(__fadd_rn(t, m), QP_RNE_MAGIC));
-      if (a == b && fabsf(t) < 2097152.0f) return min(max(a - QP_RNE_MAGIC_BITS + p.zp, q_min), q_max);
-    }
+    bool ok = p.fast;
+    const int code = quantize_int_code_fast(x, p, q_min, q_max, ok);
+    if (ok) return code;
   }
-  return clamp_rounded_code(acc_div(x, p.scale), p.zp, q_min, q_max);
+  return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max);
 }
 
 // ---- fp8 from double: one rounding straight from the double (no detour through float) ----
@@ -114,40 +144,78 @@ template <> struct Fp8FromDouble<e5m2> {
 template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(float v) { return Fp8Element<Fp8>::from_f32(v); }
 template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(double v) { return Fp8FromDouble<Fp8>::convert(v); }
 
-// fp8_rne_saturate(x / scale), with the bracketing fast path where the GPU converts in hardware.
+// True where the division-free FP8 path exists (hardware pair conversion).
+#if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
+#define QP_FP8_FAST 1
+#else
+#define QP_FP8_FAST 0
+#endif
+
+// Division-free fp8_rne_saturate(x / scale) (see above); clears `ok` when the element must be
+// redone exactly. Only where QP_FP8_FAST.
+template <class Fp8>
+__device__ __forceinline__ u8 quantize_fp8_code_fast(float x, const IntQuantParam<float>& p, bool& ok) {
+#if QP_FP8_FAST
+  const float t = __fmul_rn(x, p.inv);
+  const float m = __fmul_rn(fabsf(t), QP_MARGIN);
+  const u16 pair = Fp8Element<Fp8>::pair_from_f32(__fsub_rn(t, m), __fadd_rn(t, m));
+  ok = ok & ((pair >> 8) == (pair & 0xFFu)) & (t == t);
+  return (u8)(pair & 0xFFu);
+#else
+  ok = false;
+  return 0;
+#endif
+}
+
+// fp8_rne_saturate(x / scale): the fast path where it exists and proves its result, else the division.
+template <class Fp8, class Acc>
+__device__ __noinline__ u8 quantize_fp8_code_exact(Acc x, Acc scale) {
+  return fp8_from_acc<Fp8>(acc_div(x, scale));
+}
+
 template <class Fp8, class Acc>
 __device__ __forceinline__ u8 quantize_fp8_code(Acc x, const IntQuantParam<Acc>& p) {
-#if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
-  if constexpr (sizeof(Acc) == 4) {
-    if (p.fast) {
-      const float t = __fmul_rn(x, p.inv);
-      const float m = __fmul_rn(fabsf(t), QP_MARGIN);
-      const u16 pair = Fp8Element<Fp8>::pair_from_f32(__fsub_rn(t, m), __fadd_rn(t, m));
-      if ((pair >> 8) == (pair & 0xFFu) && t == t) return (u8)(pair & 0xFFu);
-    }
+  if constexpr (sizeof(Acc) == 4 && QP_FP8_FAST) {
+    bool ok = p.fast;
+    const u8 code = quantize_fp8_code_fast<Fp8>(x, p, ok);
+    if (ok) return code;
   }
-#endif
-  return fp8_from_acc<Fp8>(acc_div(x, p.scale));
+  return quantize_fp8_code_exact<Fp8>(x, p.scale);
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----
-template <class Acc> struct DequantParam {
-  Acc scale;
-  int zp;
-  bool fast;  // |zp| <= 2^21: code - zp fits the magic-number conversion
-  __device__ __forceinline__ void set(Acc s, int z) {
+// The zero point splits as zp = hi + lo with hi a multiple of 2^21 (exact in float) and
+// |lo| <= 2^20. The bits of MAGIC + (q - lo) are (q - lo) + MAGIC_BITS (|q - lo| < 2^22), and one
+// subtraction of offset = MAGIC + hi (exact) leaves (q - lo) - hi = q - zp rounded once: the
+// reference's float(q - zp) for every int32 zero point, in two full-rate instructions.
+template <class Acc> struct DequantParam;
+
+template <> struct DequantParam<float> {
+  float scale, offset;
+  int zp_lo;
+  __device__ __forceinline__ void set(float s, int z) {
+    const i64 hi = ((i64)z + (1 << 20)) & ~(i64)((1 << 21) - 1);
     scale = s;
-    zp = z;
-    fast = z >= -(1 << 21) && z <= (1 << 21);
+    zp_lo = (int)((i64)z - hi);
+    offset = __fadd_rn(QP_RNE_MAGIC, (float)hi);
   }
 };
 
-template <class Acc>
-__device__ __forceinline__ Acc centered_code(int code, const DequantParam<Acc>& p) {
-  if constexpr (sizeof(Acc) == 4) {
-    if (p.fast) return __fsub_rn(__int_as_float(code - p.zp + QP_RNE_MAGIC_BITS), QP_RNE_MAGIC);
+template <> struct DequantParam<double> {
+  double scale;
+  int zp;
+  __device__ __forceinline__ void set(double s, int z) {
+    scale = s;
+    zp = z;
   }
-  return (Acc)((i64)code - p.zp);
+};
+
+__device__ __forceinline__ float centered_code(int code, const DequantParam<float>& p) {
+  return __fsub_rn(__int_as_float(code - p.zp_lo + QP_RNE_MAGIC_BITS), p.offset);
+}
+
+__device__ __forceinline__ double centered_code(int code, const DequantParam<double>& p) {
+  return (double)((i64)code - p.zp);
 }
 
 }  // namespace qp

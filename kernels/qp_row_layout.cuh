@@ -7,7 +7,8 @@
 //   o = row / (M * A),
 // which expresses tensor, token, channel(axis) and group(axis, g) scopes of any rank (the
 // Python side derives the coefficients). Rows are split into chunks of
-// `seg_threads * VEC * UNROLL` columns; a segment of seg_threads consecutive threads takes one
+// `seg_threads * VEC * u` columns (u <= UNROLL vectors per thread, fewer for small problems so
+// that more threads share the work); a segment of seg_threads consecutive threads takes one
 // (row, chunk) item at a time in a grid-stride loop, so there is no limit on rows and every
 // index is 64-bit.
 #pragma once
@@ -15,22 +16,11 @@
 
 namespace qp {
 
-// Slots of the int64 layout array written by quantplan/_layout.py (keep in sync).
-enum LayoutSlot {
-  kRows = 0, kRowLength, kItems, kChunksPerRow, kChunkCols, kSegLog2,
-  kM, kA, kGRows, kCo, kCa, kCm, kGroupCols, kColStride, kQMin, kQMax, kLayoutSlots
-};
-
+// Passed to the kernel by value (no dependent load before the first data load). Mirrored field
+// for field, in this order, by RowLayoutArgs in quantplan/_layout.py (keep in sync).
 struct RowLayout {
   i64 rows, items, chunks_per_row, M, A, Co, Ca, Cm;
   int L, chunk_cols, seg_log2, g_rows, gc, cs, q_min, q_max;
-
-  __device__ __forceinline__ void load(const i64* __restrict__ s) {
-    rows = s[kRows]; L = (int)s[kRowLength]; items = s[kItems];
-    chunks_per_row = s[kChunksPerRow]; chunk_cols = (int)s[kChunkCols]; seg_log2 = (int)s[kSegLog2];
-    M = s[kM]; A = s[kA]; g_rows = (int)s[kGRows]; Co = s[kCo]; Ca = s[kCa]; Cm = s[kCm];
-    gc = (int)s[kGroupCols]; cs = (int)s[kColStride]; q_min = (int)s[kQMin]; q_max = (int)s[kQMax];
-  }
 
   __device__ __forceinline__ i64 row_param_base(i64 row) const {
     if (M == 1 && A == 1) return row * Co;
@@ -62,17 +52,19 @@ __device__ __forceinline__ void for_each_row_vector(const RowLayout& lay, Body& 
       chunk = (int)(item - row * lay.chunks_per_row);
     }
     const i64 pbase = lay.row_param_base(row);
-    const int col0 = chunk * lay.chunk_cols + lane * VEC;
+    const int start = chunk * lay.chunk_cols;
+    const int end = start + min(lay.chunk_cols, lay.L - start);  // chunks may hold fewer than UNROLL vectors
+    const int col0 = start + lane * VEC;
     body.begin_item(row, pbase);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int col = col0 + u * seg_threads * VEC;
-      if (col < lay.L) body.load(u, row, pbase, col, min(VEC, lay.L - col));
+      if (col < end) body.load(u, row, pbase, col, min(VEC, lay.L - col));
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int col = col0 + u * seg_threads * VEC;
-      if (col < lay.L) body.finish(u, row, pbase, col, min(VEC, lay.L - col));
+      if (col < end) body.finish(u, row, pbase, col, min(VEC, lay.L - col));
     }
   }
 }

@@ -41,6 +41,7 @@ template <class T, int VEC> struct ElementVector {
   union {
     ByteVector<sizeof(T) * VEC> bytes;
     T v[VEC];
+    u32 words[(sizeof(T) * VEC + 3) / 4];  // 32-bit view (e.g. two 16-bit elements per word)
   };
   __device__ __forceinline__ ElementVector() {}
   template <bool VECTOR_IO>

@@ -7,14 +7,16 @@ holds the resolved problem, the operand checks and the CUDA / reference launch p
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from ._device import as_cupy_stream, cuda_available, device_info, stream_device_id
-from ._layout import BLOCK_THREADS, RowLayout, expand_params, param_shape, row_layout
+from ._device import cuda_available, device_info, stream_device_id
+from ._launch import PreparedLaunch, stream_handle
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, expand_params, param_shape, row_layout
 from ._operands import Operand, is_scalar, operand
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
@@ -37,6 +39,8 @@ from .types import (
 from .workspace import Workspace, check_workspace
 
 _INT32 = (-(2**31), 2**31 - 1)
+#: Threads one SM keeps resident (sizes the small-problem chunking of ``row_layout``).
+_RESIDENT_THREADS_PER_SM = 2048
 
 
 def storage_shape(shape: tuple[int, ...], kind: ElementKind) -> tuple[int, ...]:
@@ -130,11 +134,27 @@ def choose_backend(pref: PlanPreference) -> BackendKind:
     return BackendKind.REFERENCE
 
 
-@dataclass(frozen=True)
-class _KernelChoice:
-    function: Any
-    layout_array: Any
-    grid: int
+def _row_kernel_params(acc: type[ctypes.c_float] | type[ctypes.c_double]) -> type[ctypes.Structure]:
+    """Argument block of ``quantize_rows`` / ``dequantize_rows`` with accumulator ``acc``."""
+
+    class RowKernelParams(ctypes.Structure):
+        _fields_ = [
+            ("src", ctypes.c_uint64),
+            ("dst", ctypes.c_uint64),
+            ("scale_ptr", ctypes.c_uint64),
+            ("zp_ptr", ctypes.c_uint64),
+            ("scale_value", acc),
+            ("zp_value", ctypes.c_int32),
+            ("layout", RowLayoutArgs),
+        ]
+
+    return RowKernelParams
+
+
+_ROW_KERNEL_PARAMS = {
+    MathPrecision.F32: _row_kernel_params(ctypes.c_float),
+    MathPrecision.F64: _row_kernel_params(ctypes.c_double),
+}
 
 
 @dataclass(slots=True)
@@ -168,8 +188,8 @@ class StaticAffinePlan:
         backend: BackendKind,
         device_id: int | None,
         arch_name: str,
-        primary: _KernelChoice | None,
-        fallback: _KernelChoice | None,
+        primary: PreparedLaunch | None,
+        fallback: PreparedLaunch | None,
         align: tuple[int, int],
         variant: str,
     ) -> None:
@@ -217,27 +237,31 @@ class StaticAffinePlan:
     def _select(cls, stream: Any, problem: AffineProblem, pref: PlanPreference) -> StaticAffinePlan:
         backend = choose_backend(pref)
         packed = ELEMENTS[problem.code_kind].is_packed
-        primary_layout = row_layout(problem.shape, problem.scope, cls._vec_max(problem), packed)
-        variant = f"{problem.scope.kind}/{problem.mode.value}/{primary_layout.describe()}"
         if backend is BackendKind.REFERENCE:
             return cls(problem, backend, None, HOST_ARCH.name, None, None, (1, 1), "numpy")
         import cupy
 
         device_id = stream_device_id(stream) if stream is not None else int(cupy.cuda.runtime.getDevice())
         info = device_info(device_id)
-        fallback_layout = row_layout(problem.shape, problem.scope, 1, packed)
+        busy = info.sm_count * _RESIDENT_THREADS_PER_SM
+        primary_layout = row_layout(problem.shape, problem.scope, cls._vec_max(problem), packed, busy)
+        fallback_layout = row_layout(problem.shape, problem.scope, 1, packed, busy)
+        variant = f"{problem.scope.kind}/{problem.mode.value}/{primary_layout.describe()}"
         names = [cls._name(problem, primary_layout), cls._name(problem, fallback_layout)]
         # One NVRTC program per (input, output, nibble order): every vector width at once, so
         # plans of other shapes with the same dtypes reuse the loaded module.
         unit = cls._compile_unit(problem)
         functions = load_kernels(cls._family, unit, info.arch, device_id, compile_options())
 
-        def choice(layout: RowLayout, name: str) -> _KernelChoice:
+        params_type = _ROW_KERNEL_PARAMS[problem.precision]
+
+        def prepare(layout: RowLayout, name: str) -> PreparedLaunch:
             fn = functions[name]
             per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
-            with cupy.cuda.Device(device_id):
-                slots = cupy.asarray(layout.slots(problem.q_min, problem.q_max))
-            return _KernelChoice(fn, slots, layout.blocks(max(1, per_sm) * info.sm_count))
+            grid = layout.blocks(max(1, per_sm) * info.sm_count)
+            return PreparedLaunch(
+                fn, grid, BLOCK_THREADS, params_type, layout=layout.args(problem.q_min, problem.q_max)
+            )
 
         in_bits, out_bits = (
             (ELEMENTS[problem.float_kind].storage_bits, ELEMENTS[problem.code_kind].storage_bits)
@@ -251,8 +275,8 @@ class StaticAffinePlan:
             backend,
             device_id,
             info.arch.name,
-            choice(primary_layout, names[0]),
-            choice(fallback_layout, names[1]),
+            prepare(primary_layout, names[0]),
+            prepare(fallback_layout, names[1]),
             align,
             variant,
         )
@@ -390,23 +414,33 @@ class StaticAffinePlan:
         if self.problem.numel == 0:
             return
         aligned = x.ptr % self._align_in == 0 and y.ptr % self._align_out == 0
-        chosen = self._primary if aligned else self._fallback
-        assert chosen is not None
+        launch = self._primary if aligned else self._fallback
+        assert launch is not None
+        params = launch.params
+        params.src = x.ptr
+        params.dst = y.ptr
         if isinstance(scale, Operand):
-            scale_ptr, scale_value = scale.ptr, self._scalar_type(0)
+            params.scale_ptr, params.scale_value = scale.ptr, 0.0
         else:
-            scale_ptr, scale_value = 0, self._scalar_type(scale)
+            params.scale_ptr, params.scale_value = 0, scale
         if isinstance(zp, Operand):
-            zp_ptr, zp_value = zp.ptr, np.int32(0)
+            params.zp_ptr, params.zp_value = zp.ptr, 0
         else:
-            zp_ptr, zp_value = 0, np.int32(0 if zp is None else int(zp))
-        chosen.function(
-            (chosen.grid,),
-            (BLOCK_THREADS,),
-            (x.ptr, y.ptr, scale_ptr, zp_ptr, scale_value, zp_value, chosen.layout_array),
-            0,
-            as_cupy_stream(stream),
-        )
+            params.zp_ptr, params.zp_value = 0, 0 if zp is None else int(zp)
+        handle = stream_handle(stream)
+        if self._current_device() == self.device_id:
+            launch.launch(handle)
+        else:
+            import cupy
+
+            with cupy.cuda.Device(self.device_id):
+                launch.launch(handle)
+
+    @staticmethod
+    def _current_device() -> int:
+        from cupy.cuda import runtime
+
+        return int(runtime.getDevice())
 
     def _run_reference(self, x: Operand, y: Operand, scale: Operand | float, zp: Operand | int | None) -> None:
         p = self.problem

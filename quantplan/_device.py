@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from .errors import InvalidProblem
 from .types import ArchSku
 
 
@@ -39,9 +38,6 @@ def device_info(device_id: int) -> DeviceInfo:
     return DeviceInfo(device_id, ArchSku(int(props["major"]), int(props["minor"])), int(props["multiProcessorCount"]))
 
 
-_external_streams: dict[tuple[int, int], Any] = {}
-
-
 def stream_device_id(stream: Any) -> int:
     """Device a stream belongs to (the current device when it cannot tell)."""
     import cupy
@@ -60,37 +56,4 @@ def stream_device_id(stream: Any) -> int:
     return int(cupy.cuda.runtime.getDevice())
 
 
-def as_cupy_stream(stream: Any) -> Any:
-    """A CuPy stream object for ``stream``.
-
-    Accepts a CuPy ``Stream`` / ``ExternalStream``, a PyTorch ``torch.cuda.Stream`` (through its
-    ``cuda_stream`` handle), a raw ``cudaStream_t`` handle as int, or None (CuPy's current stream).
-    Wrappers for foreign handles are made once and reused, so this is cheap in ``run``.
-    """
-    import cupy
-
-    if stream is None:
-        return cupy.cuda.get_current_stream()
-    if isinstance(stream, cupy.cuda.Stream) or type(stream).__name__ == "ExternalStream":
-        return stream
-    handle = getattr(stream, "cuda_stream", None)
-    if handle is None:
-        if isinstance(stream, int):
-            handle = stream
-        else:
-            raise InvalidProblem(
-                f"stream of type {type(stream).__name__} is not a CUDA stream; pass a cupy.cuda.Stream, "
-                "a torch.cuda.Stream, a raw cudaStream_t int, or None for the current CuPy stream"
-            )
-    key = (int(handle), stream_device_id(stream) if not isinstance(stream, int) else -1)
-    wrapped = _external_streams.get(key)
-    if wrapped is None:
-        if key[1] >= 0:
-            wrapped = cupy.cuda.ExternalStream(int(handle), key[1])
-        else:
-            wrapped = cupy.cuda.ExternalStream(int(handle))
-        _external_streams[key] = wrapped
-    return wrapped
-
-
-__all__ = ["DeviceInfo", "as_cupy_stream", "cuda_available", "device_info", "stream_device_id"]
+__all__ = ["DeviceInfo", "cuda_available", "device_info", "stream_device_id"]

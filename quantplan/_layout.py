@@ -3,12 +3,13 @@
 Every elementwise plan runs on a contiguous tensor viewed as ``rows`` rows of ``L`` elements;
 ``kernels/qp_row_layout.cuh`` documents how (row, col) maps to a parameter index. This module
 derives those coefficients from a scope, merges short rows where the mapping allows it, picks
-the vector width and threads per row, and packs everything into the int64 layout array the
-kernel reads (slot order must match ``LayoutSlot`` in the header).
+the vector width and threads per row, and packs everything into the ``RowLayoutArgs`` structure
+the kernel takes by value (field order must match ``struct RowLayout`` in the header).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -63,6 +64,15 @@ def expand_params(params: np.ndarray, shape: tuple[int, ...], scope: Scope) -> n
     return params
 
 
+class RowLayoutArgs(ctypes.Structure):
+    """``struct RowLayout`` of ``kernels/qp_row_layout.cuh``, field for field (passed by value)."""
+
+    _fields_ = [
+        *((name, ctypes.c_int64) for name in ("rows", "items", "chunks_per_row", "M", "A", "Co", "Ca", "Cm")),
+        *((name, ctypes.c_int32) for name in ("L", "chunk_cols", "seg_log2", "g_rows", "gc", "cs", "q_min", "q_max")),
+    ]
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """The launch geometry of one elementwise problem (see ``kernels/qp_row_layout.cuh``)."""
@@ -87,28 +97,25 @@ class RowLayout:
     def items(self) -> int:
         return self.rows * self.chunks_per_row
 
-    def slots(self, q_min: int, q_max: int) -> np.ndarray:
-        """The int64 array the kernel reads (16 values in ``LayoutSlot`` order)."""
-        return np.array(
-            [
-                self.rows,
-                self.L,
-                self.items,
-                self.chunks_per_row,
-                self.chunk_cols,
-                self.seg_log2,
-                self.M,
-                self.A,
-                self.g_rows,
-                self.Co,
-                self.Ca,
-                self.Cm,
-                self.gc,
-                self.cs,
-                q_min,
-                q_max,
-            ],
-            dtype=np.int64,
+    def args(self, q_min: int, q_max: int) -> RowLayoutArgs:
+        """The kernel's by-value ``RowLayout`` argument."""
+        return RowLayoutArgs(
+            self.rows,
+            self.items,
+            self.chunks_per_row,
+            self.M,
+            self.A,
+            self.Co,
+            self.Ca,
+            self.Cm,
+            self.L,
+            self.chunk_cols,
+            self.seg_log2,
+            self.g_rows,
+            self.gc,
+            self.cs,
+            q_min,
+            q_max,
         )
 
     def blocks(self, max_blocks: int) -> int:
@@ -121,15 +128,18 @@ class RowLayout:
         threads = 1 << self.seg_log2
         unit = "block" if threads == BLOCK_THREADS else f"{threads}t"
         io = "" if self.vector_io else ",scalar-io"
-        return f"rows[{unit}-per-row,vec{self.vec}{io},chunks{self.chunks_per_row}]"
+        unroll = self.chunk_cols // (threads * self.vec)
+        return f"rows[{unit}-per-row,vec{self.vec}{io},unroll{unroll},chunks{self.chunks_per_row}]"
 
 
-def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool) -> RowLayout:
+def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool, busy_threads: int = 0) -> RowLayout:
     """Canonical layout of ``scope`` on a contiguous tensor of ``shape``.
 
     ``vec_max``: widest vector (elements) the kernel family is instantiated for. ``packed``:
     one operand holds 4-bit codes packed along the last axis (rows of odd length keep their own
-    padding nibble, so such rows are never merged).
+    padding nibble, so such rows are never merged). ``busy_threads``: threads that keep the GPU
+    busy (SMs x resident threads); a problem too small to give each of them ``UNROLL`` vectors
+    gets shorter chunks (2 or 1 vectors per thread), trading loop overhead for parallelism.
     """
     dims = shape if shape else (1,)
     rank = len(dims)
@@ -200,11 +210,22 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool)
     threads = 1
     while threads < BLOCK_THREADS and threads * vec * UNROLL < L:
         threads *= 2
-    chunk_cols = threads * vec * UNROLL
+    unroll = UNROLL
+    while unroll > 1 and rows * -(-L // (threads * vec * unroll)) * threads < busy_threads:
+        unroll //= 2
+    chunk_cols = threads * vec * unroll
     chunks = max(1, -(-L // chunk_cols)) if L else 1
     return RowLayout(
         rows, L, M, A, g_rows, Co, Ca, Cm, gc, cs, vec, vector_io, int(math.log2(threads)), chunks, chunk_cols
     )
 
 
-__all__ = ["BLOCK_THREADS", "RowLayout", "expand_params", "normalize_axis", "param_shape", "row_layout"]
+__all__ = [
+    "BLOCK_THREADS",
+    "RowLayout",
+    "RowLayoutArgs",
+    "expand_params",
+    "normalize_axis",
+    "param_shape",
+    "row_layout",
+]

@@ -26,7 +26,7 @@ _CAI_TYPESTR = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Operand:
     """What quantplan needs of one tensor argument.
 
@@ -56,26 +56,21 @@ def operand(obj: Any, name: str) -> Operand:
     module = type(obj).__module__
     if module.startswith("cupy"):
         return Operand(
-            obj, obj.data.ptr, obj.shape, obj.dtype.name, obj.itemsize, obj.flags.c_contiguous, obj.device.id
+            obj, obj.data.ptr, obj.shape, _dtype_name(obj.dtype), obj.itemsize, obj.flags.c_contiguous, obj.device.id
         )
     if module.startswith("torch"):
-        device = obj.device
-        if device.type != "cuda":
-            return Operand(obj, 0, tuple(obj.shape), str(obj.dtype)[6:], obj.element_size(), obj.is_contiguous(), None)
+        device_index = obj.get_device()  # -1 for CPU tensors
+        dtype_name = _dtype_name(obj.dtype)
+        if device_index < 0:
+            return Operand(obj, 0, tuple(obj.shape), dtype_name, obj.element_size(), obj.is_contiguous(), None)
         return Operand(
-            obj,
-            obj.data_ptr(),
-            tuple(obj.shape),
-            str(obj.dtype)[6:],
-            obj.element_size(),
-            obj.is_contiguous(),
-            device.index,
+            obj, obj.data_ptr(), tuple(obj.shape), dtype_name, obj.element_size(), obj.is_contiguous(), device_index
         )
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         typestr = cai["typestr"]
-        dtype_name = _CAI_TYPESTR.get(typestr)
-        if dtype_name is None:
+        cai_dtype = _CAI_TYPESTR.get(typestr)
+        if cai_dtype is None:
             raise InvalidProblem(f"{name}: __cuda_array_interface__ typestr {typestr!r} is not a supported dtype")
         shape = tuple(cai["shape"])
         itemsize = int(typestr[2:])
@@ -85,11 +80,24 @@ def operand(obj: Any, name: str) -> Operand:
 
         ptr = int(cai["data"][0])
         device_id = cupy.cuda.runtime.pointerGetAttributes(ptr).device if ptr else int(cupy.cuda.runtime.getDevice())
-        return Operand(obj, ptr, shape, dtype_name, itemsize, contiguous, int(device_id))
+        return Operand(obj, ptr, shape, cai_dtype, itemsize, contiguous, int(device_id))
     raise InvalidProblem(
         f"{name}: expected a NumPy array, a CuPy array, a PyTorch tensor or an object with "
         f"__cuda_array_interface__, got {type(obj).__name__}"
     )
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """NumPy-style name of a NumPy / CuPy / PyTorch dtype (``torch.bfloat16`` -> ``bfloat16``), memoized."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        text = str(dtype)
+        name = text[6:] if text.startswith("torch.") else np.dtype(dtype).name
+        _DTYPE_NAMES[dtype] = name
+    return name
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:

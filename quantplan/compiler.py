@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 import re
+import shlex
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,9 +85,16 @@ def register_family(family: str) -> Callable[[Callable[[], list[list[str]]]], Ca
 
 
 def compile_options() -> tuple[str, ...]:
-    """Extra options from the environment: ``QUANTPLAN_FP8_SOFTWARE=1`` forces the portable
-    (sm_80) FP8 conversion on every arch, which lets a Hopper GPU test that path."""
-    return ("-DQP_FP8_SOFTWARE",) if os.environ.get("QUANTPLAN_FP8_SOFTWARE") == "1" else ()
+    """Extra options from the environment.
+
+    ``QUANTPLAN_FP8_SOFTWARE=1`` forces the portable (sm_80) FP8 conversion on every arch, which
+    lets a Hopper GPU test that path. ``QUANTPLAN_NVRTC_OPTIONS`` (shell-quoted) appends NVRTC
+    options, e.g. ``-DQP_QUANTIZE_MIN_BLOCKS=4``, for tuning experiments; both are part of the
+    cache key.
+    """
+    options = ["-DQP_FP8_SOFTWARE"] if os.environ.get("QUANTPLAN_FP8_SOFTWARE") == "1" else []
+    options += shlex.split(os.environ.get("QUANTPLAN_NVRTC_OPTIONS", ""))
+    return tuple(options)
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -141,7 +150,7 @@ def compile_instantiations(
                 nvrtc.getProgramLog(prog),
             ) from None
         lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
-        cubin = nvrtc.getCUBIN(prog)
+        cubin = complete_elf(nvrtc.getCUBIN(prog))
     finally:
         nvrtc.destroyProgram(prog)
 
@@ -153,6 +162,21 @@ def compile_instantiations(
     tmp_names.write_text(json.dumps(lowered))
     os.replace(tmp_names, names_path)
     return CompiledModule(cubin_path, lowered)
+
+
+def complete_elf(image: bytes) -> bytes:
+    """``image`` zero-padded to the extent its ELF64 header declares.
+
+    CuPy's ``nvrtc.getCUBIN`` drops the image's last byte (it strips a terminator as for PTX);
+    that byte is the top byte of the last program header's alignment, always zero. The driver
+    tolerates the short image, but disassemblers and strict loaders do not, so restore it.
+    """
+    if len(image) < 64 or image[:4] != b"\x7fELF" or image[4] != 2:
+        return image
+    ph_off, sh_off = struct.unpack_from("<QQ", image, 0x20)
+    ph_size, ph_num, sh_size, sh_num = struct.unpack_from("<HHHH", image, 0x36)
+    extent = max(ph_off + ph_size * ph_num, sh_off + sh_size * sh_num)
+    return image + bytes(extent - len(image)) if 0 < extent - len(image) <= 8 else image
 
 
 _modules: dict[tuple[str, str, tuple[str, ...], tuple[str, ...], int], dict[str, Any]] = {}

@@ -345,12 +345,12 @@ def test_kernel_resources_report() -> None:
     """Record registers and local memory of the main variants (no spills expected)."""
     desc = qp.QuantizeDescriptor(shape=(64, 8192), scope=qp.TokenScope(), input_element=EK.BF16, output_element=EK.S8)
     plan = qp.QuantizePlan.select(None, desc)
-    fn = plan._primary.function  # type: ignore[union-attr]
+    fn_ptr = plan._primary.function_ptr  # type: ignore[union-attr]
     import cupy
 
     attrs = cupy.cuda.driver.funcGetAttribute
-    regs = attrs(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
-    local = attrs(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn.ptr)
+    regs = attrs(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn_ptr)
+    local = attrs(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn_ptr)
     print(f"quantize_rows bf16->s8 vec8: {regs} registers, {local} bytes local")
     assert local <= 64  # only the rarely taken exact-division call may use a small stack frame
 
@@ -388,3 +388,106 @@ def test_values_at_and_next_to_rounding_boundaries(rng, float_kind, code_kind) -
     qp.QuantizePlan.select(None, desc).run(None, None, qp.QuantizeArgs(to_device(x), q_dev, cupy.asarray(scale)))
     got = q_dev.get().view(np.uint8)
     assert np.array_equal(got, q_ref.view(np.uint8)), first_mismatch(got, q_ref.view(np.uint8))
+
+
+@pytest.mark.parametrize("float_kind", [EK.F32, EK.BF16])
+@pytest.mark.parametrize("base", [1000, 70000, 2**21 - 300])
+def test_large_quotients_next_to_ties_with_offset_zero_point(rng, float_kind, base) -> None:
+    """x / scale = k + 0.5 (and +-3 ulps) for large k, brought into the U8 range by zp = -base:
+    the fast path's margin grows with |k| and must still defer to the division at every tie."""
+    import cupy
+
+    rows, L = 48, 512
+    scale = np.exp(rng.uniform(-6, 2, size=(rows, 1))).astype(np.float32)
+    centers = base + rng.integers(0, 255, size=(rows, L)) + 0.5
+    centers *= rng.choice([-1.0, 1.0], size=(rows, L)) if base < 2**20 else 1.0
+    x = (centers * scale).astype(np.float32)
+    step = rng.integers(-3, 4, size=(rows, L)).astype(np.float32)
+    x = np.where(
+        step > 0, np.nextafter(x, np.float32(np.inf)), np.where(step < 0, np.nextafter(x, np.float32(-np.inf)), x)
+    ).astype(ELEMENTS[float_kind].numpy_dtype)
+    zp = np.full((rows, 1), -base, np.int32)
+    desc = qp.QuantizeDescriptor(
+        shape=(rows, L),
+        scope=qp.TokenScope(),
+        mode=qp.QuantMode.ASYMMETRIC,
+        input_element=float_kind,
+        output_element=EK.U8,
+    )
+    q_ref = np.zeros(desc.output_shape, np.uint8)
+    qp.QuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeArgs(x, q_ref, scale, zp))
+    if float_kind is EK.F32 or base < 2**20:  # bf16 cannot place x / scale within 255 of 2**21
+        assert 0 < np.count_nonzero((q_ref > 0) & (q_ref < 255))  # not all clamped
+    q_dev = cupy.zeros(desc.output_shape, np.uint8)
+    qp.QuantizePlan.select(None, desc).run(
+        None, None, qp.QuantizeArgs(to_device(x), q_dev, cupy.asarray(scale), cupy.asarray(zp))
+    )
+    got = q_dev.get()
+    assert np.array_equal(got, q_ref), first_mismatch(got, q_ref)
+
+
+@pytest.mark.parametrize("code_kind", [EK.U8, EK.S4])
+@pytest.mark.parametrize("float_kind", [EK.F32, EK.BF16, EK.F16])
+def test_extreme_int32_zero_points(rng, float_kind, code_kind) -> None:
+    """Zero points anywhere in int32 (around +-2**21, +-2**24 and the int32 ends): quantize clamps
+    exactly and dequantize rounds (q - zp) once, as the reference does."""
+    import cupy
+
+    rows, L = 64, 130
+    special = np.array(
+        [
+            0,
+            1,
+            -1,
+            2**20,
+            2**20 + 1,
+            -(2**20) - 1,
+            2**21,
+            2**21 + 3,
+            -(2**21) - 5,
+            2**24 + 1,
+            -(2**24) - 3,
+            2**30 + 7,
+            -(2**30) - 9,
+            2**31 - 1,
+            -(2**31),
+            123456789,
+            -987654321,
+        ],
+        dtype=np.int64,
+    )
+    zp = np.concatenate([special, rng.integers(-(2**31), 2**31, size=rows - special.size)]).astype(np.int32)
+    zp = zp.reshape(rows, 1)
+    scale = random_scale(rng, (rows, 1), qp.MathPrecision.F32)
+    desc = qp.QuantizeDescriptor(
+        shape=(rows, L),
+        scope=qp.TokenScope(),
+        mode=qp.QuantMode.ASYMMETRIC,
+        input_element=float_kind,
+        output_element=code_kind,
+    )
+    x = random_floats(rng, (rows, L), float_kind)
+    q_ref = np.zeros(desc.output_shape, ELEMENTS[code_kind].numpy_dtype)
+    qp.QuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeArgs(x, q_ref, scale, zp))
+    q_dev = cupy.zeros(desc.output_shape, q_ref.dtype)
+    qp.QuantizePlan.select(None, desc).run(
+        None, None, qp.QuantizeArgs(to_device(x), q_dev, cupy.asarray(scale), cupy.asarray(zp))
+    )
+    got = q_dev.get()
+    assert np.array_equal(got, q_ref), first_mismatch(got, q_ref)
+
+    ddesc = qp.DequantizeDescriptor(
+        shape=(rows, L),
+        scope=qp.TokenScope(),
+        mode=qp.QuantMode.ASYMMETRIC,
+        input_element=code_kind,
+        output_element=float_kind,
+    )
+    codes = random_codes(rng, (rows, L), code_kind)
+    y_ref = np.zeros((rows, L), ELEMENTS[float_kind].numpy_dtype)
+    qp.DequantizePlan.select(None, ddesc, REFERENCE).run(None, None, qp.DequantizeArgs(codes, y_ref, scale, zp))
+    y_dev = to_device(np.zeros((rows, L), y_ref.dtype))
+    qp.DequantizePlan.select(None, ddesc).run(
+        None, None, qp.DequantizeArgs(to_device(codes), y_dev, cupy.asarray(scale), cupy.asarray(zp))
+    )
+    assert float_bits_equal(y_dev.get().view(y_ref.dtype), y_ref)
