@@ -10,8 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._layout import expand_params, normalize_axis, param_shape
 from .elements import ELEMENTS
-from .types import ElementKind, MathPrecision, NibbleOrder
+from .types import (
+    ChannelScope,
+    ElementKind,
+    GroupScope,
+    MathPrecision,
+    NibbleOrder,
+    QuantMode,
+    Scope,
+    TensorScope,
+    TokenScope,
+)
 
 #: Byte written for any NaN by FP8 quantization (both formats): sign 0, all exponent and mantissa bits 1.
 FP8_CANONICAL_NAN = 0x7F
@@ -54,6 +65,60 @@ def fp8_encode(v: np.ndarray, kind: ElementKind) -> np.ndarray:
     code = (code | sign).astype(np.uint8)
     code[np.isnan(x)] = FP8_CANONICAL_NAN
     return code
+
+
+def _fp8_layout(kind: ElementKind) -> tuple[int, int, float]:
+    """(mantissa bits, exponent bias, largest finite value) of an FP8 kind."""
+    info = ELEMENTS[kind]
+    if info.fp8_max is None:
+        raise ValueError(f"{kind} is not an FP8 kind")
+    mant = 3 if kind is ElementKind.FP8_E4M3 else 2
+    bias = 7 if kind is ElementKind.FP8_E4M3 else 15
+    return mant, bias, info.fp8_max
+
+
+def fp8_stochastic_encode(v: np.ndarray, uniform: np.ndarray, kind: ElementKind) -> np.ndarray:
+    """Stochastic rounding of ``v`` to FP8 ``kind``, as uint8 bytes.
+
+    ``v`` is in the accumulator dtype (float32, or float64 for F64 plans); ``uniform`` holds one
+    ``u`` in [0, 1) per element (a multiple of 2**-24, see :mod:`quantplan.philox`).
+
+    * NaN -> 0x7F (the canonical NaN, as :func:`fp8_encode`).
+    * ``v >= fp8_max`` -> +max code, ``v <= -fp8_max`` -> -max code (saturation; Inf included; no
+      randomness).
+    * otherwise ``lo`` = the largest FP8 value ``<= v`` (toward -inf), ``hi`` = the next FP8 value
+      above ``lo`` and ``frac = (v - lo) / (hi - lo)``, computed in ``v``'s dtype (``hi - lo`` is
+      a power of two, the FP8 spacing of that binade, and the division by it is exact;
+      ``v - lo`` is exact except when ``|v|`` lies far below the FP8 subnormal spacing, where it
+      is rounded once, as in the kernels). The result is ``hi if u < frac else lo``, so
+      ``P(hi) = frac`` up to the 2**-24 resolution of ``u``, as the integer rule
+      ``floor(v) + (u < v - floor(v))``.
+    * a zero result takes the sign of ``v``: a tiny negative ``v`` may give -0 (0x80); ``v``
+      exactly representable (+-0 included) gives itself.
+    """
+    mant, bias, fmax = _fp8_layout(kind)
+    x = np.asarray(v)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    u = np.broadcast_to(np.asarray(uniform), x.shape).astype(x.dtype)
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        a = np.abs(x64)
+        finite_in_range = a < fmax  # False for NaN, +-Inf and the saturating range
+        a_in = np.where(finite_in_range, a, 0.0)
+        _, e = np.frexp(a_in)  # a = m * 2**e, m in [0.5, 1): the binade is [2**(e-1), 2**e)
+        # FP8 step of that binade; below the smallest normal the subnormal step 2**(1-bias-mant)
+        spacing = np.ldexp(1.0, np.maximum(e - 1, 1 - bias) - mant)
+        a_lo = np.floor(a_in / spacing) * spacing  # exact: scaling by powers of two
+        a_hi = a_lo + spacing
+        neg = np.signbit(x64)
+        lo = np.where(neg, -a_hi, a_lo)
+        hi = np.where(neg, -a_lo, a_hi)
+        frac = (x - lo.astype(x.dtype)) / spacing.astype(x.dtype)
+        chosen = np.where(u < frac, hi, lo)
+        chosen = np.copysign(np.abs(chosen), x64)  # zero takes the sign of v
+        chosen = np.where(finite_in_range, chosen, x64)  # saturation and NaN: fp8_encode's rules
+    return fp8_encode(chosen, kind)
 
 
 def fp8_decode(codes: np.ndarray, kind: ElementKind) -> np.ndarray:
@@ -100,6 +165,32 @@ def round_and_clamp(v: np.ndarray, zero_point: np.ndarray | int, q_min: int, q_m
     return t.astype(np.int32)
 
 
+def stochastic_round_and_clamp(
+    v: np.ndarray, uniform: np.ndarray, zero_point: np.ndarray | int, q_min: int, q_max: int
+) -> np.ndarray:
+    """``clamp(floor(v) + (u < v - floor(v)) + zp, q_min, q_max)`` as int32; NaN -> zp; +-Inf clamps.
+
+    ``v`` is in the accumulator dtype (float32, or float64 for F64 plans); ``uniform`` holds one
+    ``u`` in [0, 1) per element (multiples of 2**-24, exact in float32). ``f = floor(v)`` and the
+    comparison ``u < v - f`` are done in ``v``'s dtype. ``v - f`` is exact for ``v >= 0`` and
+    ``v <= -1``; for ``-1 < v < 0`` it is ``1 + v`` rounded once (as in the kernels), an error of
+    at most 2**-25 in float32, below the 2**-24 resolution of ``u``. So ``v`` rounds up with
+    probability ``v - floor(v)`` (to within 2**-24): ``E[q - zp] = v`` inside the code range. An
+    integer ``v`` stays itself.
+    """
+    x = np.asarray(v)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    u = np.broadcast_to(np.asarray(uniform), x.shape).astype(x.dtype)
+    zp = np.asarray(zero_point, dtype=np.int64)
+    with np.errstate(invalid="ignore"):
+        f = np.floor(x)
+        up = u < (x - f)  # Inf - Inf = NaN compares False: +-Inf stay +-Inf and clamp
+        t = np.clip(f.astype(np.float64) + up + zp, q_min, q_max)
+    t = np.where(np.isnan(x), np.broadcast_to(zp, t.shape), t)
+    return t.astype(np.int32)
+
+
 def encode_codes(codes_or_values: np.ndarray, output: ElementKind, nibble_order: NibbleOrder) -> np.ndarray:
     """Storage of ``output``: int codes -> int8/uint8 (or packed bytes); FP8 values -> bytes."""
     info = ELEMENTS[output]
@@ -129,18 +220,36 @@ def quantize(
     q_max: int,
     precision: MathPrecision,
     nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
+    *,
+    uniform: np.ndarray | None = None,
 ) -> np.ndarray:
     """Static quantization: ``q = clamp(rne(x / scale) + zp, q_min, q_max)``, FP8: ``fp8(x / scale)``.
 
     ``scale`` and ``zero_point`` must broadcast against ``x`` (see ``expand_params``). Returns the
     output's storage array.
+
+    ``uniform`` (optional): one ``u`` in [0, 1) per element of ``x`` (same shape or size, flat C
+    order of the logical tensor, e.g. ``philox.uniform_for_elements(x.size, seed, offset)``).
+    When given, ``v = x / scale`` is rounded stochastically instead of to nearest even:
+    :func:`stochastic_round_and_clamp` for integer codes, :func:`fp8_stochastic_encode` for FP8.
     """
     acc = acc_dtype(precision)
+    x_acc = to_acc(x, precision)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        v = to_acc(x, precision) / np.asarray(scale).astype(acc)
+        v = x_acc / np.asarray(scale).astype(acc)
+    if uniform is None:
+        if ELEMENTS[output].is_fp8:
+            return fp8_encode(v, output)
+        return encode_codes(round_and_clamp(v, zero_point, q_min, q_max), output, nibble_order)
+    u = np.asarray(uniform)
+    if u.size != x_acc.size:
+        raise ValueError(
+            f"uniform has {u.size} elements but x has {x_acc.size} (shape {x_acc.shape}); pass one per element"
+        )
+    u = u.reshape(v.shape)
     if ELEMENTS[output].is_fp8:
-        return fp8_encode(v, output)
-    return encode_codes(round_and_clamp(v, zero_point, q_min, q_max), output, nibble_order)
+        return fp8_stochastic_encode(v, u, output)
+    return encode_codes(stochastic_round_and_clamp(v, u, zero_point, q_min, q_max), output, nibble_order)
 
 
 def dequantize(
@@ -165,17 +274,160 @@ def dequantize(
         return y.astype(ELEMENTS[output].numpy_dtype)
 
 
+def _reduced_axes(rank: int, scope: Scope) -> tuple[int, ...]:
+    """Axes reduced by a Tensor / Token / Channel scope (GroupScope is handled by a reshape)."""
+    if isinstance(scope, TensorScope):
+        return tuple(range(rank))
+    if isinstance(scope, TokenScope):
+        return (rank - 1,)
+    if isinstance(scope, ChannelScope):
+        axis = normalize_axis(scope.axis, rank, "channel scope")
+        return tuple(i for i in range(rank) if i != axis)
+    raise TypeError(f"unexpected scope {scope!r}")
+
+
+def reduce_segments(a: np.ndarray, scope: Scope, ufunc: np.ufunc, initial: float | bool) -> np.ndarray:
+    """``ufunc.reduce`` of ``a`` over each segment of ``scope`` -> array of ``param_shape(a.shape, scope)``.
+
+    Segments: TensorScope = the whole tensor; TokenScope = each row (all axes but the last);
+    ChannelScope(axis) = each index along ``axis``; GroupScope(axis, g) = contiguous runs of ``g``
+    along ``axis``. ``initial`` seeds every reduction (and is the result of an empty segment).
+    """
+    shape = tuple(a.shape)
+    pshape = param_shape(shape, scope)
+    if isinstance(scope, GroupScope):
+        axis = normalize_axis(scope.axis, len(shape), "group scope")
+        g = scope.group_size
+        grouped = a.reshape(*shape[:axis], shape[axis] // g, g, *shape[axis + 1 :])
+        out = ufunc.reduce(grouped, axis=axis + 1, initial=initial)
+    else:
+        out = ufunc.reduce(a, axis=_reduced_axes(len(shape), scope), keepdims=True, initial=initial)
+    return np.asarray(out).reshape(pshape)
+
+
+def nonfinite_segments(x: np.ndarray, scope: Scope) -> np.ndarray:
+    """Boolean array of ``param_shape``: True where a segment holds any NaN or +-Inf."""
+    return reduce_segments(~np.isfinite(np.asarray(x)), scope, np.logical_or, False).astype(bool)
+
+
+def dynamic_range_params(
+    x: np.ndarray,
+    scope: Scope,
+    mode: QuantMode,
+    output: ElementKind,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-segment ``(scale, zero_point)`` computed from the data (SPEC section 4, dynamic range).
+
+    Returns ``scale`` (float32, float64 for F64 precision) and ``zero_point`` (int32; None for
+    SYMMETRIC), both of shape ``param_shape(x.shape, scope)``. Arithmetic is in the accumulator
+    dtype (inputs upcast exactly), IEEE division, rne = round half to even:
+
+    * SYMMETRIC: ``amax = max|x|``; integer codes ``scale = amax / q_max``; FP8
+      ``scale = amax / fp8_max`` (448 for e4m3, 57344 for e5m2).
+    * ASYMMETRIC (integer codes only): ``lo = min(min x, 0)``, ``hi = max(max x, 0)``;
+      ``scale = (hi - lo) / (q_max - q_min)`` (``hi - lo`` rounded once in the accumulator, so
+      a range beyond the float32 maximum gives ``scale = inf``); ``zp = clamp(q_min -
+      rne(lo / scale), q_min, q_max)`` with ``lo / scale`` and its rne in the accumulator and the
+      subtraction exact.
+    * ``scale == 0`` (an all-zero segment, or a range so tiny that the division underflows to 0)
+      -> ``scale = 1``, so no 0/0 ever arises; ASYMMETRIC then has ``zp = clamp(q_min - rne(lo))``,
+      which is ``q_min`` for an all-zero (or tiny) segment: zero maps to ``q_min`` exactly. An
+      empty segment (a zero extent) counts as all-zero.
+    * a segment holding any NaN or +-Inf -> ``scale = NaN``, ``zp = 0``.
+
+    Raises ValueError for ASYMMETRIC FP8, ``q_max <= 0`` in SYMMETRIC integer mode, or
+    ``q_min >= q_max`` in ASYMMETRIC mode.
+    """
+    info = ELEMENTS[output]
+    if not info.is_code:
+        raise ValueError(f"output must be a quantized kind (S8, U8, S4, U4, FP8), got {output}")
+    acc = acc_dtype(precision)
+    xa = to_acc(x, precision)
+    bad = nonfinite_segments(xa, scope)
+    with np.errstate(all="ignore"):
+        if mode is QuantMode.SYMMETRIC:
+            amax = reduce_segments(np.abs(xa), scope, np.maximum, 0.0).astype(acc)
+            if info.is_fp8:
+                assert info.fp8_max is not None
+                denom = info.fp8_max
+            else:
+                if q_max <= 0:
+                    raise ValueError(f"symmetric dynamic range needs q_max > 0, got q_max={q_max}")
+                denom = float(q_max)
+            scale = amax / acc.type(denom)
+            scale = np.where(scale == 0, acc.type(1), scale).astype(acc)
+            scale = np.where(bad, acc.type(np.nan), scale).astype(acc)
+            return scale, None
+        if info.is_fp8:
+            raise ValueError(f"FP8 outputs ({output}) have no zero point; use QuantMode.SYMMETRIC")
+        if q_min >= q_max:
+            raise ValueError(f"asymmetric dynamic range needs q_min < q_max, got q_min={q_min}, q_max={q_max}")
+        lo = reduce_segments(xa, scope, np.minimum, 0.0).astype(acc)
+        hi = reduce_segments(xa, scope, np.maximum, 0.0).astype(acc)
+        scale = (hi - lo) / acc.type(q_max - q_min)
+        scale = np.where(scale == 0, acc.type(1), scale).astype(acc)
+        r = np.rint(lo / scale)  # in the accumulator dtype
+        zp = np.clip(np.float64(q_min) - r.astype(np.float64), q_min, q_max)
+        zp = np.where(bad | ~np.isfinite(zp), 0.0, zp).astype(np.int32)
+        scale = np.where(bad, acc.type(np.nan), scale).astype(acc)
+    return scale, zp
+
+
+def dynamic_quantize(
+    x: np.ndarray,
+    scope: Scope,
+    mode: QuantMode,
+    output: ElementKind,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
+    uniform: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Dynamic-range quantization: parameters from :func:`dynamic_range_params`, then :func:`quantize`.
+
+    Returns ``(q_storage, scale, zero_point)``: the output storage exactly as :func:`quantize`
+    returns it (4-bit codes packed along the last axis in ``nibble_order``, FP8 as uint8 bytes),
+    ``scale`` and ``zero_point`` (None for SYMMETRIC) of ``param_shape(x.shape, scope)``.
+
+    Every element of a non-finite segment (scale NaN, zero point 0) gets ``q = zp = 0``; for FP8
+    that is byte 0x00 (not the NaN code). Other elements are quantized with the expanded
+    parameters: rne, or stochastic rounding when ``uniform`` (one ``u`` per element, flat C order
+    of ``x``) is given.
+    """
+    x = np.asarray(x)
+    scale, zp = dynamic_range_params(x, scope, mode, output, q_min, q_max, precision)
+    shape = tuple(x.shape)
+    scale_x = expand_params(scale, shape, scope)
+    zp_x: np.ndarray | int = 0 if zp is None else expand_params(zp, shape, scope)
+    q = quantize(x, scale_x, zp_x, output, q_min, q_max, precision, nibble_order, uniform=uniform)
+    if ELEMENTS[output].is_fp8:
+        # Integer codes already hold zp = 0 there (x / NaN is NaN, and NaN -> zp); FP8 would hold 0x7F.
+        bad = np.broadcast_to(expand_params(nonfinite_segments(x, scope), shape, scope), shape)
+        q = np.where(bad, np.uint8(0), q).astype(np.uint8)
+    return q, scale, zp
+
+
 __all__ = [
     "FP8_CANONICAL_NAN",
     "acc_dtype",
     "decode_codes",
     "dequantize",
+    "dynamic_quantize",
+    "dynamic_range_params",
     "encode_codes",
     "fp8_decode",
     "fp8_encode",
+    "fp8_stochastic_encode",
+    "nonfinite_segments",
     "pack_nibbles",
     "quantize",
+    "reduce_segments",
     "round_and_clamp",
+    "stochastic_round_and_clamp",
     "to_acc",
     "unpack_nibbles",
 ]
