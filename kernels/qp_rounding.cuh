@@ -75,13 +75,21 @@ template <> __device__ __forceinline__ void IntQuantParam<double>::set(double s,
 // rne(v) + zp clamped to [q_min, q_max]; NaN -> zp. Exact for any int32 zero point: r is
 // compared with q_min - zp and q_max - zp rounded outwards, which is exact because r is an
 // integer and no float lies strictly between a bound and its outward rounding.
+// r + zp clamped to [q_min, q_max] for an integral r; NaN -> zp. Exact for any int32 zero point:
+// r is compared with q_min - zp and q_max - zp rounded outwards, which is exact because r is an
+// integer and no float lies strictly between a bound and its outward rounding.
 template <class Acc>
-__device__ __forceinline__ int clamp_rounded_code(Acc v, int zp, int q_min, int q_max) {
-  const Acc r = acc_rint(v);
+__device__ __forceinline__ int clamp_integral_code(Acc r, int zp, int q_min, int q_max) {
   if (r != r) return zp;
   if (r < acc_from_i64_up((i64)q_min - zp, Acc())) return q_min;
   if (r > acc_from_i64_down((i64)q_max - zp, Acc())) return q_max;
   return (int)(acc_to_i64(r) + zp);
+}
+
+// rne(v) + zp clamped to [q_min, q_max]; NaN -> zp; +-Inf clamps.
+template <class Acc>
+__device__ __forceinline__ int clamp_rounded_code(Acc v, int zp, int q_min, int q_max) {
+  return clamp_integral_code(acc_rint(v), zp, q_min, q_max);
 }
 
 // Division-free clamp(rne(x / scale) + zp, q_min, q_max) (see above). Clears `ok` when the
@@ -181,6 +189,45 @@ __device__ __forceinline__ u8 quantize_fp8_code(Acc x, const IntQuantParam<Acc>&
     if (ok) return code;
   }
   return quantize_fp8_code_exact<Fp8>(x, p.scale);
+}
+
+// ---- stochastic rounding (SPEC section 4) ----
+// v = x / scale (IEEE); integer codes: q = clamp(floor(v) + (u < v - floor(v)) + zp), the
+// subtraction and comparison in the accumulator type. NaN -> zp, +-Inf clamp.
+template <class Acc>
+__device__ __forceinline__ int quantize_int_code_stochastic(Acc x, Acc scale, int zp, int q_min, int q_max, float u) {
+  const Acc v = acc_div(x, scale);
+  const Acc f = floor(v);
+  const Acc r = (Acc)u < v - f ? f + (Acc)1 : f;
+  return clamp_integral_code(r, zp, q_min, q_max);
+}
+
+template <class Fp8> struct Fp8Format;
+template <> struct Fp8Format<e4m3> { static const int mant = 3, bias = 7; static constexpr double max = 448.0; };
+template <> struct Fp8Format<e5m2> { static const int mant = 2, bias = 15; static constexpr double max = 57344.0; };
+
+// FP8 codes: NaN -> canonical NaN; |v| >= max saturates; otherwise lo = the largest FP8 value
+// <= v, hi = the next one, and q = hi if u < (v - lo) / (hi - lo) else lo (the spacing is a power
+// of two, so the division is exact); a zero result keeps v's sign.
+template <class Fp8, class Acc>
+__device__ __forceinline__ u8 quantize_fp8_code_stochastic(Acc x, Acc scale, float u) {
+  typedef Fp8Format<Fp8> F;
+  const Acc v = acc_div(x, scale);
+  if (v != v) return QP_FP8_CANONICAL_NAN;
+  const Acc a = fabs(v);
+  if (a >= (Acc)F::max) return fp8_from_acc<Fp8>(v);  // saturates to +-max
+  int e;
+  frexp(a, &e);  // a = m 2^e, m in [0.5, 1): binade [2^(e-1), 2^e)
+  const int step_exp = max(e - 1, 1 - F::bias) - F::mant;
+  const Acc spacing = ldexp((Acc)1, step_exp);
+  const Acc a_lo = floor(ldexp(a, -step_exp)) * spacing;
+  const Acc a_hi = a_lo + spacing;
+  const bool neg = signbit(v);
+  const Acc lo = neg ? -a_hi : a_lo;
+  const Acc hi = neg ? -a_lo : a_hi;
+  const Acc frac = ldexp(v - lo, -step_exp);
+  const Acc chosen = copysign(fabs((Acc)u < frac ? hi : lo), v);
+  return fp8_from_acc<Fp8>(chosen);
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----

@@ -21,6 +21,7 @@ namespace qp {
 struct RowLayout {
   i64 rows, items, chunks_per_row, M, A, Co, Ca, Cm;
   int L, chunk_cols, seg_log2, g_rows, gc, cs, q_min, q_max;
+  int flags;  // family-specific options (quantize.cu: bit 0, NaN scale -> FP8 code 0)
 
   __device__ __forceinline__ i64 row_param_base(i64 row) const {
     if (M == 1 && A == 1) return row * Co;

@@ -1,16 +1,21 @@
-// quantize.cu: static-parameter quantization (QuantizePlan).
+// quantize.cu: quantization with given parameters (QuantizePlan, and the last step of
+// DynamicRangeQuantizePlan's multi-pass path).
 //
 //   q = clamp(rne(x / scale) + zp, q_min, q_max)      integer outputs (S8, U8, S4, U4 packed)
 //   q = fp8_rne_saturate(x / scale)                   FP8 outputs
+// STOCHASTIC replaces rne by the Philox stochastic rounding of SPEC section 4 (qp_philox.cuh).
 // Parameters come from a device array (scale_ptr / zp_ptr) or, when the pointer is null, from
-// the scalar arguments. Template arguments: In (f16, bf16, f32, f64), Out (s8, u8q, s4, u4,
-// e4m3, e5m2), VEC elements per thread-vector, VECTOR_IO (aligned vector loads/stores or a
-// bounded element loop), HIGH_FIRST nibble order for packed outputs.
+// the scalar arguments; likewise the seed and offset. RowLayout.flags bit 0 (dynamic range):
+// a NaN scale marks a non-finite segment, whose FP8 codes are 0 (the zero point) instead of NaN.
+// Template arguments: In (f16, bf16, f32, f64), Out (s8, u8q, s4, u4, e4m3, e5m2), VEC elements
+// per thread-vector, VECTOR_IO (aligned vector loads/stores or a bounded element loop),
+// HIGH_FIRST nibble order for packed outputs, STOCHASTIC rounding.
 #include "qp_elements.cuh"
 #include "qp_vector_io.cuh"
 #include "qp_packing.cuh"
 #include "qp_rounding.cuh"
 #include "qp_row_layout.cuh"
+#include "qp_philox.cuh"
 
 #ifndef QP_QUANTIZE_MIN_BLOCKS
 // Resident blocks per SM asked of the register allocator: 4 (64 registers) measured faster on
@@ -23,7 +28,7 @@ namespace qp {
 
 static const int kQuantizeUnroll = 4;
 
-template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
 struct QuantizeBody {
   typedef FloatElement<In> FE;
   typedef typename FE::storage in_t;
@@ -39,12 +44,13 @@ struct QuantizeBody {
   acc_t scale_value;
   int zp_value;
   const RowLayout& lay;
+  u64 seed, offset;
   IntQuantParam<acc_t> row_param;
   ElementVector<in_t, VEC> xv[kQuantizeUnroll];
 
   __device__ __forceinline__ QuantizeBody(const in_t* x_, u8* q_, const acc_t* sp, const int* zp, acc_t sv, int zv,
-                                          const RowLayout& l)
-      : x(x_), q(q_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
+                                          const RowLayout& l, u64 seed_, u64 offset_)
+      : x(x_), q(q_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l), seed(seed_), offset(offset_) {}
 
   __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
     IntQuantParam<acc_t> p;
@@ -60,9 +66,19 @@ struct QuantizeBody {
     xv[u].template load<VECTOR_IO>(x + row * lay.L + col, valid);
   }
 
+  // A NaN scale of a non-finite dynamic-range segment gives FP8 code 0 (flags bit 0).
+  __device__ __forceinline__ bool zero_fp8(const IntQuantParam<acc_t>& p) const {
+    return (lay.flags & 1) && p.scale != p.scale;
+  }
+
   __device__ __forceinline__ int code(acc_t v, const IntQuantParam<acc_t>& p) const {
-    if constexpr (kind == 2) return quantize_fp8_code<Out>(v, p);
+    if constexpr (kind == 2) return zero_fp8(p) ? 0 : quantize_fp8_code<Out>(v, p);
     return quantize_int_code(v, p, lay.q_min, lay.q_max);
+  }
+
+  __device__ __forceinline__ int stochastic_code(acc_t v, const IntQuantParam<acc_t>& p, float u) const {
+    if constexpr (kind == 2) return zero_fp8(p) ? 0 : quantize_fp8_code_stochastic<Out>(v, p.scale, u);
+    return quantize_int_code_stochastic(v, p.scale, p.zp, lay.q_min, lay.q_max, u);
   }
 
   // Codes of vector u under one parameter: the division-free path for all VEC elements with one
@@ -88,7 +104,19 @@ struct QuantizeBody {
 
   __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
     int codes[VEC];
-    if (lay.cs == 0) {
+    if constexpr (STOCHASTIC) {
+      float uni[VEC];
+      philox_uniforms<VEC>((u64)row * (u64)lay.L + (u64)col, seed, offset, uni);
+      auto one = [&](int k, const IntQuantParam<acc_t>& p) { codes[k] = stochastic_code(FE::to_acc(xv[u].v[k]), p, uni[k]); };
+      if (lay.cs == 0) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) one(k, row_param);
+      } else {
+        for_each_column_param<VEC, IntQuantParam<acc_t>>(
+            lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+            [&](i64 index) { return param(index); }, one);
+      }
+    } else if (lay.cs == 0) {
       vector_codes(u, row_param, codes);
     } else if ((lay.gc & (VEC - 1)) == 0) {  // groups are whole vectors: one parameter per vector
       vector_codes(u, param(pbase + (i64)column_group(lay, col) * lay.cs), codes);
@@ -114,11 +142,19 @@ struct QuantizeBody {
 
 }  // namespace qp
 
-template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
 __global__ void __launch_bounds__(256, QP_QUANTIZE_MIN_BLOCKS)
 quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
               const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
-              typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay) {
-  qp::QuantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST> body(x, q, scale_ptr, zp_ptr, scale_value, zp_value, lay);
+              typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay,
+              const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr, qp::u64 seed_value,
+              qp::u64 offset_value) {
+  qp::u64 seed = 0, offset = 0;
+  if constexpr (STOCHASTIC) {
+    seed = seed_ptr ? (qp::u64)*seed_ptr : seed_value;
+    offset = offset_ptr ? (qp::u64)*offset_ptr : offset_value;
+  }
+  qp::QuantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST, STOCHASTIC> body(x, q, scale_ptr, zp_ptr, scale_value, zp_value,
+                                                                         lay, seed, offset);
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }

@@ -15,6 +15,7 @@ Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy r
 from __future__ import annotations
 
 from ._device import cuda_available
+from .dynamic import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .errors import (
     InvalidProblem,
     KernelCompileError,
@@ -56,6 +57,9 @@ from .workspace import Workspace
 __version__ = "0.1.0"
 
 __all__ = [
+    "DynamicRangeQuantizeArgs",
+    "DynamicRangeQuantizeDescriptor",
+    "DynamicRangeQuantizePlan",
     "HOST_ARCH",
     "ArchSku",
     "BackendKind",

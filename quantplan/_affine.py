@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ._operands import Operand, is_scalar, operand
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
 from .errors import InvalidProblem, MisalignedOperand, Unsupported
+from .philox import uniform_for_elements
 from .types import (
     HOST_ARCH,
     BackendKind,
@@ -63,6 +64,10 @@ class AffineProblem:
     q_min: int
     q_max: int
     nibble_order: NibbleOrder
+    #: Philox stochastic rounding instead of rne (quantize direction only).
+    stochastic: bool = False
+    #: RowLayout.flags of the kernel (quantize.cu bit 0: NaN scale -> FP8 code 0, dynamic range).
+    layout_flags: int = 0
 
     @property
     def precision(self) -> MathPrecision:
@@ -134,34 +139,58 @@ def choose_backend(pref: PlanPreference) -> BackendKind:
     return BackendKind.REFERENCE
 
 
-def _row_kernel_params(acc: type[ctypes.c_float] | type[ctypes.c_double]) -> type[ctypes.Structure]:
-    """Argument block of ``quantize_rows`` / ``dequantize_rows`` with accumulator ``acc``."""
+def _row_kernel_params(acc: type[ctypes.c_float] | type[ctypes.c_double], rng: bool) -> type[ctypes.Structure]:
+    """Argument block of ``dequantize_rows`` (``rng`` False) / ``quantize_rows`` (``rng`` True)."""
+    fields: list[tuple[str, Any]] = [
+        ("src", ctypes.c_uint64),
+        ("dst", ctypes.c_uint64),
+        ("scale_ptr", ctypes.c_uint64),
+        ("zp_ptr", ctypes.c_uint64),
+        ("scale_value", acc),
+        ("zp_value", ctypes.c_int32),
+        ("layout", RowLayoutArgs),
+    ]
+    if rng:
+        fields += [
+            ("seed_ptr", ctypes.c_uint64),
+            ("offset_ptr", ctypes.c_uint64),
+            ("seed_value", ctypes.c_uint64),
+            ("offset_value", ctypes.c_uint64),
+        ]
 
     class RowKernelParams(ctypes.Structure):
-        _fields_ = [
-            ("src", ctypes.c_uint64),
-            ("dst", ctypes.c_uint64),
-            ("scale_ptr", ctypes.c_uint64),
-            ("zp_ptr", ctypes.c_uint64),
-            ("scale_value", acc),
-            ("zp_value", ctypes.c_int32),
-            ("layout", RowLayoutArgs),
-        ]
+        _fields_ = fields
 
     return RowKernelParams
 
 
 _ROW_KERNEL_PARAMS = {
-    MathPrecision.F32: _row_kernel_params(ctypes.c_float),
-    MathPrecision.F64: _row_kernel_params(ctypes.c_double),
+    (precision, rng): _row_kernel_params(acc, rng)
+    for precision, acc in ((MathPrecision.F32, ctypes.c_float), (MathPrecision.F64, ctypes.c_double))
+    for rng in (False, True)
 }
+_UINT64 = (0, 2**64 - 1)
+
+
+class CheckedArgs(NamedTuple):
+    """Arguments of one run after the checks: operands, or Python scalars where allowed."""
+
+    x: Operand
+    y: Operand
+    scale: Operand | float
+    zp: Operand | int | None
+    seed: Operand | int | None
+    offset: Operand | int | None
 
 
 @dataclass(slots=True)
 class AffineArgs:
-    """Tensors of one static affine run: ``input``, ``output``, ``scale`` and ``zero_point``.
+    """Tensors of one static affine run: ``input``, ``output``, ``scale``, ``zero_point`` and,
+    for stochastic rounding, ``rng_seed`` / ``rng_offset``.
 
-    ``scale``: array of the descriptor's ``param_shape`` (float32; float64 for F64 plans) or, for
+    ``rng_seed``, ``rng_offset``: Python ints in [0, 2**64) or one-element int64 device arrays
+    (read by the kernel, so a captured graph replays with whatever the caller stored there);
+    required with ``Rounding.STOCHASTIC``, None otherwise. ``scale``: array of the descriptor's ``param_shape`` (float32; float64 for F64 plans) or, for
     TensorScope, a Python float or a one-element device array. ``zero_point``: None for
     SYMMETRIC; for ASYMMETRIC an int32 array of ``param_shape`` or, for TensorScope, a Python int
     or one-element array.
@@ -171,6 +200,8 @@ class AffineArgs:
     output: Any
     scale: Any
     zero_point: Any = None
+    rng_seed: Any = None
+    rng_offset: Any = None
 
 
 class StaticAffinePlan:
@@ -226,7 +257,8 @@ class StaticAffinePlan:
         float_tag, code_tag = ELEMENTS[problem.float_kind].cpp_tag, ELEMENTS[problem.code_kind].cpp_tag
         in_tag, out_tag = (float_tag, code_tag) if cls._float_to_code else (code_tag, float_tag)
         high_first = ELEMENTS[problem.code_kind].is_packed and problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return template_name(cls._kernel, in_tag, out_tag, layout.vec, layout.vector_io, high_first)
+        extra = (problem.stochastic,) if cls._float_to_code else ()
+        return template_name(cls._kernel, in_tag, out_tag, layout.vec, layout.vector_io, high_first, *extra)
 
     @classmethod
     def _compile_unit(cls, problem: AffineProblem) -> list[str]:
@@ -253,14 +285,18 @@ class StaticAffinePlan:
         unit = cls._compile_unit(problem)
         functions = load_kernels(cls._family, unit, info.arch, device_id, compile_options())
 
-        params_type = _ROW_KERNEL_PARAMS[problem.precision]
+        params_type = _ROW_KERNEL_PARAMS[problem.precision, cls._float_to_code]
 
         def prepare(layout: RowLayout, name: str) -> PreparedLaunch:
             fn = functions[name]
             per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
             grid = layout.blocks(max(1, per_sm) * info.sm_count)
             return PreparedLaunch(
-                fn, grid, BLOCK_THREADS, params_type, layout=layout.args(problem.q_min, problem.q_max)
+                fn,
+                grid,
+                BLOCK_THREADS,
+                params_type,
+                layout=layout.args(problem.q_min, problem.q_max, problem.layout_flags),
             )
 
         in_bits, out_bits = (
@@ -359,7 +395,27 @@ class StaticAffinePlan:
             raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
         return op
 
-    def _check(self, args: AffineArgs) -> tuple[Operand, Operand, Operand | float, Operand | int | None]:
+    def _rng_value(self, value: Any, name: str) -> Operand | int:
+        """A seed / offset: a Python int in [0, 2**64) or a one-element int64 array on the plan's device."""
+        if value is None:
+            raise InvalidProblem(
+                f"{name} is required with Rounding.STOCHASTIC (a Python int or a 1-element int64 array)"
+            )
+        if is_scalar(value):
+            if not isinstance(value, (int, np.integer)) or not _UINT64[0] <= int(value) <= _UINT64[1]:
+                raise InvalidProblem(f"{name}={value!r} must be an integer in [0, 2**64)")
+            return int(value)
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.size != 1 or op.dtype_name != "int64":
+            raise InvalidProblem(
+                f"{name} must be a Python int or a 1-element int64 array, got {op.dtype_name} {op.shape}"
+            )
+        if op.ptr % 8:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not 8-byte aligned")
+        return op
+
+    def _check(self, args: AffineArgs) -> CheckedArgs:
         x = self._tensor(args.input, "input", self._in_shape, self._in_info)
         y = self._tensor(args.output, "output", self._out_shape, self._out_info)
         scale = self._param(args.scale, "scale", self._param_dtype, allow_none=False)
@@ -379,7 +435,27 @@ class StaticAffinePlan:
             if not isinstance(zp, Operand):
                 if float(zp) != int(zp) or not _INT32[0] <= int(zp) <= _INT32[1]:  # type: ignore[arg-type]
                     raise InvalidProblem(f"zero_point={zp!r} must be an integer in the int32 range")
-        return x, y, scale, zp
+        seed: Operand | int | None = None
+        offset: Operand | int | None = None
+        if self.problem.stochastic:
+            seed = self._rng_value(args.rng_seed, "rng_seed")
+            offset = self._rng_value(args.rng_offset, "rng_offset")
+        elif args.rng_seed is not None or args.rng_offset is not None:
+            raise InvalidProblem("rng_seed / rng_offset apply only to Rounding.STOCHASTIC plans; leave them None")
+        return CheckedArgs(x, y, scale, zp, seed, offset)
+
+    def _unchecked(self, args: AffineArgs) -> CheckedArgs:
+        def view(value: Any, name: str) -> Any:
+            return value if value is None or is_scalar(value) else operand(value, name)
+
+        return CheckedArgs(
+            operand(args.input, "input"),
+            operand(args.output, "output"),
+            view(args.scale, "scale"),
+            view(args.zero_point, "zero_point"),
+            view(args.rng_seed, "rng_seed"),
+            view(args.rng_offset, "rng_offset"),
+        )
 
     def can_implement(self, args: AffineArgs) -> bool:
         """Check ``args`` against the plan (shape, dtype, device, contiguity, alignment, parameters).
@@ -399,35 +475,53 @@ class StaticAffinePlan:
         """
         if check:
             check_workspace(workspace, 0)
-            x, y, scale, zp = self._check(args)
-        else:
-            x, y = operand(args.input, "input"), operand(args.output, "output")
-            scale = args.scale if is_scalar(args.scale) else operand(args.scale, "scale")
-            zp = (
-                None
-                if args.zero_point is None
-                else (args.zero_point if is_scalar(args.zero_point) else operand(args.zero_point, "zero_point"))
-            )
+        a = self._check(args) if check else self._unchecked(args)
         if self.backend is BackendKind.REFERENCE:
-            self._run_reference(x, y, scale, zp)
+            self._run_reference(a)
             return
         if self.problem.numel == 0:
             return
-        aligned = x.ptr % self._align_in == 0 and y.ptr % self._align_out == 0
+
+        def pointer_or_value(v: Operand | float | int | None) -> tuple[int, float | int]:
+            if isinstance(v, Operand):
+                return v.ptr, 0
+            return 0, 0 if v is None else v
+
+        self.launch_on_device(
+            stream_handle(stream),
+            a.x.ptr,
+            a.y.ptr,
+            pointer_or_value(a.scale),
+            pointer_or_value(a.zp),
+            pointer_or_value(a.seed),
+            pointer_or_value(a.offset),
+        )
+
+    def launch_on_device(
+        self,
+        handle: int,
+        src_ptr: int,
+        dst_ptr: int,
+        scale: tuple[int, float | int],
+        zp: tuple[int, float | int],
+        seed: tuple[int, float | int] = (0, 0),
+        offset: tuple[int, float | int] = (0, 0),
+    ) -> None:
+        """Enqueue the kernel on raw stream ``handle``; each parameter is (device pointer or 0, value).
+
+        Internal: for ``run`` and for plans that chain this kernel after their own (no checks).
+        """
+        aligned = src_ptr % self._align_in == 0 and dst_ptr % self._align_out == 0
         launch = self._primary if aligned else self._fallback
         assert launch is not None
         params = launch.params
-        params.src = x.ptr
-        params.dst = y.ptr
-        if isinstance(scale, Operand):
-            params.scale_ptr, params.scale_value = scale.ptr, 0.0
-        else:
-            params.scale_ptr, params.scale_value = 0, scale
-        if isinstance(zp, Operand):
-            params.zp_ptr, params.zp_value = zp.ptr, 0
-        else:
-            params.zp_ptr, params.zp_value = 0, 0 if zp is None else int(zp)
-        handle = stream_handle(stream)
+        params.src = src_ptr
+        params.dst = dst_ptr
+        params.scale_ptr, params.scale_value = scale
+        params.zp_ptr, params.zp_value = zp[0], int(zp[1])
+        if self.problem.stochastic:
+            params.seed_ptr, params.seed_value = seed[0], int(seed[1])
+            params.offset_ptr, params.offset_value = offset[0], int(offset[1])
         if self._current_device() == self.device_id:
             launch.launch(handle)
         else:
@@ -442,27 +536,39 @@ class StaticAffinePlan:
 
         return int(runtime.getDevice())
 
-    def _run_reference(self, x: Operand, y: Operand, scale: Operand | float, zp: Operand | int | None) -> None:
+    def _run_reference(self, a: CheckedArgs) -> None:
         p = self.problem
         shape = p.shape if p.shape else (1,)
         pshape = self._param_shape if self._param_shape else (1,)
-        if isinstance(scale, Operand):
-            scale_np = np.asarray(scale.obj).reshape(pshape)
+        if isinstance(a.scale, Operand):
+            scale_np = np.asarray(a.scale.obj).reshape(pshape)
         else:
-            scale_np = np.full(pshape, scale, dtype=self._param_dtype)
+            scale_np = np.full(pshape, a.scale, dtype=self._param_dtype)
         scale_np = expand_params(scale_np, shape, p.scope)
         zp_np: np.ndarray | int = 0
-        if isinstance(zp, Operand):
-            zp_np = expand_params(np.asarray(zp.obj).reshape(pshape), shape, p.scope)
-        elif zp is not None:
-            zp_np = int(zp)
-        src = np.asarray(x.obj).view(self._in_info.numpy_dtype).reshape(storage_shape(shape, self._in_kind))
-        result = self._reference(src, scale_np, zp_np, shape)
-        out = np.asarray(y.obj).view(self._out_info.numpy_dtype)
+        if isinstance(a.zp, Operand):
+            zp_np = expand_params(np.asarray(a.zp.obj).reshape(pshape), shape, p.scope)
+        elif a.zp is not None:
+            zp_np = int(a.zp)
+        uniform = None
+        if p.stochastic:
+            seed, offset = (
+                int(np.asarray(v.obj).reshape(-1)[0]) % 2**64 if isinstance(v, Operand) else int(v or 0)
+                for v in (a.seed, a.offset)
+            )
+            uniform = uniform_for_elements(math.prod(shape), seed, offset).reshape(shape)
+        src = np.asarray(a.x.obj).view(self._in_info.numpy_dtype).reshape(storage_shape(shape, self._in_kind))
+        result = self._reference(src, scale_np, zp_np, shape, uniform)
+        out = np.asarray(a.y.obj).view(self._out_info.numpy_dtype)
         np.copyto(out, result.reshape(out.shape).view(self._out_info.numpy_dtype), casting="no")
 
     def _reference(
-        self, src: np.ndarray, scale: np.ndarray, zp: np.ndarray | int, shape: tuple[int, ...]
+        self,
+        src: np.ndarray,
+        scale: np.ndarray,
+        zp: np.ndarray | int,
+        shape: tuple[int, ...],
+        uniform: np.ndarray | None = None,
     ) -> np.ndarray:
         raise NotImplementedError
 

@@ -69,7 +69,10 @@ class RowLayoutArgs(ctypes.Structure):
 
     _fields_ = [
         *((name, ctypes.c_int64) for name in ("rows", "items", "chunks_per_row", "M", "A", "Co", "Ca", "Cm")),
-        *((name, ctypes.c_int32) for name in ("L", "chunk_cols", "seg_log2", "g_rows", "gc", "cs", "q_min", "q_max")),
+        *(
+            (name, ctypes.c_int32)
+            for name in ("L", "chunk_cols", "seg_log2", "g_rows", "gc", "cs", "q_min", "q_max", "flags")
+        ),
     ]
 
 
@@ -97,8 +100,8 @@ class RowLayout:
     def items(self) -> int:
         return self.rows * self.chunks_per_row
 
-    def args(self, q_min: int, q_max: int) -> RowLayoutArgs:
-        """The kernel's by-value ``RowLayout`` argument."""
+    def args(self, q_min: int, q_max: int, flags: int = 0) -> RowLayoutArgs:
+        """The kernel's by-value ``RowLayout`` argument (``flags``: family-specific option bits)."""
         return RowLayoutArgs(
             self.rows,
             self.items,
@@ -116,6 +119,7 @@ class RowLayout:
             self.cs,
             q_min,
             q_max,
+            flags,
         )
 
     def blocks(self, max_blocks: int) -> int:

@@ -207,14 +207,14 @@ def load_kernels(
 
 def compile_units(family: str) -> list[list[str]]:
     """The groups of name expressions ``family``'s plans compile together (one NVRTC program each)."""
-    from . import quantize  # noqa: F401  (registers its families)
+    from . import dynamic, quantize  # noqa: F401  (register their families)
 
     return FAMILY_UNITS[family]()
 
 
 def all_instantiations(family: str) -> list[str]:
-    """Every name expression ``family`` may ask for."""
-    return [name for unit in compile_units(family) for name in unit]
+    """Every name expression ``family`` may ask for, once each (units may share kernels)."""
+    return list(dict.fromkeys(name for unit in compile_units(family) for name in unit))
 
 
 def _compile_unit_job(job: tuple[str, list[str], str, tuple[str, ...]]) -> str:

@@ -14,6 +14,7 @@ Kernels: ``kernels/quantize.cu`` (``quantize_rows``) and ``kernels/dequantize.cu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,6 @@ from ._affine import AffineArgs, AffineProblem, StaticAffinePlan, resolve_affine
 from ._layout import param_shape
 from .compiler import register_family, template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS
-from .errors import Unsupported
 from .types import (
     ElementKind,
     NibbleOrder,
@@ -45,8 +45,10 @@ class QuantizeDescriptor(BaseModel):
     ``mode`` SYMMETRIC (no zero point) or ASYMMETRIC (int32 zero point); ``input_element`` F16,
     BF16, F32 or F64; ``output_element`` S8, U8, S4, U4, FP8_E4M3 or FP8_E5M2; ``q_min`` /
     ``q_max`` narrow the integer code range (default: the full range of the output);
-    ``nibble_order`` for S4 / U4; ``rounding`` NEAREST_EVEN (STOCHASTIC arrives with the
-    dynamic-range work).
+    ``nibble_order`` for S4 / U4; ``rounding`` NEAREST_EVEN or STOCHASTIC (Philox4x32-10, SPEC
+    section 4: ``q = floor(v) + (u < v - floor(v))`` with ``v = x / scale``; FP8 picks between
+    the two neighbouring FP8 values the same way; the run's ``rng_seed`` / ``rng_offset`` make
+    it reproducible, independent of the launch configuration).
 
     Shapes it implies: ``output_shape`` (4-bit codes packed two per byte along the last axis,
     odd rows padded with a zero nibble) and ``param_shape`` (SPEC section 3).
@@ -107,7 +109,10 @@ class DequantizeDescriptor(BaseModel):
 
 
 class QuantizeArgs(AffineArgs):
-    """Arguments of :class:`QuantizePlan`: ``input`` (floats), ``output`` (codes), ``scale``, ``zero_point``.
+    """Arguments of :class:`QuantizePlan`: ``input`` (floats), ``output`` (codes), ``scale``,
+    ``zero_point`` and, for STOCHASTIC rounding, ``rng_seed`` / ``rng_offset`` (Python ints in
+    [0, 2**64) or one-element int64 device arrays; element ``i`` of the flattened input uses
+    Philox counter ``(i // 4, offset)`` and key ``seed``).
 
     Arrays may be CuPy arrays, PyTorch CUDA tensors (bfloat16 and float8 included) or, for the
     reference backend, NumPy arrays. CuPy has no bfloat16 / float8: pass uint16 / uint8 views.
@@ -152,7 +157,7 @@ class QuantizePlan(StaticAffinePlan):
     @classmethod
     def _compile_unit(cls, problem: AffineProblem) -> list[str]:
         high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return row_kernel_unit(cls._kernel, True, problem.float_kind, problem.code_kind, high_first)
+        return row_kernel_unit(cls._kernel, True, problem.float_kind, problem.code_kind, high_first, problem.stochastic)
 
     @classmethod
     def select(cls, stream: Any, desc: QuantizeDescriptor, pref: PlanPreference | None = None) -> QuantizePlan:
@@ -161,8 +166,6 @@ class QuantizePlan(StaticAffinePlan):
         ``stream`` decides the device (None: CuPy's current device). Raises InvalidProblem for a
         malformed descriptor and Unsupported for a valid one this library does not serve.
         """
-        if desc.rounding is Rounding.STOCHASTIC:
-            raise Unsupported("stochastic rounding is not available for QuantizePlan yet; use NEAREST_EVEN")
         problem = resolve_affine_problem(
             desc.shape,
             desc.scope,
@@ -173,15 +176,23 @@ class QuantizePlan(StaticAffinePlan):
             desc.q_max,
             desc.nibble_order,
         )
+        problem = replace(problem, stochastic=desc.rounding is Rounding.STOCHASTIC)
         plan = cls._select(stream, problem, pref or PlanPreference())
         assert isinstance(plan, QuantizePlan)
         return plan
 
     def _reference(
-        self, src: np.ndarray, scale: np.ndarray, zp: np.ndarray | int, shape: tuple[int, ...]
+        self,
+        src: np.ndarray,
+        scale: np.ndarray,
+        zp: np.ndarray | int,
+        shape: tuple[int, ...],
+        uniform: np.ndarray | None = None,
     ) -> np.ndarray:
         p = self.problem
-        return reference.quantize(src, scale, zp, p.code_kind, p.q_min, p.q_max, p.precision, p.nibble_order)
+        return reference.quantize(
+            src, scale, zp, p.code_kind, p.q_min, p.q_max, p.precision, p.nibble_order, uniform=uniform
+        )
 
 
 class DequantizePlan(StaticAffinePlan):
@@ -225,19 +236,30 @@ class DequantizePlan(StaticAffinePlan):
         return plan
 
     def _reference(
-        self, src: np.ndarray, scale: np.ndarray, zp: np.ndarray | int, shape: tuple[int, ...]
+        self,
+        src: np.ndarray,
+        scale: np.ndarray,
+        zp: np.ndarray | int,
+        shape: tuple[int, ...],
+        uniform: np.ndarray | None = None,
     ) -> np.ndarray:
         p = self.problem
         return reference.dequantize(src, scale, zp, p.code_kind, p.float_kind, shape[-1], p.precision, p.nibble_order)
 
 
 def row_kernel_unit(
-    kernel: str, float_to_code: bool, float_kind: ElementKind, code_kind: ElementKind, high_first: bool
+    kernel: str,
+    float_to_code: bool,
+    float_kind: ElementKind,
+    code_kind: ElementKind,
+    high_first: bool,
+    stochastic: bool = False,
 ) -> list[str]:
-    """Every vector-width instantiation of one (float, code, nibble order) combination.
+    """Every vector-width instantiation of one (float, code, nibble order[, stochastic]) combination.
 
     Vector widths: the largest is 8 elements (4 for F64), halved while it does not divide the
     row; packed codes need at least 2; (2, scalar-io) serves odd rows and misaligned pointers.
+    ``stochastic`` (quantize direction only) selects the Philox-rounding instantiations.
     """
     vec_max = 4 if float_kind is ElementKind.F64 else 8
     packed = ELEMENTS[code_kind].is_packed
@@ -246,7 +268,11 @@ def row_kernel_unit(
         shapes.append((2, False))
     f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
     in_tag, out_tag = (f_tag, c_tag) if float_to_code else (c_tag, f_tag)
-    return [template_name(kernel, in_tag, out_tag, vec, vector_io, high_first and packed) for vec, vector_io in shapes]
+    extra = (stochastic,) if float_to_code else ()
+    return [
+        template_name(kernel, in_tag, out_tag, vec, vector_io, high_first and packed, *extra)
+        for vec, vector_io in shapes
+    ]
 
 
 def _row_kernel_units(kernel: str, float_to_code: bool) -> list[list[str]]:
@@ -256,7 +282,8 @@ def _row_kernel_units(kernel: str, float_to_code: bool) -> list[list[str]]:
         for code_kind in CODE_KINDS:
             orders = (False, True) if ELEMENTS[code_kind].is_packed else (False,)
             for high_first in orders:
-                units.append(row_kernel_unit(kernel, float_to_code, float_kind, code_kind, high_first))
+                for stochastic in (False, True) if float_to_code else (False,):
+                    units.append(row_kernel_unit(kernel, float_to_code, float_kind, code_kind, high_first, stochastic))
     return units
 
 

@@ -24,12 +24,12 @@ def _nvrtc_or_skip() -> None:
 
 
 @pytest.mark.parametrize("arch", [ArchSku(8, 0), ArchSku(9, 0)], ids=lambda a: a.nvrtc_arch)
-@pytest.mark.parametrize("family", ["quantize", "dequantize"])
+@pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic_range"])
 def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     names = compiler.all_instantiations(family)
-    assert len(names) == len(set(names)) >= 100
+    assert len(names) == len(set(names)) >= (16 if family == "dynamic_range" else 100)
     module = compiler.compile_instantiations(family, names, arch, use_cache=False)
     assert set(module.lowered_names) == set(names)
     assert module.cubin_path.stat().st_size > 10_000
@@ -56,4 +56,7 @@ def test_compile_units_cover_the_dtype_table() -> None:
     from quantplan.elements import CODE_KINDS, FLOAT_KINDS
 
     units = compiler.compile_units("quantize")
-    assert len(units) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)  # packed kinds: two nibble orders
+    # packed kinds: two nibble orders; every combination with and without stochastic rounding
+    assert len(units) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2) * 2
+    assert len(compiler.compile_units("dequantize")) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)
+    assert len(compiler.compile_units("dynamic_range")) == len(FLOAT_KINDS)

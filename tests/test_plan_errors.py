@@ -59,7 +59,6 @@ def test_descriptor_shapes() -> None:
         (dict(output_element=EK.F16), qp.InvalidProblem),
         (dict(input_element=EK.S8), qp.InvalidProblem),
         (dict(shape=(4, -1)), qp.InvalidProblem),
-        (dict(rounding=qp.Rounding.STOCHASTIC), qp.Unsupported),
     ],
 )
 def test_select_rejects_bad_descriptors(kw, error) -> None:  # noqa: ANN001
