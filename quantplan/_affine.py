@@ -15,7 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ._device import cuda_available, device_info, stream_device_id
-from ._launch import PreparedLaunch, stream_handle
+from ._launch import PreparedLaunch, launch_on, stream_handle
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, expand_params, param_shape, row_layout
 from ._operands import Operand, is_scalar, operand
 from .compiler import compile_options, load_kernels, template_name
@@ -170,6 +170,23 @@ _ROW_KERNEL_PARAMS = {
     for rng in (False, True)
 }
 _UINT64 = (0, 2**64 - 1)
+
+
+def device_arg(value: Operand | float | int | None) -> tuple[int, float | int]:
+    """A kernel parameter that is a device pointer or a value: ``(pointer, 0)`` or ``(0, value)``."""
+    if isinstance(value, Operand):
+        return value.ptr, 0
+    return 0, 0 if value is None else value
+
+
+def reference_uniform(shape: tuple[int, ...], seed: Operand | int | None, offset: Operand | int | None) -> np.ndarray:
+    """The Philox uniforms of a run on the reference backend (seed / offset: ints or 1-element arrays)."""
+
+    def value(v: Operand | int | None) -> int:
+        return int(np.asarray(v.obj).reshape(-1)[0]) % 2**64 if isinstance(v, Operand) else int(v or 0)
+
+    n = math.prod(shape)
+    return uniform_for_elements(n, value(seed), value(offset)).reshape(shape)
 
 
 class CheckedArgs(NamedTuple):
@@ -481,20 +498,14 @@ class StaticAffinePlan:
             return
         if self.problem.numel == 0:
             return
-
-        def pointer_or_value(v: Operand | float | int | None) -> tuple[int, float | int]:
-            if isinstance(v, Operand):
-                return v.ptr, 0
-            return 0, 0 if v is None else v
-
         self.launch_on_device(
             stream_handle(stream),
             a.x.ptr,
             a.y.ptr,
-            pointer_or_value(a.scale),
-            pointer_or_value(a.zp),
-            pointer_or_value(a.seed),
-            pointer_or_value(a.offset),
+            device_arg(a.scale),
+            device_arg(a.zp),
+            device_arg(a.seed),
+            device_arg(a.offset),
         )
 
     def launch_on_device(
@@ -522,19 +533,8 @@ class StaticAffinePlan:
         if self.problem.stochastic:
             params.seed_ptr, params.seed_value = seed[0], int(seed[1])
             params.offset_ptr, params.offset_value = offset[0], int(offset[1])
-        if self._current_device() == self.device_id:
-            launch.launch(handle)
-        else:
-            import cupy
-
-            with cupy.cuda.Device(self.device_id):
-                launch.launch(handle)
-
-    @staticmethod
-    def _current_device() -> int:
-        from cupy.cuda import runtime
-
-        return int(runtime.getDevice())
+        assert self.device_id is not None
+        launch_on(self.device_id, handle, launch)
 
     def _run_reference(self, a: CheckedArgs) -> None:
         p = self.problem
@@ -550,13 +550,7 @@ class StaticAffinePlan:
             zp_np = expand_params(np.asarray(a.zp.obj).reshape(pshape), shape, p.scope)
         elif a.zp is not None:
             zp_np = int(a.zp)
-        uniform = None
-        if p.stochastic:
-            seed, offset = (
-                int(np.asarray(v.obj).reshape(-1)[0]) % 2**64 if isinstance(v, Operand) else int(v or 0)
-                for v in (a.seed, a.offset)
-            )
-            uniform = uniform_for_elements(math.prod(shape), seed, offset).reshape(shape)
+        uniform = reference_uniform(shape, a.seed, a.offset) if p.stochastic else None
         src = np.asarray(a.x.obj).view(self._in_info.numpy_dtype).reshape(storage_shape(shape, self._in_kind))
         result = self._reference(src, scale_np, zp_np, shape, uniform)
         out = np.asarray(a.y.obj).view(self._out_info.numpy_dtype)
@@ -575,6 +569,9 @@ class StaticAffinePlan:
 
 __all__ = [
     "AffineArgs",
+    "CheckedArgs",
+    "device_arg",
+    "reference_uniform",
     "AffineProblem",
     "StaticAffinePlan",
     "choose_backend",

@@ -49,6 +49,24 @@ class PreparedLaunch:
         )
 
 
+def launch_on(device_id: int, handle: int, *launches: PreparedLaunch) -> None:
+    """Enqueue ``launches`` in order on ``handle`` with ``device_id``'s context current.
+
+    The device switch happens only when the current device differs (one runtime query otherwise).
+    """
+    from cupy.cuda import runtime
+
+    if runtime.getDevice() == device_id:
+        for launch in launches:
+            launch.launch(handle)
+        return
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        for launch in launches:
+            launch.launch(handle)
+
+
 def stream_handle(stream: Any) -> int:
     """The raw ``cudaStream_t`` of ``stream``.
 
@@ -72,4 +90,4 @@ def stream_handle(stream: Any) -> int:
     return int(handle)
 
 
-__all__ = ["PreparedLaunch", "stream_handle"]
+__all__ = ["PreparedLaunch", "launch_on", "stream_handle"]

@@ -13,77 +13,50 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from . import reference
 from ._affine import (
     AffineProblem,
     CheckedArgs,
     choose_backend,
+    device_arg,
+    reference_uniform,
     resolve_affine_problem,
-    storage_shape,
 )
 from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, stream_handle
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, param_shape, row_layout
+from ._launch import PreparedLaunch, launch_on, stream_handle
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
 from ._operands import Operand, operand
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
-from .philox import uniform_for_elements
-from .quantize import QuantizePlan
+from .quantize import QuantizeDescriptor, QuantizePlan
 from .types import (
     HOST_ARCH,
     BackendKind,
     ElementKind,
     KernelSku,
     MathPrecision,
-    NibbleOrder,
     OpCategory,
     PlanPreference,
     PrecisionGuarantee,
     QuantizeKind,
     QuantMode,
     Rounding,
-    Scope,
 )
 from .workspace import Workspace, check_workspace
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 _FAMILY = "dynamic_range"
 
 
-class DynamicRangeQuantizeDescriptor(BaseModel):
+class DynamicRangeQuantizeDescriptor(QuantizeDescriptor):
     """A dynamic-range quantization problem: parameters from the data, then ``q``.
 
-    Fields as :class:`~quantplan.QuantizeDescriptor`: ``shape``, ``scope``, ``mode``,
-    ``input_element`` (F16, BF16, F32, F64), ``output_element`` (S8, U8, S4, U4, FP8_E4M3,
-    FP8_E5M2), ``q_min`` / ``q_max``, ``nibble_order``, ``rounding``.
-
-    Shapes it implies: ``output_shape`` (packed for 4-bit codes) and ``param_shape`` (the shape of
-    ``scale_out`` and ``zero_point_out``, SPEC section 3).
+    The fields and implied shapes of :class:`~quantplan.QuantizeDescriptor` (``shape``, ``scope``,
+    ``mode``, ``input_element``, ``output_element``, ``q_min`` / ``q_max``, ``nibble_order``,
+    ``rounding``; ``output_shape``, ``param_shape``); here ``param_shape`` is the shape of
+    ``scale_out`` and ``zero_point_out``, which the plan writes.
     """
-
-    model_config = _FROZEN
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
-    input_element: ElementKind
-    output_element: ElementKind
-    q_min: int | None = None
-    q_max: int | None = None
-    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST
-    rounding: Rounding = Rounding.NEAREST_EVEN
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        """Shape of the output storage array."""
-        return storage_shape(self.shape, self.output_element)
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale_out`` / ``zero_point_out``."""
-        return param_shape(self.shape, self.scope)
 
 
 @dataclass(slots=True)
@@ -399,7 +372,7 @@ class DynamicRangeQuantizePlan:
             return
         if self.problem.numel == 0:
             return
-        assert workspace is not None and self._quantize is not None
+        assert workspace is not None and self._quantize is not None and self.device_id is not None
         handle = stream_handle(stream)
         stats_ptr = workspace.ptr
         init, params = self._launches["init"], self._launches["params"]
@@ -411,37 +384,22 @@ class DynamicRangeQuantizePlan:
         params.params.stats = stats_ptr
         params.params.scale_out = scale.ptr
         params.params.zp_out = 0 if zp is None else zp.ptr
-        import cupy
-
-        with cupy.cuda.Device(self.device_id):
-            init.launch(handle)
-            stats.launch(handle)
-            params.launch(handle)
-
-        def pointer_or_value(v: Operand | int | None) -> tuple[int, int]:
-            return (v.ptr, 0) if isinstance(v, Operand) else (0, 0 if v is None else int(v))
-
+        launch_on(self.device_id, handle, init, stats, params)
         self._quantize.launch_on_device(
             handle,
             a.x.ptr,
             a.y.ptr,
             (scale.ptr, 0.0),
             (0, 0) if zp is None else (zp.ptr, 0),
-            pointer_or_value(a.seed),
-            pointer_or_value(a.offset),
+            device_arg(a.seed),
+            device_arg(a.offset),
         )
 
     def _run_reference(self, a: CheckedArgs, scale: Operand, zp: Operand | None) -> None:
         p = self.problem
         shape = p.shape
         x = np.asarray(a.x.obj).view(ELEMENTS[p.float_kind].numpy_dtype).reshape(shape)
-        uniform = None
-        if p.stochastic:
-            seed, offset = (
-                int(np.asarray(v.obj).reshape(-1)[0]) % 2**64 if isinstance(v, Operand) else int(v or 0)
-                for v in (a.seed, a.offset)
-            )
-            uniform = uniform_for_elements(max(1, math.prod(shape)), seed, offset)[: math.prod(shape)].reshape(shape)
+        uniform = reference_uniform(shape, a.seed, a.offset) if p.stochastic else None
         q, s, z = reference.dynamic_quantize(
             x, p.scope, p.mode, p.code_kind, p.q_min, p.q_max, p.precision, p.nibble_order, uniform
         )

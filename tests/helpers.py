@@ -10,6 +10,33 @@ from quantplan.types import ElementKind
 
 REFERENCE = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
 
+FLOATS = [ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64]
+CODES = [ElementKind.S8, ElementKind.U8, ElementKind.S4, ElementKind.U4, ElementKind.FP8_E4M3, ElementKind.FP8_E5M2]
+# (scope, shape): ragged extents, odd groups, several ranks.
+SCOPES = [
+    (qp.TensorScope(), (37, 203)),
+    (qp.TokenScope(), (5, 7, 301)),
+    (qp.TokenScope(), (300, 13)),
+    (qp.ChannelScope(axis=0), (43, 131)),
+    (qp.ChannelScope(axis=-1), (29, 99)),
+    (qp.ChannelScope(axis=1), (3, 17, 5, 22)),
+    (qp.GroupScope(axis=-1, group_size=7), (19, 105)),
+    (qp.GroupScope(axis=-1, group_size=100), (11, 4100)),
+    (qp.GroupScope(axis=0, group_size=3), (39, 45)),
+    (qp.GroupScope(axis=1, group_size=5), (2, 35, 3, 18)),
+]
+
+
+def to_device(a: np.ndarray):  # noqa: ANN201
+    """A CuPy copy of ``a``; bfloat16 / float8 (no CuPy dtype) travel as their raw bits."""
+    import cupy
+
+    if a.dtype.itemsize == 2 and a.dtype.kind not in "fiu":
+        a = a.view(np.uint16)  # bfloat16 -> raw bits
+    elif a.dtype.itemsize == 1 and a.dtype.kind not in "iu":
+        a = a.view(np.uint8)  # float8 -> raw bits
+    return cupy.asarray(a)
+
 
 def random_floats(
     rng: np.random.Generator, shape: tuple[int, ...], kind: ElementKind, specials: bool = True

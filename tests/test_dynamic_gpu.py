@@ -9,37 +9,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import REFERENCE, first_mismatch, float_bits_equal, random_floats, random_scale
+from helpers import (
+    CODES,
+    FLOATS,
+    REFERENCE,
+    SCOPES,
+    first_mismatch,
+    float_bits_equal,
+    random_floats,
+    random_scale,
+    to_device,
+)
 
 import quantplan as qp
 from quantplan.elements import ELEMENTS
 from quantplan.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
-
-FLOATS = [EK.F16, EK.BF16, EK.F32, EK.F64]
-CODES = [EK.S8, EK.U8, EK.S4, EK.U4, EK.FP8_E4M3, EK.FP8_E5M2]
-SCOPES = [
-    (qp.TensorScope(), (37, 203)),
-    (qp.TokenScope(), (5, 7, 301)),
-    (qp.TokenScope(), (300, 13)),
-    (qp.ChannelScope(axis=0), (43, 131)),
-    (qp.ChannelScope(axis=-1), (29, 99)),
-    (qp.ChannelScope(axis=1), (3, 17, 5, 22)),
-    (qp.GroupScope(axis=-1, group_size=7), (19, 105)),
-    (qp.GroupScope(axis=-1, group_size=100), (11, 4100)),
-    (qp.GroupScope(axis=0, group_size=3), (9, 5, 33)),
-]
-
-
-def to_device(a: np.ndarray):  # noqa: ANN201
-    import cupy
-
-    if a.dtype.itemsize == 2 and a.dtype.kind not in "fiu":
-        a = a.view(np.uint16)
-    elif a.dtype.itemsize == 1 and a.dtype.kind not in "iu":
-        a = a.view(np.uint8)
-    return cupy.asarray(a)
 
 
 def data_with_special_segments(rng: np.random.Generator, shape: tuple[int, ...], kind: EK) -> np.ndarray:

@@ -11,13 +11,17 @@ import itertools
 import numpy as np
 import pytest
 from helpers import (
+    CODES,
+    FLOATS,
     REFERENCE,
+    SCOPES,
     first_mismatch,
     float_bits_equal,
     random_codes,
     random_floats,
     random_scale,
     random_zero_point,
+    to_device,
 )
 
 import quantplan as qp
@@ -26,36 +30,11 @@ from quantplan.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 
-FLOATS = [EK.F16, EK.BF16, EK.F32, EK.F64]
-CODES = [EK.S8, EK.U8, EK.S4, EK.U4, EK.FP8_E4M3, EK.FP8_E5M2]
-# (scope, shape): ragged extents, odd groups, several ranks.
-SCOPES = [
-    (qp.TensorScope(), (37, 203)),
-    (qp.TokenScope(), (5, 7, 301)),
-    (qp.TokenScope(), (300, 13)),
-    (qp.ChannelScope(axis=0), (43, 131)),
-    (qp.ChannelScope(axis=-1), (29, 99)),
-    (qp.ChannelScope(axis=1), (3, 17, 5, 22)),
-    (qp.GroupScope(axis=-1, group_size=7), (19, 105)),
-    (qp.GroupScope(axis=-1, group_size=100), (11, 4100)),
-    (qp.GroupScope(axis=0, group_size=3), (39, 45)),
-    (qp.GroupScope(axis=1, group_size=5), (2, 35, 3, 18)),
-]
 COMBOS = [
     (f, c, i, m)
     for f, c, (i, _), m in itertools.product(FLOATS, CODES, enumerate(SCOPES), qp.QuantMode)
     if not (ELEMENTS[c].is_fp8 and m is qp.QuantMode.ASYMMETRIC)
 ]
-
-
-def to_device(a: np.ndarray):  # noqa: ANN201
-    import cupy
-
-    if a.dtype.itemsize == 2 and a.dtype.kind not in "fiu":
-        a = a.view(np.uint16)  # bfloat16 -> raw bits
-    elif a.dtype.itemsize == 1 and a.dtype.kind not in "iu":
-        a = a.view(np.uint8)  # float8 -> raw bits
-    return cupy.asarray(a)
 
 
 def from_device(a, like: np.ndarray) -> np.ndarray:  # noqa: ANN001
