@@ -40,7 +40,10 @@ def torch_math(code: str) -> Callable[[Any], tuple[Any, Any]]:
 
     def dynamic_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xf = x.float()
-        scale = xf.abs().amax(dim=-1, keepdim=True) / q_max
+        amax = xf.abs().amax(dim=-1, keepdim=True)
+        # Tensor / tensor: IEEE division (PyTorch turns a division by a Python scalar into a
+        # multiplication by its rounded reciprocal, which is not the spec's scale).
+        scale = amax / torch.full_like(amax, q_max)
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         v = xf / scale
         q = torch.round(v).clamp(-128, 127).to(out_dtype) if code == "S8" else v.to(out_dtype)
