@@ -301,13 +301,14 @@ def bench_case(case: Case, timing: Timing, use_compile: bool) -> Row:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line: ``[--json PATH] [--quick] [--no-compile]``."""
+    """Command line: ``[--json PATH] [--quick] [--no-compile] [--only TEXT]``."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--json", metavar="PATH", help="also write the rows (and device info) to PATH as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier figures)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (reported as n/a)")
+    p.add_argument("--only", metavar="TEXT", default="", help="run only the rows whose op label contains TEXT")
     return p.parse_args(argv)
 
 
@@ -328,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     failed = 0
     for case in cases():
+        if args.only and args.only not in case.op:
+            continue
         try:
             rows.append(bench_case(case, timing, use_compile=not args.no_compile))
         except Exception:

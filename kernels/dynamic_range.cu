@@ -5,70 +5,17 @@
 //                      a flag for NaN / +-Inf, per segment (parameter index), by integer atomics
 //   range_params       scale (and zero point) of each segment from its statistics
 // quantize.cu's quantize_rows then quantizes with those parameters (RowLayout.flags bit 0).
+//   dynamic_quantize_segments   the fused single pass for contiguous segments: range,
+//                      parameters and codes in one launch, one read of the input
 //
 // Determinism: min, max and or are exact and commutative, so the order in which blocks reach a
 // segment cannot change its result; floats are compared as order-preserving integer keys.
 #include "qp_elements.cuh"
-#include "qp_vector_io.cuh"
-#include "qp_rounding.cuh"
+#include "qp_quantize_vector.cuh"
+#include "qp_range.cuh"
 #include "qp_row_layout.cuh"
 
 namespace qp {
-
-// Order-preserving integer key of a non-NaN float / double (signed compare).
-__device__ __forceinline__ int range_key(float v) {
-  const int b = __float_as_int(v);
-  return b >= 0 ? b : b ^ 0x7FFFFFFF;
-}
-__device__ __forceinline__ i64 range_key(double v) {
-  const i64 b = __double_as_longlong(v);
-  return b >= 0 ? b : b ^ 0x7FFFFFFFFFFFFFFFll;
-}
-__device__ __forceinline__ float range_value(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7FFFFFFF); }
-__device__ __forceinline__ double range_value(i64 k) {
-  return __longlong_as_double(k >= 0 ? k : k ^ 0x7FFFFFFFFFFFFFFFll);
-}
-
-template <class Acc> struct RangeKey;
-template <> struct RangeKey<float> { typedef int type; };
-template <> struct RangeKey<double> { typedef long long type; };
-
-// Running statistics of one thread for one segment.
-template <class Acc> struct RangeAccumulator {
-  typedef typename RangeKey<Acc>::type key_t;
-  key_t lo, hi;
-  int bad;
-  __device__ __forceinline__ void reset() {
-    lo = hi = range_key((Acc)0);
-    bad = 0;
-  }
-  __device__ __forceinline__ void add(Acc v) {
-    if (isfinite(v)) {
-      const key_t k = range_key(v);
-      lo = min(lo, k);
-      hi = max(hi, k);
-    } else {
-      bad = 1;
-    }
-  }
-  // Statistics slot s: [3 s] lo, [3 s + 1] hi, [3 s + 2] flag.
-  __device__ __forceinline__ void publish(key_t* stats, i64 s) const {
-    const key_t zero = range_key((Acc)0);
-    if (lo < zero) atomicMin(stats + 3 * s, lo);
-    if (hi > zero) atomicMax(stats + 3 * s + 1, hi);
-    if (bad) stats[3 * s + 2] = 1;  // every writer stores the same value: no atomic needed
-  }
-};
-
-template <class Acc>
-__device__ __forceinline__ void warp_reduce_range(RangeAccumulator<Acc>& a) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    a.lo = min(a.lo, __shfl_xor_sync(0xFFFFFFFFu, a.lo, d));
-    a.hi = max(a.hi, __shfl_xor_sync(0xFFFFFFFFu, a.hi, d));
-    a.bad |= __shfl_xor_sync(0xFFFFFFFFu, a.bad, d);
-  }
-}
 
 template <class In, int VEC, bool VECTOR_IO>
 struct RangeStatsBody {
@@ -133,6 +80,19 @@ struct RangeStatsBody {
   }
 };
 
+
+// Geometry of the fused pass: `segments` contiguous segments of S elements, a team of
+// 1 << seg_log2 threads per segment. Mirrored by SegmentLayoutArgs in quantplan/dynamic.py.
+struct SegmentLayout {
+  i64 segments;
+  int S, seg_log2, q_min, q_max, mode, pad;
+};
+
+// Vectors of VEC elements one thread of the fused pass holds: 32 elements (16 for 8-byte
+// floats), so a team of 1024 threads covers a segment of up to 32768 (16384) elements.
+// quantplan/dynamic.py (SEGMENT_ELEMENTS_PER_THREAD) mirrors this.
+template <class T, int VEC> __host__ __device__ constexpr int segment_vectors() { return (sizeof(T) == 8 ? 16 : 32) / VEC; }
+
 }  // namespace qp
 
 template <class Acc>
@@ -185,34 +145,92 @@ range_stats_rows(const typename qp::FloatElement<In>::storage* __restrict__ x,
   }
 }
 
-// scale (and zero point) of every segment. mode 0: SYMMETRIC, scale = max(hi, -lo) / divisor;
-// mode 1: ASYMMETRIC, scale = (hi - lo) / divisor, zp = clamp(q_min - rne(lo / scale)).
-// scale == 0 -> 1; a flagged (non-finite) segment -> scale NaN, zp 0.
+// scale (and zero point) of every segment from its statistics (segment_params).
 template <class Acc>
 __global__ void __launch_bounds__(256)
 range_params(const typename qp::RangeKey<Acc>::type* __restrict__ stats, Acc* __restrict__ scale_out,
              int* __restrict__ zp_out, qp::i64 count, int mode, int q_min, int q_max, Acc divisor) {
   for (qp::i64 s = (qp::i64)blockIdx.x * blockDim.x + threadIdx.x; s < count; s += (qp::i64)gridDim.x * blockDim.x) {
-    const Acc lo = qp::range_value(stats[3 * s]);
-    const Acc hi = qp::range_value(stats[3 * s + 1]);
-    const bool bad = stats[3 * s + 2] != 0;
-    Acc scale;
-    int zp = 0;
-    if (mode == 0) {
-      scale = qp::acc_div(max(hi, -lo), divisor);
-      if (scale == (Acc)0) scale = (Acc)1;
-    } else {
-      scale = qp::acc_div(hi - lo, divisor);
-      if (scale == (Acc)0) scale = (Acc)1;
-      const Acc r = qp::acc_rint(qp::acc_div(lo, scale));
-      const double z = (double)q_min - (double)r;
-      zp = (z == z) ? (int)fmin(fmax(z, (double)q_min), (double)q_max) : 0;
-    }
-    if (bad) {
-      scale = (Acc)__int_as_float(0x7FC00000);  // quiet NaN
-      zp = 0;
-    }
+    int zp;
+    const Acc scale = qp::segment_params<Acc>(qp::range_value(stats[3 * s]), qp::range_value(stats[3 * s + 1]),
+                                              stats[3 * s + 2] != 0, mode, q_min, q_max, divisor, zp);
     scale_out[s] = scale;
     if (zp_out) zp_out[s] = zp;
+  }
+}
+
+// The fused single pass over contiguous segments (token rows, last-axis groups, a leading
+// channel axis, a small tensor): a team of 1 << seg_log2 threads (a power of two <= 1024) holds
+// one segment of S elements in registers (at most NV vectors of VEC per thread), reduces its
+// range (warp shuffles, then shared memory across the team's warps), computes the parameters
+// as range_params does, writes them, and quantizes the registers: one read of the input.
+// S % VEC == 0; the loop over segments is block-uniform, so every thread reaches every barrier.
+template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
+__global__ void __launch_bounds__(1024)
+dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
+                          typename qp::FloatElement<In>::acc* __restrict__ scale_out, int* __restrict__ zp_out,
+                          const qp::SegmentLayout lay, typename qp::FloatElement<In>::acc divisor,
+                          const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr,
+                          qp::u64 seed_value, qp::u64 offset_value) {
+  typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
+  typedef typename VQ::acc_t acc_t;
+  typedef qp::RangeScan<In> Scan;
+  typedef qp::SegmentRange<acc_t, typename Scan::bits_t> Range;
+  constexpr int NV = qp::segment_vectors<typename VQ::in_t, VEC>();
+  __shared__ Range team_slots[32];
+  qp::u64 seed = 0, offset = 0;
+  if constexpr (STOCHASTIC) {
+    seed = seed_ptr ? (qp::u64)*seed_ptr : seed_value;
+    offset = offset_ptr ? (qp::u64)*offset_ptr : offset_value;
+  }
+  const int team = 1 << lay.seg_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const int teams_per_block = blockDim.x >> lay.seg_log2;
+  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments;
+       base += (qp::i64)gridDim.x * teams_per_block) {
+    const qp::i64 seg = base + (threadIdx.x >> lay.seg_log2);
+    const bool active = seg < lay.segments;
+    const qp::i64 first = seg * lay.S;
+    typename VQ::vector_t xv[NV];
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int col = (lane + u * team) * VEC;
+      if (active && col < lay.S) xv[u].template load<VECTOR_IO>(x + first + col, VEC);
+    }
+    const bool asym = lay.mode != 0;
+    Scan scan;
+    scan.reset();
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int col = (lane + u * team) * VEC;
+      if (active && col < lay.S) scan.add(xv[u], asym);
+    }
+    Range range = scan.result();
+    qp::team_reduce_range(range, asym, lay.seg_log2, team_slots);
+    if (!active) continue;
+    int zp;
+    const acc_t scale =
+        qp::segment_params<acc_t>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
+                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max, divisor, zp);
+    if (lane == 0) {
+      scale_out[seg] = scale;
+      if (zp_out) zp_out[seg] = zp;
+    }
+    qp::IntQuantParam<acc_t> p;
+    p.set(scale, zp);
+    const bool zero_fp8 = scale != scale;
+#pragma unroll
+    for (int u = 0; u < NV; ++u) {
+      const int col = (lane + u * team) * VEC;
+      if (col < lay.S) {
+        int codes[VEC];
+        if constexpr (STOCHASTIC) {
+          VQ::stochastic_codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8, (qp::u64)(first + col), seed, offset, codes);
+        } else {
+          VQ::codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8, codes);
+        }
+        VQ::template store<VECTOR_IO>(q + (VQ::packed ? (first + col) / 2 : first + col), VEC, codes);
+      }
+    }
   }
 }

@@ -11,11 +11,8 @@
 // per thread-vector, VECTOR_IO (aligned vector loads/stores or a bounded element loop),
 // HIGH_FIRST nibble order for packed outputs, STOCHASTIC rounding.
 #include "qp_elements.cuh"
-#include "qp_vector_io.cuh"
-#include "qp_packing.cuh"
-#include "qp_rounding.cuh"
+#include "qp_quantize_vector.cuh"
 #include "qp_row_layout.cuh"
-#include "qp_philox.cuh"
 
 #ifndef QP_QUANTIZE_MIN_BLOCKS
 // Resident blocks per SM asked of the register allocator: 4 (64 registers) measured faster on
@@ -30,12 +27,10 @@ static const int kQuantizeUnroll = 4;
 
 template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
 struct QuantizeBody {
-  typedef FloatElement<In> FE;
-  typedef typename FE::storage in_t;
-  typedef typename FE::acc acc_t;
-  static const int kind = QuantElement<Out>::kind;
-  static const bool packed = (kind == 1);
-  static const int out_bytes = packed ? VEC / 2 : VEC;
+  typedef VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
+  typedef typename VQ::FE FE;
+  typedef typename VQ::in_t in_t;
+  typedef typename VQ::acc_t acc_t;
 
   const in_t* __restrict__ x;
   u8* __restrict__ q;
@@ -71,71 +66,39 @@ struct QuantizeBody {
     return (lay.flags & 1) && p.scale != p.scale;
   }
 
-  __device__ __forceinline__ int code(acc_t v, const IntQuantParam<acc_t>& p) const {
-    if constexpr (kind == 2) return zero_fp8(p) ? 0 : quantize_fp8_code<Out>(v, p);
-    return quantize_int_code(v, p, lay.q_min, lay.q_max);
-  }
-
-  __device__ __forceinline__ int stochastic_code(acc_t v, const IntQuantParam<acc_t>& p, float u) const {
-    if constexpr (kind == 2) return zero_fp8(p) ? 0 : quantize_fp8_code_stochastic<Out>(v, p.scale, u);
-    return quantize_int_code_stochastic(v, p.scale, p.zp, lay.q_min, lay.q_max, u);
-  }
-
-  // Codes of vector u under one parameter: the division-free path for all VEC elements with one
-  // branch for the vector, and the exact per-element path for the rare vector that needs it.
-  __device__ __forceinline__ void vector_codes(int u, const IntQuantParam<acc_t>& p, int (&codes)[VEC]) const {
-    bool ok = false;
-    if constexpr (sizeof(acc_t) == 4 && (kind != 2 || QP_FP8_FAST)) {
-      ok = p.fast;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        if constexpr (kind == 2) {
-          codes[k] = quantize_fp8_code_fast<Out>(FE::to_acc(xv[u].v[k]), p, ok);
-        } else {
-          codes[k] = quantize_int_code_fast(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, ok);
-        }
-      }
-    }
-    if (!ok) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) codes[k] = code(FE::to_acc(xv[u].v[k]), p);
-    }
-  }
-
   __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
     int codes[VEC];
     if constexpr (STOCHASTIC) {
-      float uni[VEC];
-      philox_uniforms<VEC>((u64)row * (u64)lay.L + (u64)col, seed, offset, uni);
-      auto one = [&](int k, const IntQuantParam<acc_t>& p) { codes[k] = stochastic_code(FE::to_acc(xv[u].v[k]), p, uni[k]); };
+      const u64 i0 = (u64)row * (u64)lay.L + (u64)col;
       if (lay.cs == 0) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) one(k, row_param);
+        VQ::stochastic_codes(xv[u], row_param, lay.q_min, lay.q_max, zero_fp8(row_param), i0, seed, offset, codes);
       } else {
+        float uni[VEC];
+        philox_uniforms<VEC>(i0, seed, offset, uni);
         for_each_column_param<VEC, IntQuantParam<acc_t>>(
             lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
-            [&](i64 index) { return param(index); }, one);
+            [&](i64 index) { return param(index); },
+            [&](int k, const IntQuantParam<acc_t>& p) {
+              codes[k] = VQ::stochastic_code(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, zero_fp8(p), uni[k]);
+            });
       }
     } else if (lay.cs == 0) {
-      vector_codes(u, row_param, codes);
+      VQ::codes(xv[u], row_param, lay.q_min, lay.q_max, zero_fp8(row_param), codes);
     } else if ((lay.gc & (VEC - 1)) == 0) {  // groups are whole vectors: one parameter per vector
-      vector_codes(u, param(pbase + (i64)column_group(lay, col) * lay.cs), codes);
+      const IntQuantParam<acc_t> p = param(pbase + (i64)column_group(lay, col) * lay.cs);
+      VQ::codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8(p), codes);
     } else {
       for_each_column_param<VEC, IntQuantParam<acc_t>>(
           lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
           [&](i64 index) { return param(index); },
-          [&](int k, const IntQuantParam<acc_t>& p) { codes[k] = code(FE::to_acc(xv[u].v[k]), p); });
+          [&](int k, const IntQuantParam<acc_t>& p) {
+            codes[k] = VQ::code(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, zero_fp8(p));
+          });
     }
-    ElementVector<u8, out_bytes> out;
-    if constexpr (packed) {
-#pragma unroll
-      for (int k = 0; k < VEC; k += 2) out.v[k / 2] = pack_nibbles<HIGH_FIRST>(codes[k], k + 1 < valid ? codes[k + 1] : 0);
-      const i64 row_bytes = (lay.L + 1) / 2;
-      out.template store<VECTOR_IO>(q + row * row_bytes + col / 2, (valid + 1) / 2);
+    if constexpr (VQ::packed) {
+      VQ::template store<VECTOR_IO>(q + row * ((lay.L + 1) / 2) + col / 2, valid, codes);
     } else {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = (u8)codes[k];
-      out.template store<VECTOR_IO>(q + row * lay.L + col, valid);
+      VQ::template store<VECTOR_IO>(q + row * lay.L + col, valid, codes);
     }
   }
 };

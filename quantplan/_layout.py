@@ -224,10 +224,35 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
     )
 
 
+def contiguous_segment_length(shape: tuple[int, ...], scope: Scope) -> int | None:
+    """Elements per segment when ``scope``'s segments are contiguous runs of the flattened tensor
+    taken in parameter order (segment ``i`` is elements ``[i S, (i + 1) S)`` and has parameter
+    ``i``), else None.
+
+    True for TensorScope (one segment), TokenScope, ChannelScope whose axis has only extent-1
+    axes before it (a weight's output channels, axis 0), and GroupScope whose axis has only
+    extent-1 axes after it (groups along the last axis).
+    """
+    dims = shape if shape else (1,)
+    n = math.prod(dims)
+    if isinstance(scope, TensorScope):
+        return n
+    rank = len(dims)
+    if isinstance(scope, TokenScope):
+        return dims[-1]
+    if isinstance(scope, ChannelScope):
+        axis = normalize_axis(scope.axis, rank, "channel scope")
+        return math.prod(dims[axis + 1 :]) if math.prod(dims[:axis]) == 1 else None
+    assert isinstance(scope, GroupScope)
+    axis = normalize_axis(scope.axis, rank, "group scope")
+    return scope.group_size if math.prod(dims[axis + 1 :]) == 1 else None
+
+
 __all__ = [
     "BLOCK_THREADS",
     "RowLayout",
     "RowLayoutArgs",
+    "contiguous_segment_length",
     "expand_params",
     "normalize_axis",
     "param_shape",

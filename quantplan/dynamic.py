@@ -25,10 +25,10 @@ from ._affine import (
 )
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
 from ._operands import Operand, operand
 from .compiler import compile_options, load_kernels, register_family, template_name
-from .elements import ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
+from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
 from .quantize import QuantizeDescriptor, QuantizePlan
 from .types import (
@@ -37,6 +37,7 @@ from .types import (
     ElementKind,
     KernelSku,
     MathPrecision,
+    NibbleOrder,
     OpCategory,
     PlanPreference,
     PrecisionGuarantee,
@@ -103,6 +104,113 @@ _PARAMS_PARAMS = {
 }
 
 
+class SegmentLayoutArgs(ctypes.Structure):
+    """``struct SegmentLayout`` of ``kernels/dynamic_range.cu``, field for field (passed by value)."""
+
+    _fields_ = [
+        ("segments", ctypes.c_int64),
+        *((name, ctypes.c_int32) for name in ("S", "seg_log2", "q_min", "q_max", "mode", "pad")),
+    ]
+
+
+_SEGMENT_PARAMS = {
+    precision: _params_struct(
+        "SegmentKernelParams",
+        [
+            ("x", ctypes.c_uint64),
+            ("q", ctypes.c_uint64),
+            ("scale_out", ctypes.c_uint64),
+            ("zp_out", ctypes.c_uint64),
+            ("layout", SegmentLayoutArgs),
+            ("divisor", acc),
+            ("seed_ptr", ctypes.c_uint64),
+            ("offset_ptr", ctypes.c_uint64),
+            ("seed_value", ctypes.c_uint64),
+            ("offset_value", ctypes.c_uint64),
+        ],
+    )
+    for precision, acc in ((MathPrecision.F32, ctypes.c_float), (MathPrecision.F64, ctypes.c_double))
+}
+
+#: Largest team of the fused pass (threads holding one segment; __launch_bounds__ of the kernel).
+MAX_TEAM = 1024
+
+
+def segment_elements_per_thread(float_kind: ElementKind) -> int:
+    """Elements one thread of the fused pass holds in registers (``segment_vectors`` in the kernel)."""
+    return 16 if float_kind is ElementKind.F64 else 32
+
+
+@dataclass(frozen=True)
+class SegmentGeometry:
+    """Launch geometry of the fused single pass: ``segments`` contiguous segments of ``length``
+    elements, each held by a team of ``team`` threads (vectors of ``vec`` elements)."""
+
+    segments: int
+    length: int
+    vec: int
+    vector_io: bool
+    team: int
+    block: int
+
+    def args(self, q_min: int, q_max: int, mode: QuantMode) -> SegmentLayoutArgs:
+        """The kernel's by-value ``SegmentLayout`` argument."""
+        return SegmentLayoutArgs(
+            self.segments,
+            self.length,
+            int(math.log2(self.team)),
+            q_min,
+            q_max,
+            0 if mode is QuantMode.SYMMETRIC else 1,
+            0,
+        )
+
+    def blocks(self, max_blocks: int) -> int:
+        """Grid size: one block per block-full of teams, at most ``max_blocks`` (grid-stride beyond)."""
+        return max(1, min(max_blocks, -(-self.segments // (self.block // self.team))))
+
+    def describe(self) -> str:
+        """Short variant tag for KernelSku.variant."""
+        per_thread = -(-self.length // (self.team * self.vec))
+        io = "" if self.vector_io else ",scalar-io"
+        return f"fused-single-pass[{self.team}t-per-segment,vec{self.vec}{io},{per_thread}vec-per-thread]"
+
+
+def segment_geometry(problem: AffineProblem, busy_threads: int, vec_max: int) -> SegmentGeometry | None:
+    """The fused single pass for ``problem``, or None where it does not apply.
+
+    It applies when segments are contiguous (:func:`~quantplan._layout.contiguous_segment_length`),
+    fit one team's registers (at most ``MAX_TEAM`` threads x 32 elements, 16 for F64) and, for
+    4-bit codes, start on whole bytes (even segments and rows). ``vec_max``: the widest vector
+    (halved while it does not divide a segment); 1 gives the element-I/O geometry (2 with element
+    loads for packed codes). The team is the smallest power of two that holds a segment, widened
+    (while each thread keeps a vector) until the grid has ``busy_threads`` threads.
+    """
+    shape = problem.shape if problem.shape else (1,)
+    length = contiguous_segment_length(shape, problem.scope)
+    if length is None or length == 0 or problem.numel == 0:
+        return None
+    packed = ELEMENTS[problem.code_kind].is_packed
+    if packed and (length % 2 or shape[-1] % 2):
+        return None
+    per_thread = segment_elements_per_thread(problem.float_kind)
+    if length > MAX_TEAM * per_thread:
+        return None
+    vec = vec_max
+    while length % vec:
+        vec //= 2
+    vector_io = True
+    if packed and vec < 2:
+        vec, vector_io = 2, False
+    segments = problem.numel // length
+    team = 1
+    while team * per_thread < length:
+        team *= 2
+    while team < MAX_TEAM and team * vec < length and segments * team < busy_threads:
+        team *= 2
+    return SegmentGeometry(segments, length, vec, vector_io, team, max(team, BLOCK_THREADS))
+
+
 def _acc_tag(precision: MathPrecision) -> str:
     return "double" if precision is MathPrecision.F64 else "float"
 
@@ -117,10 +225,35 @@ def dynamic_range_unit(float_kind: ElementKind) -> list[str]:
     return [template_name("range_stats_init", acc), *rows, template_name("range_params", acc)]
 
 
+def dynamic_segments_unit(
+    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, stochastic: bool
+) -> list[str]:
+    """The fused single-pass kernels of one (input, code, nibble order, rounding): every vector
+    width (8 elements, 4 for F64, halved down to 1; packed codes at least 2), and the
+    element-I/O width (1, or 2 with element loads for packed codes) for misaligned operands."""
+    vec_max = 4 if float_kind is ElementKind.F64 else 8
+    packed = ELEMENTS[code_kind].is_packed
+    shapes = [(v, True) for v in (8, 4, 2, 1) if v <= vec_max and (v >= 2 or not packed)]
+    if packed:
+        shapes.append((2, False))
+    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
+    return [
+        template_name("dynamic_quantize_segments", f_tag, c_tag, v, vector_io, high_first and packed, stochastic)
+        for v, vector_io in shapes
+    ]
+
+
 @register_family(_FAMILY)
 def dynamic_range_units() -> list[list[str]]:
-    """Compile units of ``kernels/dynamic_range.cu``: one per input float kind."""
-    return [dynamic_range_unit(k) for k in FLOAT_KINDS]
+    """Compile units of ``kernels/dynamic_range.cu``: the range passes per input float kind, and
+    the fused pass per (input, code, nibble order, rounding)."""
+    units = [dynamic_range_unit(k) for k in FLOAT_KINDS]
+    for float_kind in FLOAT_KINDS:
+        for code_kind in CODE_KINDS:
+            for high_first in (False, True) if ELEMENTS[code_kind].is_packed else (False,):
+                for stochastic in (False, True):
+                    units.append(dynamic_segments_unit(float_kind, code_kind, high_first, stochastic))
+    return units
 
 
 class DynamicRangeQuantizePlan:
@@ -168,6 +301,7 @@ class DynamicRangeQuantizePlan:
         stats_fallback: PreparedLaunch | None,
         stats_align: int,
         variant: str,
+        fused: _FusedLaunches | None = None,
     ) -> None:
         self.descriptor = desc
         self.problem = problem
@@ -179,6 +313,10 @@ class DynamicRangeQuantizePlan:
         self._stats_fallback = stats_fallback
         self._stats_align = stats_align
         self._variant = variant
+        self._fused = fused
+        # Argument checks are QuantizePlan's (same operands); a plan without the multi-pass path
+        # gets an instance that only checks (nothing compiled or launched through it).
+        self._checker = quantize or QuantizePlan(problem, backend, device_id, arch_name, None, None, (1, 1), "checks")
         self._param_shape = problem.param_shape
         self._param_count = math.prod(self._param_shape) if self._param_shape else 1
         self._param_dtype = param_numpy_dtype(problem.precision)
@@ -223,6 +361,22 @@ class DynamicRangeQuantizePlan:
 
         device_id = stream_device_id(stream) if stream is not None else int(cupy.cuda.runtime.getDevice())
         info = device_info(device_id)
+        code = ELEMENTS[problem.code_kind]
+        if code.is_fp8:
+            assert code.fp8_max is not None
+            divisor = code.fp8_max
+        elif problem.mode is QuantMode.SYMMETRIC:
+            divisor = float(problem.q_max)
+        else:
+            divisor = float(problem.q_max - problem.q_min)
+        busy = info.sm_count * 2048
+        geometry = segment_geometry(problem, busy, 4 if problem.float_kind is ElementKind.F64 else 8)
+        if geometry is not None:
+            fallback_geometry = segment_geometry(problem, busy, 1)
+            assert fallback_geometry is not None
+            fused = _prepare_fused(problem, geometry, fallback_geometry, divisor, device_id)
+            variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
+            return cls(desc, problem, backend, device_id, info.arch.name, None, None, None, 1, variant, fused)
         quantize = QuantizePlan._select(stream, problem, pref)
         assert isinstance(quantize, QuantizePlan)
         functions = load_kernels(
@@ -245,14 +399,6 @@ class DynamicRangeQuantizePlan:
         fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
         count = math.prod(problem.param_shape) if problem.param_shape else 1
         small_grid = max(1, min(info.sm_count * 8, -(-count // BLOCK_THREADS)))
-        code = ELEMENTS[problem.code_kind]
-        if code.is_fp8:
-            assert code.fp8_max is not None
-            divisor = code.fp8_max
-        elif problem.mode is QuantMode.SYMMETRIC:
-            divisor = float(problem.q_max)
-        else:
-            divisor = float(problem.q_max - problem.q_min)
         launches = {
             "init": PreparedLaunch(
                 functions[template_name("range_stats_init", acc)], small_grid, BLOCK_THREADS, _INIT_PARAMS, count=count
@@ -288,8 +434,9 @@ class DynamicRangeQuantizePlan:
     # ---- introspection --------------------------------------------------------------------
 
     def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: three integer statistics per segment on the GPU, 0 on the reference backend."""
-        if self.backend is BackendKind.REFERENCE:
+        """Bytes of workspace ``run`` needs: three integer statistics per segment on the GPU's
+        multi-pass path; 0 for the fused single pass and on the reference backend."""
+        if self.backend is BackendKind.REFERENCE or self._fused is not None:
             return 0
         return 3 * self._key_bytes * self._param_count
 
@@ -315,7 +462,7 @@ class DynamicRangeQuantizePlan:
     # ---- arguments --------------------------------------------------------------------------
 
     def _check(self, args: DynamicRangeQuantizeArgs) -> tuple[CheckedArgs, Operand, Operand | None]:
-        helper = self._quantize if self._quantize is not None else _reference_helper(self.problem)
+        helper = self._checker
         p = self.problem
         x = helper._tensor(args.input, "input", p.shape, ELEMENTS[p.float_kind])
         y = helper._tensor(args.output, "output", p.code_shape, ELEMENTS[p.code_kind])
@@ -339,7 +486,7 @@ class DynamicRangeQuantizePlan:
         return CheckedArgs(x, y, 0.0, None, seed, offset), scale, zp
 
     def _param_out(self, value: Any, name: str, dtype: np.dtype) -> Operand:
-        helper = self._quantize if self._quantize is not None else _reference_helper(self.problem)
+        helper = self._checker
         if value is None:
             raise InvalidProblem(f"{name} is required: an array of shape {self._param_shape} ({dtype.name})")
         op = operand(value, name)
@@ -372,8 +519,12 @@ class DynamicRangeQuantizePlan:
             return
         if self.problem.numel == 0:
             return
-        assert workspace is not None and self._quantize is not None and self.device_id is not None
+        assert self.device_id is not None
         handle = stream_handle(stream)
+        if self._fused is not None:
+            self._fused.launch(self.device_id, handle, a, scale, zp)
+            return
+        assert workspace is not None and self._quantize is not None
         stats_ptr = workspace.ptr
         init, params = self._launches["init"], self._launches["params"]
         stats = self._launches["stats"] if a.x.ptr % self._stats_align == 0 else self._stats_fallback
@@ -410,19 +561,80 @@ class DynamicRangeQuantizePlan:
             np.copyto(np.asarray(zp.obj), z.reshape(np.asarray(zp.obj).shape), casting="no")
 
 
+class _FusedLaunches:
+    """The fused pass's launch with aligned vector I/O and its element-I/O twin for misaligned operands."""
+
+    __slots__ = ("align_in", "align_out", "fallback", "primary", "stochastic")
+
+    def __init__(
+        self, primary: PreparedLaunch, fallback: PreparedLaunch, align_in: int, align_out: int, stochastic: bool
+    ) -> None:
+        self.primary, self.fallback = primary, fallback
+        self.align_in, self.align_out = align_in, align_out
+        self.stochastic = stochastic
+
+    def launch(self, device_id: int, handle: int, a: CheckedArgs, scale: Operand, zp: Operand | None) -> None:
+        aligned = a.x.ptr % self.align_in == 0 and a.y.ptr % self.align_out == 0
+        launch = self.primary if aligned else self.fallback
+        params = launch.params
+        params.x = a.x.ptr
+        params.q = a.y.ptr
+        params.scale_out = scale.ptr
+        params.zp_out = 0 if zp is None else zp.ptr
+        if self.stochastic:
+            params.seed_ptr, params.seed_value = device_arg(a.seed)
+            params.offset_ptr, params.offset_value = device_arg(a.offset)
+        launch_on(device_id, handle, launch)
+
+
+def _prepare_fused(
+    problem: AffineProblem, geometry: SegmentGeometry, fallback: SegmentGeometry, divisor: float, device_id: int
+) -> _FusedLaunches:
+    """Compile (first use) and prepare the fused pass of ``problem``: ``geometry`` for aligned
+    operands, ``fallback`` (element I/O) for the others."""
+    import cupy
+
+    info = device_info(device_id)
+    high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
+    unit = dynamic_segments_unit(problem.float_kind, problem.code_kind, high_first, problem.stochastic)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    float_info, code_info = ELEMENTS[problem.float_kind], ELEMENTS[problem.code_kind]
+    packed = code_info.is_packed
+
+    def prepare(g: SegmentGeometry) -> PreparedLaunch:
+        name = template_name(
+            "dynamic_quantize_segments",
+            float_info.cpp_tag,
+            code_info.cpp_tag,
+            g.vec,
+            g.vector_io,
+            high_first and packed,
+            problem.stochastic,
+        )
+        fn = functions[name]
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, g.block, 0)
+        return PreparedLaunch(
+            fn,
+            g.blocks(max(1, per_sm) * info.sm_count),
+            g.block,
+            _SEGMENT_PARAMS[problem.precision],
+            layout=g.args(problem.q_min, problem.q_max, problem.mode),
+            divisor=divisor,
+        )
+
+    in_bytes = geometry.vec * float_info.storage_bits // 8
+    out_bytes = geometry.vec // 2 if packed else geometry.vec
+    return _FusedLaunches(
+        prepare(geometry), prepare(fallback), min(16, in_bytes), min(16, max(1, out_bytes)), problem.stochastic
+    )
+
+
 def _overlaps(a: Operand, b: Operand) -> bool:
     if not a.ptr or not b.ptr:
         return False
     a_end = a.ptr + a.size * a.itemsize
     b_end = b.ptr + b.size * b.itemsize
     return a.ptr < b_end and b.ptr < a_end
-
-
-def _reference_helper(problem: AffineProblem) -> QuantizePlan:
-    """A reference-backend QuantizePlan: reuses its operand checks on the reference backend."""
-    plan = QuantizePlan._select(None, problem, PlanPreference(backend=BackendKind.REFERENCE))
-    assert isinstance(plan, QuantizePlan)
-    return plan
 
 
 __all__ = ["DynamicRangeQuantizeArgs", "DynamicRangeQuantizeDescriptor", "DynamicRangeQuantizePlan"]

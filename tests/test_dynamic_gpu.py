@@ -110,18 +110,89 @@ def test_large_odd_groups(rng, mode) -> None:
 def test_workspace_too_small_raises_and_writes_nothing(rng) -> None:
     import cupy
 
+    # Channel scope on the last axis: strided segments, the multi-pass path with its workspace.
     desc = qp.DynamicRangeQuantizeDescriptor(
-        shape=(4, 64), scope=qp.TokenScope(), input_element=EK.F32, output_element=EK.S8
+        shape=(4, 64), scope=qp.ChannelScope(axis=-1), input_element=EK.F32, output_element=EK.S8
     )
     plan = qp.DynamicRangeQuantizePlan.select(None, desc)
     assert plan.workspace_size() > 0
     q = cupy.full((4, 64), 3, np.int8)
-    s = cupy.full((4, 1), 2.0, np.float32)
+    s = cupy.full((1, 64), 2.0, np.float32)
     small = qp.Workspace.allocate(plan.workspace_size() - 4)
     with pytest.raises(qp.WorkspaceTooSmall):
         plan.run(None, small, qp.DynamicRangeQuantizeArgs(cupy.asarray(rng.standard_normal((4, 64), np.float32)), q, s))
     cupy.cuda.runtime.deviceSynchronize()
     assert int((q != 3).sum()) == 0 and float(s[0, 0]) == 2.0
+
+
+# (rows, segment length): teams of 1 thread up to 1024 (several teams per warp and per block,
+# one block per segment, the widest register tiles), and lengths past the fused pass's limit.
+FUSED_LENGTHS = [(301, 1), (97, 6), (50, 64), (33, 250), (9, 1000), (5, 4098), (40, 8192), (3, 20002), (2, 32768)]
+
+
+@pytest.mark.parametrize(("rows", "length"), [*FUSED_LENGTHS, (2, 32770), (2, 40000)])
+@pytest.mark.parametrize(
+    ("float_kind", "code_kind", "mode"),
+    [
+        (EK.BF16, EK.S8, qp.QuantMode.SYMMETRIC),
+        (EK.F16, EK.U4, qp.QuantMode.ASYMMETRIC),
+        (EK.F32, EK.FP8_E4M3, qp.QuantMode.SYMMETRIC),
+        (EK.F64, EK.U8, qp.QuantMode.ASYMMETRIC),
+    ],
+)
+def test_token_rows_of_every_team_size(rng, rows, length, float_kind, code_kind, mode) -> None:
+    """The fused single pass at every team size, and the multi-pass path beyond its limit."""
+    shape = (rows, length)
+    desc = qp.DynamicRangeQuantizeDescriptor(
+        shape=shape, scope=qp.TokenScope(), mode=mode, input_element=float_kind, output_element=code_kind
+    )
+    limit = 16384 if float_kind is EK.F64 else 32768
+    fused = length <= limit and not (ELEMENTS[code_kind].is_packed and length % 2)
+    plan = qp.DynamicRangeQuantizePlan.select(None, desc)
+    assert ("fused-single-pass" in plan.sku().variant) == fused, plan.sku().variant
+    assert (plan.workspace_size() == 0) == fused
+    x = data_with_special_segments(rng, shape, float_kind) if rows > 3 else random_floats(rng, shape, float_kind)
+    ref, got = run_both(desc, x)
+    assert_same(ref, got)
+
+
+@pytest.mark.parametrize(
+    ("scope", "shape"),
+    [
+        (qp.TokenScope(), (37, 1024)),
+        (qp.GroupScope(axis=-1, group_size=128), (16, 1024)),
+        (qp.ChannelScope(axis=0), (24, 2, 64)),
+        (qp.TensorScope(), (64, 64)),
+    ],
+)
+def test_fused_pass_with_misaligned_operands(rng, scope, shape) -> None:
+    """Views one element into a buffer: the element-I/O twin of the fused kernel, same results."""
+    import cupy
+
+    desc = qp.DynamicRangeQuantizeDescriptor(
+        shape=shape, scope=scope, mode=qp.QuantMode.ASYMMETRIC, input_element=EK.F16, output_element=EK.U8
+    )
+    plan = qp.DynamicRangeQuantizePlan.select(None, desc)
+    assert "fused-single-pass" in plan.sku().variant
+    n = int(np.prod(shape))
+    x = random_floats(rng, shape, EK.F16)
+    q_ref = np.zeros(shape, np.uint8)
+    s_ref = np.zeros(desc.param_shape, np.float32)
+    z_ref = np.zeros(desc.param_shape, np.int32)
+    qp.DynamicRangeQuantizePlan.select(None, desc, REFERENCE).run(
+        None, None, qp.DynamicRangeQuantizeArgs(x, q_ref, s_ref, z_ref)
+    )
+    x_buf = cupy.zeros(n + 1, np.float16)
+    x_buf[1:] = cupy.asarray(x.reshape(-1))
+    q_buf = cupy.zeros(n + 3, np.uint8)
+    x_dev, q_dev = x_buf[1:].reshape(shape), q_buf[3:].reshape(shape)
+    s_dev = cupy.zeros(desc.param_shape, np.float32)
+    z_dev = cupy.zeros(desc.param_shape, np.int32)
+    plan.run(None, None, qp.DynamicRangeQuantizeArgs(x_dev, q_dev, s_dev, z_dev))
+    assert np.array_equal(q_dev.get(), q_ref), first_mismatch(q_dev.get(), q_ref)
+    assert float_bits_equal(s_dev.get(), s_ref)
+    assert np.array_equal(z_dev.get(), z_ref)
+    assert int(q_buf[:3].sum()) == 0  # nothing written before the view
 
 
 @pytest.mark.parametrize("float_kind", [EK.BF16, EK.F32, EK.F64])
@@ -171,6 +242,10 @@ def test_dynamic_stochastic_matches_reference_and_is_reproducible(rng, mode) -> 
     x = random_floats(rng, (33, 257), EK.BF16)
     ref, got = run_both(desc, x, rng_seed=12345, rng_offset=7)
     assert_same(ref, got)
+    # The multi-pass path (groups along axis 0) draws the same uniforms for the same elements.
+    desc0 = desc.model_copy(update={"shape": (257, 33), "scope": qp.GroupScope(axis=0, group_size=257)})
+    ref0, got0 = run_both(desc0, np.ascontiguousarray(x.T), rng_seed=12345, rng_offset=7)
+    assert_same(ref0, got0)
     _, again = run_both(desc, x, rng_seed=12345, rng_offset=7)
     assert np.array_equal(again[0], got[0])
     _, other = run_both(desc, x, rng_seed=12345, rng_offset=8)

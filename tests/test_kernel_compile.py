@@ -59,4 +59,5 @@ def test_compile_units_cover_the_dtype_table() -> None:
     # packed kinds: two nibble orders; every combination with and without stochastic rounding
     assert len(units) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2) * 2
     assert len(compiler.compile_units("dequantize")) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)
-    assert len(compiler.compile_units("dynamic_range")) == len(FLOAT_KINDS)
+    # range passes per float kind; the fused pass per (float, code, nibble order, rounding)
+    assert len(compiler.compile_units("dynamic_range")) == len(FLOAT_KINDS) * (1 + (len(CODE_KINDS) + 2) * 2)

@@ -55,3 +55,47 @@ def test_short_rows_merge_and_long_rows_split() -> None:
     lay = row_layout((2, 100000), qp.TokenScope(), 8, False)
     assert lay.chunks_per_row > 1 and (1 << lay.seg_log2) == 256
     assert row_layout((3, 7), qp.TokenScope(), 8, True).vector_io is False
+
+
+@pytest.mark.parametrize(("shape", "scope"), CASES)
+def test_contiguous_segments_match_parameter_order(shape, scope) -> None:  # noqa: ANN001
+    """Where contiguous_segment_length gives S, element i's parameter (by broadcasting) is i // S."""
+    from quantplan._layout import contiguous_segment_length
+
+    pshape = param_shape(shape, scope)
+    index = np.arange(int(np.prod(pshape)), dtype=np.int64).reshape(pshape)
+    expected = np.broadcast_to(expand_params(index, shape, scope), shape).reshape(-1)
+    length = contiguous_segment_length(shape, scope)
+    contiguous = bool(np.array_equal(expected, np.arange(expected.size) // (length or 1)))
+    assert (length is not None) == contiguous, (shape, scope, length)
+
+
+def test_fused_segment_geometry() -> None:
+    """Teams: smallest power of two holding a segment, widened for small problems; None past the limit."""
+    from dataclasses import replace
+
+    from quantplan._affine import resolve_affine_problem
+    from quantplan.dynamic import segment_geometry
+    from quantplan.types import ElementKind as EK
+
+    def geometry(shape, scope, code=EK.S8, float_kind=EK.BF16, vec_max=8):  # noqa: ANN001, ANN202
+        problem = resolve_affine_problem(
+            shape, scope, qp.QuantMode.SYMMETRIC, float_kind, code, None, None, qp.NibbleOrder.LOW_FIRST
+        )
+        return segment_geometry(replace(problem, layout_flags=1), 132 * 2048, vec_max)
+
+    big = geometry((8192, 8192), qp.TokenScope())
+    assert big is not None and (big.team, big.vec, big.block, big.segments) == (256, 8, 256, 8192)
+    small = geometry((16, 8192), qp.TokenScope())  # widened: 16 segments keep few threads busy
+    assert small is not None and (small.team, small.block) == (1024, 1024)
+    groups = geometry((8192, 8192), qp.GroupScope(axis=-1, group_size=128))
+    assert groups is not None and (groups.team, groups.vec, groups.block) == (4, 8, 256)
+    odd = geometry((8192, 4100), qp.GroupScope(axis=-1, group_size=100))
+    assert odd is not None and odd.vec == 4
+    assert geometry((2, 32768), qp.TokenScope()) is not None
+    assert geometry((2, 32769), qp.TokenScope()) is None  # past one team's registers
+    assert geometry((2, 16385), qp.TokenScope(), float_kind=EK.F64, vec_max=4) is None
+    assert geometry((4, 301), qp.TokenScope(), code=EK.S4) is None  # odd rows of nibbles
+    assert geometry((8, 64), qp.ChannelScope(axis=-1)) is None  # strided segments
+    fallback = geometry((4, 300), qp.TokenScope(), code=EK.U4, vec_max=1)
+    assert fallback is not None and (fallback.vec, fallback.vector_io) == (2, False)

@@ -1,0 +1,269 @@
+// qp_range.cuh: the range (min, max, non-finite flag) of segments, and the parameters it gives.
+//
+// Two ways to reduce, both exact and independent of the order of elements:
+//  * RangeAccumulator: order-preserving integer keys combined by integer atomics across blocks
+//    (the multi-pass path of dynamic_range.cu);
+//  * RangeScan + team_reduce_range: a team of threads that holds a whole segment scans its
+//    registers on the storage words (16-bit floats two at a time) and combines by shuffles and
+//    shared memory (the fused single pass).
+// The non-finite flag is the maximum of |x|'s bit pattern: NaN and Inf patterns exceed every
+// finite one, so max |bits| >= the Inf pattern exactly when the segment holds NaN or +-Inf.
+#pragma once
+#include "qp_elements.cuh"
+#include "qp_vector_io.cuh"
+#include "qp_rounding.cuh"
+
+namespace qp {
+
+// Order-preserving integer key of a non-NaN float / double (signed compare).
+__device__ __forceinline__ int range_key(float v) {
+  const int b = __float_as_int(v);
+  return b >= 0 ? b : b ^ 0x7FFFFFFF;
+}
+__device__ __forceinline__ i64 range_key(double v) {
+  const i64 b = __double_as_longlong(v);
+  return b >= 0 ? b : b ^ 0x7FFFFFFFFFFFFFFFll;
+}
+__device__ __forceinline__ float range_value(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7FFFFFFF); }
+__device__ __forceinline__ double range_value(i64 k) {
+  return __longlong_as_double(k >= 0 ? k : k ^ 0x7FFFFFFFFFFFFFFFll);
+}
+
+template <class Acc> struct RangeKey;
+template <> struct RangeKey<float> { typedef int type; };
+template <> struct RangeKey<double> { typedef long long type; };
+
+// Running statistics of one thread for one segment.
+template <class Acc> struct RangeAccumulator {
+  typedef typename RangeKey<Acc>::type key_t;
+  key_t lo, hi;
+  int bad;
+  __device__ __forceinline__ void reset() {
+    lo = hi = range_key((Acc)0);
+    bad = 0;
+  }
+  __device__ __forceinline__ void add(Acc v) {
+    if (isfinite(v)) {
+      const key_t k = range_key(v);
+      lo = min(lo, k);
+      hi = max(hi, k);
+    } else {
+      bad = 1;
+    }
+  }
+  // Statistics slot s: [3 s] lo, [3 s + 1] hi, [3 s + 2] flag.
+  __device__ __forceinline__ void publish(key_t* stats, i64 s) const {
+    const key_t zero = range_key((Acc)0);
+    if (lo < zero) atomicMin(stats + 3 * s, lo);
+    if (hi > zero) atomicMax(stats + 3 * s + 1, hi);
+    if (bad) stats[3 * s + 2] = 1;  // every writer stores the same value: no atomic needed
+  }
+};
+
+template <class Acc>
+__device__ __forceinline__ void warp_reduce_range(RangeAccumulator<Acc>& a) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    a.lo = min(a.lo, __shfl_xor_sync(0xFFFFFFFFu, a.lo, d));
+    a.hi = max(a.hi, __shfl_xor_sync(0xFFFFFFFFu, a.hi, d));
+    a.bad |= __shfl_xor_sync(0xFFFFFFFFu, a.bad, d);
+  }
+}
+
+// ---- the scan of a team's registers ----
+
+// Bits of |x| and their limits per float element: `abs_mask` clears the sign, `inf` is +Inf.
+template <class In> struct FloatBits;
+template <> struct FloatBits<f16> { typedef u32 type; static const u32 abs_mask = 0x7FFFu, inf = 0x7C00u; };
+template <> struct FloatBits<bf16> { typedef u32 type; static const u32 abs_mask = 0x7FFFu, inf = 0x7F80u; };
+template <> struct FloatBits<f32> { typedef u32 type; static const u32 abs_mask = 0x7FFFFFFFu, inf = 0x7F800000u; };
+template <> struct FloatBits<f64> {
+  typedef u64 type;
+  static const u64 abs_mask = 0x7FFFFFFFFFFFFFFFull, inf = 0x7FF0000000000000ull;
+};
+
+// The range of a thread's (then a team's) elements: lo = min(min x, 0), hi = max(max x, 0)
+// (NaN ignored), amax_bits = max of |x|'s bit pattern (NaN / Inf detection, and |x|max itself).
+template <class Acc, class Bits> struct SegmentRange {
+  Acc lo, hi;
+  Bits amax_bits;
+};
+
+// Packed pairs of 16-bit floats: per-half min / max in the storage format (PTX, sm_80+) and the
+// per-half unsigned max of |x| bits (one instruction on sm_90).
+template <class In> struct HalfPairs;
+template <> struct HalfPairs<f16> {
+  static __device__ __forceinline__ u32 min2(u32 a, u32 b) {
+    u32 d;
+    asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ u32 max2(u32 a, u32 b) {
+    u32 d;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+};
+template <> struct HalfPairs<bf16> {
+  static __device__ __forceinline__ u32 min2(u32 a, u32 b) {
+    u32 d;
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+  static __device__ __forceinline__ u32 max2(u32 a, u32 b) {
+    u32 d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+  }
+};
+
+__device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
+#if __CUDA_ARCH__ >= 900
+  u32 d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return max(a & 0xFFFFu, b & 0xFFFFu) | (max(a >> 16, b >> 16) << 16);
+#endif
+}
+
+// One thread's scan. ASYMMETRIC needs lo and hi; SYMMETRIC only amax_bits.
+template <class In> struct RangeScan {
+  typedef FloatElement<In> FE;
+  typedef typename FE::storage in_t;
+  typedef typename FE::acc acc_t;
+  typedef typename FloatBits<In>::type bits_t;
+  acc_t lo, hi;
+  bits_t amax_bits;
+  __device__ __forceinline__ void reset() {
+    lo = hi = (acc_t)0;
+    amax_bits = 0;
+  }
+  template <int VEC>
+  __device__ __forceinline__ void add(const ElementVector<in_t, VEC>& xv, bool asym) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const acc_t v = FE::to_acc(xv.v[k]);
+      bits_t b;
+      if constexpr (sizeof(in_t) == 8) {
+        b = (bits_t)__double_as_longlong(v);
+      } else {
+        b = __float_as_uint(v);
+      }
+      amax_bits = max(amax_bits, b & FloatBits<In>::abs_mask);
+      if (asym) {
+        lo = fmin(lo, v);
+        hi = fmax(hi, v);
+      }
+    }
+  }
+  __device__ __forceinline__ SegmentRange<acc_t, bits_t> result() const { return {lo, hi, amax_bits}; }
+};
+
+template <class Half> struct RangeScanHalf {
+  typedef FloatElement<Half> FE;
+  typedef u16 in_t;
+  typedef float acc_t;
+  typedef u32 bits_t;
+  u32 lo2, hi2, amax2;  // two halves each; +0.0 pairs at the start
+  __device__ __forceinline__ void reset() { lo2 = hi2 = amax2 = 0; }
+  __device__ __forceinline__ void add_word(u32 w, bool asym) {
+    amax2 = max_u16x2(amax2, w & 0x7FFF7FFFu);
+    if (asym) {
+      lo2 = HalfPairs<Half>::min2(lo2, w);
+      hi2 = HalfPairs<Half>::max2(hi2, w);
+    }
+  }
+  template <int VEC>
+  __device__ __forceinline__ void add(const ElementVector<u16, VEC>& xv, bool asym) {
+    if constexpr (VEC == 1) {
+      add_word((u32)xv.v[0], asym);  // the other half is +0.0: neutral
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC / 2; ++k) add_word(xv.words[k], asym);
+    }
+  }
+  __device__ __forceinline__ SegmentRange<float, u32> result() const {
+    const float lo = fminf(FE::to_acc((u16)(lo2 & 0xFFFFu)), FE::to_acc((u16)(lo2 >> 16)));
+    const float hi = fmaxf(FE::to_acc((u16)(hi2 & 0xFFFFu)), FE::to_acc((u16)(hi2 >> 16)));
+    return {lo, hi, max(amax2 & 0xFFFFu, amax2 >> 16)};
+  }
+};
+template <> struct RangeScan<f16> : RangeScanHalf<f16> {};
+template <> struct RangeScan<bf16> : RangeScanHalf<bf16> {};
+
+// |x|max of a range (the bits are those of the storage format) and whether it is non-finite.
+template <class In>
+__device__ __forceinline__ bool range_nonfinite(typename FloatBits<In>::type amax_bits) {
+  return amax_bits >= FloatBits<In>::inf;
+}
+template <class In>
+__device__ __forceinline__ typename FloatElement<In>::acc range_amax(typename FloatBits<In>::type amax_bits) {
+  if constexpr (sizeof(typename FloatElement<In>::storage) == 2) {
+    return FloatElement<In>::to_acc((u16)amax_bits);
+  } else if constexpr (sizeof(typename FloatElement<In>::storage) == 8) {
+    return __longlong_as_double((long long)amax_bits);
+  } else {
+    return __uint_as_float(amax_bits);
+  }
+}
+
+// Combine the ranges of a team of 1 << team_log2 threads (every thread of the block calls this;
+// teams are aligned). Teams within a warp use shuffles; larger teams then combine their warps'
+// results through `slots` (shared memory, one per warp). Every thread of a team ends with the
+// team's range. lo / hi take part only when `asym`.
+template <class Acc, class Bits>
+__device__ __forceinline__ void team_reduce_range(SegmentRange<Acc, Bits>& r, bool asym, int team_log2,
+                                                  SegmentRange<Acc, Bits>* slots) {
+  const int width = min(1 << team_log2, 32);
+  for (int d = width >> 1; d > 0; d >>= 1) {
+    r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
+    if (asym) {
+      r.lo = fmin(r.lo, __shfl_xor_sync(0xFFFFFFFFu, r.lo, d));
+      r.hi = fmax(r.hi, __shfl_xor_sync(0xFFFFFFFFu, r.hi, d));
+    }
+  }
+  if (team_log2 <= 5) return;
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // the previous segment's readers are done with the slots
+  if ((threadIdx.x & 31) == 0) slots[warp] = r;
+  __syncthreads();
+  const int warps = 1 << (team_log2 - 5);
+  const int w0 = warp & ~(warps - 1);
+  for (int w = 0; w < warps; ++w) {
+    const SegmentRange<Acc, Bits> o = slots[w0 + w];
+    r.amax_bits = max(r.amax_bits, o.amax_bits);
+    r.lo = fmin(r.lo, o.lo);
+    r.hi = fmax(r.hi, o.hi);
+  }
+}
+
+// ---- parameters ----
+
+// scale (and zero point) of a segment from its range (SPEC section 4). mode 0: SYMMETRIC,
+// scale = max(hi, -lo) / divisor; mode 1: ASYMMETRIC, scale = (hi - lo) / divisor,
+// zp = clamp(q_min - rne(lo / scale)). scale == 0 -> 1; a non-finite segment (`bad`) -> scale
+// NaN, zp 0.
+template <class Acc>
+__device__ __forceinline__ Acc segment_params(Acc lo, Acc hi, bool bad, int mode, int q_min, int q_max, Acc divisor,
+                                              int& zp) {
+  Acc scale;
+  zp = 0;
+  if (mode == 0) {
+    scale = acc_div(max(hi, -lo), divisor);
+    if (scale == (Acc)0) scale = (Acc)1;
+  } else {
+    scale = acc_div(hi - lo, divisor);
+    if (scale == (Acc)0) scale = (Acc)1;
+    const Acc r = acc_rint(acc_div(lo, scale));
+    const double z = (double)q_min - (double)r;
+    zp = (z == z) ? (int)fmin(fmax(z, (double)q_min), (double)q_max) : 0;
+  }
+  if (bad) {
+    scale = (Acc)__int_as_float(0x7FC00000);  // quiet NaN
+    zp = 0;
+  }
+  return scale;
+}
+
+}  // namespace qp
