@@ -145,6 +145,51 @@ range_stats_rows(const typename qp::FloatElement<In>::storage* __restrict__ x,
   }
 }
 
+// TensorScope: the whole tensor is one segment. Every thread scans a grid-stride share of its
+// vectors (kTensorUnroll loads in flight), the block combines its threads' ranges, and one
+// thread publishes them to statistics slot 0: a few atomics per block instead of per warp.
+// n_vectors vectors of VEC elements (VEC divides the element count and the pointer's alignment).
+static const int kTensorUnroll = 4;
+
+template <class In, int VEC>
+__global__ void __launch_bounds__(256)
+range_stats_tensor(const typename qp::FloatElement<In>::storage* __restrict__ x,
+                   typename qp::RangeKey<typename qp::FloatElement<In>::acc>::type* __restrict__ stats,
+                   qp::i64 n_vectors, int mode) {
+  typedef qp::RangeScan<In> Scan;
+  typedef typename Scan::acc_t acc_t;
+  typedef qp::SegmentRange<acc_t, typename Scan::bits_t> Range;
+  __shared__ Range slots[32];
+  const bool asym = mode != 0;
+  Scan scan;
+  scan.reset();
+  const qp::i64 stride = (qp::i64)gridDim.x * blockDim.x;
+  for (qp::i64 i = (qp::i64)blockIdx.x * blockDim.x + threadIdx.x; i < n_vectors; i += kTensorUnroll * stride) {
+    qp::ElementVector<typename Scan::in_t, VEC> v[kTensorUnroll];
+#pragma unroll
+    for (int u = 0; u < kTensorUnroll; ++u)
+      if (i + u * stride < n_vectors) v[u].template load<true>(x + (i + u * stride) * VEC, VEC);
+#pragma unroll
+    for (int u = 0; u < kTensorUnroll; ++u)
+      if (i + u * stride < n_vectors) scan.add(v[u], asym);
+  }
+  Range r = scan.result();
+  int log2_threads = 0;
+  while ((1 << log2_threads) < (int)blockDim.x) ++log2_threads;
+  qp::team_reduce_range(r, asym, log2_threads, slots);
+  if (threadIdx.x != 0) return;
+  typedef typename qp::RangeKey<acc_t>::type key_t;
+  const key_t zero = qp::range_key((acc_t)0);
+  const acc_t lo = asym ? r.lo : (acc_t)0;
+  const acc_t hi = asym ? r.hi : qp::range_amax<In>(r.amax_bits);
+  if (qp::range_nonfinite<In>(r.amax_bits)) {
+    stats[2] = 1;
+    return;
+  }
+  if (qp::range_key(lo) < zero) atomicMin(stats, qp::range_key(lo));
+  if (qp::range_key(hi) > zero) atomicMax(stats + 1, qp::range_key(hi));
+}
+
 // scale (and zero point) of every segment from its statistics (segment_params).
 template <class Acc>
 __global__ void __launch_bounds__(256)
@@ -186,8 +231,8 @@ dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restri
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const int teams_per_block = blockDim.x >> lay.seg_log2;
-  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments;
-       base += (qp::i64)gridDim.x * teams_per_block) {
+  const qp::i64 stride = (qp::i64)gridDim.x * teams_per_block;
+  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
     const qp::i64 seg = base + (threadIdx.x >> lay.seg_log2);
     const bool active = seg < lay.segments;
     const qp::i64 first = seg * lay.S;
@@ -196,6 +241,15 @@ dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restri
     for (int u = 0; u < NV; ++u) {
       const int col = (lane + u * team) * VEC;
       if (active && col < lay.S) xv[u].template load<VECTOR_IO>(x + first + col, VEC);
+    }
+    // Ask L2 for this team's next segment while this one is reduced and quantized.
+    const qp::i64 next = seg + stride;
+    if (next < lay.segments) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) {
+        const int col = (lane + u * team) * VEC;
+        if (col < lay.S) qp::prefetch_l2(x + next * lay.S + col);
+      }
     }
     const bool asym = lay.mode != 0;
     Scan scan;

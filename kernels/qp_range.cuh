@@ -213,29 +213,45 @@ __device__ __forceinline__ typename FloatElement<In>::acc range_amax(typename Fl
 // results through `slots` (shared memory, one per warp). Every thread of a team ends with the
 // team's range. lo / hi take part only when `asym`.
 template <class Acc, class Bits>
-__device__ __forceinline__ void team_reduce_range(SegmentRange<Acc, Bits>& r, bool asym, int team_log2,
-                                                  SegmentRange<Acc, Bits>* slots) {
-  const int width = min(1 << team_log2, 32);
-  for (int d = width >> 1; d > 0; d >>= 1) {
-    r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
-    if (asym) {
-      r.lo = fmin(r.lo, __shfl_xor_sync(0xFFFFFFFFu, r.lo, d));
-      r.hi = fmax(r.hi, __shfl_xor_sync(0xFFFFFFFFu, r.hi, d));
-    }
-  }
-  if (team_log2 <= 5) return;
-  const int warp = threadIdx.x >> 5;
-  __syncthreads();  // the previous segment's readers are done with the slots
-  if ((threadIdx.x & 31) == 0) slots[warp] = r;
-  __syncthreads();
-  const int warps = 1 << (team_log2 - 5);
-  const int w0 = warp & ~(warps - 1);
-  for (int w = 0; w < warps; ++w) {
-    const SegmentRange<Acc, Bits> o = slots[w0 + w];
-    r.amax_bits = max(r.amax_bits, o.amax_bits);
+__device__ __forceinline__ void combine_range(SegmentRange<Acc, Bits>& r, const SegmentRange<Acc, Bits>& o, bool asym) {
+  r.amax_bits = max(r.amax_bits, o.amax_bits);
+  if (asym) {
     r.lo = fmin(r.lo, o.lo);
     r.hi = fmax(r.hi, o.hi);
   }
+}
+
+template <class Acc, class Bits>
+__device__ __forceinline__ void shuffle_reduce_range(SegmentRange<Acc, Bits>& r, bool asym, int width) {
+  for (int d = width >> 1; d > 0; d >>= 1) {
+    SegmentRange<Acc, Bits> o;
+    o.amax_bits = __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d);
+    if (asym) {
+      o.lo = __shfl_xor_sync(0xFFFFFFFFu, r.lo, d);
+      o.hi = __shfl_xor_sync(0xFFFFFFFFu, r.hi, d);
+    }
+    combine_range(r, o, asym);
+  }
+}
+
+// Combine the ranges of a team of 1 << team_log2 threads (every thread of the block calls this;
+// teams are aligned). Teams within a warp use shuffles; larger teams then publish one range per
+// warp in `slots` (shared memory) and every warp of the team combines its team's slots, one per
+// lane, by shuffles again. Every thread of a team ends with the team's range; lo / hi take part
+// only when `asym`.
+template <class Acc, class Bits>
+__device__ __forceinline__ void team_reduce_range(SegmentRange<Acc, Bits>& r, bool asym, int team_log2,
+                                                  SegmentRange<Acc, Bits>* slots) {
+  shuffle_reduce_range(r, asym, min(1 << team_log2, 32));
+  if (team_log2 <= 5) return;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // the previous segment's readers are done with the slots
+  if (lane == 0) slots[warp] = r;
+  __syncthreads();
+  const int warps = 1 << (team_log2 - 5);
+  r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];  // each run of `warps` lanes: every slot once
+  shuffle_reduce_range(r, asym, warps);
 }
 
 // ---- parameters ----

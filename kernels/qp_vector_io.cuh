@@ -7,6 +7,9 @@
 
 namespace qp {
 
+// A hint: fetch the line holding p into L2 (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 template <int BYTES> struct VectorWord;
 template <> struct VectorWord<1> { typedef u8 type; };
 template <> struct VectorWord<2> { typedef u16 type; };

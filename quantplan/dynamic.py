@@ -44,6 +44,7 @@ from .types import (
     QuantizeKind,
     QuantMode,
     Rounding,
+    TensorScope,
 )
 from .workspace import Workspace, check_workspace
 
@@ -85,6 +86,10 @@ def _params_struct(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Stru
 _INIT_PARAMS = _params_struct("RangeInitParams", [("stats", ctypes.c_uint64), ("count", ctypes.c_int64)])
 _STATS_PARAMS = _params_struct(
     "RangeStatsParams", [("x", ctypes.c_uint64), ("stats", ctypes.c_uint64), ("layout", RowLayoutArgs)]
+)
+_TENSOR_STATS_PARAMS = _params_struct(
+    "TensorStatsParams",
+    [("x", ctypes.c_uint64), ("stats", ctypes.c_uint64), ("n_vectors", ctypes.c_int64), ("mode", ctypes.c_int32)],
 )
 _PARAMS_PARAMS = {
     precision: _params_struct(
@@ -216,13 +221,16 @@ def _acc_tag(precision: MathPrecision) -> str:
 
 
 def dynamic_range_unit(float_kind: ElementKind) -> list[str]:
-    """The range kernels of one input kind: reset, every vector width of the statistics pass, parameters."""
+    """The range kernels of one input kind: reset, every vector width of the statistics passes
+    (row layout, and whole tensor), parameters."""
     precision = ELEMENTS[float_kind].math_precision
     acc = _acc_tag(precision)
     vec_max = 4 if float_kind is ElementKind.F64 else 8
     tag = ELEMENTS[float_kind].cpp_tag
-    rows = [template_name("range_stats_rows", tag, v, True) for v in (8, 4, 2, 1) if v <= vec_max]
-    return [template_name("range_stats_init", acc), *rows, template_name("range_params", acc)]
+    widths = [v for v in (8, 4, 2, 1) if v <= vec_max]
+    rows = [template_name("range_stats_rows", tag, v, True) for v in widths]
+    tensor = [template_name("range_stats_tensor", tag, v) for v in widths]
+    return [template_name("range_stats_init", acc), *rows, *tensor, template_name("range_params", acc)]
 
 
 def dynamic_segments_unit(
@@ -386,6 +394,7 @@ class DynamicRangeQuantizePlan:
         busy = info.sm_count * 2048
         vec_max = 4 if problem.float_kind is ElementKind.F64 else 8
         tag = ELEMENTS[problem.float_kind].cpp_tag
+        tensor_scope = isinstance(problem.scope, TensorScope)
 
         def stats_launch(layout: RowLayout) -> PreparedLaunch:
             fn = functions[template_name("range_stats_rows", tag, layout.vec, True)]
@@ -395,15 +404,32 @@ class DynamicRangeQuantizePlan:
                 fn, grid, BLOCK_THREADS, _STATS_PARAMS, layout=layout.args(problem.q_min, problem.q_max)
             )
 
+        def tensor_stats_launch(vec: int) -> PreparedLaunch:
+            fn = functions[template_name("range_stats_tensor", tag, vec)]
+            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
+            n_vectors = problem.numel // vec
+            grid = max(1, min(max(1, per_sm) * info.sm_count, -(-n_vectors // BLOCK_THREADS)))
+            return PreparedLaunch(
+                fn,
+                grid,
+                BLOCK_THREADS,
+                _TENSOR_STATS_PARAMS,
+                n_vectors=n_vectors,
+                mode=0 if problem.mode is QuantMode.SYMMETRIC else 1,
+            )
+
         primary = row_layout(problem.shape, problem.scope, vec_max, False, busy)
         fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
+        tensor_vec = vec_max
+        while problem.numel % tensor_vec:
+            tensor_vec //= 2
         count = math.prod(problem.param_shape) if problem.param_shape else 1
         small_grid = max(1, min(info.sm_count * 8, -(-count // BLOCK_THREADS)))
         launches = {
             "init": PreparedLaunch(
                 functions[template_name("range_stats_init", acc)], small_grid, BLOCK_THREADS, _INIT_PARAMS, count=count
             ),
-            "stats": stats_launch(primary),
+            "stats": tensor_stats_launch(tensor_vec) if tensor_scope else stats_launch(primary),
             "params": PreparedLaunch(
                 functions[template_name("range_params", acc)],
                 small_grid,
@@ -417,7 +443,8 @@ class DynamicRangeQuantizePlan:
             ),
         }
         in_bytes = ELEMENTS[problem.float_kind].storage_bits // 8
-        variant = f"{problem.scope.kind}/{problem.mode.value}/range-atomics+{quantize.sku().variant}"
+        stats_kind = "block-reduced-range" if tensor_scope else "range-atomics"
+        variant = f"{problem.scope.kind}/{problem.mode.value}/{stats_kind}+{quantize.sku().variant}"
         return cls(
             desc,
             problem,
@@ -426,8 +453,8 @@ class DynamicRangeQuantizePlan:
             info.arch.name,
             quantize,
             launches,
-            stats_launch(fallback),
-            min(16, primary.vec * in_bytes),
+            tensor_stats_launch(1) if tensor_scope else stats_launch(fallback),
+            min(16, (tensor_vec if tensor_scope else primary.vec) * in_bytes),
             variant,
         )
 

@@ -156,6 +156,33 @@ def test_token_rows_of_every_team_size(rng, rows, length, float_kind, code_kind,
     assert_same(ref, got)
 
 
+@pytest.mark.parametrize("float_kind", FLOATS)
+@pytest.mark.parametrize(
+    ("code_kind", "mode"),
+    [(EK.S8, qp.QuantMode.SYMMETRIC), (EK.U4, qp.QuantMode.ASYMMETRIC), (EK.FP8_E5M2, qp.QuantMode.SYMMETRIC)],
+)
+@pytest.mark.parametrize("content", ["random", "zeros", "nan", "inf", "negative"])
+def test_large_tensor_scope(rng, float_kind, code_kind, mode, content) -> None:
+    """TensorScope past the fused pass: block-reduced statistics, then the quantize kernel."""
+    shape = (301, 302)
+    desc = qp.DynamicRangeQuantizeDescriptor(
+        shape=shape, scope=qp.TensorScope(), mode=mode, input_element=float_kind, output_element=code_kind
+    )
+    plan = qp.DynamicRangeQuantizePlan.select(None, desc)
+    assert "block-reduced-range" in plan.sku().variant and plan.workspace_size() > 0
+    x = random_floats(rng, shape, float_kind).astype(np.float64)
+    if content == "zeros":
+        x[:] = 0.0
+    elif content == "nan":
+        x[150, 7] = np.nan
+    elif content == "inf":
+        x[-1, -1] = -np.inf
+    elif content == "negative":
+        x = -np.abs(x) - 0.5
+    ref, got = run_both(desc, x.astype(ELEMENTS[float_kind].numpy_dtype))
+    assert_same(ref, got)
+
+
 @pytest.mark.parametrize(
     ("scope", "shape"),
     [
@@ -163,17 +190,19 @@ def test_token_rows_of_every_team_size(rng, rows, length, float_kind, code_kind,
         (qp.GroupScope(axis=-1, group_size=128), (16, 1024)),
         (qp.ChannelScope(axis=0), (24, 2, 64)),
         (qp.TensorScope(), (64, 64)),
+        (qp.TensorScope(), (300, 301)),
     ],
 )
-def test_fused_pass_with_misaligned_operands(rng, scope, shape) -> None:
-    """Views one element into a buffer: the element-I/O twin of the fused kernel, same results."""
+def test_misaligned_operands(rng, scope, shape) -> None:
+    """Views one element into a buffer: the element-I/O twins of the fused kernel and of the
+    tensor statistics, same results."""
     import cupy
 
     desc = qp.DynamicRangeQuantizeDescriptor(
         shape=shape, scope=scope, mode=qp.QuantMode.ASYMMETRIC, input_element=EK.F16, output_element=EK.U8
     )
     plan = qp.DynamicRangeQuantizePlan.select(None, desc)
-    assert "fused-single-pass" in plan.sku().variant
+    assert ("fused-single-pass" in plan.sku().variant) == (shape != (300, 301))
     n = int(np.prod(shape))
     x = random_floats(rng, shape, EK.F16)
     q_ref = np.zeros(shape, np.uint8)
@@ -188,7 +217,8 @@ def test_fused_pass_with_misaligned_operands(rng, scope, shape) -> None:
     x_dev, q_dev = x_buf[1:].reshape(shape), q_buf[3:].reshape(shape)
     s_dev = cupy.zeros(desc.param_shape, np.float32)
     z_dev = cupy.zeros(desc.param_shape, np.int32)
-    plan.run(None, None, qp.DynamicRangeQuantizeArgs(x_dev, q_dev, s_dev, z_dev))
+    ws = qp.Workspace.allocate(plan.workspace_size())
+    plan.run(None, ws, qp.DynamicRangeQuantizeArgs(x_dev, q_dev, s_dev, z_dev))
     assert np.array_equal(q_dev.get(), q_ref), first_mismatch(q_dev.get(), q_ref)
     assert float_bits_equal(s_dev.get(), s_ref)
     assert np.array_equal(z_dev.get(), z_ref)
