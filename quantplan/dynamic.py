@@ -1,8 +1,15 @@
 """DynamicRangeQuantizePlan: scale (and zero point) from the tensor's runtime range, then quantize.
 
-SPEC section 4, dynamic range. The CUDA path runs four launches on one stream: statistics reset,
-per-segment range (lo, hi, non-finite flag) by order-independent integer atomics, parameters,
-and the quantization kernel of :class:`~quantplan.QuantizePlan` reading those parameters.
+SPEC section 4, dynamic range. Two CUDA paths, chosen in ``select``:
+
+* fused single pass (``dynamic_quantize_segments``) where segments are contiguous and fit one
+  team's registers: one launch, one read of the input, no workspace;
+* multi-pass otherwise: statistics reset, per-segment range (lo, hi, non-finite flag) by
+  order-independent integer atomics (TensorScope: reduced per block first), parameters, and the
+  quantization kernel of :class:`~quantplan.QuantizePlan` reading those parameters.
+
+Kernels: ``kernels/dynamic_range.cu`` (+ ``qp_range.cuh``); reference:
+:func:`quantplan.reference.dynamic_quantize`; tests: ``tests/test_dynamic_*.py``.
 """
 
 from __future__ import annotations
@@ -289,8 +296,18 @@ class DynamicRangeQuantizePlan:
 
     **Shape limits:** any rank, any extents, 64-bit indexing, no row limit.
 
-    **Workspace:** ``workspace_size()`` bytes (three integers per segment) on the GPU;
-    a smaller workspace raises WorkspaceTooSmall. None on the reference backend.
+    **Kernel variants** (``sku().variant``): ``fused-single-pass[Nt-per-segment,...]`` when the
+    segments are contiguous runs of the tensor (TokenScope; GroupScope along the last axis;
+    ChannelScope whose axis has only extent-1 axes before it, e.g. a weight's axis 0;
+    TensorScope up to 32768 elements) of at most 32768 elements (16384 for F64; 4-bit codes:
+    even segments and rows): a team of N threads (1 to 1024, chosen from the segment length and
+    the problem size) reads its segment once, reduces the range by shuffles and shared memory,
+    and quantizes from registers. Otherwise ``range-atomics`` / ``block-reduced-range``
+    (TensorScope) followed by the QuantizePlan row kernel.
+
+    **Workspace:** ``workspace_size()`` bytes on the GPU: 0 for the fused pass, three integers
+    per segment for the multi-pass path; a smaller workspace raises WorkspaceTooSmall. None on
+    the reference backend.
 
     **Precision guarantee:** bit-exact to :func:`quantplan.reference.dynamic_quantize` (codes,
     scales and zero points); deterministic (the range reductions are exact, order-independent
@@ -537,7 +554,8 @@ class DynamicRangeQuantizePlan:
     def run(self, stream: Any, workspace: Workspace | None, args: DynamicRangeQuantizeArgs) -> None:
         """Compute the parameters and quantize on ``stream``; no allocation, no synchronisation.
 
-        Four launches on the GPU (capturable in a CUDA graph); NumPy on the reference backend.
+        One launch (fused pass) or four (multi-pass) on the GPU, capturable in a CUDA graph;
+        NumPy on the reference backend.
         """
         check_workspace(workspace, self.workspace_size())
         a, scale, zp = self._check(args)
