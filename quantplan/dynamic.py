@@ -37,7 +37,7 @@ from ._operands import Operand, operand
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
-from .quantize import QuantizeDescriptor, QuantizePlan
+from .quantize import QuantizeDescriptor, QuantizePlan, row_kernel_unit
 from .types import (
     HOST_ARCH,
     BackendKind,
@@ -243,19 +243,13 @@ def dynamic_range_unit(float_kind: ElementKind) -> list[str]:
 def dynamic_segments_unit(
     float_kind: ElementKind, code_kind: ElementKind, high_first: bool, stochastic: bool
 ) -> list[str]:
-    """The fused single-pass kernels of one (input, code, nibble order, rounding): every vector
-    width (8 elements, 4 for F64, halved down to 1; packed codes at least 2), and the
-    element-I/O width (1, or 2 with element loads for packed codes) for misaligned operands."""
-    vec_max = 4 if float_kind is ElementKind.F64 else 8
-    packed = ELEMENTS[code_kind].is_packed
-    shapes = [(v, True) for v in (8, 4, 2, 1) if v <= vec_max and (v >= 2 or not packed)]
-    if packed:
-        shapes.append((2, False))
-    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
-    return [
-        template_name("dynamic_quantize_segments", f_tag, c_tag, v, vector_io, high_first and packed, stochastic)
-        for v, vector_io in shapes
-    ]
+    """The fused single-pass kernels of one (input, code, nibble order, rounding).
+
+    ``dynamic_quantize_segments`` has the template signature of ``quantize_rows`` and the same
+    vector widths (see :func:`~quantplan.quantize.row_kernel_unit`): 8 elements (4 for F64)
+    halved down to 1, packed codes at least 2, and (2, element I/O) for misaligned operands.
+    """
+    return row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, stochastic)
 
 
 @register_family(_FAMILY)
