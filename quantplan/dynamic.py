@@ -196,7 +196,8 @@ def segment_geometry(problem: AffineProblem, busy_threads: int, vec_max: int) ->
     4-bit codes, start on whole bytes (even segments and rows). ``vec_max``: the widest vector
     (halved while it does not divide a segment); 1 gives the element-I/O geometry (2 with element
     loads for packed codes). The team is the smallest power of two that holds a segment, widened
-    (while each thread keeps a vector) until the grid has ``busy_threads`` threads.
+    (while each thread keeps a vector, up to one block of ``BLOCK_THREADS``) until the grid has
+    ``busy_threads`` threads.
     """
     shape = problem.shape if problem.shape else (1,)
     length = contiguous_segment_length(shape, problem.scope)
@@ -218,7 +219,9 @@ def segment_geometry(problem: AffineProblem, busy_threads: int, vec_max: int) ->
     team = 1
     while team * per_thread < length:
         team *= 2
-    while team < MAX_TEAM and team * vec < length and segments * team < busy_threads:
+    # Widen small problems up to one block: measured faster than larger teams, whose extra
+    # warps each hold one vector and add barrier work (16 x 8192 bf16 on H200: 5.3 vs 5.9 us).
+    while team < BLOCK_THREADS and team * vec < length and segments * team < busy_threads:
         team *= 2
     return SegmentGeometry(segments, length, vec, vector_io, team, max(team, BLOCK_THREADS))
 

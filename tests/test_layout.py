@@ -86,8 +86,10 @@ def test_fused_segment_geometry() -> None:
 
     big = geometry((8192, 8192), qp.TokenScope())
     assert big is not None and (big.team, big.vec, big.block, big.segments) == (256, 8, 256, 8192)
-    small = geometry((16, 8192), qp.TokenScope())  # widened: 16 segments keep few threads busy
-    assert small is not None and (small.team, small.block) == (1024, 1024)
+    small = geometry((16, 4096), qp.TokenScope())  # widened up to one block: 16 segments keep few threads busy
+    assert small is not None and (small.team, small.block) == (256, 256)
+    long_rows = geometry((2, 32768), qp.TokenScope())  # a team as large as the segment needs
+    assert long_rows is not None and (long_rows.team, long_rows.block) == (1024, 1024)
     groups = geometry((8192, 8192), qp.GroupScope(axis=-1, group_size=128))
     assert groups is not None and (groups.team, groups.vec, groups.block) == (4, 8, 256)
     odd = geometry((8192, 4100), qp.GroupScope(axis=-1, group_size=100))
