@@ -127,7 +127,18 @@ def test_workspace_too_small_raises_and_writes_nothing(rng) -> None:
 
 # (rows, segment length): teams of 1 thread up to 1024 (several teams per warp and per block,
 # one block per segment, the widest register tiles), and lengths past the fused pass's limit.
-FUSED_LENGTHS = [(301, 1), (97, 6), (50, 64), (33, 250), (9, 1000), (5, 4098), (40, 8192), (4, 12000), (3, 20002), (2, 32768)]
+FUSED_LENGTHS = [
+    (301, 1),
+    (97, 6),
+    (50, 64),
+    (33, 250),
+    (9, 1000),
+    (5, 4098),
+    (40, 8192),
+    (4, 12000),
+    (3, 20002),
+    (2, 32768),
+]
 
 
 @pytest.mark.parametrize(("rows", "length"), [*FUSED_LENGTHS, (2, 32770), (2, 40000)])
