@@ -28,7 +28,6 @@ from ._affine import (
     choose_backend,
     device_arg,
     reference_uniform,
-    resolve_affine_problem,
 )
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
@@ -37,7 +36,7 @@ from ._operands import Operand, operand
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
-from .quantize import QuantizeDescriptor, QuantizePlan, row_kernel_unit
+from .quantize import QuantizeDescriptor, QuantizePlan, quantize_problem, row_kernel_unit
 from .types import (
     HOST_ARCH,
     BackendKind,
@@ -50,7 +49,6 @@ from .types import (
     PrecisionGuarantee,
     QuantizeKind,
     QuantMode,
-    Rounding,
     TensorScope,
 )
 from .workspace import Workspace, check_workspace
@@ -356,17 +354,7 @@ class DynamicRangeQuantizePlan:
         ``q_max <= 0``, ASYMMETRIC with ``q_min >= q_max``, ASYMMETRIC FP8).
         """
         pref = pref or PlanPreference()
-        problem = resolve_affine_problem(
-            desc.shape,
-            desc.scope,
-            desc.mode,
-            desc.input_element,
-            desc.output_element,
-            desc.q_min,
-            desc.q_max,
-            desc.nibble_order,
-        )
-        problem = replace(problem, stochastic=desc.rounding is Rounding.STOCHASTIC, layout_flags=1)
+        problem = replace(quantize_problem(desc), layout_flags=1)
         if not ELEMENTS[problem.code_kind].is_fp8:
             if problem.mode is QuantMode.SYMMETRIC and problem.q_max <= 0:
                 raise InvalidProblem(

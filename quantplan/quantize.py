@@ -76,6 +76,21 @@ class QuantizeDescriptor(BaseModel):
         return param_shape(self.shape, self.scope)
 
 
+def quantize_problem(desc: QuantizeDescriptor) -> AffineProblem:
+    """The validated problem of a quantize descriptor (also a dynamic-range one); InvalidProblem if malformed."""
+    problem = resolve_affine_problem(
+        desc.shape,
+        desc.scope,
+        desc.mode,
+        desc.input_element,
+        desc.output_element,
+        desc.q_min,
+        desc.q_max,
+        desc.nibble_order,
+    )
+    return replace(problem, stochastic=desc.rounding is Rounding.STOCHASTIC)
+
+
 class DequantizeDescriptor(BaseModel):
     """A dequantization problem: ``y = (q - zp) * scale`` rounded once to ``output_element``.
 
@@ -166,18 +181,7 @@ class QuantizePlan(StaticAffinePlan):
         ``stream`` decides the device (None: CuPy's current device). Raises InvalidProblem for a
         malformed descriptor and Unsupported for a valid one this library does not serve.
         """
-        problem = resolve_affine_problem(
-            desc.shape,
-            desc.scope,
-            desc.mode,
-            desc.input_element,
-            desc.output_element,
-            desc.q_min,
-            desc.q_max,
-            desc.nibble_order,
-        )
-        problem = replace(problem, stochastic=desc.rounding is Rounding.STOCHASTIC)
-        plan = cls._select(stream, problem, pref or PlanPreference())
+        plan = cls._select(stream, quantize_problem(desc), pref or PlanPreference())
         assert isinstance(plan, QuantizePlan)
         return plan
 
