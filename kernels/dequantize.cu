@@ -84,14 +84,7 @@ struct DequantizeBody {
           [&](i64 index) { return param(index); },
           [&](int k, const DequantParam<acc_t>& p) { vals[k] = dequant(k, u, p); });
     }
-    ElementVector<out_t, VEC> out;
-    if constexpr (FE::has_pair && VEC % 2 == 0) {
-#pragma unroll
-      for (int k = 0; k < VEC; k += 2) out.words[k / 2] = FE::pair_from_acc(vals[k], vals[k + 1]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = FE::from_acc(vals[k]);
-    }
+    const ElementVector<out_t, VEC> out = vector_from_acc<Out, VEC>(vals);
     out.template store<VECTOR_IO>(y + row * lay.L + col, valid);
   }
 };

@@ -12,6 +12,7 @@
 #include "qp_elements.cuh"
 #include "qp_vector_io.cuh"
 #include "qp_rounding.cuh"
+#include "qp_team.cuh"
 
 namespace qp {
 
@@ -208,10 +209,7 @@ __device__ __forceinline__ typename FloatElement<In>::acc range_amax(typename Fl
   }
 }
 
-// Combine the ranges of a team of 1 << team_log2 threads (every thread of the block calls this;
-// teams are aligned). Teams within a warp use shuffles; larger teams then combine their warps'
-// results through `slots` (shared memory, one per warp). Every thread of a team ends with the
-// team's range. lo / hi take part only when `asym`.
+// Combine two threads' ranges; lo / hi take part only when `asym`.
 template <class Acc, class Bits>
 __device__ __forceinline__ void combine_range(SegmentRange<Acc, Bits>& r, const SegmentRange<Acc, Bits>& o, bool asym) {
   r.amax_bits = max(r.amax_bits, o.amax_bits);
@@ -221,6 +219,7 @@ __device__ __forceinline__ void combine_range(SegmentRange<Acc, Bits>& r, const 
   }
 }
 
+// Butterfly over `width` lanes (xor shuffles): every lane ends with the group's range.
 template <class Acc, class Bits>
 __device__ __forceinline__ void shuffle_reduce_range(SegmentRange<Acc, Bits>& r, bool asym, int width) {
   for (int d = width >> 1; d > 0; d >>= 1) {
@@ -235,23 +234,13 @@ __device__ __forceinline__ void shuffle_reduce_range(SegmentRange<Acc, Bits>& r,
 }
 
 // Combine the ranges of a team of 1 << team_log2 threads (every thread of the block calls this;
-// teams are aligned). Teams within a warp use shuffles; larger teams then publish one range per
-// warp in `slots` (shared memory) and every warp of the team combines its team's slots, one per
-// lane, by shuffles again. Every thread of a team ends with the team's range; lo / hi take part
-// only when `asym`.
+// teams are aligned; see team_reduce in qp_team.cuh). Every thread of a team ends with the
+// team's range; lo / hi take part only when `asym`.
 template <class Acc, class Bits>
 __device__ __forceinline__ void team_reduce_range(SegmentRange<Acc, Bits>& r, bool asym, int team_log2,
                                                   SegmentRange<Acc, Bits>* slots) {
-  shuffle_reduce_range(r, asym, min(1 << team_log2, 32));
-  if (team_log2 <= 5) return;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  __syncthreads();  // the previous segment's readers are done with the slots
-  if (lane == 0) slots[warp] = r;
-  __syncthreads();
-  const int warps = 1 << (team_log2 - 5);
-  r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];  // each run of `warps` lanes: every slot once
-  shuffle_reduce_range(r, asym, warps);
+  team_reduce(r, team_log2, slots,
+              [asym](SegmentRange<Acc, Bits>& v, int width) { shuffle_reduce_range(v, asym, width); });
 }
 
 // ---- parameters ----

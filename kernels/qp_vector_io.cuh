@@ -68,4 +68,20 @@ template <class T, int VEC> struct ElementVector {
   }
 };
 
+// A vector of floats rounded from accumulator values: 16-bit floats two per conversion.
+template <class In, int VEC>
+__device__ __forceinline__ ElementVector<typename FloatElement<In>::storage, VEC> vector_from_acc(
+    const typename FloatElement<In>::acc (&vals)[VEC]) {
+  typedef FloatElement<In> FE;
+  ElementVector<typename FE::storage, VEC> out;
+  if constexpr (FE::has_pair && VEC % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < VEC; k += 2) out.words[k / 2] = FE::pair_from_acc(vals[k], vals[k + 1]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.v[k] = FE::from_acc(vals[k]);
+  }
+  return out;
+}
+
 }  // namespace qp

@@ -24,6 +24,14 @@ from .errors import (
     Unsupported,
     WorkspaceTooSmall,
 )
+from .fake_quantize import (
+    FakeQuantizeArgs,
+    FakeQuantizeBackwardArgs,
+    FakeQuantizeBackwardDescriptor,
+    FakeQuantizeBackwardPlan,
+    FakeQuantizeDescriptor,
+    FakeQuantizePlan,
+)
 from .quantize import (
     DequantizeArgs,
     DequantizeDescriptor,
@@ -68,6 +76,12 @@ __all__ = [
     "DequantizeDescriptor",
     "DequantizePlan",
     "ElementKind",
+    "FakeQuantizeArgs",
+    "FakeQuantizeBackwardArgs",
+    "FakeQuantizeBackwardDescriptor",
+    "FakeQuantizeBackwardPlan",
+    "FakeQuantizeDescriptor",
+    "FakeQuantizePlan",
     "GroupScope",
     "InvalidProblem",
     "KernelCompileError",

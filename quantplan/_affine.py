@@ -221,7 +221,91 @@ class AffineArgs:
     rng_offset: Any = None
 
 
-class StaticAffinePlan:
+class OperandChecks:
+    """Checks of one plan's operands against its backend, device and parameter shape.
+
+    Shared by every plan: a tensor's residence, shape, dtype, contiguity and alignment; a
+    parameter (array of ``_param_shape``, or a scalar for TensorScope); a Philox seed / offset.
+    """
+
+    backend: BackendKind
+    device_id: int | None
+    _param_shape: tuple[int, ...]
+    _tensor_scope: bool
+
+    def _tensor(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.shape != shape:
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the descriptor implies {shape}")
+        if op.dtype_name not in info.dtype_names:
+            raise InvalidProblem(
+                f"{name} has dtype {op.dtype_name}; {info.kind.name} needs one of {sorted(info.dtype_names)}"
+            )
+        if not op.contiguous:
+            raise MisalignedOperand(
+                f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)"
+            )
+        if op.ptr % op.itemsize:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _check_residence(self, op: Operand, name: str) -> None:
+        if self.backend is BackendKind.REFERENCE:
+            if not isinstance(op.obj, np.ndarray):
+                raise InvalidProblem(
+                    f"{name} is a {type(op.obj).__name__}; this plan runs on the REFERENCE backend, which takes "
+                    f"NumPy arrays (select a CUDA plan for device tensors)"
+                )
+        elif op.device_id != self.device_id:
+            where = "host memory" if op.device_id is None else f"device {op.device_id}"
+            raise InvalidProblem(f"{name} lives in {where}, but the plan was selected for device {self.device_id}")
+
+    def _param(self, value: Any, name: str, dtype: np.dtype, allow_none: bool) -> Operand | float | int | None:
+        if value is None:
+            if allow_none:
+                return None
+            raise InvalidProblem(f"{name} is required for this plan")
+        if is_scalar(value):
+            if not self._tensor_scope:
+                raise InvalidProblem(
+                    f"{name} is a scalar, which only TensorScope takes; pass an array of shape {self._param_shape}"
+                )
+            return value  # type: ignore[no-any-return]
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
+        if op.dtype_name != dtype.name:
+            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan needs {dtype.name}")
+        if not op.contiguous:
+            raise MisalignedOperand(f"{name} is not C-contiguous")
+        if op.ptr % op.itemsize:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _rng_value(self, value: Any, name: str) -> Operand | int:
+        """A seed / offset: a Python int in [0, 2**64) or a one-element int64 array on the plan's device."""
+        if value is None:
+            raise InvalidProblem(
+                f"{name} is required with Rounding.STOCHASTIC (a Python int or a 1-element int64 array)"
+            )
+        if is_scalar(value):
+            if not isinstance(value, (int, np.integer)) or not _UINT64[0] <= int(value) <= _UINT64[1]:
+                raise InvalidProblem(f"{name}={value!r} must be an integer in [0, 2**64)")
+            return int(value)
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.size != 1 or op.dtype_name != "int64":
+            raise InvalidProblem(
+                f"{name} must be a Python int or a 1-element int64 array, got {op.dtype_name} {op.shape}"
+            )
+        if op.ptr % 8:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not 8-byte aligned")
+        return op
+
+
+class StaticAffinePlan(OperandChecks):
     """Base of QuantizePlan and DequantizePlan: select once, check arguments, run the row kernel."""
 
     _family: ClassVar[str]
@@ -359,78 +443,7 @@ class StaticAffinePlan:
             precision_guarantee=self.precision_guarantee(),
         )
 
-    # ---- argument checks ------------------------------------------------------------------
-
-    def _tensor(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
-        op = operand(value, name)
-        self._check_residence(op, name)
-        if op.shape != shape:
-            raise InvalidProblem(f"{name} has shape {op.shape}, but the descriptor implies {shape}")
-        if op.dtype_name not in info.dtype_names:
-            raise InvalidProblem(
-                f"{name} has dtype {op.dtype_name}; {info.kind.name} needs one of {sorted(info.dtype_names)}"
-            )
-        if not op.contiguous:
-            raise MisalignedOperand(
-                f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)"
-            )
-        if op.ptr % op.itemsize:
-            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
-        return op
-
-    def _check_residence(self, op: Operand, name: str) -> None:
-        if self.backend is BackendKind.REFERENCE:
-            if not isinstance(op.obj, np.ndarray):
-                raise InvalidProblem(
-                    f"{name} is a {type(op.obj).__name__}; this plan runs on the REFERENCE backend, which takes "
-                    f"NumPy arrays (select a CUDA plan for device tensors)"
-                )
-        elif op.device_id != self.device_id:
-            where = "host memory" if op.device_id is None else f"device {op.device_id}"
-            raise InvalidProblem(f"{name} lives in {where}, but the plan was selected for device {self.device_id}")
-
-    def _param(self, value: Any, name: str, dtype: np.dtype, allow_none: bool) -> Operand | float | int | None:
-        if value is None:
-            if allow_none:
-                return None
-            raise InvalidProblem(f"{name} is required for this plan")
-        if is_scalar(value):
-            if not self._tensor_scope:
-                raise InvalidProblem(
-                    f"{name} is a scalar, which only TensorScope takes; pass an array of shape {self._param_shape}"
-                )
-            return value  # type: ignore[no-any-return]
-        op = operand(value, name)
-        self._check_residence(op, name)
-        if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
-            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
-        if op.dtype_name != dtype.name:
-            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan needs {dtype.name}")
-        if not op.contiguous:
-            raise MisalignedOperand(f"{name} is not C-contiguous")
-        if op.ptr % op.itemsize:
-            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
-        return op
-
-    def _rng_value(self, value: Any, name: str) -> Operand | int:
-        """A seed / offset: a Python int in [0, 2**64) or a one-element int64 array on the plan's device."""
-        if value is None:
-            raise InvalidProblem(
-                f"{name} is required with Rounding.STOCHASTIC (a Python int or a 1-element int64 array)"
-            )
-        if is_scalar(value):
-            if not isinstance(value, (int, np.integer)) or not _UINT64[0] <= int(value) <= _UINT64[1]:
-                raise InvalidProblem(f"{name}={value!r} must be an integer in [0, 2**64)")
-            return int(value)
-        op = operand(value, name)
-        self._check_residence(op, name)
-        if op.size != 1 or op.dtype_name != "int64":
-            raise InvalidProblem(
-                f"{name} must be a Python int or a 1-element int64 array, got {op.dtype_name} {op.shape}"
-            )
-        if op.ptr % 8:
-            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not 8-byte aligned")
-        return op
+    # ---- argument checks (the helpers are OperandChecks') -------------------------------
 
     def _check(self, args: AffineArgs) -> CheckedArgs:
         x = self._tensor(args.input, "input", self._in_shape, self._in_info)
@@ -441,7 +454,9 @@ class StaticAffinePlan:
             s = float(scale)
             if not (math.isfinite(s) and s > 0):
                 raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0")
-            if self._scalar_type(s) == 0 or not math.isfinite(float(self._scalar_type(s))):
+            with np.errstate(over="ignore", under="ignore"):
+                rounded = float(self._scalar_type(s))
+            if rounded == 0 or not math.isfinite(rounded):
                 raise InvalidProblem(f"scale={scale!r} rounds to 0 or Inf in {self._param_dtype.name}")
         if self.problem.mode is QuantMode.SYMMETRIC:
             if args.zero_point is not None:
@@ -569,6 +584,7 @@ class StaticAffinePlan:
 
 __all__ = [
     "AffineArgs",
+    "OperandChecks",
     "CheckedArgs",
     "device_arg",
     "reference_uniform",

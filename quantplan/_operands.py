@@ -90,6 +90,13 @@ def operand(obj: Any, name: str) -> Operand:
 _DTYPE_NAMES: dict[Any, str] = {}
 
 
+def overlaps(a: Operand, b: Operand) -> bool:
+    """True when two device operands share any byte (host operands, pointer 0, never do)."""
+    if not a.ptr or not b.ptr:
+        return False
+    return a.ptr < b.ptr + b.size * b.itemsize and b.ptr < a.ptr + a.size * a.itemsize
+
+
 def _dtype_name(dtype: Any) -> str:
     """NumPy-style name of a NumPy / CuPy / PyTorch dtype (``torch.bfloat16`` -> ``bfloat16``), memoized."""
     name = _DTYPE_NAMES.get(dtype)

@@ -32,7 +32,7 @@ from ._affine import (
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
-from ._operands import Operand, operand
+from ._operands import Operand, operand, overlaps
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
@@ -510,7 +510,7 @@ class DynamicRangeQuantizePlan:
             raise InvalidProblem("rng_seed / rng_offset apply only to Rounding.STOCHASTIC plans; leave them None")
         outputs = [("output", y), ("scale_out", scale)] + ([("zero_point_out", zp)] if zp is not None else [])
         for name, out in outputs:
-            if self.backend is BackendKind.CUDA and _overlaps(out, x):
+            if self.backend is BackendKind.CUDA and overlaps(out, x):
                 raise InvalidProblem(f"{name} overlaps input; the plan reads the input twice")
         return CheckedArgs(x, y, 0.0, None, seed, offset), scale, zp
 
@@ -657,14 +657,6 @@ def _prepare_fused(
     return _FusedLaunches(
         prepare(geometry), prepare(fallback), min(16, in_bytes), min(16, max(1, out_bytes)), problem.stochastic
     )
-
-
-def _overlaps(a: Operand, b: Operand) -> bool:
-    if not a.ptr or not b.ptr:
-        return False
-    a_end = a.ptr + a.size * a.itemsize
-    b_end = b.ptr + b.size * b.itemsize
-    return a.ptr < b_end and b.ptr < a_end
 
 
 __all__ = ["DynamicRangeQuantizeArgs", "DynamicRangeQuantizeDescriptor", "DynamicRangeQuantizePlan"]

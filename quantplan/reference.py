@@ -431,3 +431,141 @@ __all__ = [
     "to_acc",
     "unpack_nibbles",
 ]
+
+
+# ---- fake quantization (QAT) ----------------------------------------------------------------
+
+
+def fake_zero_point(
+    zero_point: np.ndarray | int | float, q_min: int, q_max: int, precision: MathPrecision
+) -> np.ndarray:
+    """The zero point fake quantization uses, in the accumulator type.
+
+    Integer zero points are used as given; float (learnable) ones are rounded half to even and
+    clamped to ``[q_min, q_max]`` (NaN -> ``q_min``), the same way forward and backward.
+    """
+    acc = acc_dtype(precision)
+    z = np.asarray(zero_point)
+    if z.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            r = np.rint(z.astype(acc))
+        return np.where(np.isnan(r), acc.type(q_min), np.minimum(np.maximum(r, q_min), q_max)).astype(acc)
+    return z.astype(acc)
+
+
+def fake_quantize_codes(
+    x: np.ndarray, scale: np.ndarray, zp: np.ndarray, precision: MathPrecision
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_acc, inv, q)`` with ``inv = rn(1 / scale)`` and ``q = rne(x * inv) + zp`` in the
+    accumulator type, a NaN ``q`` replaced by -Inf: below the range, as PyTorch's CUDA kernels
+    convert NaN to int64 (INT64_MIN).
+    ``scale`` / ``zp`` broadcast against ``x`` (accumulator type)."""
+    acc = acc_dtype(precision)
+    xa = to_acc(x, precision)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        inv = (acc.type(1) / scale).astype(acc)
+        q = (np.rint(xa * inv) + zp).astype(acc)
+    return xa, inv, np.where(np.isnan(q), acc.type(-np.inf), q)
+
+
+def fake_quantize(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | int | float,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+) -> np.ndarray:
+    """Fake quantization (SPEC section 4, PyTorch's ``fake_quantize_per_*_affine``), in ``x``'s dtype:
+
+    ``inv = rn(1 / scale)``; ``q = rne(x * inv) + zp`` (NaN -> below ``q_min``);
+    ``y = (clamp(q, q_min, q_max) - zp) * scale``, each step rounded in the accumulator type, then
+    rounded once to ``x``'s dtype. ``scale`` / ``zero_point`` broadcast against ``x``.
+    """
+    acc = acc_dtype(precision)
+    s = np.asarray(scale).astype(acc)
+    zp = fake_zero_point(zero_point, q_min, q_max, precision)
+    _, _, q = fake_quantize_codes(x, s, zp, precision)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = ((np.minimum(np.maximum(q, q_min), q_max) - zp) * s).astype(acc)
+    return y.astype(np.asarray(x).dtype)
+
+
+def fake_quantize_ste(
+    x: np.ndarray,
+    grad_output: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | int | float,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+) -> np.ndarray:
+    """Straight-through gradient of :func:`fake_quantize`: ``dx = dy * (q_min <= q <= q_max)``
+    (an IEEE product, so a negative ``dy`` outside gives -0 and NaN stays NaN, as ``dy * mask``
+    does in PyTorch), in ``grad_output``'s dtype."""
+    acc = acc_dtype(precision)
+    zp = fake_zero_point(zero_point, q_min, q_max, precision)
+    _, _, q = fake_quantize_codes(x, np.asarray(scale).astype(acc), zp, precision)
+    mask = ((q >= q_min) & (q <= q_max)).astype(acc)
+    with np.errstate(invalid="ignore"):
+        return (to_acc(grad_output, precision) * mask).astype(np.asarray(grad_output).dtype)
+
+
+def fake_quantize_lsq_terms(
+    x: np.ndarray,
+    grad_output: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | int | float,
+    q_min: int,
+    q_max: int,
+    grad_factor: float,
+    precision: MathPrecision,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-element gradients of learnable fake quantization (LSQ, PyTorch's
+    ``_fake_quantize_learnable_per_*_affine_backward``): ``(dx, dscale_i, dzp_i)``, ``dx`` in
+    ``grad_output``'s dtype and the terms in the accumulator type. With ``y`` the fake-quantized
+    value in the accumulator type and ``gf`` the grad factor:
+
+    * inside ``[q_min, q_max]``: ``dx = dy``, ``dscale_i = ((dy * (y - x)) * inv) * gf``, ``dzp_i = 0``;
+    * below / above: ``dx = dy * 0``, ``dscale_i = (dy * (q_min - zp)) * gf`` / ``(dy * (q_max - zp)) * gf``,
+      ``dzp_i = ((-dy) * scale) * gf``.
+    """
+    acc = acc_dtype(precision)
+    s = np.asarray(scale).astype(acc)
+    zp = fake_zero_point(zero_point, q_min, q_max, precision)
+    xa, inv, q = fake_quantize_codes(x, s, zp, precision)
+    dy = to_acc(grad_output, precision)
+    gf = acc.type(grad_factor)
+    below, above = q < q_min, q > q_max
+    inside = ~(below | above)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = ((np.minimum(np.maximum(q, q_min), q_max) - zp) * s).astype(acc)
+        inner = (((dy * (y - xa)).astype(acc) * inv).astype(acc) * gf).astype(acc)
+        edge = np.where(below, acc.type(q_min) - zp, acc.type(q_max) - zp).astype(acc)
+        outer = ((dy * edge).astype(acc) * gf).astype(acc)
+        dscale = np.where(inside, inner, outer).astype(acc)
+        dzp = np.where(inside, acc.type(0), (((-dy) * s).astype(acc) * gf).astype(acc)).astype(acc)
+        dx = (dy * inside.astype(acc)).astype(np.asarray(grad_output).dtype)
+    return dx, dscale, dzp
+
+
+def fake_quantize_lsq(
+    x: np.ndarray,
+    grad_output: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | int | float,
+    q_min: int,
+    q_max: int,
+    grad_factor: float,
+    scope: Scope,
+    precision: MathPrecision,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Learnable fake quantization backward: ``(dx, dscale, dzp)`` with ``dscale`` / ``dzp`` of
+    ``param_shape(x.shape, scope)``: the per-element terms of :func:`fake_quantize_lsq_terms` summed
+    over each segment in float64 (NumPy's pairwise order), rounded once to the accumulator type.
+    ``scale`` / ``zero_point`` are broadcast against ``x`` (see ``expand_params``)."""
+    acc = acc_dtype(precision)
+    dx, ds, dz = fake_quantize_lsq_terms(x, grad_output, scale, zero_point, q_min, q_max, grad_factor, precision)
+    dscale = reduce_segments(ds.astype(np.float64), scope, np.add, 0.0).astype(acc)
+    dzp = reduce_segments(dz.astype(np.float64), scope, np.add, 0.0).astype(acc)
+    return dx, dscale, dzp

@@ -24,12 +24,12 @@ def _nvrtc_or_skip() -> None:
 
 
 @pytest.mark.parametrize("arch", [ArchSku(8, 0), ArchSku(9, 0)], ids=lambda a: a.nvrtc_arch)
-@pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic_range"])
+@pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic_range", "fake_quantize"])
 def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     names = compiler.all_instantiations(family)
-    assert len(names) == len(set(names)) >= (16 if family == "dynamic_range" else 100)
+    assert len(names) == len(set(names)) >= {"dynamic_range": 16, "fake_quantize": 40}.get(family, 100)
     module = compiler.compile_instantiations(family, names, arch, use_cache=False)
     assert set(module.lowered_names) == set(names)
     assert module.cubin_path.stat().st_size > 10_000
@@ -61,3 +61,5 @@ def test_compile_units_cover_the_dtype_table() -> None:
     assert len(compiler.compile_units("dequantize")) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)
     # range passes per float kind; the fused pass per (float, code, nibble order, rounding)
     assert len(compiler.compile_units("dynamic_range")) == len(FLOAT_KINDS) * (1 + (len(CODE_KINDS) + 2) * 2)
+    # one unit per float kind: forward and STE rows at each width, LSQ at each width x I/O, the finishing sum
+    assert len(compiler.compile_units("fake_quantize")) == len(FLOAT_KINDS)

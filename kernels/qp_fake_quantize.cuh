@@ -1,0 +1,105 @@
+// qp_fake_quantize.cuh: the per-element arithmetic of fake quantization (SPEC section 4,
+// PyTorch's fake_quantize_per_{tensor,channel}_affine) and of its gradients.
+//
+//   inv = rn(1 / scale)
+//   q   = rne(x * inv) + zp           (each operation rounded; a NaN q counts as below q_min: PyTorch's
+//                                      CUDA kernels convert it to int64, which gives INT64_MIN)
+//   y   = (clamp(q, q_min, q_max) - zp) * scale        rounded once more to the data type
+//   mask = q_min <= q <= q_max                         (straight-through estimator)
+// Learnable parameters (LSQ, PyTorch's _fake_quantize_learnable_*_backward), with gf the grad factor:
+//   inside:  dscale_i = ((dy * (y - x)) * inv) * gf,    dzp_i = 0
+//   below:   dscale_i = (dy * (q_min - zp)) * gf,       dzp_i = ((-dy) * scale) * gf
+//   above:   dscale_i = (dy * (q_max - zp)) * gf,       dzp_i = ((-dy) * scale) * gf
+// where y is the unrounded-to-dtype fake-quantized value (accumulator type).
+// The accumulator is float for f16/bf16/f32 data and double for f64. No FMA contraction: every
+// product and sum is rounded separately, as in the reference.
+#pragma once
+#include "qp_elements.cuh"
+#include "qp_rounding.cuh"
+
+namespace qp {
+
+__device__ __forceinline__ float acc_rcp(float v) { return __frcp_rn(v); }
+__device__ __forceinline__ double acc_rcp(double v) { return __drcp_rn(v); }
+__device__ __forceinline__ float acc_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double acc_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float acc_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double acc_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float acc_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double acc_sub(double a, double b) { return __dsub_rn(a, b); }
+
+// rne(t) without the conversion pipe (FRND runs at a quarter of the FMA rate): below 2^23 in
+// magnitude, t +- 2^23 lands where the float spacing is 1, so the addition rounds half to even
+// and the subtraction is exact; from 2^23 up (Inf included) t is already an integer, and NaN
+// stays NaN. A zero result may lose the sign of a negative t; q = r + zp is +0 either way.
+__device__ __forceinline__ float acc_rint_fast(float t) {
+  const float m = copysignf(8388608.0f, t);
+  const float r = __fsub_rn(__fadd_rn(t, m), m);
+  return fabsf(t) < 8388608.0f ? r : t;
+}
+__device__ __forceinline__ double acc_rint_fast(double t) { return rint(t); }
+
+// Where the zero point comes from (a runtime choice, uniform across the launch).
+enum ZeroPointSource { kZpValue = 0, kZpInt32 = 1, kZpFloat = 2 };
+
+// One segment's parameters in the accumulator type. A float (learnable) zero point is rounded
+// half to even and clamped to [q_min, q_max] (NaN -> q_min), the same way forward and backward.
+template <class Acc> struct FakeQuantParam {
+  Acc scale, inv, zp, lo, hi;
+
+  __device__ __forceinline__ void set(Acc s, Acc z, int q_min, int q_max) {
+    scale = s;
+    inv = acc_rcp(s);
+    lo = (Acc)q_min;
+    hi = (Acc)q_max;
+    zp = z;
+  }
+
+  static __device__ __forceinline__ Acc rounded_zero_point(Acc z, int q_min, int q_max) {
+    return fmin(fmax(acc_rint(z), (Acc)q_min), (Acc)q_max);
+  }
+
+  // Parameter `index` from the arrays (or the scalar values when a pointer is null).
+  static __device__ __forceinline__ FakeQuantParam load(const Acc* scale_ptr, const void* zp_ptr, int zp_source,
+                                                       Acc scale_value, int zp_value, i64 index, int q_min,
+                                                       int q_max) {
+    FakeQuantParam p;
+    Acc z = (Acc)zp_value;
+    if (zp_source == kZpInt32) z = (Acc)static_cast<const int*>(zp_ptr)[index];
+    if (zp_source == kZpFloat) z = rounded_zero_point(static_cast<const Acc*>(zp_ptr)[index], q_min, q_max);
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, z, q_min, q_max);
+    return p;
+  }
+
+  // q = rne(x * inv) + zp, NaN -> q_min - 1 (below the range; the reference uses -Inf, which
+  // acts the same in every use of q).
+  __device__ __forceinline__ Acc code(Acc x) const {
+    const Acc q = acc_add(acc_rint_fast(acc_mul(x, inv)), zp);
+    return q != q ? lo - (Acc)1 : q;
+  }
+
+  __device__ __forceinline__ bool inside(Acc q) const { return q >= lo && q <= hi; }
+
+  // (clamp(q) - zp) * scale
+  __device__ __forceinline__ Acc dequantized(Acc q) const { return acc_mul(acc_sub(fmin(fmax(q, lo), hi), zp), scale); }
+
+  __device__ __forceinline__ Acc fake(Acc x) const { return dequantized(code(x)); }
+
+  // The straight-through gradient: dy * (mask ? 1 : 0) (a negative dy outside gives -0, NaN stays NaN).
+  __device__ __forceinline__ Acc ste(Acc x, Acc dy) const { return acc_mul(dy, inside(code(x)) ? (Acc)1 : (Acc)0); }
+
+  // dx, and this element's contributions to dscale and dzp (LSQ; header comment).
+  __device__ __forceinline__ Acc learnable_grads(Acc x, Acc dy, Acc grad_factor, Acc& dscale, Acc& dzp) const {
+    const Acc q = code(x);
+    if (q < lo || q > hi) {
+      dscale = acc_mul(acc_mul(dy, acc_sub(q < lo ? lo : hi, zp)), grad_factor);
+      dzp = acc_mul(acc_mul(-dy, scale), grad_factor);
+      return acc_mul(dy, (Acc)0);
+    }
+    dscale = acc_mul(acc_mul(acc_mul(dy, acc_sub(dequantized(q), x)), inv), grad_factor);
+    dzp = (Acc)0;
+    return dy;
+  }
+};
+
+}  // namespace qp
