@@ -133,31 +133,31 @@ fake_quantize_ste_rows(const typename qp::FloatElement<In>::storage* x, const ty
 }
 
 // TensorScope, forward (STE false) or straight-through backward: one parameter; the tensor is
-// n elements, walked as vectors of VEC (kFakeUnroll per thread, `tile` = blockDim.x *
-// kFakeUnroll vectors per block, grid-stride beyond 2^31 blocks' worth); the last vector may be
-// partial (element I/O). Few registers and no per-item index arithmetic: the grid is sized to
-// the tensor, so small and large problems alike run at the copy's pace.
+// n elements, walked as vectors of VEC, `per_thread` (1 to kFakeUnroll) per thread and tile of
+// blockDim.x * per_thread vectors (grid-stride past the grid); the last vector may be partial
+// (element I/O). Few registers and no per-item index arithmetic; the plan sizes the grid to the
+// tensor, with smaller tiles for small tensors so that every SM gets work.
 template <class In, int VEC, bool STE>
 __global__ void __launch_bounds__(256)
 fake_quantize_flat(const typename qp::FloatElement<In>::storage* x, const typename qp::FloatElement<In>::storage* dy,
                    typename qp::FloatElement<In>::storage* out,
                    const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const void* __restrict__ zp_ptr,
                    typename qp::FloatElement<In>::acc scale_value, int zp_value, int zp_source, int q_min, int q_max,
-                   qp::i64 n) {
+                   qp::i64 n, int per_thread) {
   typedef qp::FloatElement<In> FE;
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
   const qp::FakeQuantParam<acc_t> p =
       qp::FakeQuantParam<acc_t>::load(scale_ptr, zp_ptr, zp_source, scale_value, zp_value, 0, q_min, q_max);
   const qp::i64 n_vectors = (n + VEC - 1) / VEC;
-  const qp::i64 stride = (qp::i64)gridDim.x * blockDim.x * qp::kFakeUnroll;
-  for (qp::i64 base = (qp::i64)blockIdx.x * blockDim.x * qp::kFakeUnroll + threadIdx.x; base < n_vectors;
+  const qp::i64 stride = (qp::i64)gridDim.x * blockDim.x * per_thread;
+  for (qp::i64 base = (qp::i64)blockIdx.x * blockDim.x * per_thread + threadIdx.x; base < n_vectors;
        base += stride) {
     qp::ElementVector<in_t, VEC> xv[qp::kFakeUnroll], gv[STE ? qp::kFakeUnroll : 1];
 #pragma unroll
     for (int u = 0; u < qp::kFakeUnroll; ++u) {
       const qp::i64 v = base + (qp::i64)u * blockDim.x;
-      if (v < n_vectors) {
+      if (u < per_thread && v < n_vectors) {
         const bool full = (v + 1) * VEC <= n;
         const int valid = full ? VEC : (int)(n - v * VEC);
         if (full) {
@@ -172,7 +172,7 @@ fake_quantize_flat(const typename qp::FloatElement<In>::storage* x, const typena
 #pragma unroll
     for (int u = 0; u < qp::kFakeUnroll; ++u) {
       const qp::i64 v = base + (qp::i64)u * blockDim.x;
-      if (v < n_vectors) {
+      if (u < per_thread && v < n_vectors) {
         acc_t vals[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {

@@ -265,6 +265,7 @@ _FLAT_PARAMS = {
             ("q_min", ctypes.c_int32),
             ("q_max", ctypes.c_int32),
             ("n", ctypes.c_int64),
+            ("per_thread", ctypes.c_int32),
         ],
     )
     for p in MathPrecision
@@ -509,6 +510,18 @@ class _RowLaunches:
         return self.primary if all(p % self.align == 0 for p in ptrs) else self.fallback
 
 
+def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
+    """``(block threads, vectors per thread)`` of ``fake_quantize_flat``: 256 x 4 for large
+    tensors; for small ones fewer vectors per thread, then smaller blocks, until the grid has
+    two blocks per SM (16 x 8192 bf16: 128 blocks of 128 threads, one vector each)."""
+    block, per_thread = BLOCK_THREADS, _FLAT_UNROLL
+    while per_thread > 1 and -(-n_vectors // (block * per_thread)) < 2 * sm_count:
+        per_thread //= 2
+    while block > 64 and -(-n_vectors // (block * per_thread)) < 2 * sm_count:
+        block //= 2
+    return block, per_thread
+
+
 def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tuple[_RowLaunches, str]:
     """The forward (``ste`` False) or straight-through kernel of ``problem`` and its variant tag:
     ``fake_quantize_flat`` for TensorScope, the row kernels for the other scopes."""
@@ -521,18 +534,20 @@ def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tu
 
         def flat(v: int) -> PreparedLaunch:
             n_vectors = -(-problem.numel // v)
-            tiles = -(-n_vectors // (BLOCK_THREADS * _FLAT_UNROLL))
+            block, per_thread = flat_geometry(n_vectors, info.sm_count)
             return PreparedLaunch(
                 functions[template_name("fake_quantize_flat", tag, v, ste)],
-                max(1, min(_FLAT_MAX_BLOCKS, tiles)),
-                BLOCK_THREADS,
+                max(1, min(_FLAT_MAX_BLOCKS, -(-n_vectors // (block * per_thread)))),
+                block,
                 _FLAT_PARAMS[problem.precision],
                 q_min=problem.q_min,
                 q_max=problem.q_max,
                 n=problem.numel,
+                per_thread=per_thread,
             )
 
-        variant = f"tensor/{problem.mode.value}/flat[vec{vec},unroll{_FLAT_UNROLL}]"
+        block, per_thread = flat_geometry(-(-problem.numel // vec), info.sm_count)
+        variant = f"tensor/{problem.mode.value}/flat[vec{vec},{block}t,{per_thread}vec-per-thread]"
         return _RowLaunches(flat(vec), flat(1), min(16, vec * in_bytes)), variant
     kernel = "fake_quantize_ste_rows" if ste else "fake_quantize_rows"
     busy = info.sm_count * 2048

@@ -101,3 +101,15 @@ def test_fused_segment_geometry() -> None:
     assert geometry((8, 64), qp.ChannelScope(axis=-1)) is None  # strided segments
     fallback = geometry((4, 300), qp.TokenScope(), code=EK.U4, vec_max=1)
     assert fallback is not None and (fallback.vec, fallback.vector_io) == (2, False)
+
+
+def test_flat_fake_quantize_geometry_fills_the_gpu() -> None:
+    from quantplan.fake_quantize import flat_geometry
+
+    assert flat_geometry(8192 * 8192 // 8, 132) == (256, 4)  # large: 256 threads x 4 vectors
+    for n_vectors in (1, 3, 1000, 16384, 70000, 10**6):
+        block, per_thread = flat_geometry(n_vectors, 132)
+        assert block in (64, 128, 256) and per_thread in (1, 2, 4)
+        blocks = -(-n_vectors // (block * per_thread))
+        # either two blocks per SM, or the smallest tile already
+        assert blocks >= 264 or (block, per_thread) == (64, 1)
