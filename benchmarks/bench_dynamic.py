@@ -17,7 +17,6 @@ Usage (on a GPU machine)::
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,22 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     timing = Timing(warmup=3, reps=20, host_calls=300) if args.quick else Timing(warmup=10, reps=100, host_calls=2000)
     torch.manual_seed(0)
     meta = harness.device_summary()
-    rows: list[Row] = []
-    failed = 0
-    for case in cases():
-        if args.only and args.only not in case.label:
-            continue
-        try:
-            rows.append(bench_row(case, timing, not args.no_compile))
-        except Exception:
-            failed += 1
-            print(f"ERROR: {case}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        finally:
-            torch.cuda.empty_cache()
-    if args.json:
-        harness.write_json(rows, args.json, meta)
-    harness.print_markdown(rows)
-    return 1 if failed else 0
+    return harness.run_rows(
+        cases(),
+        lambda c: c.label,
+        lambda c: bench_row(c, timing, not args.no_compile),
+        only=args.only,
+        json_path=args.json,
+        meta=meta,
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,24 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(warmup=timing.warmup, reps=timing.reps, quick=args.quick, compile=not args.no_compile)
     print("# bench_quantize: " + ", ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
 
-    rows: list[Row] = []
-    failed = 0
-    for case in cases():
-        if args.only and args.only not in case.op:
-            continue
-        try:
-            rows.append(bench_case(case, timing, use_compile=not args.no_compile))
-        except Exception:
-            failed += 1
-            print(f"ERROR: {case.label} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        finally:
-            torch.cuda.empty_cache()
-
-    if args.json:
-        harness.write_json(rows, args.json, meta)
-    print()
-    harness.print_markdown(rows)
-    return 1 if failed else 0
+    return harness.run_rows(
+        cases(),
+        lambda c: c.op,
+        lambda c: bench_case(c, timing, use_compile=not args.no_compile),
+        only=args.only,
+        json_path=args.json,
+        meta=meta,
+    )
 
 
 if __name__ == "__main__":

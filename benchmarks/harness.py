@@ -24,12 +24,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "Row",
@@ -337,3 +339,39 @@ def write_json(rows: Sequence[Row], path: str | Path, meta: dict[str, Any] | Non
     """Write ``rows`` (fields and derived figures) and optional ``meta`` to ``path`` as JSON."""
     payload = {"meta": meta or {}, "rows": [r.to_dict() for r in rows]}
     Path(path).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+CaseT = TypeVar("CaseT")
+
+
+def run_rows(
+    cases: Sequence[CaseT],
+    label: Callable[[CaseT], str],
+    bench: Callable[[CaseT], Row],
+    *,
+    only: str = "",
+    json_path: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> int:
+    """Benchmark every case whose label contains ``only``; print the markdown table (and write
+    JSON to ``json_path``). A failing row prints its traceback and the others go on; returns 1
+    if any row failed, else 0."""
+    import torch
+
+    rows: list[Row] = []
+    failed = 0
+    for case in cases:
+        if only and only not in label(case):
+            continue
+        try:
+            rows.append(bench(case))
+        except Exception:
+            failed += 1
+            print(f"ERROR: {case}:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        finally:
+            torch.cuda.empty_cache()
+    if json_path:
+        write_json(rows, json_path, meta)
+    print()
+    print_markdown(rows)
+    return 1 if failed else 0
