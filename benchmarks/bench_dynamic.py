@@ -28,8 +28,8 @@ for _p in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _p)
 
 import harness  # noqa: E402
-from bench_quantize import GROUP, Timing, parse_args  # noqa: E402
-from harness import Row  # noqa: E402
+from bench_quantize import GROUP  # noqa: E402
+from harness import Row, Timing  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -184,23 +184,7 @@ def bench_row(case: DynamicCase, timing: Timing, use_compile: bool) -> Row:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the rows; print the markdown table (and JSON with ``--json``). Exit 1 if a row failed."""
-    args = parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_dynamic: no CUDA device visible to PyTorch", file=sys.stderr)
-        return 2
-    timing = Timing(warmup=3, reps=20, host_calls=300) if args.quick else Timing(warmup=10, reps=100, host_calls=2000)
-    torch.manual_seed(0)
-    meta = harness.device_summary()
-    return harness.run_rows(
-        cases(),
-        lambda c: c.label,
-        lambda c: bench_row(c, timing, not args.no_compile),
-        only=args.only,
-        json_path=args.json,
-        meta=meta,
-    )
+    return harness.bench_main("bench_dynamic", __doc__.split("\n\n")[0], argv, cases(), lambda c: c.label, bench_row)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,7 @@ for _p in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _p)
 
 import harness  # noqa: E402
-from bench_quantize import Timing, parse_args  # noqa: E402
-from harness import Row  # noqa: E402
+from harness import Row, Timing  # noqa: E402
 
 SCALE, ZERO_POINT, Q_MIN, Q_MAX = 0.02, 128, 0, 255
 
@@ -210,23 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
     The ``× eager`` column is the ratio to PyTorch's native op (for the learnable row: its
     learnable backward)."""
-    args = parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_fake_quantize: no CUDA device visible to PyTorch", file=sys.stderr)
-        return 2
-    timing = Timing(warmup=3, reps=20, host_calls=300) if args.quick else Timing(warmup=10, reps=100, host_calls=2000)
-    torch.manual_seed(0)
-    meta = harness.device_summary()
-    print("# bench_fake_quantize: " + ", ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
-    return harness.run_rows(
-        cases(),
-        lambda c: c.label,
-        lambda c: bench_row(c, timing, not args.no_compile),
-        only=args.only,
-        json_path=args.json,
-        meta=meta,
+    return harness.bench_main(
+        "bench_fake_quantize", __doc__.split("\n\n")[0], argv, cases(), lambda c: c.label, bench_row
     )
 
 

@@ -14,7 +14,6 @@ Usage (on a GPU machine; the package need not be installed)::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ for _p in (str(_HERE.parent), str(_HERE)):  # the repo root (quantplan) and this
         sys.path.insert(0, _p)
 
 import harness  # noqa: E402
-from harness import Row  # noqa: E402
+from harness import Row, Timing  # noqa: E402
 
 if TYPE_CHECKING:
     import torch
@@ -42,15 +41,6 @@ SCHEMES: tuple[tuple[str, str, str, int, int], ...] = (
 )
 #: The row whose ``plan.run`` host time is reported.
 HOST_ROW = ("s8 token", (8192, 8192), "bf16")
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Repetition counts of one run."""
-
-    warmup: int
-    reps: int
-    host_calls: int
 
 
 @dataclass(frozen=True)
@@ -299,40 +289,9 @@ def bench_case(case: Case, timing: Timing, use_compile: bool) -> Row:
 # ---- main -------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line: ``[--json PATH] [--quick] [--no-compile] [--only TEXT]``."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--json", metavar="PATH", help="also write the rows (and device info) to PATH as JSON")
-    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier figures)")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (reported as n/a)")
-    p.add_argument("--only", metavar="TEXT", default="", help="run only the rows whose op label contains TEXT")
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run all rows, print notes as they come and the markdown table last. Exit 1 if a row failed."""
-    args = parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_quantize: no CUDA device visible to PyTorch", file=sys.stderr)
-        return 2
-    timing = Timing(warmup=3, reps=20, host_calls=300) if args.quick else Timing(warmup=10, reps=100, host_calls=2000)
-    torch.manual_seed(0)
-    meta = harness.device_summary()
-    meta.update(warmup=timing.warmup, reps=timing.reps, quick=args.quick, compile=not args.no_compile)
-    print("# bench_quantize: " + ", ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
-
-    return harness.run_rows(
-        cases(),
-        lambda c: c.op,
-        lambda c: bench_case(c, timing, use_compile=not args.no_compile),
-        only=args.only,
-        json_path=args.json,
-        meta=meta,
-    )
+    return harness.bench_main("bench_quantize", __doc__.split("\n\n")[0], argv, cases(), lambda c: c.op, bench_case)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ PyTorch is imported lazily, so a script can parse ``--help`` on a machine withou
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -341,6 +342,25 @@ def write_json(rows: Sequence[Row], path: str | Path, meta: dict[str, Any] | Non
     Path(path).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Repetition counts of one run."""
+
+    warmup: int
+    reps: int
+    host_calls: int
+
+
+def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line of every benchmark script: ``[--json PATH] [--quick] [--no-compile] [--only TEXT]``."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="PATH", help="also write the rows (and device info) to PATH as JSON")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, noisier figures)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (reported as n/a)")
+    p.add_argument("--only", metavar="TEXT", default="", help="run only the rows whose op label contains TEXT")
+    return p.parse_args(argv)
+
+
 CaseT = TypeVar("CaseT")
 
 
@@ -375,3 +395,35 @@ def run_rows(
     print()
     print_markdown(rows)
     return 1 if failed else 0
+
+
+def bench_main(
+    name: str,
+    description: str,
+    argv: list[str] | None,
+    cases: Sequence[CaseT],
+    label: Callable[[CaseT], str],
+    bench: Callable[[CaseT, Timing, bool], Row],
+) -> int:
+    """The ``main`` of a benchmark script: parse the command line, check for a GPU (exit 2),
+    print the run's header, then :func:`run_rows` with ``bench(case, timing, use_compile)``."""
+    args = parse_args(description, argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{name}: no CUDA device visible to PyTorch", file=sys.stderr)
+        return 2
+    timing = Timing(warmup=3, reps=20, host_calls=300) if args.quick else Timing(warmup=10, reps=100, host_calls=2000)
+    torch.manual_seed(0)
+    meta = device_summary()
+    meta.update(warmup=timing.warmup, reps=timing.reps, quick=args.quick, compile=not args.no_compile)
+    print(f"# {name}: " + ", ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
+    use_compile = not args.no_compile
+    return run_rows(
+        cases,
+        label,
+        lambda c: bench(c, timing, use_compile),
+        only=args.only,
+        json_path=args.json,
+        meta=meta,
+    )

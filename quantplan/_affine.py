@@ -52,8 +52,28 @@ def storage_shape(shape: tuple[int, ...], kind: ElementKind) -> tuple[int, ...]:
     return (*dims[:-1], (dims[-1] + 1) // 2)
 
 
+class ScopedProblem:
+    """What every validated problem derives from its ``shape``, ``scope`` and ``float_kind``."""
+
+    shape: tuple[int, ...]
+    scope: Scope
+    float_kind: ElementKind
+
+    @property
+    def precision(self) -> MathPrecision:
+        return ELEMENTS[self.float_kind].math_precision
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        return param_shape(self.shape, self.scope)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
 @dataclass(frozen=True)
-class AffineProblem:
+class AffineProblem(ScopedProblem):
     """A validated static affine problem: float side, code side, scope, parameters, code range."""
 
     shape: tuple[int, ...]
@@ -70,20 +90,8 @@ class AffineProblem:
     layout_flags: int = 0
 
     @property
-    def precision(self) -> MathPrecision:
-        return ELEMENTS[self.float_kind].math_precision
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        return param_shape(self.shape, self.scope)
-
-    @property
     def code_shape(self) -> tuple[int, ...]:
         return storage_shape(self.shape, self.code_kind)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
 
 def resolve_affine_problem(
@@ -374,7 +382,7 @@ class StaticAffinePlan(OperandChecks):
             return cls(problem, backend, None, HOST_ARCH.name, None, None, (1, 1), "numpy")
         import cupy
 
-        device_id = stream_device_id(stream) if stream is not None else int(cupy.cuda.runtime.getDevice())
+        device_id = stream_device_id(stream)
         info = device_info(device_id)
         busy = info.sm_count * _RESIDENT_THREADS_PER_SM
         primary_layout = row_layout(problem.shape, problem.scope, cls._vec_max(problem), packed, busy)
@@ -585,6 +593,7 @@ class StaticAffinePlan(OperandChecks):
 __all__ = [
     "AffineArgs",
     "OperandChecks",
+    "ScopedProblem",
     "CheckedArgs",
     "device_arg",
     "reference_uniform",

@@ -369,7 +369,7 @@ class DynamicRangeQuantizePlan:
             return cls(desc, problem, backend, None, HOST_ARCH.name, None, None, None, 1, "numpy")
         import cupy
 
-        device_id = stream_device_id(stream) if stream is not None else int(cupy.cuda.runtime.getDevice())
+        device_id = stream_device_id(stream)
         info = device_info(device_id)
         code = ELEMENTS[problem.code_kind]
         if code.is_fp8:

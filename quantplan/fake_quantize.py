@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import OperandChecks, choose_backend
+from ._affine import OperandChecks, ScopedProblem, choose_backend
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
 from ._layout import (
@@ -107,27 +107,15 @@ class FakeQuantizeBackwardDescriptor(FakeQuantizeDescriptor):
 
 
 @dataclass(frozen=True)
-class FakeQuantizeProblem:
-    """A validated fake quantization problem."""
+class FakeQuantizeProblem(ScopedProblem):
+    """A validated fake quantization problem (``float_kind``: the data type, in and out)."""
 
     shape: tuple[int, ...]
     scope: Scope
     mode: QuantMode
-    element: ElementKind
+    float_kind: ElementKind
     q_min: int
     q_max: int
-
-    @property
-    def precision(self) -> MathPrecision:
-        return ELEMENTS[self.element].math_precision
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        return param_shape(self.shape, self.scope)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
 
 def fake_quantize_problem(desc: FakeQuantizeDescriptor) -> FakeQuantizeProblem:
@@ -379,14 +367,8 @@ class _FakeQuantizePlanBase(OperandChecks):
         self._variant = variant
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
-        self._info: ElementInfo = ELEMENTS[problem.element]
+        self._info: ElementInfo = ELEMENTS[problem.float_kind]
         self._param_dtype = param_numpy_dtype(problem.precision)
-
-    @staticmethod
-    def _device(stream: Any) -> int:
-        import cupy
-
-        return stream_device_id(stream) if stream is not None else int(cupy.cuda.runtime.getDevice())
 
     def precision_guarantee(self) -> PrecisionGuarantee:
         """float32 arithmetic (float64 for F64 data), bit-exact to the reference, deterministic."""
@@ -399,8 +381,8 @@ class _FakeQuantizePlanBase(OperandChecks):
         return KernelSku(
             category=self._category,
             op=QuantizeKind.STATIC,
-            element=self.problem.element,
-            aux_element=self.problem.element,
+            element=self.problem.float_kind,
+            aux_element=self.problem.float_kind,
             variant=self._variant,
             arch=self._arch_name,
             backend=self.backend,
@@ -499,15 +481,32 @@ def _row_launch(
 
 
 class _RowLaunches:
-    """A row kernel with aligned vector I/O and its one-element-vector twin for misaligned operands."""
+    """An elementwise kernel with aligned vector I/O and its one-element-vector twin for misaligned
+    operands; ``flat``: ``fake_quantize_flat`` (zero-point source in its own argument) rather than
+    a row kernel (source in ``layout.flags``)."""
 
-    __slots__ = ("align", "fallback", "primary")
+    __slots__ = ("align", "fallback", "flat", "primary")
 
-    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align: int) -> None:
-        self.primary, self.fallback, self.align = primary, fallback, align
+    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align: int, flat: bool) -> None:
+        self.primary, self.fallback, self.align, self.flat = primary, fallback, align, flat
 
     def pick(self, *ptrs: int) -> PreparedLaunch:
         return self.primary if all(p % self.align == 0 for p in ptrs) else self.fallback
+
+    def set_params(self, params: Any, scale: Operand | float, zp: Operand | int, zp_source: int) -> None:
+        """Write the per-call parameter fields (pointer or value, zero-point source)."""
+        if isinstance(scale, Operand):
+            params.scale_ptr, params.scale_value = scale.ptr, 1.0
+        else:
+            params.scale_ptr, params.scale_value = 0, scale
+        if isinstance(zp, Operand):
+            params.zp_ptr, params.zp_value = zp.ptr, 0
+        else:
+            params.zp_ptr, params.zp_value = 0, zp
+        if self.flat:
+            params.zp_source = zp_source
+        else:
+            params.layout.flags = zp_source
 
 
 def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
@@ -526,11 +525,11 @@ def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tu
     """The forward (``ste`` False) or straight-through kernel of ``problem`` and its variant tag:
     ``fake_quantize_flat`` for TensorScope, the row kernels for the other scopes."""
     info = device_info(device_id)
-    functions = load_kernels(_FAMILY, fake_quantize_unit(problem.element), info.arch, device_id, compile_options())
-    tag = ELEMENTS[problem.element].cpp_tag
-    in_bytes = ELEMENTS[problem.element].storage_bits // 8
+    functions = load_kernels(_FAMILY, fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options())
+    tag = ELEMENTS[problem.float_kind].cpp_tag
+    in_bytes = ELEMENTS[problem.float_kind].storage_bits // 8
     if isinstance(problem.scope, TensorScope):
-        vec = _vec_max(problem.element)
+        vec = _vec_max(problem.float_kind)
 
         def flat(v: int) -> PreparedLaunch:
             n_vectors = -(-problem.numel // v)
@@ -548,32 +547,18 @@ def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tu
 
         block, per_thread = flat_geometry(-(-problem.numel // vec), info.sm_count)
         variant = f"tensor/{problem.mode.value}/flat[vec{vec},{block}t,{per_thread}vec-per-thread]"
-        return _RowLaunches(flat(vec), flat(1), min(16, vec * in_bytes)), variant
+        return _RowLaunches(flat(vec), flat(1), min(16, vec * in_bytes), True), variant
     kernel = "fake_quantize_ste_rows" if ste else "fake_quantize_rows"
     busy = info.sm_count * 2048
-    primary = row_layout(problem.shape, problem.scope, _vec_max(problem.element), False, busy)
+    primary = row_layout(problem.shape, problem.scope, _vec_max(problem.float_kind), False, busy)
     fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
     launches = _RowLaunches(
         _row_launch(problem, primary, template_name(kernel, tag, primary.vec, True), functions, ste, info.sm_count),
         _row_launch(problem, fallback, template_name(kernel, tag, 1, True), functions, ste, info.sm_count),
         min(16, primary.vec * in_bytes),
+        False,
     )
     return launches, f"{problem.scope.kind}/{problem.mode.value}/{primary.describe()}"
-
-
-def _set_params(params: Any, scale: Operand | float, zp: Operand | int, zp_source: int) -> None:
-    if isinstance(scale, Operand):
-        params.scale_ptr, params.scale_value = scale.ptr, 1.0
-    else:
-        params.scale_ptr, params.scale_value = 0, scale
-    if isinstance(zp, Operand):
-        params.zp_ptr, params.zp_value = zp.ptr, 0
-    else:
-        params.zp_ptr, params.zp_value = 0, zp
-    if hasattr(params, "zp_source"):
-        params.zp_source = zp_source
-    else:
-        params.layout.flags = zp_source
 
 
 def _zero_fill(device_id: int, handle: int, op: Operand) -> None:
@@ -638,7 +623,7 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         backend = choose_backend(pref or PlanPreference())
         if backend is BackendKind.REFERENCE:
             return cls(problem, backend, None, HOST_ARCH.name, "numpy", None)
-        device_id = cls._device(stream)
+        device_id = stream_device_id(stream)
         launches, variant = _prepare_rows(problem, False, device_id)
         return cls(problem, backend, device_id, device_info(device_id).arch.name, variant, launches)
 
@@ -675,7 +660,7 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         launch = self._launches.pick(x.ptr, y.ptr)
         params = launch.params
         params.x, params.out = x.ptr, y.ptr
-        _set_params(params, scale, zp, source)
+        self._launches.set_params(params, scale, zp, source)
         launch_on(self.device_id, stream_handle(stream), launch)
 
 
@@ -697,8 +682,8 @@ def _prepare_lsq(problem: FakeQuantizeProblem, geometry: LsqGeometry, device_id:
     import cupy
 
     info = device_info(device_id)
-    functions = load_kernels(_FAMILY, fake_quantize_unit(problem.element), info.arch, device_id, compile_options())
-    tag = ELEMENTS[problem.element].cpp_tag
+    functions = load_kernels(_FAMILY, fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options())
+    tag = ELEMENTS[problem.float_kind].cpp_tag
 
     def prepare(vector_io: bool) -> PreparedLaunch:
         fn = functions[template_name("fake_quantize_lsq_segments", tag, geometry.vec, vector_io)]
@@ -721,7 +706,7 @@ def _prepare_lsq(problem: FakeQuantizeProblem, geometry: LsqGeometry, device_id:
             segments=geometry.segments,
             chunks_per_segment=geometry.chunks_per_segment,
         )
-    align = min(16, geometry.vec * ELEMENTS[problem.element].storage_bits // 8)
+    align = min(16, geometry.vec * ELEMENTS[problem.float_kind].storage_bits // 8)
     return _LsqLaunches(prepare(True), prepare(False), finish, align, geometry)
 
 
@@ -794,7 +779,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         whose segments are not contiguous runs of the tensor.
         """
         problem = fake_quantize_problem(desc)
-        geometry = lsq_geometry(problem.shape, problem.scope, problem.element) if desc.learnable else None
+        geometry = lsq_geometry(problem.shape, problem.scope, problem.float_kind) if desc.learnable else None
         if desc.learnable and geometry is None and problem.numel:
             raise Unsupported(
                 f"learnable fake quantization needs segments that are contiguous runs of the tensor; {problem.scope!r} "
@@ -804,7 +789,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         backend = choose_backend(pref or PlanPreference())
         if backend is BackendKind.REFERENCE:
             return cls(problem, desc.learnable, backend, None, HOST_ARCH.name, "numpy", None, None)
-        device_id = cls._device(stream)
+        device_id = stream_device_id(stream)
         arch = device_info(device_id).arch.name
         if desc.learnable:
             if geometry is None:  # empty tensor: nothing to launch
@@ -896,7 +881,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
             launch = self._rows.pick(x.ptr, dy.ptr, dx.ptr)
             params = launch.params
             params.x, params.dy, params.out = x.ptr, dy.ptr, dx.ptr
-            _set_params(params, a["scale"], a["zp"], a["source"])
+            self._rows.set_params(params, a["scale"], a["zp"], a["source"])
             launch_on(self.device_id, handle, launch)
             return
         lsq = self._lsq
