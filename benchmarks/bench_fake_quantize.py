@@ -11,6 +11,10 @@ learnable backward takes):
   cached: it reads ``dy`` and the 1-byte mask); compile peer: the same math from ``x`` and ``dy``.
 * ``fake quant learnable bwd``: LSQ gradients (dx, dscale, dzero_point); eager peer
   ``torch._fake_quantize_learnable_per_tensor_affine_backward``.
+* ``dyn fake quant group128 s8 nearest`` / ``... stochastic``: DynamicRangeFakeQuantizePlan,
+  symmetric 8-bit, groups of 128 along the last axis (MoQ); peers: the same math in PyTorch ops
+  (``torch.rand_like`` for the stochastic draw), eager and ``torch.compile``; the nearest row's
+  output is checked equal to the eager formula's.
 
 Effective bandwidth counts the op's bytes (inputs read once, outputs written). Method: :mod:`harness`.
 
@@ -55,6 +59,8 @@ def cases() -> list[FakeCase]:
         ("fake quant tensor fwd", "forward", ("fp32", "bf16", "fp16")),
         ("fake quant tensor bwd (STE)", "ste", ("fp32", "bf16", "fp16")),
         ("fake quant learnable bwd", "learnable", ("fp32",)),
+        ("dyn fake quant group128 s8 nearest", "dynamic", ("bf16", "fp16")),
+        ("dyn fake quant group128 s8 stochastic", "dynamic_stochastic", ("bf16", "fp16")),
     ):
         for shape in ((16, 8192), (8192, 8192)):
             for dtype in dtypes:
@@ -92,11 +98,99 @@ def torch_ste(x: Any, dy: Any) -> Any:
     return dy * ((q >= Q_MIN) & (q <= Q_MAX))
 
 
+GROUP = 128
+
+
+def torch_dynamic(x: Any) -> Any:
+    """Symmetric 8-bit group(128) dynamic fake quantization in PyTorch ops (nearest)."""
+    import torch
+
+    g = x.float().reshape(-1, GROUP)
+    scale = g.abs().amax(dim=-1, keepdim=True) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(g * (1.0 / scale)).clamp(-128, 127)
+    return (q * scale).to(x.dtype).reshape(x.shape)
+
+
+def torch_dynamic_stochastic(x: Any) -> Any:
+    """As :func:`torch_dynamic` with stochastic rounding: floor(v + u), u ~ U[0, 1)."""
+    import torch
+
+    g = x.float().reshape(-1, GROUP)
+    scale = g.abs().amax(dim=-1, keepdim=True) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.floor(g * (1.0 / scale) + torch.rand_like(g)).clamp(-128, 127)
+    return (q * scale).to(x.dtype).reshape(x.shape)
+
+
+def bench_dynamic_row(case: FakeCase, timing: Timing, use_compile: bool) -> Row:
+    """A DynamicRangeFakeQuantizePlan row (group 128, symmetric 8-bit)."""
+    import torch
+
+    import quantplan as qp
+
+    stream = torch.cuda.current_stream()
+    dtype = _torch_dtype(case.dtype)
+    m, n = case.shape
+    esize = torch.finfo(dtype).bits // 8
+    stochastic = case.kind == "dynamic_stochastic"
+    desc = qp.DynamicRangeFakeQuantizeDescriptor(
+        shape=case.shape,
+        scope=qp.GroupScope(axis=-1, group_size=GROUP),
+        mode=qp.QuantMode.SYMMETRIC,
+        element=_element(case.dtype),
+        bits=8,
+        rounding=qp.Rounding.STOCHASTIC if stochastic else qp.Rounding.NEAREST_EVEN,
+    )
+    plan = qp.DynamicRangeFakeQuantizePlan.select(stream, desc)
+    ws = qp.Workspace.allocate(plan.workspace_size())
+    read, written = m * n * esize, m * n * esize
+    kw = {"warmup": timing.warmup, "reps": timing.reps}
+    sets = [
+        (torch.randn(case.shape, device="cuda", dtype=dtype), torch.empty(case.shape, device="cuda", dtype=dtype))
+        for _ in range(harness.rotation_sets(read + written))
+    ]
+    rng = {"rng_seed": 1234, "rng_offset": 0} if stochastic else {}
+    args = [qp.DynamicRangeFakeQuantizeArgs(x, y, **rng) for x, y in sets]
+    peer = torch_dynamic_stochastic if stochastic else torch_dynamic
+    notes: list[str] = []
+    if not stochastic:
+        plan.run(stream, ws, args[0])
+        torch.cuda.synchronize()
+        if not torch.equal(sets[0][1], torch_dynamic(sets[0][0])):
+            notes.append("plan != torch formula")
+    ours = harness.time_gpu([lambda a=a: plan.run(stream, ws, a) for a in args], **kw)
+    eager_us = harness.time_gpu([lambda s=s: peer(s[0]) for s in sets], **kw)
+    copy_us, _ = harness.copy_time(read, written, **kw)
+    compile_us = None
+    if use_compile:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        compiled = torch.compile(peer, dynamic=False)
+        compiled(sets[0][0])
+        compile_us = harness.time_gpu([lambda s=s: compiled(s[0]) for s in sets], **kw)
+    return Row(
+        op=case.label,
+        shape="x".join(map(str, case.shape)),
+        dtype=case.dtype,
+        us=ours,
+        nbytes=read + written,
+        copy_us=copy_us,
+        compile_us=compile_us,
+        eager_us=eager_us,
+        note="; ".join(notes),
+        extra={"variant": plan.sku().variant},
+    )
+
+
 def bench_row(case: FakeCase, timing: Timing, use_compile: bool) -> Row:
     import torch
 
     import quantplan as qp
 
+    if case.kind.startswith("dynamic"):
+        return bench_dynamic_row(case, timing, use_compile)
     stream = torch.cuda.current_stream()
     dtype = _torch_dtype(case.dtype)
     m, n = case.shape
@@ -208,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the rows; print the markdown table (and JSON with ``--json``). Exit 1 if a row failed.
 
     The ``× eager`` column is the ratio to PyTorch's native op (for the learnable row: its
-    learnable backward)."""
+    learnable backward; for the dynamic rows, the eager formula)."""
     return harness.bench_main(
         "bench_fake_quantize", __doc__.split("\n\n")[0], argv, cases(), lambda c: c.label, bench_row
     )

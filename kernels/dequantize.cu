@@ -5,6 +5,11 @@
 //   y = fp8_to_float(q) * scale   for FP8 codes (exact widening, then the same product)
 // Template arguments: In (s8, u8q, s4, u4, e4m3, e5m2), Out (f16, bf16, f32, f64), VEC,
 // VECTOR_IO, HIGH_FIRST nibble order for packed inputs.
+//
+// dequantize_backward_rows (DequantizeBackwardPlan): the gradient of dequantize_rows w.r.t. the
+// codes (taken as floats), dq = dy * scale in the accumulator type, rounded once to Out; no mask
+// (the forward is affine in q). Template arguments: Out (f16, bf16, f32, f64: dy and dq), VEC.
+// dy and dq may be the same array.
 #include "qp_elements.cuh"
 #include "qp_vector_io.cuh"
 #include "qp_packing.cuh"
@@ -89,6 +94,47 @@ struct DequantizeBody {
   }
 };
 
+// Dequantize backward: reads dy, writes dq = dy * scale (vector I/O; misaligned operands take VEC = 1).
+template <class Out, int VEC>
+struct DequantizeBackwardBody {
+  typedef FloatElement<Out> FE;
+  typedef typename FE::storage out_t;
+  typedef typename FE::acc acc_t;
+
+  const out_t* dy;
+  out_t* dq;
+  const acc_t* __restrict__ scale_ptr;
+  acc_t scale_value;
+  const RowLayout& lay;
+  acc_t row_scale;
+  ElementVector<out_t, VEC> gv[kDequantizeUnroll];
+
+  __device__ __forceinline__ acc_t scale(i64 index) const { return scale_ptr ? scale_ptr[index] : scale_value; }
+
+  __device__ __forceinline__ void begin_item(i64, i64 pbase) {
+    if (lay.cs == 0) row_scale = scale(pbase);
+  }
+
+  __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
+    gv[u].template load<true>(dy + row * lay.L + col, valid);
+  }
+
+  __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
+    acc_t vals[VEC];
+    if (lay.cs == 0 || (lay.gc & (VEC - 1)) == 0) {  // one scale for the whole vector
+      const acc_t s = lay.cs == 0 ? row_scale : scale(pbase + (i64)column_group(lay, col) * lay.cs);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s;
+    } else {
+      for_each_column_param<VEC, acc_t>(
+          lay, pbase, col, valid, column_group(lay, col), scale(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return scale(index); },
+          [&](int k, acc_t s) { vals[k] = FE::to_acc(gv[u].v[k]) * s; });
+    }
+    vector_from_acc<Out, VEC>(vals).template store<true>(dq + row * lay.L + col, valid);
+  }
+};
+
 }  // namespace qp
 
 template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
@@ -97,5 +143,14 @@ dequantize_rows(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::st
                 const typename qp::FloatElement<Out>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
                 typename qp::FloatElement<Out>::acc scale_value, int zp_value, const qp::RowLayout lay) {
   qp::DequantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST> body(q, y, scale_ptr, zp_ptr, scale_value, zp_value, lay);
+  qp::for_each_row_vector<VEC, qp::kDequantizeUnroll>(lay, body);
+}
+
+template <class Out, int VEC>
+__global__ void __launch_bounds__(256)
+dequantize_backward_rows(const typename qp::FloatElement<Out>::storage* dy, typename qp::FloatElement<Out>::storage* dq,
+                         const typename qp::FloatElement<Out>::acc* __restrict__ scale_ptr,
+                         typename qp::FloatElement<Out>::acc scale_value, const qp::RowLayout lay) {
+  qp::DequantizeBackwardBody<Out, VEC> body{dy, dq, scale_ptr, scale_value, lay};
   qp::for_each_row_vector<VEC, qp::kDequantizeUnroll>(lay, body);
 }

@@ -10,6 +10,7 @@
 //
 // Determinism: min, max and or are exact and commutative, so the order in which blocks reach a
 // segment cannot change its result; floats are compared as order-preserving integer keys.
+#include "qp_dynamic_segments.cuh"
 #include "qp_elements.cuh"
 #include "qp_quantize_vector.cuh"
 #include "qp_range.cuh"
@@ -80,18 +81,6 @@ struct RangeStatsBody {
   }
 };
 
-
-// Geometry of the fused pass: `segments` contiguous segments of S elements, a team of
-// 1 << seg_log2 threads per segment. Mirrored by SegmentLayoutArgs in quantplan/dynamic.py.
-struct SegmentLayout {
-  i64 segments;
-  int S, seg_log2, q_min, q_max, mode, pad;
-};
-
-// Vectors of VEC elements one thread of the fused pass holds: 32 elements (16 for 8-byte
-// floats), so a team of 1024 threads covers a segment of up to 32768 (16384) elements.
-// quantplan/dynamic.py (SEGMENT_ELEMENTS_PER_THREAD) mirrors this.
-template <class T, int VEC> __host__ __device__ constexpr int segment_vectors() { return (sizeof(T) == 8 ? 16 : 32) / VEC; }
 
 }  // namespace qp
 
@@ -204,12 +193,8 @@ range_params(const typename qp::RangeKey<Acc>::type* __restrict__ stats, Acc* __
   }
 }
 
-// The fused single pass over contiguous segments (token rows, last-axis groups, a leading
-// channel axis, a small tensor): a team of 1 << seg_log2 threads (a power of two <= 1024) holds
-// one segment of S elements in registers (at most NV vectors of VEC per thread), reduces its
-// range (warp shuffles, then shared memory across the team's warps), computes the parameters
-// as range_params does, writes them, and quantizes the registers: one read of the input.
-// S % VEC == 0; the loop over segments is block-uniform, so every thread reaches every barrier.
+// The fused single pass over contiguous segments (qp_dynamic_segments.cuh): range, parameters
+// and codes in one launch, one read of the input.
 template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
 __global__ void __launch_bounds__(1024)
 dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
@@ -219,72 +204,31 @@ dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restri
                           qp::u64 seed_value, qp::u64 offset_value) {
   typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::acc_t acc_t;
-  typedef qp::RangeScan<In> Scan;
-  typedef qp::SegmentRange<acc_t, typename Scan::bits_t> Range;
   constexpr int NV = qp::segment_vectors<typename VQ::in_t, VEC>();
-  __shared__ Range team_slots[32];
   qp::u64 seed = 0, offset = 0;
   if constexpr (STOCHASTIC) {
     seed = seed_ptr ? (qp::u64)*seed_ptr : seed_value;
     offset = offset_ptr ? (qp::u64)*offset_ptr : offset_value;
   }
-  const int team = 1 << lay.seg_log2;
-  const int lane = threadIdx.x & (team - 1);
-  const int teams_per_block = blockDim.x >> lay.seg_log2;
-  const qp::i64 stride = (qp::i64)gridDim.x * teams_per_block;
-  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
-    const qp::i64 seg = base + (threadIdx.x >> lay.seg_log2);
-    const bool active = seg < lay.segments;
-    const qp::i64 first = seg * lay.S;
-    typename VQ::vector_t xv[NV];
+  qp::for_each_dynamic_segment<In, VEC, VECTOR_IO, false>(
+      x, lay, divisor, scale_out, zp_out,
+      [&](qp::i64 first, int lane, int team, const typename VQ::vector_t (&xv)[NV], acc_t scale, int zp) {
+        qp::IntQuantParam<acc_t> p;
+        p.set(scale, zp);
+        const bool zero_fp8 = scale != scale;
 #pragma unroll
-    for (int u = 0; u < NV; ++u) {
-      const int col = (lane + u * team) * VEC;
-      if (active && col < lay.S) xv[u].template load<VECTOR_IO>(x + first + col, VEC);
-    }
-    // Ask L2 for this team's next segment while this one is reduced and quantized.
-    const qp::i64 next = seg + stride;
-    if (next < lay.segments) {
-#pragma unroll
-      for (int u = 0; u < NV; ++u) {
-        const int col = (lane + u * team) * VEC;
-        if (col < lay.S) qp::prefetch_l2(x + next * lay.S + col);
-      }
-    }
-    const bool asym = lay.mode != 0;
-    Scan scan;
-    scan.reset();
-#pragma unroll
-    for (int u = 0; u < NV; ++u) {
-      const int col = (lane + u * team) * VEC;
-      if (active && col < lay.S) scan.add(xv[u], asym);
-    }
-    Range range = scan.result();
-    qp::team_reduce_range(range, asym, lay.seg_log2, team_slots);
-    if (!active) continue;
-    int zp;
-    const acc_t scale =
-        qp::segment_params<acc_t>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
-                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max, divisor, zp);
-    if (lane == 0) {
-      scale_out[seg] = scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
-    qp::IntQuantParam<acc_t> p;
-    p.set(scale, zp);
-    const bool zero_fp8 = scale != scale;
-#pragma unroll
-    for (int u = 0; u < NV; ++u) {
-      const int col = (lane + u * team) * VEC;
-      if (col < lay.S) {
-        int codes[VEC];
-        if constexpr (STOCHASTIC) {
-          VQ::stochastic_codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8, (qp::u64)(first + col), seed, offset, codes);
-        } else {
-          VQ::codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8, codes);
+        for (int u = 0; u < NV; ++u) {
+          const int col = (lane + u * team) * VEC;
+          if (col < lay.S) {
+            int codes[VEC];
+            if constexpr (STOCHASTIC) {
+              VQ::stochastic_codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8, (qp::u64)(first + col), seed, offset,
+                                   codes);
+            } else {
+              VQ::codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8, codes);
+            }
+            VQ::template store<VECTOR_IO>(q + (VQ::packed ? (first + col) / 2 : first + col), VEC, codes);
+          }
         }
-        VQ::template store<VECTOR_IO>(q + (VQ::packed ? (first + col) / 2 : first + col), VEC, codes);
-      }
-    }
-  }
+      });
 }

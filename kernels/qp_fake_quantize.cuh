@@ -11,6 +11,8 @@
 //   below:   dscale_i = (dy * (q_min - zp)) * gf,       dzp_i = ((-dy) * scale) * gf
 //   above:   dscale_i = (dy * (q_max - zp)) * gf,       dzp_i = ((-dy) * scale) * gf
 // where y is the unrounded-to-dtype fake-quantized value (accumulator type).
+// Stochastic rounding (dynamic-range fake quantization) replaces rne(x * inv) by
+// floor(v) + (u < v - floor(v)) with v = x * inv and u the element's Philox uniform.
 // The accumulator is float for f16/bf16/f32 data and double for f64. No FMA contraction: every
 // product and sum is rounded separately, as in the reference.
 #pragma once
@@ -38,6 +40,14 @@ __device__ __forceinline__ float acc_rint_fast(float t) {
   return fabsf(t) < 8388608.0f ? r : t;
 }
 __device__ __forceinline__ double acc_rint_fast(double t) { return rint(t); }
+
+// rne(t) for |t| < 2^22 (2^51 for double), and NaN: adding and subtracting 1.5 * 2^23 (1.5 * 2^52)
+// lands where the spacing is 1, the parity of the sum is t's, and the subtraction is exact; a zero
+// result is +0 (as rne(t) + zp is for zp = 0). Two additions, nothing on the conversion pipe.
+__device__ __forceinline__ float acc_rint_small(float t) { return __fsub_rn(__fadd_rn(t, 12582912.0f), 12582912.0f); }
+__device__ __forceinline__ double acc_rint_small(double t) {
+  return __dsub_rn(__dadd_rn(t, 6755399441055744.0), 6755399441055744.0);
+}
 
 // Where the zero point comes from (a runtime choice, uniform across the launch).
 enum ZeroPointSource { kZpValue = 0, kZpInt32 = 1, kZpFloat = 2 };
@@ -78,12 +88,35 @@ template <class Acc> struct FakeQuantParam {
     return q != q ? lo - (Acc)1 : q;
   }
 
+  // Stochastic rounding instead of rne (SPEC section 4): v = x * inv, q = floor(v) + (u < v - floor(v)) + zp,
+  // NaN -> below the range as in code(); +-Inf stay infinite (Inf - Inf is NaN, which compares false).
+  __device__ __forceinline__ Acc stochastic_code(Acc x, float u) const {
+    const Acc v = acc_mul(x, inv);
+    const Acc f = floor(v);
+    const Acc q = acc_add((Acc)u < acc_sub(v, f) ? acc_add(f, (Acc)1) : f, zp);
+    return q != q ? lo - (Acc)1 : q;
+  }
+
+  // fake() and fake_stochastic() where |x * inv| < 2^22 or NaN is known (dynamic ranges: a
+  // finite inv bounds |x * inv| by about q_max - q_min). A NaN q needs no replacement here: the
+  // clamp's fmax turns it into q_min, as code()'s q_min - 1 does.
+  __device__ __forceinline__ Acc fake_small(Acc x) const {
+    return dequantized(acc_add(acc_rint_small(acc_mul(x, inv)), zp));
+  }
+  __device__ __forceinline__ Acc fake_stochastic_small(Acc x, float u) const {
+    const Acc v = acc_mul(x, inv);
+    const Acc r = acc_rint_small(v);
+    const Acc f = r > v ? acc_sub(r, (Acc)1) : r;  // floor(v) (a -0 / +0 difference cancels in + zp)
+    return dequantized(acc_add((Acc)u < acc_sub(v, f) ? acc_add(f, (Acc)1) : f, zp));
+  }
+
   __device__ __forceinline__ bool inside(Acc q) const { return q >= lo && q <= hi; }
 
   // (clamp(q) - zp) * scale
   __device__ __forceinline__ Acc dequantized(Acc q) const { return acc_mul(acc_sub(fmin(fmax(q, lo), hi), zp), scale); }
 
   __device__ __forceinline__ Acc fake(Acc x) const { return dequantized(code(x)); }
+  __device__ __forceinline__ Acc fake_stochastic(Acc x, float u) const { return dequantized(stochastic_code(x, u)); }
 
   // The straight-through gradient: dy * (mask ? 1 : 0) (a negative dy outside gives -0, NaN stays NaN).
   __device__ __forceinline__ Acc ste(Acc x, Acc dy) const { return acc_mul(dy, inside(code(x)) ? (Acc)1 : (Acc)0); }

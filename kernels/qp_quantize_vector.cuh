@@ -4,6 +4,7 @@
 //
 //   integer codes: clamp(rne(x / scale) + zp, q_min, q_max)     (NaN -> zp, +-Inf clamp)
 //   FP8 codes:     fp8_rne_saturate(x / scale)                   (NaN -> 0x7F)
+// `inside` / `inside_mask`: the straight-through mask of the same codes (quantize backward).
 // `zero_fp8` (dynamic range: the NaN scale of a non-finite segment) makes every FP8 code 0.
 // STOCHASTIC codes take the Philox uniforms of the elements (qp_philox.cuh).
 #pragma once
@@ -71,6 +72,35 @@ struct VectorQuantizer {
     if (!ok) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) c[k] = code(FE::to_acc(xv.v[k]), p, q_min, q_max, zero_fp8);
+    }
+  }
+
+  // The straight-through mask of one element (quantize backward): the pre-clamp code of `code`
+  // inside [q_min, q_max], FP8: |v / scale| <= max; NaN and +-Inf outside (qp_rounding.cuh).
+  static __device__ __forceinline__ bool inside(acc_t v, const IntQuantParam<acc_t>& p, int q_min, int q_max) {
+    if constexpr (kind == 2) return quantize_fp8_inside<Out>(v, p);
+    return quantize_int_inside(v, p, q_min, q_max);
+  }
+
+  // All VEC masks under one parameter, as `codes`: the division-free path for the whole vector,
+  // the per-element division for the rare vector it does not cover.
+  static __device__ __forceinline__ void inside_mask(const vector_t& xv, const IntQuantParam<acc_t>& p, int q_min,
+                                                     int q_max, bool (&m)[VEC]) {
+    bool ok = false;
+    if constexpr (sizeof(acc_t) == 4) {
+      ok = p.fast;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        if constexpr (kind == 2) {
+          m[k] = quantize_fp8_inside_fast<Out>(FE::to_acc(xv.v[k]), p, ok);
+        } else {
+          m[k] = quantize_int_inside_fast(FE::to_acc(xv.v[k]), p, q_min, q_max, ok);
+        }
+      }
+    }
+    if (!ok) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) m[k] = inside(FE::to_acc(xv.v[k]), p, q_min, q_max);
     }
   }
 

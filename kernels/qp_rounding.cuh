@@ -93,13 +93,18 @@ __device__ __forceinline__ float quotient_fast(float x, const IntQuantParam<floa
   return __fmaf_rn(r, p.inv, t);
 }
 
+// Division-free rne(x / scale) + zp before the clamp, as an int (no overflow where `ok` holds:
+// |x / scale| < 2^21 and |zp| <= 2^30). Clears `ok` when the element must be redone exactly.
+__device__ __forceinline__ int unclamped_code_fast(float x, const IntQuantParam<float>& p, bool& ok) {
+  const float rb = __fadd_rn(quotient_fast(x, p, ok), QP_RNE_MAGIC);
+  return (int)((u32)__float_as_int(rb) - (u32)QP_RNE_MAGIC_BITS + (u32)p.zp);
+}
+
 // Division-free clamp(rne(x / scale) + zp, q_min, q_max). Clears `ok` when the element must be
 // redone exactly; the returned code is then meaningless.
 __device__ __forceinline__ int quantize_int_code_fast(float x, const IntQuantParam<float>& p, int q_min, int q_max,
                                                       bool& ok) {
-  const float rb = __fadd_rn(quotient_fast(x, p, ok), QP_RNE_MAGIC);
-  const int code = (int)((u32)__float_as_int(rb) - (u32)QP_RNE_MAGIC_BITS + (u32)p.zp);
-  return min(max(code, q_min), q_max);
+  return min(max(unclamped_code_fast(x, p, ok), q_min), q_max);
 }
 
 // The exact path, kept out of line: it is rare in float data, and inlining it at every element
@@ -209,6 +214,62 @@ __device__ __forceinline__ u8 quantize_fp8_code_stochastic(Acc x, Acc scale, flo
   const Acc frac = ldexp(v - lo, -step_exp);
   const Acc chosen = copysign(fabs((Acc)u < frac ? hi : lo), v);
   return fp8_from_acc<Fp8>(chosen);
+}
+
+// ---- the straight-through mask of quantization (QuantizeBackwardPlan) ----
+// True where the forward's pre-clamp value lies inside the code range, from the same quotient,
+// rounding and exact-division fallback as the codes above, so it agrees with them bit for bit:
+//   integer: q_min <= rne(x / scale) + zp <= q_max   (inclusive; NaN outside, +-Inf outside)
+//   fp8:     |x / scale| <= largest finite            (NaN outside, +-Inf outside)
+// Where the division-free quotient is not exact (|x / scale| < 2^-40) it is inside the range
+// exactly when the IEEE quotient is (both round to a signed zero; both are below the FP8 max).
+
+// q_min <= r + zp <= q_max for an integral r, exactly for any int32 zero point (the outward
+// rounded bounds of clamp_integral_code); NaN compares false.
+template <class Acc>
+__device__ __forceinline__ bool integral_code_inside(Acc r, int zp, int q_min, int q_max) {
+  return r >= acc_from_i64_up((i64)q_min - zp, Acc()) && r <= acc_from_i64_down((i64)q_max - zp, Acc());
+}
+
+__device__ __forceinline__ bool quantize_int_inside_fast(float x, const IntQuantParam<float>& p, int q_min, int q_max,
+                                                         bool& ok) {
+  const int code = unclamped_code_fast(x, p, ok);
+  return code >= q_min && code <= q_max;
+}
+
+template <class Acc>
+__device__ __noinline__ bool quantize_int_inside_exact(Acc x, Acc scale, int zp, int q_min, int q_max) {
+  return integral_code_inside(acc_rint(acc_div(x, scale)), zp, q_min, q_max);
+}
+
+template <class Acc>
+__device__ __forceinline__ bool quantize_int_inside(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const bool inside = quantize_int_inside_fast(x, p, q_min, q_max, ok);
+    if (ok) return inside;
+  }
+  return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max);
+}
+
+template <class Fp8>
+__device__ __forceinline__ bool quantize_fp8_inside_fast(float x, const IntQuantParam<float>& p, bool& ok) {
+  return fabsf(quotient_fast(x, p, ok)) <= (float)Fp8Format<Fp8>::max;
+}
+
+template <class Fp8, class Acc>
+__device__ __noinline__ bool quantize_fp8_inside_exact(Acc x, Acc scale) {
+  return fabs(acc_div(x, scale)) <= (Acc)Fp8Format<Fp8>::max;
+}
+
+template <class Fp8, class Acc>
+__device__ __forceinline__ bool quantize_fp8_inside(Acc x, const IntQuantParam<Acc>& p) {
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const bool inside = quantize_fp8_inside_fast<Fp8>(x, p, ok);
+    if (ok) return inside;
+  }
+  return quantize_fp8_inside_exact<Fp8>(x, p.scale);
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----

@@ -10,6 +10,16 @@
 // Template arguments: In (f16, bf16, f32, f64), Out (s8, u8q, s4, u4, e4m3, e5m2), VEC elements
 // per thread-vector, VECTOR_IO (aligned vector loads/stores or a bounded element loop),
 // HIGH_FIRST nibble order for packed outputs, STOCHASTIC rounding.
+//
+// quantize_backward_rows (QuantizeBackwardPlan): the straight-through gradient of quantize_rows,
+//   dx = dq / scale  (IEEE division in the accumulator type, rounded once to In)
+//        where the forward's pre-clamp value is inside the range, else +0:
+//   integer codes: q_min <= rne(x / scale) + zp <= q_max     FP8: |x / scale| <= max finite
+// (NaN and +-Inf x outside). The mask comes from VectorQuantizer::inside_mask, the forward's own
+// quotient and rounding, so it agrees with quantize_rows's codes bit for bit. Template
+// arguments: In (f16, bf16, f32, f64: x, dq and dx), Code (the forward's code kind: the integer
+// kinds share one mask, whose range is RowLayout's q_min / q_max), VEC. dq and dx may be the
+// same array (each element is read before it is written, by the thread that writes it).
 #include "qp_elements.cuh"
 #include "qp_quantize_vector.cuh"
 #include "qp_row_layout.cuh"
@@ -103,6 +113,68 @@ struct QuantizeBody {
   }
 };
 
+// Quantize backward: reads x and dq, writes dx (vector I/O; misaligned operands take VEC = 1).
+template <class In, class Code, int VEC>
+struct QuantizeBackwardBody {
+  typedef VectorQuantizer<In, Code, VEC, false> VQ;
+  typedef typename VQ::FE FE;
+  typedef typename VQ::in_t in_t;
+  typedef typename VQ::acc_t acc_t;
+
+  const in_t* x;
+  const in_t* dq;
+  in_t* dx;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
+  const RowLayout& lay;
+  IntQuantParam<acc_t> row_param;
+  ElementVector<in_t, VEC> xv[kQuantizeUnroll];
+  ElementVector<in_t, VEC> gv[kQuantizeUnroll];
+
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
+    IntQuantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
+
+  __device__ __forceinline__ void begin_item(i64, i64 pbase) {
+    if (lay.cs == 0) row_param = param(pbase);
+  }
+
+  __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
+    const i64 at = row * lay.L + col;
+    xv[u].template load<true>(x + at, valid);
+    gv[u].template load<true>(dq + at, valid);
+  }
+
+  // dq / scale inside the mask, +0 outside.
+  static __device__ __forceinline__ acc_t gradient(bool inside, acc_t g, acc_t scale) {
+    return inside ? acc_div(g, scale) : (acc_t)0;
+  }
+
+  __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
+    acc_t vals[VEC];
+    if (lay.cs == 0 || (lay.gc & (VEC - 1)) == 0) {  // one parameter for the whole vector
+      const IntQuantParam<acc_t> p = lay.cs == 0 ? row_param : param(pbase + (i64)column_group(lay, col) * lay.cs);
+      bool mask[VEC];
+      VQ::inside_mask(xv[u], p, lay.q_min, lay.q_max, mask);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) vals[k] = gradient(mask[k], FE::to_acc(gv[u].v[k]), p.scale);
+    } else {
+      for_each_column_param<VEC, IntQuantParam<acc_t>>(
+          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return param(index); },
+          [&](int k, const IntQuantParam<acc_t>& p) {
+            const bool inside = VQ::inside(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max);
+            vals[k] = gradient(inside, FE::to_acc(gv[u].v[k]), p.scale);
+          });
+    }
+    vector_from_acc<In, VEC>(vals).template store<true>(dx + row * lay.L + col, valid);
+  }
+};
+
 }  // namespace qp
 
 template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
@@ -119,5 +191,15 @@ quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::
   }
   qp::QuantizeBody<In, Out, VEC, VECTOR_IO, HIGH_FIRST, STOCHASTIC> body(x, q, scale_ptr, zp_ptr, scale_value, zp_value,
                                                                          lay, seed, offset);
+  qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
+}
+
+template <class In, class Code, int VEC>
+__global__ void __launch_bounds__(256)
+quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const typename qp::FloatElement<In>::storage* dq,
+                       typename qp::FloatElement<In>::storage* dx,
+                       const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
+                       typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay) {
+  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay};
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }

@@ -15,7 +15,13 @@ Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy r
 from __future__ import annotations
 
 from ._device import cuda_available
+from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
+from .dynamic_fake_quantize import (
+    DynamicRangeFakeQuantizeArgs,
+    DynamicRangeFakeQuantizeDescriptor,
+    DynamicRangeFakeQuantizePlan,
+)
 from .errors import (
     InvalidProblem,
     KernelCompileError,
@@ -40,6 +46,15 @@ from .quantize import (
     QuantizeDescriptor,
     QuantizePlan,
 )
+from .quantize_backward import (
+    DequantizeBackwardArgs,
+    DequantizeBackwardDescriptor,
+    DequantizeBackwardPlan,
+    QuantizeBackwardArgs,
+    QuantizeBackwardDescriptor,
+    QuantizeBackwardPlan,
+)
+from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from .types import (
     HOST_ARCH,
     ArchSku,
@@ -72,10 +87,19 @@ __all__ = [
     "ArchSku",
     "BackendKind",
     "ChannelScope",
+    "DequantReduceArgs",
+    "DequantReduceDescriptor",
+    "DequantReducePlan",
     "DequantizeArgs",
+    "DequantizeBackwardArgs",
+    "DequantizeBackwardDescriptor",
+    "DequantizeBackwardPlan",
     "DequantizeDescriptor",
     "DequantizePlan",
     "ElementKind",
+    "DynamicRangeFakeQuantizeArgs",
+    "DynamicRangeFakeQuantizeDescriptor",
+    "DynamicRangeFakeQuantizePlan",
     "FakeQuantizeArgs",
     "FakeQuantizeBackwardArgs",
     "FakeQuantizeBackwardDescriptor",
@@ -95,11 +119,17 @@ __all__ = [
     "QuantMode",
     "QuantPlanError",
     "QuantizeArgs",
+    "QuantizeBackwardArgs",
+    "QuantizeBackwardDescriptor",
+    "QuantizeBackwardPlan",
     "QuantizeDescriptor",
     "QuantizeKind",
     "QuantizePlan",
     "Rounding",
     "Scope",
+    "SwizzledQuantizeArgs",
+    "SwizzledQuantizeDescriptor",
+    "SwizzledQuantizePlan",
     "TensorScope",
     "TokenScope",
     "Unsupported",

@@ -292,6 +292,25 @@ class OperandChecks:
             raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
         return op
 
+    def _param_output(self, value: Any, name: str, dtype: np.dtype, required: bool) -> Operand | None:
+        """A parameter array the plan writes (``scale_out`` / ``zero_point_out``): ``_param_shape``
+        (any one-element shape when that is all ones), ``dtype``, C-contiguous and aligned; None
+        when ``value`` is None and not ``required``."""
+        if value is None:
+            if required:
+                raise InvalidProblem(f"{name} is required: an array of shape {self._param_shape} ({dtype.name})")
+            return None
+        op = operand(value, name)
+        self._check_residence(op, name)
+        pshape = self._param_shape
+        if op.shape != pshape and not (math.prod(pshape) == 1 and op.size == 1):
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {pshape}")
+        if op.dtype_name != dtype.name:
+            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan writes {dtype.name}")
+        if not op.contiguous or op.ptr % op.itemsize:
+            raise InvalidProblem(f"{name} must be C-contiguous and aligned to its {op.itemsize}-byte elements")
+        return op
+
     def _rng_value(self, value: Any, name: str) -> Operand | int:
         """A seed / offset: a Python int in [0, 2**64) or a one-element int64 array on the plan's device."""
         if value is None:

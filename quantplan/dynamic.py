@@ -32,7 +32,7 @@ from ._affine import (
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
-from ._operands import Operand, operand, overlaps
+from ._operands import Operand, overlaps
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
@@ -317,9 +317,7 @@ class DynamicRangeQuantizePlan:
         device_id: int | None,
         arch_name: str,
         quantize: QuantizePlan | None,
-        launches: dict[str, PreparedLaunch] | None,
-        stats_fallback: PreparedLaunch | None,
-        stats_align: int,
+        passes: RangePasses | None,
         variant: str,
         fused: _FusedLaunches | None = None,
     ) -> None:
@@ -329,9 +327,7 @@ class DynamicRangeQuantizePlan:
         self.device_id = device_id
         self._arch_name = arch_name
         self._quantize = quantize
-        self._launches = launches or {}
-        self._stats_fallback = stats_fallback
-        self._stats_align = stats_align
+        self._passes = passes
         self._variant = variant
         self._fused = fused
         # Argument checks are QuantizePlan's (same operands); a plan without the multi-pass path
@@ -340,7 +336,6 @@ class DynamicRangeQuantizePlan:
         self._param_shape = problem.param_shape
         self._param_count = math.prod(self._param_shape) if self._param_shape else 1
         self._param_dtype = param_numpy_dtype(problem.precision)
-        self._key_bytes = 8 if problem.precision is MathPrecision.F64 else 4
 
     # ---- selection ------------------------------------------------------------------------
 
@@ -366,19 +361,11 @@ class DynamicRangeQuantizePlan:
                 )
         backend = choose_backend(pref)
         if backend is BackendKind.REFERENCE:
-            return cls(desc, problem, backend, None, HOST_ARCH.name, None, None, None, 1, "numpy")
-        import cupy
+            return cls(desc, problem, backend, None, HOST_ARCH.name, None, None, "numpy")
 
         device_id = stream_device_id(stream)
         info = device_info(device_id)
-        code = ELEMENTS[problem.code_kind]
-        if code.is_fp8:
-            assert code.fp8_max is not None
-            divisor = code.fp8_max
-        elif problem.mode is QuantMode.SYMMETRIC:
-            divisor = float(problem.q_max)
-        else:
-            divisor = float(problem.q_max - problem.q_min)
+        divisor = range_divisor(problem)
         busy = info.sm_count * 2048
         geometry = segment_geometry(problem, busy, 4 if problem.float_kind is ElementKind.F64 else 8)
         if geometry is not None:
@@ -386,88 +373,21 @@ class DynamicRangeQuantizePlan:
             assert fallback_geometry is not None
             fused = _prepare_fused(problem, geometry, fallback_geometry, divisor, device_id)
             variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
-            return cls(desc, problem, backend, device_id, info.arch.name, None, None, None, 1, variant, fused)
+            return cls(desc, problem, backend, device_id, info.arch.name, None, None, variant, fused)
         quantize = QuantizePlan._select(stream, problem, pref)
         assert isinstance(quantize, QuantizePlan)
-        functions = load_kernels(
-            _FAMILY, dynamic_range_unit(problem.float_kind), info.arch, device_id, compile_options()
-        )
-        acc = _acc_tag(problem.precision)
-        busy = info.sm_count * 2048
-        vec_max = 4 if problem.float_kind is ElementKind.F64 else 8
-        tag = ELEMENTS[problem.float_kind].cpp_tag
-        tensor_scope = isinstance(problem.scope, TensorScope)
-
-        def stats_launch(layout: RowLayout) -> PreparedLaunch:
-            fn = functions[template_name("range_stats_rows", tag, layout.vec, True)]
-            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
-            grid = layout.blocks(max(1, per_sm) * info.sm_count)
-            return PreparedLaunch(
-                fn, grid, BLOCK_THREADS, _STATS_PARAMS, layout=layout.args(problem.q_min, problem.q_max)
-            )
-
-        def tensor_stats_launch(vec: int) -> PreparedLaunch:
-            fn = functions[template_name("range_stats_tensor", tag, vec)]
-            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
-            n_vectors = problem.numel // vec
-            grid = max(1, min(max(1, per_sm) * info.sm_count, -(-n_vectors // BLOCK_THREADS)))
-            return PreparedLaunch(
-                fn,
-                grid,
-                BLOCK_THREADS,
-                _TENSOR_STATS_PARAMS,
-                n_vectors=n_vectors,
-                mode=0 if problem.mode is QuantMode.SYMMETRIC else 1,
-            )
-
-        primary = row_layout(problem.shape, problem.scope, vec_max, False, busy)
-        fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
-        tensor_vec = vec_max
-        while problem.numel % tensor_vec:
-            tensor_vec //= 2
-        count = math.prod(problem.param_shape) if problem.param_shape else 1
-        small_grid = max(1, min(info.sm_count * 8, -(-count // BLOCK_THREADS)))
-        launches = {
-            "init": PreparedLaunch(
-                functions[template_name("range_stats_init", acc)], small_grid, BLOCK_THREADS, _INIT_PARAMS, count=count
-            ),
-            "stats": tensor_stats_launch(tensor_vec) if tensor_scope else stats_launch(primary),
-            "params": PreparedLaunch(
-                functions[template_name("range_params", acc)],
-                small_grid,
-                BLOCK_THREADS,
-                _PARAMS_PARAMS[problem.precision],
-                count=count,
-                mode=0 if problem.mode is QuantMode.SYMMETRIC else 1,
-                q_min=problem.q_min,
-                q_max=problem.q_max,
-                divisor=divisor,
-            ),
-        }
-        in_bytes = ELEMENTS[problem.float_kind].storage_bits // 8
-        stats_kind = "block-reduced-range" if tensor_scope else "range-atomics"
-        variant = f"{problem.scope.kind}/{problem.mode.value}/{stats_kind}+{quantize.sku().variant}"
-        return cls(
-            desc,
-            problem,
-            backend,
-            device_id,
-            info.arch.name,
-            quantize,
-            launches,
-            tensor_stats_launch(1) if tensor_scope else stats_launch(fallback),
-            min(16, (tensor_vec if tensor_scope else primary.vec) * in_bytes),
-            variant,
-        )
+        passes = RangePasses.prepare(problem, divisor, device_id)
+        variant = f"{problem.scope.kind}/{problem.mode.value}/{passes.kind}+{quantize.sku().variant}"
+        return cls(desc, problem, backend, device_id, info.arch.name, quantize, passes, variant)
 
     # ---- introspection --------------------------------------------------------------------
 
     def workspace_size(self) -> int:
         """Bytes of workspace ``run`` needs: three integer statistics per segment on the GPU's
         multi-pass path; 0 for the fused single pass and on the reference backend."""
-        if self.backend is BackendKind.REFERENCE or self._fused is not None:
+        if self._passes is None:
             return 0
-        return 3 * self._key_bytes * self._param_count
+        return self._passes.stats_bytes
 
     def precision_guarantee(self) -> PrecisionGuarantee:
         """float32 arithmetic (float64 for F64), exact order-independent range reductions, bit-exact to the reference."""
@@ -515,18 +435,8 @@ class DynamicRangeQuantizePlan:
         return CheckedArgs(x, y, 0.0, None, seed, offset), scale, zp
 
     def _param_out(self, value: Any, name: str, dtype: np.dtype) -> Operand:
-        helper = self._checker
-        if value is None:
-            raise InvalidProblem(f"{name} is required: an array of shape {self._param_shape} ({dtype.name})")
-        op = operand(value, name)
-        helper._check_residence(op, name)
-        pshape = self._param_shape
-        if op.shape != pshape and not (math.prod(pshape) == 1 and op.size == 1):
-            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {pshape}")
-        if op.dtype_name != dtype.name:
-            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan writes {dtype.name}")
-        if not op.contiguous or op.ptr % op.itemsize:
-            raise InvalidProblem(f"{name} must be C-contiguous and aligned to its {op.itemsize}-byte elements")
+        op = self._checker._param_output(value, name, dtype, required=True)
+        assert op is not None
         return op
 
     def can_implement(self, args: DynamicRangeQuantizeArgs) -> bool:
@@ -554,18 +464,8 @@ class DynamicRangeQuantizePlan:
         if self._fused is not None:
             self._fused.launch(self.device_id, handle, a, scale, zp)
             return
-        assert workspace is not None and self._quantize is not None
-        stats_ptr = workspace.ptr
-        init, params = self._launches["init"], self._launches["params"]
-        stats = self._launches["stats"] if a.x.ptr % self._stats_align == 0 else self._stats_fallback
-        assert stats is not None
-        init.params.stats = stats_ptr
-        stats.params.x = a.x.ptr
-        stats.params.stats = stats_ptr
-        params.params.stats = stats_ptr
-        params.params.scale_out = scale.ptr
-        params.params.zp_out = 0 if zp is None else zp.ptr
-        launch_on(self.device_id, handle, init, stats, params)
+        assert workspace is not None and self._quantize is not None and self._passes is not None
+        self._passes.launch(self.device_id, handle, a.x.ptr, workspace.ptr, scale.ptr, 0 if zp is None else zp.ptr)
         self._quantize.launch_on_device(
             handle,
             a.x.ptr,
@@ -589,6 +489,114 @@ class DynamicRangeQuantizePlan:
         np.copyto(np.asarray(scale.obj), s.reshape(np.asarray(scale.obj).shape), casting="no")
         if zp is not None and z is not None:
             np.copyto(np.asarray(zp.obj), z.reshape(np.asarray(zp.obj).shape), casting="no")
+
+
+def range_divisor(problem: AffineProblem) -> float:
+    """The divisor of the dynamic scale: ``fp8_max`` (FP8), ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
+    code = ELEMENTS[problem.code_kind]
+    if code.is_fp8:
+        assert code.fp8_max is not None
+        return code.fp8_max
+    if problem.mode is QuantMode.SYMMETRIC:
+        return float(problem.q_max)
+    return float(problem.q_max - problem.q_min)
+
+
+class RangePasses:
+    """The multi-pass path's parameter launches: statistics reset, range statistics (row layout by
+    integer atomics, or block-reduced for TensorScope) and parameters, written to ``scale_out`` /
+    ``zp_out`` device arrays. Shared by DynamicRangeQuantizePlan and DynamicRangeFakeQuantizePlan.
+
+    ``stats_bytes``: the workspace the statistics take (three integer keys per segment).
+    """
+
+    __slots__ = ("fallback", "init", "kind", "params", "stats", "stats_align", "stats_bytes")
+
+    def __init__(
+        self,
+        init: PreparedLaunch,
+        stats: PreparedLaunch,
+        fallback: PreparedLaunch,
+        params: PreparedLaunch,
+        stats_align: int,
+        stats_bytes: int,
+        kind: str,
+    ) -> None:
+        self.init, self.stats, self.fallback, self.params = init, stats, fallback, params
+        self.stats_align, self.stats_bytes, self.kind = stats_align, stats_bytes, kind
+
+    @classmethod
+    def prepare(cls, problem: AffineProblem, divisor: float, device_id: int) -> RangePasses:
+        """Compile (first use) and prepare the range passes of ``problem`` on ``device_id``."""
+        import cupy
+
+        info = device_info(device_id)
+        functions = load_kernels(
+            _FAMILY, dynamic_range_unit(problem.float_kind), info.arch, device_id, compile_options()
+        )
+        acc = _acc_tag(problem.precision)
+        busy = info.sm_count * 2048
+        vec_max = 4 if problem.float_kind is ElementKind.F64 else 8
+        tag = ELEMENTS[problem.float_kind].cpp_tag
+        mode = 0 if problem.mode is QuantMode.SYMMETRIC else 1
+
+        def per_sm(fn: Any) -> int:
+            return max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0))
+
+        def stats_launch(layout: RowLayout) -> PreparedLaunch:
+            fn = functions[template_name("range_stats_rows", tag, layout.vec, True)]
+            grid = layout.blocks(per_sm(fn) * info.sm_count)
+            return PreparedLaunch(
+                fn, grid, BLOCK_THREADS, _STATS_PARAMS, layout=layout.args(problem.q_min, problem.q_max)
+            )
+
+        def tensor_stats_launch(vec: int) -> PreparedLaunch:
+            fn = functions[template_name("range_stats_tensor", tag, vec)]
+            n_vectors = problem.numel // vec
+            grid = max(1, min(per_sm(fn) * info.sm_count, -(-n_vectors // BLOCK_THREADS)))
+            return PreparedLaunch(fn, grid, BLOCK_THREADS, _TENSOR_STATS_PARAMS, n_vectors=n_vectors, mode=mode)
+
+        count = math.prod(problem.param_shape) if problem.param_shape else 1
+        small_grid = max(1, min(info.sm_count * 8, -(-count // BLOCK_THREADS)))
+        init = PreparedLaunch(
+            functions[template_name("range_stats_init", acc)], small_grid, BLOCK_THREADS, _INIT_PARAMS, count=count
+        )
+        params = PreparedLaunch(
+            functions[template_name("range_params", acc)],
+            small_grid,
+            BLOCK_THREADS,
+            _PARAMS_PARAMS[problem.precision],
+            count=count,
+            mode=mode,
+            q_min=problem.q_min,
+            q_max=problem.q_max,
+            divisor=divisor,
+        )
+        in_bytes = ELEMENTS[problem.float_kind].storage_bits // 8
+        key_bytes = 8 if problem.precision is MathPrecision.F64 else 4
+        if isinstance(problem.scope, TensorScope):
+            vec = vec_max
+            while problem.numel % vec:
+                vec //= 2
+            stats, fallback, kind = tensor_stats_launch(vec), tensor_stats_launch(1), "block-reduced-range"
+        else:
+            primary = row_layout(problem.shape, problem.scope, vec_max, False, busy)
+            vec = primary.vec
+            stats = stats_launch(primary)
+            fallback = stats_launch(row_layout(problem.shape, problem.scope, 1, False, busy))
+            kind = "range-atomics"
+        return cls(init, stats, fallback, params, min(16, vec * in_bytes), 3 * key_bytes * count, kind)
+
+    def launch(self, device_id: int, handle: int, x_ptr: int, stats_ptr: int, scale_ptr: int, zp_ptr: int) -> None:
+        """Enqueue reset, statistics and parameters on raw stream ``handle`` (``zp_ptr`` 0: none)."""
+        stats = self.stats if x_ptr % self.stats_align == 0 else self.fallback
+        self.init.params.stats = stats_ptr
+        stats.params.x = x_ptr
+        stats.params.stats = stats_ptr
+        self.params.params.stats = stats_ptr
+        self.params.params.scale_out = scale_ptr
+        self.params.params.zp_out = zp_ptr
+        launch_on(device_id, handle, self.init, stats, self.params)
 
 
 class _FusedLaunches:

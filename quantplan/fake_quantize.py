@@ -21,6 +21,7 @@ Kernels: ``kernels/fake_quantize.cu`` (+ ``qp_fake_quantize.cuh``); reference:
 from __future__ import annotations
 
 import ctypes
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,28 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 CODE_LIMIT = 2**24
 #: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value, an int32 array, a float array.
 _ZP_VALUE, _ZP_INT32, _ZP_FLOAT = 0, 1, 2
+
+
+class FakeOp(enum.IntEnum):
+    """What an elementwise fake-quantization kernel computes (``FakeOp`` of ``kernels/fake_quantize.cu``)."""
+
+    NEAREST = 0  #: y = fake(x), rne
+    STE = 1  #: dx = dy * mask
+    STOCHASTIC = 2  #: y = fake(x), Philox stochastic rounding
+
+
+#: The row kernel of each FakeOp.
+_ROW_KERNELS = {
+    FakeOp.NEAREST: "fake_quantize_rows",
+    FakeOp.STE: "fake_quantize_ste_rows",
+    FakeOp.STOCHASTIC: "fake_quantize_stochastic_rows",
+}
+_RNG_FIELDS = [
+    ("seed_ptr", ctypes.c_uint64),
+    ("offset_ptr", ctypes.c_uint64),
+    ("seed_value", ctypes.c_uint64),
+    ("offset_value", ctypes.c_uint64),
+]
 
 
 class FakeQuantizeDescriptor(BaseModel):
@@ -180,9 +203,11 @@ def _struct(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
     return type(name, (ctypes.Structure,), {"_fields_": fields})
 
 
-def _row_params(precision: MathPrecision, ste: bool) -> type[ctypes.Structure]:
-    """Argument block of ``fake_quantize_rows`` / ``fake_quantize_ste_rows``."""
-    data = [("x", ctypes.c_uint64)] + ([("dy", ctypes.c_uint64)] if ste else []) + [("out", ctypes.c_uint64)]
+def _row_params(precision: MathPrecision, op: FakeOp) -> type[ctypes.Structure]:
+    """Argument block of the row kernel of ``op`` (``_ROW_KERNELS``)."""
+    data = (
+        [("x", ctypes.c_uint64)] + ([("dy", ctypes.c_uint64)] if op is FakeOp.STE else []) + [("out", ctypes.c_uint64)]
+    )
     return _struct(
         "FakeRowParams",
         data
@@ -192,7 +217,8 @@ def _row_params(precision: MathPrecision, ste: bool) -> type[ctypes.Structure]:
             ("scale_value", _acc_type(precision)),
             ("zp_value", ctypes.c_int32),
             ("layout", RowLayoutArgs),
-        ],
+        ]
+        + (_RNG_FIELDS if op is FakeOp.STOCHASTIC else []),
     )
 
 
@@ -237,7 +263,7 @@ _FINISH_PARAMS = _struct(
         ("chunks_per_segment", ctypes.c_int32),
     ],
 )
-_ROW_PARAMS = {(p, ste): _row_params(p, ste) for p in MathPrecision for ste in (False, True)}
+_ROW_PARAMS = {(p, op): _row_params(p, op) for p in MathPrecision for op in FakeOp}
 _FLAT_PARAMS = {
     p: _struct(
         "FakeFlatParams",
@@ -254,6 +280,7 @@ _FLAT_PARAMS = {
             ("q_max", ctypes.c_int32),
             ("n", ctypes.c_int64),
             ("per_thread", ctypes.c_int32),
+            *_RNG_FIELDS,
         ],
     )
     for p in MathPrecision
@@ -274,21 +301,34 @@ def _widths(element: ElementKind) -> list[int]:
 
 
 def fake_quantize_unit(element: ElementKind) -> list[str]:
-    """Every kernel of one data type: the forward and straight-through row kernels at each vector
-    width, the learnable backward at each width with vector and element I/O, and its finishing sum."""
+    """The elementwise and learnable kernels of one data type: the row kernel of every FakeOp at
+    each vector width, the flat TensorScope kernel of every FakeOp (widest vector, and 1), the
+    learnable backward at each width with vector and element I/O, and its finishing sum."""
     tag = ELEMENTS[element].cpp_tag
     acc = "double" if element is ElementKind.F64 else "float"
     widths = _widths(element)
-    rows = [template_name(k, tag, v, True) for k in ("fake_quantize_rows", "fake_quantize_ste_rows") for v in widths]
-    flat = [template_name("fake_quantize_flat", tag, v, ste) for v in (widths[0], 1) for ste in (False, True)]
+    rows = [template_name(k, tag, v, True) for k in _ROW_KERNELS.values() for v in widths]
+    flat = [template_name("fake_quantize_flat", tag, v, int(op)) for v in (widths[0], 1) for op in FakeOp]
     lsq = [template_name("fake_quantize_lsq_segments", tag, v, io) for v in widths for io in (True, False)]
     return [*rows, *flat, *lsq, template_name("fake_quantize_lsq_finish", acc)]
 
 
+def dynamic_fake_quantize_unit(element: ElementKind) -> list[str]:
+    """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
+    (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic."""
+    tag = ELEMENTS[element].cpp_tag
+    return [
+        template_name("dynamic_fake_quantize_segments", tag, v, True, stochastic)
+        for v in _widths(element)
+        for stochastic in (False, True)
+    ]
+
+
 @register_family(_FAMILY)
 def fake_quantize_units() -> list[list[str]]:
-    """Compile units of ``kernels/fake_quantize.cu``: one per float data type."""
-    return [fake_quantize_unit(k) for k in FLOAT_KINDS]
+    """Compile units of ``kernels/fake_quantize.cu``: per float data type, the elementwise and
+    learnable kernels, and the dynamic-range fused pass."""
+    return [unit(k) for unit in (fake_quantize_unit, dynamic_fake_quantize_unit) for k in FLOAT_KINDS]
 
 
 @dataclass(frozen=True)
@@ -465,7 +505,7 @@ def _same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) 
 
 
 def _row_launch(
-    problem: FakeQuantizeProblem, layout: RowLayout, name: str, functions: dict[str, Any], ste: bool, sm_count: int
+    problem: FakeQuantizeProblem, layout: RowLayout, name: str, functions: dict[str, Any], op: FakeOp, sm_count: int
 ) -> PreparedLaunch:
     import cupy
 
@@ -475,12 +515,12 @@ def _row_launch(
         fn,
         layout.blocks(max(1, per_sm) * sm_count),
         BLOCK_THREADS,
-        _ROW_PARAMS[problem.precision, ste],
+        _ROW_PARAMS[problem.precision, op],
         layout=layout.args(problem.q_min, problem.q_max),
     )
 
 
-class _RowLaunches:
+class FakeRowLaunches:
     """An elementwise kernel with aligned vector I/O and its one-element-vector twin for misaligned
     operands; ``flat``: ``fake_quantize_flat`` (zero-point source in its own argument) rather than
     a row kernel (source in ``layout.flags``)."""
@@ -508,6 +548,12 @@ class _RowLaunches:
         else:
             params.layout.flags = zp_source
 
+    @staticmethod
+    def set_rng(params: Any, seed: Operand | int, offset: Operand | int) -> None:
+        """Write the seed and offset of a STOCHASTIC launch (device scalar or value)."""
+        params.seed_ptr, params.seed_value = (seed.ptr, 0) if isinstance(seed, Operand) else (0, seed)
+        params.offset_ptr, params.offset_value = (offset.ptr, 0) if isinstance(offset, Operand) else (0, offset)
+
 
 def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
     """``(block threads, vectors per thread)`` of ``fake_quantize_flat``: 256 x 4 for large
@@ -521,9 +567,9 @@ def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
     return block, per_thread
 
 
-def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tuple[_RowLaunches, str]:
-    """The forward (``ste`` False) or straight-through kernel of ``problem`` and its variant tag:
-    ``fake_quantize_flat`` for TensorScope, the row kernels for the other scopes."""
+def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) -> tuple[FakeRowLaunches, str]:
+    """The elementwise kernel of ``op`` for ``problem`` and its variant tag: ``fake_quantize_flat``
+    for TensorScope, the row kernels for the other scopes."""
     info = device_info(device_id)
     functions = load_kernels(_FAMILY, fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options())
     tag = ELEMENTS[problem.float_kind].cpp_tag
@@ -535,7 +581,7 @@ def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tu
             n_vectors = -(-problem.numel // v)
             block, per_thread = flat_geometry(n_vectors, info.sm_count)
             return PreparedLaunch(
-                functions[template_name("fake_quantize_flat", tag, v, ste)],
+                functions[template_name("fake_quantize_flat", tag, v, int(op))],
                 max(1, min(_FLAT_MAX_BLOCKS, -(-n_vectors // (block * per_thread)))),
                 block,
                 _FLAT_PARAMS[problem.precision],
@@ -547,14 +593,14 @@ def _prepare_rows(problem: FakeQuantizeProblem, ste: bool, device_id: int) -> tu
 
         block, per_thread = flat_geometry(-(-problem.numel // vec), info.sm_count)
         variant = f"tensor/{problem.mode.value}/flat[vec{vec},{block}t,{per_thread}vec-per-thread]"
-        return _RowLaunches(flat(vec), flat(1), min(16, vec * in_bytes), True), variant
-    kernel = "fake_quantize_ste_rows" if ste else "fake_quantize_rows"
+        return FakeRowLaunches(flat(vec), flat(1), min(16, vec * in_bytes), True), variant
+    kernel = _ROW_KERNELS[op]
     busy = info.sm_count * 2048
     primary = row_layout(problem.shape, problem.scope, _vec_max(problem.float_kind), False, busy)
     fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
-    launches = _RowLaunches(
-        _row_launch(problem, primary, template_name(kernel, tag, primary.vec, True), functions, ste, info.sm_count),
-        _row_launch(problem, fallback, template_name(kernel, tag, 1, True), functions, ste, info.sm_count),
+    launches = FakeRowLaunches(
+        _row_launch(problem, primary, template_name(kernel, tag, primary.vec, True), functions, op, info.sm_count),
+        _row_launch(problem, fallback, template_name(kernel, tag, 1, True), functions, op, info.sm_count),
         min(16, primary.vec * in_bytes),
         False,
     )
@@ -608,7 +654,7 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         device_id: int | None,
         arch_name: str,
         variant: str,
-        launches: _RowLaunches | None,
+        launches: FakeRowLaunches | None,
     ) -> None:
         super().__init__(problem, backend, device_id, arch_name, variant)
         self._launches = launches
@@ -624,7 +670,7 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         if backend is BackendKind.REFERENCE:
             return cls(problem, backend, None, HOST_ARCH.name, "numpy", None)
         device_id = stream_device_id(stream)
-        launches, variant = _prepare_rows(problem, False, device_id)
+        launches, variant = prepare_fake_rows(problem, FakeOp.NEAREST, device_id)
         return cls(problem, backend, device_id, device_info(device_id).arch.name, variant, launches)
 
     def workspace_size(self) -> int:
@@ -761,7 +807,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         device_id: int | None,
         arch_name: str,
         variant: str,
-        rows: _RowLaunches | None,
+        rows: FakeRowLaunches | None,
         lsq: _LsqLaunches | None,
     ) -> None:
         super().__init__(problem, backend, device_id, arch_name, variant)
@@ -797,7 +843,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
             lsq = _prepare_lsq(problem, geometry, device_id)
             variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
             return cls(problem, True, backend, device_id, arch, variant, None, lsq)
-        rows, variant = _prepare_rows(problem, True, device_id)
+        rows, variant = prepare_fake_rows(problem, FakeOp.STE, device_id)
         return cls(problem, False, backend, device_id, arch, variant, rows, None)
 
     def workspace_size(self) -> int:

@@ -9,7 +9,9 @@ Formulas (SPEC section 4; arithmetic in float32, float64 for F64 data; rne = rou
 
 Kernels: ``kernels/quantize.cu`` (``quantize_rows``) and ``kernels/dequantize.cu``
 (``dequantize_rows``); reference: :func:`quantplan.reference.quantize` / ``dequantize``; tests:
-``tests/test_quantize_*.py``.
+``tests/test_quantize_*.py``. Their gradients (``quantize_backward_rows``,
+``dequantize_backward_rows``, compiled in the same units) are planned by
+:mod:`quantplan.quantize_backward`.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ class QuantizePlan(StaticAffinePlan):
     @classmethod
     def _compile_unit(cls, problem: AffineProblem) -> list[str]:
         high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return row_kernel_unit(cls._kernel, True, problem.float_kind, problem.code_kind, high_first, problem.stochastic)
+        return quantize_unit(problem.float_kind, problem.code_kind, high_first, problem.stochastic)
 
     @classmethod
     def select(cls, stream: Any, desc: QuantizeDescriptor, pref: PlanPreference | None = None) -> QuantizePlan:
@@ -227,7 +229,7 @@ class DequantizePlan(StaticAffinePlan):
     @classmethod
     def _compile_unit(cls, problem: AffineProblem) -> list[str]:
         high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return row_kernel_unit(cls._kernel, False, problem.float_kind, problem.code_kind, high_first)
+        return dequantize_unit(problem.float_kind, problem.code_kind, high_first)
 
     @classmethod
     def select(cls, stream: Any, desc: DequantizeDescriptor, pref: PlanPreference | None = None) -> DequantizePlan:
@@ -279,28 +281,67 @@ def row_kernel_unit(
     ]
 
 
-def _row_kernel_units(kernel: str, float_to_code: bool) -> list[list[str]]:
-    """One compile unit per (float, code, nibble order): all its vector widths."""
-    units: list[list[str]] = []
-    for float_kind in FLOAT_KINDS:
-        for code_kind in CODE_KINDS:
-            orders = (False, True) if ELEMENTS[code_kind].is_packed else (False,)
-            for high_first in orders:
-                for stochastic in (False, True) if float_to_code else (False,):
-                    units.append(row_kernel_unit(kernel, float_to_code, float_kind, code_kind, high_first, stochastic))
-    return units
+def backward_widths(float_kind: ElementKind) -> list[int]:
+    """Vector widths of the gradient row kernels: 8, 4, 2, 1 (F64 from 4); width 1 serves misaligned operands."""
+    vec_max = 4 if float_kind is ElementKind.F64 else 8
+    return [v for v in (8, 4, 2, 1) if v <= vec_max]
+
+
+def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> list[str]:
+    """``quantize_backward_rows`` (QuantizeBackwardPlan) of one (float, code) pair at every vector width."""
+    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
+    return [template_name("quantize_backward_rows", f_tag, c_tag, v) for v in backward_widths(float_kind)]
+
+
+def dequantize_backward_names(float_kind: ElementKind) -> list[str]:
+    """``dequantize_backward_rows`` (DequantizeBackwardPlan) of one float kind at every vector width."""
+    tag = ELEMENTS[float_kind].cpp_tag
+    return [template_name("dequantize_backward_rows", tag, v) for v in backward_widths(float_kind)]
+
+
+def quantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, stochastic: bool) -> list[str]:
+    """The compile unit of one (float, code, nibble order, rounding): ``quantize_rows`` at every
+    width and, with round-to-nearest-even, ``quantize_backward_rows`` of the same pair, so a
+    forward plan and its backward plan load one module."""
+    names = row_kernel_unit("quantize_rows", True, float_kind, code_kind, high_first, stochastic)
+    return names if stochastic else names + quantize_backward_names(float_kind, code_kind)
+
+
+def dequantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> list[str]:
+    """The compile unit of one (code, float, nibble order): ``dequantize_rows`` and
+    ``dequantize_backward_rows`` of the float kind (shared by DequantizePlan and DequantizeBackwardPlan)."""
+    return row_kernel_unit("dequantize_rows", False, float_kind, code_kind, high_first) + dequantize_backward_names(
+        float_kind
+    )
+
+
+def _orders(code_kind: ElementKind) -> tuple[bool, ...]:
+    return (False, True) if ELEMENTS[code_kind].is_packed else (False,)
 
 
 @register_family("quantize")
 def quantize_units() -> list[list[str]]:
-    """Compile units of ``quantize_rows`` (QuantizePlan)."""
-    return _row_kernel_units("quantize_rows", True)
+    """Compile units of ``kernels/quantize.cu`` (QuantizePlan, QuantizeBackwardPlan): one per
+    (float, code, nibble order, rounding)."""
+    return [
+        quantize_unit(float_kind, code_kind, high_first, stochastic)
+        for float_kind in FLOAT_KINDS
+        for code_kind in CODE_KINDS
+        for high_first in _orders(code_kind)
+        for stochastic in (False, True)
+    ]
 
 
 @register_family("dequantize")
 def dequantize_units() -> list[list[str]]:
-    """Compile units of ``dequantize_rows`` (DequantizePlan)."""
-    return _row_kernel_units("dequantize_rows", False)
+    """Compile units of ``kernels/dequantize.cu`` (DequantizePlan, DequantizeBackwardPlan): one per
+    (float, code, nibble order)."""
+    return [
+        dequantize_unit(float_kind, code_kind, high_first)
+        for float_kind in FLOAT_KINDS
+        for code_kind in CODE_KINDS
+        for high_first in _orders(code_kind)
+    ]
 
 
 __all__ = [

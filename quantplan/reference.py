@@ -454,17 +454,26 @@ def fake_zero_point(
 
 
 def fake_quantize_codes(
-    x: np.ndarray, scale: np.ndarray, zp: np.ndarray, precision: MathPrecision
+    x: np.ndarray, scale: np.ndarray, zp: np.ndarray, precision: MathPrecision, uniform: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(x_acc, inv, q)`` with ``inv = rn(1 / scale)`` and ``q = rne(x * inv) + zp`` in the
     accumulator type, a NaN ``q`` replaced by -Inf: below the range, as PyTorch's CUDA kernels
     convert NaN to int64 (INT64_MIN).
-    ``scale`` / ``zp`` broadcast against ``x`` (accumulator type)."""
+    ``scale`` / ``zp`` broadcast against ``x`` (accumulator type). With ``uniform`` (one ``u`` per
+    element, SPEC section 4), stochastic rounding replaces rne: ``v = x * inv``,
+    ``q = floor(v) + (u < v - floor(v)) + zp``, each step in the accumulator type."""
     acc = acc_dtype(precision)
     xa = to_acc(x, precision)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         inv = (acc.type(1) / scale).astype(acc)
-        q = (np.rint(xa * inv) + zp).astype(acc)
+        v = (xa * inv).astype(acc)
+        if uniform is None:
+            r = np.rint(v)
+        else:
+            f = np.floor(v)
+            u = np.broadcast_to(np.asarray(uniform), v.shape).astype(acc)
+            r = np.where(u < (v - f).astype(acc), f + acc.type(1), f).astype(acc)
+        q = (r + zp).astype(acc)
     return xa, inv, np.where(np.isnan(q), acc.type(-np.inf), q)
 
 
@@ -475,17 +484,19 @@ def fake_quantize(
     q_min: int,
     q_max: int,
     precision: MathPrecision,
+    uniform: np.ndarray | None = None,
 ) -> np.ndarray:
     """Fake quantization (SPEC section 4, PyTorch's ``fake_quantize_per_*_affine``), in ``x``'s dtype:
 
     ``inv = rn(1 / scale)``; ``q = rne(x * inv) + zp`` (NaN -> below ``q_min``);
     ``y = (clamp(q, q_min, q_max) - zp) * scale``, each step rounded in the accumulator type, then
-    rounded once to ``x``'s dtype. ``scale`` / ``zero_point`` broadcast against ``x``.
+    rounded once to ``x``'s dtype. ``scale`` / ``zero_point`` broadcast against ``x``. ``uniform``:
+    stochastic rounding instead of rne (see :func:`fake_quantize_codes`).
     """
     acc = acc_dtype(precision)
     s = np.asarray(scale).astype(acc)
     zp = fake_zero_point(zero_point, q_min, q_max, precision)
-    _, _, q = fake_quantize_codes(x, s, zp, precision)
+    _, _, q = fake_quantize_codes(x, s, zp, precision, uniform)
     with np.errstate(over="ignore", invalid="ignore"):
         y = ((np.minimum(np.maximum(q, q_min), q_max) - zp) * s).astype(acc)
     return y.astype(np.asarray(x).dtype)
@@ -549,6 +560,31 @@ def fake_quantize_lsq_terms(
     return dx, dscale, dzp
 
 
+def dynamic_fake_quantize(
+    x: np.ndarray,
+    scope: Scope,
+    mode: QuantMode,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+    uniform: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Dynamic-range fake quantization: ``(y, scale, zero_point)``.
+
+    The parameters are :func:`dynamic_range_params`' (integer codes in ``[q_min, q_max]``: scale
+    from the segment's range, zero point for ASYMMETRIC, NaN scale for a non-finite segment);
+    ``y`` is :func:`fake_quantize` of ``x`` with them (``inv = rn(1 / scale)``, rne or, with
+    ``uniform``, stochastic rounding), in ``x``'s dtype. A non-finite segment comes out all NaN.
+    """
+    x = np.asarray(x)
+    code = ElementKind.S8 if mode is QuantMode.SYMMETRIC else ElementKind.U8
+    scale, zp = dynamic_range_params(x, scope, mode, code, q_min, q_max, precision)
+    shape = tuple(x.shape)
+    zp_x: np.ndarray | int = 0 if zp is None else expand_params(zp, shape, scope)
+    y = fake_quantize(x, expand_params(scale, shape, scope), zp_x, q_min, q_max, precision, uniform)
+    return y, scale, zp
+
+
 def fake_quantize_lsq(
     x: np.ndarray,
     grad_output: np.ndarray,
@@ -569,3 +605,260 @@ def fake_quantize_lsq(
     dscale = reduce_segments(ds.astype(np.float64), scope, np.add, 0.0).astype(acc)
     dzp = reduce_segments(dz.astype(np.float64), scope, np.add, 0.0).astype(acc)
     return dx, dscale, dzp
+
+
+# ---- gradients of static quantize / dequantize (straight-through estimator) -----------------
+
+
+def quantize_backward_mask(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | int,
+    output: ElementKind,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+) -> np.ndarray:
+    """Where :func:`quantize`'s pre-clamp value lies inside the code range (boolean, ``x``'s shape).
+
+    ``v = x / scale`` exactly as :func:`quantize` computes it (accumulator dtype, IEEE division).
+    Integer codes: ``q_min <= rne(v) + zp <= q_max`` (inclusive; the sum exact). FP8 codes:
+    ``|v| <= fp8_max``. NaN and +-Inf ``x`` are outside. ``scale`` / ``zero_point`` broadcast
+    against ``x`` (see ``expand_params``).
+    """
+    acc = acc_dtype(precision)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = to_acc(x, precision) / np.asarray(scale).astype(acc)
+        info = ELEMENTS[output]
+        if info.is_fp8:
+            assert info.fp8_max is not None
+            return np.asarray(np.abs(v) <= info.fp8_max)
+        # |rne(v)| up to 2**32 is exact in float64 and so is the sum; beyond, v is far outside any range.
+        t = np.rint(v).astype(np.float64) + np.asarray(zero_point, dtype=np.int64)
+        return np.asarray((t >= q_min) & (t <= q_max))
+
+
+def quantize_backward(
+    x: np.ndarray,
+    grad_output: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | int,
+    output: ElementKind,
+    q_min: int,
+    q_max: int,
+    precision: MathPrecision,
+) -> np.ndarray:
+    """Straight-through gradient of :func:`quantize` w.r.t. ``x``, in ``grad_output``'s dtype:
+
+    ``dx = dq / scale`` (IEEE division in the accumulator dtype, rounded once) where
+    :func:`quantize_backward_mask` holds, else ``+0`` (also for a NaN or Inf ``dq``). ``dq`` is
+    ``grad_output``, the gradient w.r.t. the codes as floats (``x``'s shape, unpacked for 4-bit codes).
+    """
+    acc = acc_dtype(precision)
+    inside = quantize_backward_mask(x, scale, zero_point, output, q_min, q_max, precision)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        g = to_acc(grad_output, precision) / np.asarray(scale).astype(acc)
+        return np.where(inside, g, acc.type(0)).astype(acc).astype(np.asarray(grad_output).dtype)
+
+
+def dequantize_backward(grad_output: np.ndarray, scale: np.ndarray, precision: MathPrecision) -> np.ndarray:
+    """Gradient of :func:`dequantize` w.r.t. the codes (as floats): ``dq = dy * scale`` in the
+    accumulator dtype, rounded once to ``grad_output``'s dtype; no mask, no zero point.
+    ``scale`` broadcasts against ``grad_output``."""
+    acc = acc_dtype(precision)
+    with np.errstate(over="ignore", invalid="ignore"):
+        g = to_acc(grad_output, precision) * np.asarray(scale).astype(acc)
+        return g.astype(acc).astype(np.asarray(grad_output).dtype)
+
+
+# ---- ZeRO++ qgZ: swizzled quantization, dequantize-reduce, LoCo error feedback ---------------
+
+
+def swizzle_order(nodes: int, devices_per_node: int, pipeline: int = 1) -> np.ndarray:
+    """The slice permutation of swizzled quantization (DeepSpeed ZeRO++ ``swizzle_quant``).
+
+    The flattened input is cut into ``nodes * devices_per_node * pipeline`` equal slices, slice
+    ``z * pipeline + p`` being pipeline stage ``p`` of partition ``z = node * devices_per_node +
+    device`` (the shard destined for global rank ``z``). The output orders the slices
+    ``[pipeline][device][node]``: a (node, device) -> (device, node) transpose, pipeline stages
+    outermost. Entry ``k`` of the returned int64 array is the input slice placed at output slice
+    ``k``. Example: 2 nodes x 4 devices, pipeline 1 -> ``0 4 1 5 2 6 3 7``; with pipeline 2 ->
+    ``0 8 2 10 4 12 6 14 1 9 3 11 5 13 7 15`` (stage 0 of partitions 0 4 1 5 2 6 3 7, then stage 1).
+    """
+    for name, value in (("nodes", nodes), ("devices_per_node", devices_per_node), ("pipeline", pipeline)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    index = np.arange(nodes * devices_per_node * pipeline, dtype=np.int64)
+    return index.reshape(nodes, devices_per_node, pipeline).transpose(2, 1, 0).reshape(-1)
+
+
+def swizzle(a: np.ndarray, nodes: int, devices_per_node: int, pipeline: int = 1) -> np.ndarray:
+    """Reorder the leading axis of ``a`` in :func:`swizzle_order`'s slices (a contiguous copy).
+
+    Axis 0 must split into ``nodes * devices_per_node * pipeline`` equal slices; the trailing
+    axes travel with their rows. Codes (flat, or packed bytes whose slices are whole bytes) and
+    per-group parameters go through the same permutation, so parameters stay in step with groups.
+    """
+    a = np.asarray(a)
+    blocks = nodes * devices_per_node * pipeline
+    if a.shape[0] % blocks:
+        raise ValueError(f"axis 0 of extent {a.shape[0]} does not split into {blocks} equal slices")
+    per = a.shape[0] // blocks
+    view = a.reshape(nodes, devices_per_node, pipeline, per, *a.shape[1:])
+    return np.ascontiguousarray(view.swapaxes(0, 2)).reshape(a.shape)
+
+
+def loco_error_update(v: np.ndarray, dequantized: np.ndarray, error: np.ndarray, beta: float) -> np.ndarray:
+    """LoCo error feedback: the new error buffer, in ``error``'s dtype (F16 / BF16 / F32).
+
+    ``b = f32(beta)`` (rounded once), ``c = 1 - b`` (in float32), ``r = v - dequantized``, then
+    ``e' = (b * e) + (c * r)``: every operation in float32, each rounded once (no fused
+    multiply-add), and ``e'`` rounded once to the buffer's dtype. ``v`` is the value that was
+    quantized (``x + e`` in float32) and ``dequantized`` its dequantization in float32. A NaN
+    anywhere (a non-finite group has a NaN scale) gives a NaN error element.
+    """
+    err = np.asarray(error)
+    b = np.float32(beta)
+    c = np.float32(1) - b
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = (np.asarray(v, np.float32) - np.asarray(dequantized, np.float32)).astype(np.float32)
+        new = (b * err.astype(np.float32)).astype(np.float32) + (c * r).astype(np.float32)
+        return new.astype(np.float32).astype(err.dtype)
+
+
+def _loco_input(x: np.ndarray, error: np.ndarray | None) -> np.ndarray:
+    """``v = x + e`` in float32 (each upcast exactly, one rounding), or ``x`` without error feedback."""
+    if error is None:
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (to_acc(x, MathPrecision.F32) + to_acc(error, MathPrecision.F32)).astype(np.float32)
+
+
+def _dequantize_groups(
+    q: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    kind: ElementKind,
+    group_size: int,
+    nibble_order: NibbleOrder,
+) -> np.ndarray:
+    """Flat float32 ``(q - zp) * scale`` (SPEC dequantize, not rounded further) of codes in groups of ``group_size``."""
+    n = np.asarray(scale).size * group_size
+    scope = GroupScope(axis=-1, group_size=group_size)
+    s = expand_params(np.asarray(scale).reshape(-1), (n,), scope)
+    zp: np.ndarray | int = 0 if zero_point is None else expand_params(np.asarray(zero_point).reshape(-1), (n,), scope)
+    return dequantize(np.asarray(q).reshape(-1), s, zp, kind, ElementKind.F32, n, MathPrecision.F32, nibble_order)
+
+
+def swizzled_quantize(
+    x: np.ndarray,
+    group_size: int,
+    nodes: int,
+    devices_per_node: int,
+    pipeline: int,
+    mode: QuantMode,
+    output: ElementKind,
+    q_min: int,
+    q_max: int,
+    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
+    error: np.ndarray | None = None,
+    error_beta: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Group quantization in swizzled order: ``(q_storage, scale, zero_point, new_error)``.
+
+    ``x`` (F16 / BF16 / F32, any shape) is flattened and cut into groups of ``group_size``
+    contiguous elements; each group gets :func:`dynamic_range_params` (SPEC section 4, float32)
+    and is quantized with them (:func:`dynamic_quantize`, rne; a non-finite group: scale NaN,
+    zero point 0, codes 0). Codes and parameters are then reordered by :func:`swizzle` into
+    ``[pipeline][device][node][group][E]`` and returned with shapes ``(pipeline,
+    devices_per_node, nodes * slice)``: ``q_storage[p, d]`` is everything local device ``d``
+    reduces at stage ``p``. 4-bit codes are packed two per byte along the flat swizzled stream in
+    ``nibble_order``.
+
+    With ``error`` (LoCo, same element count as ``x``, F16 / BF16 / F32, in ``x``'s order, not
+    swizzled): ``v = x + e`` in float32 is quantized instead of ``x``, and ``new_error`` is
+    :func:`loco_error_update` of ``v``, ``dequant(q)`` (SPEC dequantize in float32) and ``e``.
+
+    Needs ``x.size % (nodes * devices_per_node * pipeline * group_size) == 0`` and, for 4-bit
+    codes, an even slice ``x.size / (nodes * devices_per_node * pipeline)`` (ValueError).
+    """
+    xf = np.asarray(x).reshape(-1)
+    n = xf.size
+    blocks = nodes * devices_per_node * pipeline
+    if group_size < 1 or n % (blocks * group_size):
+        raise ValueError(f"{n} elements do not split into {blocks} slices of whole groups of {group_size}")
+    if ELEMENTS[output].is_packed and (n // blocks) % 2:
+        raise ValueError(f"4-bit codes need an even slice; {n} / {blocks} is odd")
+    ef = None if error is None else np.asarray(error).reshape(-1)
+    v = _loco_input(xf, ef)
+    scope = GroupScope(axis=-1, group_size=group_size)
+    q, scale, zp = dynamic_quantize(v, scope, mode, output, q_min, q_max, MathPrecision.F32, nibble_order)
+    new_error = None
+    if ef is not None:
+        d = _dequantize_groups(q, scale, zp, output, group_size, nibble_order)
+        new_error = loco_error_update(v, d, ef, error_beta).reshape(np.asarray(error).shape)
+
+    def order(a: np.ndarray) -> np.ndarray:
+        return swizzle(a, nodes, devices_per_node, pipeline).reshape(pipeline, devices_per_node, -1)
+
+    return order(q), order(scale), None if zp is None else order(zp), new_error
+
+
+def dequant_reduce(
+    q: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    input_kind: ElementKind,
+    input_group_size: int,
+    output: ElementKind,
+    output_group_size: int,
+    mode: QuantMode,
+    q_min: int,
+    q_max: int,
+    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
+    average: bool = False,
+    error: np.ndarray | None = None,
+    error_beta: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Dequantize N peers' chunks, sum in float32, re-quantize: ``(q_storage, scale, zero_point, new_error)``.
+
+    ``q``: ``(N, chunk)`` codes (``(N, chunk / 2)`` bytes for 4-bit ``input_kind``), chunk ``j``
+    from peer ``j``; ``scale`` / ``zero_point``: ``(N, chunk / input_group_size)`` (zero point
+    None for SYMMETRIC). Peer ``j`` is dequantized as SPEC section 4 says, ``y_j = (q - zp) *
+    scale`` in float32 (not rounded to any narrower type); the sum is ``((y_0 + y_1) + y_2) + ...``
+    in float32, peer 0 first, each addition rounded once; ``average`` then divides by ``N``
+    (IEEE float32 division by ``float32(N)``, not a multiplication by ``1 / N``). With ``error``
+    (LoCo, ``chunk`` elements): ``v = s + e`` in float32. ``v`` is re-quantized with fresh
+    dynamic parameters per group of ``output_group_size`` (:func:`dynamic_quantize` with
+    ``output``, ``mode``, ``q_min`` / ``q_max``); ``new_error`` is :func:`loco_error_update`.
+    Outputs: codes ``(chunk,)`` (``(chunk / 2,)`` bytes for 4-bit ``output``), parameters
+    ``(chunk / output_group_size,)``.
+    """
+    q = np.asarray(q)
+    s = np.asarray(scale)
+    if q.ndim != 2 or s.ndim != 2 or s.shape[0] != q.shape[0] or q.shape[0] < 1:
+        raise ValueError(f"q {q.shape} and scale {s.shape} must be (N, ...) with the same N >= 1")
+    peers = q.shape[0]
+    chunk = s.shape[1] * input_group_size
+    if chunk % output_group_size:
+        raise ValueError(f"output_group_size {output_group_size} does not divide the chunk of {chunk} elements")
+    total: np.ndarray | None = None
+    with np.errstate(over="ignore", invalid="ignore"):
+        for j in range(peers):
+            zp_j = None if zero_point is None else np.asarray(zero_point)[j]
+            y = _dequantize_groups(q[j], s[j], zp_j, input_kind, input_group_size, nibble_order)
+            total = y if total is None else (total + y).astype(np.float32)
+        assert total is not None
+        if average:
+            total = (total / np.float32(peers)).astype(np.float32)
+    ef = None if error is None else np.asarray(error).reshape(-1)
+    v = _loco_input(total, ef)
+    out_scope = GroupScope(axis=-1, group_size=output_group_size)
+    q_out, scale_out, zp_out = dynamic_quantize(
+        v, out_scope, mode, output, q_min, q_max, MathPrecision.F32, nibble_order
+    )
+    new_error = None
+    if ef is not None:
+        d = _dequantize_groups(q_out, scale_out, zp_out, output, output_group_size, nibble_order)
+        new_error = loco_error_update(v, d, ef, error_beta).reshape(np.asarray(error).shape)
+    return q_out, scale_out, zp_out, new_error

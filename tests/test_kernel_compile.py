@@ -61,5 +61,5 @@ def test_compile_units_cover_the_dtype_table() -> None:
     assert len(compiler.compile_units("dequantize")) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)
     # range passes per float kind; the fused pass per (float, code, nibble order, rounding)
     assert len(compiler.compile_units("dynamic_range")) == len(FLOAT_KINDS) * (1 + (len(CODE_KINDS) + 2) * 2)
-    # one unit per float kind: forward and STE rows at each width, LSQ at each width x I/O, the finishing sum
-    assert len(compiler.compile_units("fake_quantize")) == len(FLOAT_KINDS)
+    # two units per float kind: the elementwise and learnable kernels; the dynamic-range fused pass
+    assert len(compiler.compile_units("fake_quantize")) == 2 * len(FLOAT_KINDS)

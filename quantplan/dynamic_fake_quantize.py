@@ -1,0 +1,480 @@
+"""DynamicRangeFakeQuantizePlan: per-segment range -> scale (and zero point) -> fake quantization.
+
+The quantization-aware-training counterpart of :class:`~quantplan.DynamicRangeQuantizePlan`
+(MoQ-style training: DeepSpeed's fake quantizer), for any bit width from 1 to 8:
+
+* parameters exactly as DynamicRangeQuantizePlan computes them (SPEC section 4, dynamic range)
+  for integer codes ``[q_min, q_max]`` of ``bits`` bits: SYMMETRIC ``[-2**(bits-1), 2**(bits-1) - 1]``
+  (bits >= 2), ``scale = max|x| / q_max``; ASYMMETRIC ``[0, 2**bits - 1]``,
+  ``scale = (hi - lo) / (q_max - q_min)``, ``zp = clamp(q_min - rne(lo / scale), q_min, q_max)``;
+* then :class:`~quantplan.FakeQuantizePlan`'s formula with those parameters:
+  ``inv = rn(1 / scale)``, ``q = rne(x * inv) + zp`` (or Philox stochastic rounding of ``x * inv``),
+  ``y = (clamp(q, q_min, q_max) - zp) * scale``, rounded to the data type.
+
+Kernels: ``dynamic_fake_quantize_segments`` in ``kernels/fake_quantize.cu`` (fused single pass,
+shared segment loop in ``qp_dynamic_segments.cuh``), or the range passes of
+``kernels/dynamic_range.cu`` followed by ``fake_quantize_{,stochastic_}rows`` / ``fake_quantize_flat``;
+reference: :func:`quantplan.reference.dynamic_fake_quantize`; tests:
+``tests/test_dynamic_fake_quantize_*.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from . import reference
+from ._affine import AffineProblem, OperandChecks, choose_backend, reference_uniform
+from ._device import device_info, stream_device_id
+from ._launch import PreparedLaunch, launch_on, stream_handle
+from ._layout import param_shape
+from ._operands import Operand, overlaps
+from .compiler import compile_options, load_kernels, template_name
+from .dynamic import RangePasses, SegmentGeometry, SegmentLayoutArgs, range_divisor, segment_geometry
+from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
+from .errors import InvalidProblem
+from .fake_quantize import (
+    FakeOp,
+    FakeQuantizeProblem,
+    FakeRowLaunches,
+    dynamic_fake_quantize_unit,
+    prepare_fake_rows,
+)
+from .types import (
+    HOST_ARCH,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    NibbleOrder,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    QuantizeKind,
+    QuantMode,
+    Rounding,
+    Scope,
+    TensorScope,
+)
+from .workspace import Workspace, check_workspace
+
+_FAMILY = "fake_quantize"
+#: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value (0, SYMMETRIC), an int32 array.
+_ZP_VALUE, _ZP_INT32 = 0, 1
+#: Alignment of each part of the multi-pass workspace (statistics, scales, zero points).
+_WORKSPACE_ALIGN = 256
+
+
+def dynamic_fake_quantize_range(mode: QuantMode, bits: int) -> tuple[int, int]:
+    """The integer code range ``(q_min, q_max)`` of ``bits`` bits: SYMMETRIC
+    ``[-2**(bits-1), 2**(bits-1) - 1]`` (bits 2 to 8), ASYMMETRIC ``[0, 2**bits - 1]`` (bits 1 to 8)."""
+    if not 1 <= bits <= 8:
+        raise InvalidProblem(f"bits={bits}: dynamic fake quantization supports 1 to 8 bits")
+    if mode is QuantMode.SYMMETRIC:
+        if bits < 2:
+            raise InvalidProblem(
+                "SYMMETRIC needs bits >= 2 (1 bit gives q_max = 0, and scale = amax / q_max); use ASYMMETRIC"
+            )
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+class DynamicRangeFakeQuantizeDescriptor(BaseModel):
+    """A dynamic-range fake quantization problem (see :class:`DynamicRangeFakeQuantizePlan`).
+
+    Fields: ``shape`` (any rank); ``scope`` (Tensor / Token / Channel / GroupScope: the segments
+    that share a range); ``mode`` SYMMETRIC or ASYMMETRIC; ``element`` F16, BF16, F32 or F64 (in
+    and out); ``bits`` 1 to 8 (SYMMETRIC: 2 to 8); ``rounding`` NEAREST_EVEN or STOCHASTIC.
+
+    ``q_min`` / ``q_max``: the code range ``bits`` gives; ``param_shape``: the shape of the
+    optional ``scale_out`` / ``zero_point_out``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    shape: tuple[int, ...]
+    scope: Scope
+    mode: QuantMode = QuantMode.SYMMETRIC
+    element: ElementKind
+    bits: int = 8
+    rounding: Rounding = Rounding.NEAREST_EVEN
+
+    @property
+    def q_min(self) -> int:
+        """Smallest code: ``-2**(bits-1)`` (SYMMETRIC) or 0 (ASYMMETRIC)."""
+        return dynamic_fake_quantize_range(self.mode, self.bits)[0]
+
+    @property
+    def q_max(self) -> int:
+        """Largest code: ``2**(bits-1) - 1`` (SYMMETRIC) or ``2**bits - 1`` (ASYMMETRIC)."""
+        return dynamic_fake_quantize_range(self.mode, self.bits)[1]
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        """Shape of ``scale_out`` / ``zero_point_out``."""
+        return param_shape(self.shape, self.scope)
+
+
+@dataclass(slots=True)
+class DynamicRangeFakeQuantizeArgs:
+    """Arguments of :class:`DynamicRangeFakeQuantizePlan`.
+
+    ``input`` and ``output`` (same shape and dtype; ``output`` may be ``input``: in place);
+    optional ``scale_out`` (float32, float64 for F64, of ``param_shape``) and ``zero_point_out``
+    (int32 of ``param_shape``, ASYMMETRIC only) receive the parameters used; for STOCHASTIC
+    rounding ``rng_seed`` / ``rng_offset`` (Python ints in [0, 2**64) or one-element int64 device
+    arrays, e.g. a counter advanced on the device).
+    """
+
+    input: Any
+    output: Any
+    scale_out: Any = None
+    zero_point_out: Any = None
+    rng_seed: Any = None
+    rng_offset: Any = None
+
+
+def dynamic_fake_quantize_problem(desc: DynamicRangeFakeQuantizeDescriptor) -> AffineProblem:
+    """Validate ``desc``; the problem as DynamicRangeQuantizePlan sees it (8-bit integer code kind,
+    narrowed to the range of ``bits``), which the range passes and the fused geometry take."""
+    if any(e < 0 for e in desc.shape):
+        raise InvalidProblem(f"shape {desc.shape} has a negative extent")
+    if not ELEMENTS[desc.element].is_float:
+        raise InvalidProblem(f"element must be one of F16, BF16, F32, F64, got {desc.element.name}")
+    param_shape(desc.shape, desc.scope)  # validates axis and group divisibility
+    q_min, q_max = dynamic_fake_quantize_range(desc.mode, desc.bits)
+    return AffineProblem(
+        tuple(desc.shape),
+        desc.scope,
+        desc.mode,
+        desc.element,
+        ElementKind.S8 if desc.mode is QuantMode.SYMMETRIC else ElementKind.U8,
+        q_min,
+        q_max,
+        NibbleOrder.LOW_FIRST,
+        stochastic=desc.rounding is Rounding.STOCHASTIC,
+    )
+
+
+def _align(n: int) -> int:
+    return -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+
+
+_SEGMENT_PARAMS = {
+    precision: type(
+        "DynamicFakeSegmentParams",
+        (ctypes.Structure,),
+        {
+            "_fields_": [
+                ("x", ctypes.c_uint64),
+                ("y", ctypes.c_uint64),
+                ("scale_out", ctypes.c_uint64),
+                ("zp_out", ctypes.c_uint64),
+                ("layout", SegmentLayoutArgs),
+                ("divisor", acc),
+                ("seed_ptr", ctypes.c_uint64),
+                ("offset_ptr", ctypes.c_uint64),
+                ("seed_value", ctypes.c_uint64),
+                ("offset_value", ctypes.c_uint64),
+            ]
+        },
+    )
+    for precision, acc in ((MathPrecision.F32, ctypes.c_float), (MathPrecision.F64, ctypes.c_double))
+}
+
+
+class _FusedLaunch:
+    """The fused pass for aligned operands and its element-I/O twin for misaligned ones."""
+
+    __slots__ = ("align", "fallback", "primary")
+
+    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align: int) -> None:
+        self.primary, self.fallback, self.align = primary, fallback, align
+
+
+def _prepare_fused(
+    problem: AffineProblem, geometry: SegmentGeometry, fallback: SegmentGeometry, divisor: float, device_id: int
+) -> _FusedLaunch:
+    import cupy
+
+    info = device_info(device_id)
+    functions = load_kernels(
+        _FAMILY, dynamic_fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options()
+    )
+    tag = ELEMENTS[problem.float_kind].cpp_tag
+
+    def prepare(g: SegmentGeometry) -> PreparedLaunch:
+        fn = functions[template_name("dynamic_fake_quantize_segments", tag, g.vec, True, problem.stochastic)]
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, g.block, 0)
+        return PreparedLaunch(
+            fn,
+            g.blocks(max(1, per_sm) * info.sm_count),
+            g.block,
+            _SEGMENT_PARAMS[problem.precision],
+            layout=g.args(problem.q_min, problem.q_max, problem.mode),
+            divisor=divisor,
+        )
+
+    align = min(16, geometry.vec * ELEMENTS[problem.float_kind].storage_bits // 8)
+    return _FusedLaunch(prepare(geometry), prepare(fallback), align)
+
+
+@dataclass(frozen=True)
+class _CheckedArgs:
+    x: Operand
+    y: Operand
+    scale: Operand | None
+    zp: Operand | None
+    seed: Operand | int
+    offset: Operand | int
+
+
+class DynamicRangeFakeQuantizePlan(OperandChecks):
+    """Fake quantization with per-segment parameters from the data, in one pass where it can.
+
+    Formulas (SPEC section 4; float32 arithmetic, float64 for F64; each operation rounded once):
+
+    * code range of ``bits``: SYMMETRIC ``[-2**(bits-1), 2**(bits-1) - 1]``, ASYMMETRIC ``[0, 2**bits - 1]``;
+    * parameters as :class:`~quantplan.DynamicRangeQuantizePlan` computes them for that range:
+      SYMMETRIC ``scale = max|x| / q_max``, ``zp = 0``; ASYMMETRIC ``lo = min(min x, 0)``,
+      ``hi = max(max x, 0)``, ``scale = (hi - lo) / (q_max - q_min)``,
+      ``zp = clamp(q_min - rne(lo / scale), q_min, q_max)``; an all-zero segment gets ``scale = 1``;
+      a segment with NaN or +-Inf gets ``scale = NaN`` (and comes out all NaN);
+    * ``y = (clamp(q, q_min, q_max) - zp) * scale`` with ``inv = rn(1 / scale)`` and
+      ``q = rne(x * inv) + zp`` (NEAREST_EVEN) or ``q = floor(v) + (u < v - floor(v)) + zp`` with
+      ``v = x * inv`` and ``u`` the element's Philox uniform (STOCHASTIC, SPEC section 4: flat
+      element index, seed, offset), rounded once to the data type.
+
+    So ``y`` equals :class:`~quantplan.FakeQuantizePlan` run with the parameters this plan
+    computes (and returns in ``scale_out`` / ``zero_point_out`` when given). Decision: the fake
+    value uses PyTorch's fake-quant formula (multiplication by ``rn(1 / scale)``) rather than
+    DynamicRangeQuantizePlan's division ``x / scale``; for the rare element where the two round
+    differently (a quotient within an ulp of a half-integer), ``y`` differs from
+    ``DequantizePlan(DynamicRangeQuantizePlan(x))`` by one step of ``scale``. Unlike DeepSpeed's
+    fake quantizer, the symmetric scale divides by ``q_max`` (``2**(bits-1) - 1``), so ``-max|x|``
+    and ``+max|x|`` are both exactly representable, and the stochastic path rounds the
+    asymmetric formula (DeepSpeed runs its symmetric kernel there).
+
+    The backward of this op is the identity (straight-through: the dynamic range clamps nothing
+    finite), so no backward plan is needed; :mod:`quantplan.pytorch` wires it so.
+
+    **When to use:** MoQ-style QAT of weights or activations with per-group (per-token,
+    per-tensor) dynamic ranges and low bit widths, optionally with unbiased stochastic rounding.
+
+    **Dtypes:** F16 / BF16 / F32 / F64 in and out (same dtype); ``scale_out`` float32 (float64 for
+    F64), ``zero_point_out`` int32.
+
+    **Shape limits:** any rank, any extents, every scope, any group size (no silent limit), 64-bit
+    indexing. In place allowed (``output`` is ``input``). Kernel variants (``sku().variant``):
+    ``fused-single-pass[...]`` when segments are contiguous runs of at most 32768 elements (16384
+    for F64): one read of the input; otherwise the multi-pass path (range statistics by exact
+    integer atomics, parameters, then the elementwise fake-quant kernel), which has no size limit.
+
+    **Workspace:** 0 for the fused pass; for the multi-pass path, the range statistics and the
+    parameters (a few bytes per segment, ``workspace_size()``).
+
+    **Precision guarantee:** bit-exact to :func:`quantplan.reference.dynamic_fake_quantize`
+    (values, scales, zero points) for both roundings; deterministic (exact, order-independent
+    range reductions; stochastic rounding reproducible from (seed, offset) on any device).
+    """
+
+    def __init__(
+        self,
+        desc: DynamicRangeFakeQuantizeDescriptor,
+        problem: AffineProblem,
+        backend: BackendKind,
+        device_id: int | None,
+        arch_name: str,
+        variant: str,
+        fused: _FusedLaunch | None = None,
+        passes: RangePasses | None = None,
+        rows: FakeRowLaunches | None = None,
+    ) -> None:
+        self.descriptor = desc
+        self.problem = problem
+        self.backend = backend
+        self.device_id = device_id
+        self._arch_name = arch_name
+        self._variant = variant
+        self._fused = fused
+        self._passes = passes
+        self._rows = rows
+        self._param_shape = problem.param_shape
+        self._tensor_scope = isinstance(problem.scope, TensorScope)
+        self._info: ElementInfo = ELEMENTS[problem.float_kind]
+        self._param_dtype = param_numpy_dtype(problem.precision)
+        count = math.prod(self._param_shape) if self._param_shape else 1
+        acc_bytes = self._param_dtype.itemsize
+        if passes is None:
+            self._scale_offset = self._zp_offset = self._workspace = 0
+        else:
+            self._scale_offset = _align(passes.stats_bytes)
+            self._zp_offset = self._scale_offset + _align(count * acc_bytes)
+            asym = problem.mode is QuantMode.ASYMMETRIC
+            self._workspace = self._zp_offset + (_align(count * 4) if asym else 0)
+
+    # ---- selection ----------------------------------------------------------------------------
+
+    @classmethod
+    def select(
+        cls, stream: Any, desc: DynamicRangeFakeQuantizeDescriptor, pref: PlanPreference | None = None
+    ) -> DynamicRangeFakeQuantizePlan:
+        """Validate ``desc``, pick the backend and the kernel path, compile on first use.
+
+        Raises InvalidProblem for a malformed descriptor (bits outside 1-8, SYMMETRIC with 1 bit,
+        a group size that does not divide its axis, ...).
+        """
+        problem = dynamic_fake_quantize_problem(desc)
+        backend = choose_backend(pref or PlanPreference())
+        if backend is BackendKind.REFERENCE:
+            return cls(desc, problem, backend, None, HOST_ARCH.name, "numpy")
+        device_id = stream_device_id(stream)
+        info = device_info(device_id)
+        divisor = range_divisor(problem)
+        busy = info.sm_count * 2048
+        vec_max = 4 if problem.float_kind is ElementKind.F64 else 8
+        geometry = segment_geometry(problem, busy, vec_max)
+        if geometry is not None:
+            fallback = segment_geometry(problem, busy, 1)
+            assert fallback is not None
+            fused = _prepare_fused(problem, geometry, fallback, divisor, device_id)
+            variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
+            return cls(desc, problem, backend, device_id, info.arch.name, variant, fused=fused)
+        passes = RangePasses.prepare(problem, divisor, device_id)
+        fake_problem = FakeQuantizeProblem(
+            problem.shape, problem.scope, problem.mode, problem.float_kind, problem.q_min, problem.q_max
+        )
+        op = FakeOp.STOCHASTIC if problem.stochastic else FakeOp.NEAREST
+        rows, rows_variant = prepare_fake_rows(fake_problem, op, device_id)
+        variant = f"{passes.kind}+{rows_variant}"
+        return cls(desc, problem, backend, device_id, info.arch.name, variant, passes=passes, rows=rows)
+
+    # ---- introspection ------------------------------------------------------------------------
+
+    def workspace_size(self) -> int:
+        """Bytes of workspace ``run`` needs: 0 for the fused pass and on the reference backend;
+        the range statistics and parameters on the multi-pass path."""
+        return self._workspace
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        """float32 arithmetic (float64 for F64), exact range reductions, bit-exact to the reference."""
+        return PrecisionGuarantee(
+            math_precision=self.problem.precision, accumulator=param_element(self.problem.precision)
+        )
+
+    def sku(self) -> KernelSku:
+        """Identity of the selected kernels (variant: scope, mode, and the fused or multi-pass path)."""
+        return KernelSku(
+            category=OpCategory.FAKE_QUANTIZE,
+            op=QuantizeKind.DYNAMIC_RANGE,
+            element=self.problem.float_kind,
+            aux_element=self.problem.float_kind,
+            variant=self._variant,
+            arch=self._arch_name,
+            backend=self.backend,
+            precision_guarantee=self.precision_guarantee(),
+        )
+
+    # ---- arguments ----------------------------------------------------------------------------
+
+    def _check(self, args: DynamicRangeFakeQuantizeArgs) -> _CheckedArgs:
+        p = self.problem
+        x = self._tensor(args.input, "input", p.shape, self._info)
+        y = self._tensor(args.output, "output", p.shape, self._info)
+        if y.ptr != x.ptr and overlaps(y, x):
+            raise InvalidProblem("output partly overlaps input; pass the same tensor (in place) or a disjoint one")
+        scale = self._param_output(args.scale_out, "scale_out", self._param_dtype, required=False)
+        zp: Operand | None = None
+        if p.mode is QuantMode.ASYMMETRIC:
+            zp = self._param_output(args.zero_point_out, "zero_point_out", np.dtype(np.int32), required=False)
+        elif args.zero_point_out is not None:
+            raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
+        seed: Operand | int = 0
+        offset: Operand | int = 0
+        if p.stochastic:
+            seed = self._rng_value(args.rng_seed, "rng_seed")
+            offset = self._rng_value(args.rng_offset, "rng_offset")
+        elif args.rng_seed is not None or args.rng_offset is not None:
+            raise InvalidProblem("rng_seed / rng_offset apply only to Rounding.STOCHASTIC plans; leave them None")
+        if self.backend is BackendKind.CUDA:
+            named = [("scale_out", scale), ("zero_point_out", zp)]
+            for name, out in named:
+                if out is not None and (overlaps(out, x) or overlaps(out, y)):
+                    raise InvalidProblem(f"{name} overlaps the input or output tensor")
+            if scale is not None and zp is not None and overlaps(scale, zp):
+                raise InvalidProblem("scale_out overlaps zero_point_out")
+        return _CheckedArgs(x, y, scale, zp, seed, offset)
+
+    def can_implement(self, args: DynamicRangeFakeQuantizeArgs) -> bool:
+        """Check ``args`` (shapes, dtypes, device, contiguity, alignment, rng); True or raises."""
+        self._check(args)
+        return True
+
+    # ---- execution ----------------------------------------------------------------------------
+
+    def run(self, stream: Any, workspace: Workspace | None, args: DynamicRangeFakeQuantizeArgs) -> None:
+        """Compute the parameters and fake-quantize on ``stream``: one launch (fused pass) or four
+        (multi-pass); no allocation, no synchronisation, capturable in a CUDA graph."""
+        check_workspace(workspace, self._workspace)
+        a = self._check(args)
+        if self.backend is BackendKind.REFERENCE:
+            self._run_reference(a)
+            return
+        if self.problem.numel == 0:
+            return
+        assert self.device_id is not None
+        handle = stream_handle(stream)
+        scale_ptr = 0 if a.scale is None else a.scale.ptr
+        zp_ptr = 0 if a.zp is None else a.zp.ptr
+        if self._fused is not None:
+            aligned = a.x.ptr % self._fused.align == 0 and a.y.ptr % self._fused.align == 0
+            launch = self._fused.primary if aligned else self._fused.fallback
+            params = launch.params
+            params.x, params.y, params.scale_out, params.zp_out = a.x.ptr, a.y.ptr, scale_ptr, zp_ptr
+            if self.problem.stochastic:
+                FakeRowLaunches.set_rng(params, a.seed, a.offset)
+            launch_on(self.device_id, handle, launch)
+            return
+        assert workspace is not None and self._passes is not None and self._rows is not None
+        asym = self.problem.mode is QuantMode.ASYMMETRIC
+        scale_ptr = scale_ptr or workspace.ptr + self._scale_offset
+        if asym:
+            zp_ptr = zp_ptr or workspace.ptr + self._zp_offset
+        self._passes.launch(self.device_id, handle, a.x.ptr, workspace.ptr, scale_ptr, zp_ptr if asym else 0)
+        rows = self._rows.pick(a.x.ptr, a.y.ptr)
+        params = rows.params
+        params.x, params.out = a.x.ptr, a.y.ptr
+        params.scale_ptr, params.scale_value = scale_ptr, 1.0
+        params.zp_ptr, params.zp_value = (zp_ptr, 0) if asym else (0, 0)
+        if self._rows.flat:
+            params.zp_source = _ZP_INT32 if asym else _ZP_VALUE
+        else:
+            params.layout.flags = _ZP_INT32 if asym else _ZP_VALUE
+        if self.problem.stochastic:
+            FakeRowLaunches.set_rng(params, a.seed, a.offset)
+        launch_on(self.device_id, handle, rows)
+
+    def _run_reference(self, a: _CheckedArgs) -> None:
+        p = self.problem
+        shape = p.shape if p.shape else (1,)
+        x = np.asarray(a.x.obj).view(self._info.numpy_dtype).reshape(shape)
+        uniform = reference_uniform(shape, a.seed, a.offset) if p.stochastic else None
+        y, scale, zp = reference.dynamic_fake_quantize(x, p.scope, p.mode, p.q_min, p.q_max, p.precision, uniform)
+        out = np.asarray(a.y.obj)
+        np.copyto(out, y.reshape(out.shape).view(out.dtype), casting="no")
+        if a.scale is not None:
+            np.copyto(np.asarray(a.scale.obj), scale.reshape(np.asarray(a.scale.obj).shape), casting="no")
+        if a.zp is not None and zp is not None:
+            np.copyto(np.asarray(a.zp.obj), zp.reshape(np.asarray(a.zp.obj).shape), casting="no")
+
+
+__all__ = [
+    "DynamicRangeFakeQuantizeArgs",
+    "DynamicRangeFakeQuantizeDescriptor",
+    "DynamicRangeFakeQuantizePlan",
+    "dynamic_fake_quantize_range",
+]

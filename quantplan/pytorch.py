@@ -1,0 +1,910 @@
+"""PyTorch autograd adapter: fake quantization for quantization-aware training (QAT).
+
+``import quantplan.pytorch as qpt`` (it needs PyTorch; ``import quantplan`` does not import it).
+Three ``torch.autograd.Function`` s run their forward and backward through the plans, and three
+small ``torch.nn.Module`` s wrap them for a model:
+
+* :class:`FakeQuantizeFunction` / :func:`fake_quantize` / :class:`FakeQuantize` -- static scale and
+  zero point (``torch.fake_quantize_per_tensor_affine`` / ``_per_channel_affine``, bit for bit),
+  straight-through gradient for the input;
+* :class:`LearnableFakeQuantizeFunction` / :func:`fake_quantize_learnable` /
+  :class:`LearnableFakeQuantize` -- LSQ: scale and zero point are trained
+  (``torch._fake_quantize_learnable_per_tensor_affine`` / ``_per_channel_affine``);
+* :class:`DynamicFakeQuantizeFunction` / :func:`dynamic_fake_quantize` / :class:`DynamicFakeQuantize`
+  -- scale (and zero point) from each call's range, nearest or stochastic rounding (DeepSpeed MoQ),
+  identity gradient.
+
+Where it runs: CUDA tensors on the CUDA backend, on the CURRENT PyTorch stream of the tensor's
+device (``torch.cuda.current_stream()``; inside ``torch.cuda.stream(s)`` that is ``s``, and in
+backward the stream autograd gives the op), so the ops are ordered with the surrounding PyTorch
+work and capturable by ``torch.cuda.graph``. CPU tensors run on the NumPy reference backend (same
+results bit for bit), so a model trains in a notebook without a GPU.
+
+Tensors: float16, bfloat16, float32 or float64. Inputs that are not C-contiguous (``.t()``,
+slices, ``channels_last``) are copied with ``.contiguous()`` first, and outputs are
+``torch.empty_like`` of that contiguous input: always C-contiguous. Tensors that require grad
+reach the plans as ``.detach()`` views (no copy).
+
+Plans are selected once per problem -- (kind, shape, dtype, scope, mode, range, device) -- and
+kept in a per-thread cache of :data:`PLAN_CACHE_SIZE` entries (plans are not safe to run from two
+host threads at once), so a training loop does not select every step; :func:`clear_plan_cache`
+empties it. Workspaces, where a plan needs one, are allocated per call with ``torch.empty`` on
+the tensor's device (PyTorch's caching allocator, stream-ordered on the current stream).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without PyTorch
+    raise ImportError("quantplan.pytorch needs PyTorch: pip install torch") from exc
+
+from ._layout import normalize_axis, param_shape
+from .dynamic_fake_quantize import (
+    DynamicRangeFakeQuantizeArgs,
+    DynamicRangeFakeQuantizeDescriptor,
+    DynamicRangeFakeQuantizePlan,
+    dynamic_fake_quantize_range,
+)
+from .errors import InvalidProblem, Unsupported
+from .fake_quantize import (
+    FakeQuantizeArgs,
+    FakeQuantizeBackwardArgs,
+    FakeQuantizeBackwardDescriptor,
+    FakeQuantizeBackwardPlan,
+    FakeQuantizeDescriptor,
+    FakeQuantizePlan,
+    lsq_geometry,
+)
+from .types import (
+    BackendKind,
+    ChannelScope,
+    ElementKind,
+    GroupScope,
+    PlanPreference,
+    QuantMode,
+    Rounding,
+    Scope,
+    TensorScope,
+)
+from .workspace import Workspace
+
+#: Plans one thread keeps (least recently used dropped first).
+PLAN_CACHE_SIZE = 256
+
+_ELEMENTS: dict[Any, ElementKind] = {
+    torch.float16: ElementKind.F16,
+    torch.bfloat16: ElementKind.BF16,
+    torch.float32: ElementKind.F32,
+    torch.float64: ElementKind.F64,
+}
+_CUDA = PlanPreference(backend=BackendKind.CUDA)
+_REFERENCE = PlanPreference(backend=BackendKind.REFERENCE)
+_TENSOR = TensorScope()
+
+
+# ---- where a call runs -----------------------------------------------------------------------
+
+
+class _Target:
+    """The device of one call: its plan preference, cache key part and (CUDA) CuPy stream."""
+
+    __slots__ = ("cuda", "device", "index", "pref", "stream")
+
+    def __init__(self, device: Any, index: int | None, stream: Any) -> None:
+        self.device = device
+        self.index = index
+        self.cuda = index is not None
+        self.pref = _CUDA if self.cuda else _REFERENCE
+        self.stream = stream
+
+
+_STREAMS: dict[tuple[int, int], Any] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def cupy_stream(device: Any) -> Any:
+    """``torch.cuda.current_stream(device)`` as a ``cupy.cuda.ExternalStream`` (cached per
+    (device, stream handle); creating one makes no CUDA call, so it is safe during graph capture)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = int(torch.cuda.current_stream(index).cuda_stream)
+    key = (index, handle)
+    stream = _STREAMS.get(key)
+    if stream is None:
+        try:
+            import cupy
+        except ImportError as exc:
+            raise Unsupported(
+                "CUDA tensors run on quantplan's CUDA backend, which needs CuPy: "
+                "pip install 'quantplan[cuda12]' (or [cuda13]); CPU tensors need no CuPy"
+            ) from exc
+        stream = cupy.cuda.ExternalStream(handle, index)
+        with _STREAMS_LOCK:
+            _STREAMS[key] = stream
+    return stream
+
+
+def _target(x: Any) -> _Target:
+    device = x.device
+    if device.type == "cuda":
+        return _Target(device, device.index, cupy_stream(device))
+    if device.type == "cpu":
+        return _Target(device, None, None)
+    raise InvalidProblem(
+        f"input lives on a {device.type!r} device; quantplan.pytorch runs CUDA tensors (CUDA backend) "
+        f"and CPU tensors (reference backend): move it with .cuda() or .cpu()"
+    )
+
+
+def _element(x: Any) -> ElementKind:
+    kind = _ELEMENTS.get(x.dtype)
+    if kind is None:
+        raise InvalidProblem(
+            f"input has dtype {x.dtype}; fake quantization takes float16, bfloat16, float32 or float64 "
+            f"tensors (cast with .float())"
+        )
+    return kind
+
+
+def _param_dtype(kind: ElementKind) -> Any:
+    return torch.float64 if kind is ElementKind.F64 else torch.float32
+
+
+def _arg(t: Any, target: _Target) -> Any:
+    """What a plan takes for tensor ``t`` (detached): the tensor itself for CUDA plans, a
+    zero-copy NumPy view for the reference backend (bfloat16 as its uint16 bits)."""
+    if target.cuda:
+        return t
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _contiguous(x: Any) -> Any:
+    x = x.detach()
+    return x if x.is_contiguous() else x.contiguous()
+
+
+# ---- plan cache --------------------------------------------------------------------------------
+
+
+class _ThreadCaches(threading.local):
+    plans: OrderedDict[Hashable, Any] | None = None
+
+
+_LOCAL = _ThreadCaches()
+_ALL_CACHES: list[OrderedDict[Hashable, Any]] = []
+_ALL_CACHES_LOCK = threading.Lock()
+
+
+def _cached_plan(key: Hashable, build: Callable[[], Any]) -> Any:
+    cache = _LOCAL.plans
+    if cache is None:
+        cache = _LOCAL.plans = OrderedDict()
+        with _ALL_CACHES_LOCK:
+            _ALL_CACHES.append(cache)
+    plan = cache.get(key)
+    if plan is None:
+        plan = build()
+        cache[key] = plan
+        if len(cache) > PLAN_CACHE_SIZE:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return plan
+
+
+def clear_plan_cache() -> None:
+    """Drop every cached plan (of every thread); the next call of each op selects again."""
+    with _ALL_CACHES_LOCK:
+        for cache in _ALL_CACHES:
+            cache.clear()
+
+
+def _select(plan_cls: Any, desc: Any, target: _Target) -> Any:
+    if not target.cuda:
+        return plan_cls.select(None, desc, target.pref)
+    import cupy
+
+    with cupy.cuda.Device(target.index):
+        return plan_cls.select(target.stream, desc, target.pref)
+
+
+def _plan(plan_cls: Any, key: tuple[Any, ...], target: _Target, make_desc: Callable[[], Any]) -> Any:
+    return _cached_plan((plan_cls, target.index, *key), lambda: _select(plan_cls, make_desc(), target))
+
+
+class _TorchWorkspace(Workspace):
+    """A :class:`~quantplan.Workspace` over a PyTorch uint8 CUDA tensor."""
+
+    __slots__ = ()
+
+    @property
+    def ptr(self) -> int:
+        return int(self.buffer.data_ptr())
+
+
+def _workspace(plan: Any, target: _Target) -> Workspace | None:
+    nbytes = int(plan.workspace_size())
+    if nbytes == 0:
+        return None
+    if target.cuda:
+        return _TorchWorkspace(torch.empty(nbytes, dtype=torch.uint8, device=target.device), nbytes)
+    return Workspace.allocate(nbytes, device=False)
+
+
+# ---- parameters --------------------------------------------------------------------------------
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _param(value: Any, name: str, pshape: tuple[int, ...], dtype: Any, x: Any) -> Any:
+    """``value`` (tensor, sequence or number) as a detached C-contiguous tensor of ``pshape`` and
+    ``dtype`` on ``x``'s device: a tensor of the parameter count is reshaped (``(C,)`` for a channel
+    scope, as PyTorch's per-channel ops take it), a number is broadcast."""
+    count = math.prod(pshape)
+    if _is_number(value):
+        return torch.full(pshape, value, dtype=dtype, device=x.device)
+    t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if t.numel() != count:
+        raise InvalidProblem(
+            f"{name} has {t.numel()} elements (shape {tuple(t.shape)}); this scope on input shape "
+            f"{tuple(x.shape)} has {count} segment(s) (parameter shape {pshape})"
+        )
+    t = t.to(device=x.device, dtype=dtype)
+    return _contiguous(t.reshape(pshape))
+
+
+def _zero_point_dtype(value: Any, float_dtype: Any) -> Any:
+    """int32 for integer zero points, the scale's dtype for float (learnable-style) ones."""
+    dtype = value.dtype if isinstance(value, torch.Tensor) else torch.as_tensor(value).dtype
+    return float_dtype if dtype.is_floating_point else torch.int32
+
+
+def _static_params(
+    x: Any, scale: Any, zero_point: Any, pshape: tuple[int, ...], scope: Scope, kind: ElementKind, target: _Target
+) -> tuple[Any, Any, Any, Any]:
+    """(scale, zero point) as plan arguments, and as tensors to save (None for Python scalars)."""
+    fdtype = _param_dtype(kind)
+    scalar_ok = isinstance(scope, TensorScope)
+    if scalar_ok and _is_number(scale):
+        s_arg, s_t = float(scale), None
+    else:
+        s_t = _param(scale, "scale", pshape, fdtype, x)
+        s_arg = _arg(s_t, target)
+    if zero_point is None:
+        return s_arg, None, s_t, None
+    if scalar_ok and _is_number(zero_point):
+        return s_arg, zero_point, s_t, None
+    z_t = _param(zero_point, "zero_point", pshape, _zero_point_dtype(zero_point, fdtype), x)
+    return s_arg, _arg(z_t, target), s_t, z_t
+
+
+# ---- static fake quantization ------------------------------------------------------------------
+
+
+def _static_key(xc: Any, scope: Scope, mode: QuantMode, q_min: int, q_max: int) -> tuple[Any, ...]:
+    return (tuple(xc.shape), xc.dtype, scope, mode, q_min, q_max)
+
+
+def _forward_plan(
+    xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int, target: _Target
+) -> Any:
+    shape = tuple(xc.shape)
+    return _plan(
+        FakeQuantizePlan,
+        _static_key(xc, scope, mode, q_min, q_max),
+        target,
+        lambda: FakeQuantizeDescriptor(shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max),
+    )
+
+
+def _backward_plan(
+    xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int, learnable: bool, target: _Target
+) -> Any:
+    shape = tuple(xc.shape)
+    return _plan(
+        FakeQuantizeBackwardPlan,
+        (*_static_key(xc, scope, mode, q_min, q_max), learnable),
+        target,
+        lambda: FakeQuantizeBackwardDescriptor(
+            shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max, learnable=learnable
+        ),
+    )
+
+
+def _run_forward(
+    xc: Any, target: _Target, kind: ElementKind, s_arg: Any, z_arg: Any, scope: Scope, q_min: int, q_max: int
+) -> Any:
+    mode = QuantMode.SYMMETRIC if z_arg is None else QuantMode.ASYMMETRIC
+    plan = _forward_plan(xc, kind, scope, mode, q_min, q_max, target)
+    y = torch.empty_like(xc)
+    plan.run(target.stream, None, FakeQuantizeArgs(_arg(xc, target), _arg(y, target), s_arg, z_arg))
+    return y
+
+
+def _run_ste(
+    xc: Any, target: _Target, kind: ElementKind, dy: Any, s_arg: Any, z_arg: Any, scope: Scope, q_min: int, q_max: int
+) -> Any:
+    mode = QuantMode.SYMMETRIC if z_arg is None else QuantMode.ASYMMETRIC
+    plan = _backward_plan(xc, kind, scope, mode, q_min, q_max, False, target)
+    dyc = _contiguous(dy)
+    dx = torch.empty_like(xc)
+    args = FakeQuantizeBackwardArgs(_arg(xc, target), _arg(dyc, target), _arg(dx, target), s_arg, z_arg)
+    plan.run(target.stream, None, args)
+    return dx
+
+
+def _check_range(q_min: int, q_max: int) -> tuple[int, int]:
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (q_min, q_max)):
+        raise InvalidProblem(f"q_min={q_min!r}, q_max={q_max!r} must be Python ints")
+    return int(q_min), int(q_max)
+
+
+class FakeQuantizeFunction(torch.autograd.Function):
+    """Static fake quantization as an autograd op (``FakeQuantizeFunction.apply(x, scale, zero_point,
+    scope, q_min, q_max)``; prefer :func:`fake_quantize`).
+
+    Forward :class:`~quantplan.FakeQuantizePlan`; backward :class:`~quantplan.FakeQuantizeBackwardPlan`
+    (straight-through, ``dx = dy * (q_min <= rne(x * inv) + zp <= q_max)``). ``scale`` and
+    ``zero_point`` get no gradient (use :class:`LearnableFakeQuantizeFunction` to train them).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
+    ) -> Any:
+        xc = _contiguous(x)
+        kind = _element(xc)
+        target = _target(xc)
+        pshape = param_shape(tuple(xc.shape), scope)
+        s_arg, z_arg, s_t, z_t = _static_params(xc, scale, zero_point, pshape, scope, kind, target)
+        y = _run_forward(xc, target, kind, s_arg, z_arg, scope, q_min, q_max)
+        ctx.save_for_backward(xc, s_t, z_t)
+        ctx.scalars = (None if s_t is not None else s_arg, None if z_t is not None else z_arg)
+        ctx.spec = (scope, q_min, q_max)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None]:  # type: ignore[override]
+        xc, s_t, z_t = ctx.saved_tensors
+        scope, q_min, q_max = ctx.spec
+        target = _target(xc)
+        s_arg = ctx.scalars[0] if s_t is None else _arg(s_t, target)
+        z_arg = ctx.scalars[1] if z_t is None else _arg(z_t, target)
+        dx = _run_ste(xc, target, _element(xc), dy, s_arg, z_arg, scope, q_min, q_max)
+        return dx, None, None, None, None, None
+
+
+def fake_quantize(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    q_min: int = -128,
+    q_max: int = 127,
+    scope: Scope = _TENSOR,
+) -> Any:
+    """Fake-quantize ``x`` with static parameters: ``y = (clamp(rne(x * inv) + zp, q_min, q_max) - zp) * scale``.
+
+    ``inv = rn(1 / scale)`` in float32 (float64 for float64 data), ``y`` rounded to ``x``'s dtype.
+    ``scale``: a Python float (TensorScope) or a tensor with one value per segment of ``scope`` --
+    either in the scope's ``param_shape`` or flat (``(C,)`` for ``ChannelScope(axis)``, as
+    ``torch.fake_quantize_per_channel_affine`` takes it); cast to float32 (float64 for float64 data)
+    and moved to ``x``'s device. ``zero_point``: None (symmetric, zero point 0), a Python int, or an
+    integer tensor (cast to int32); a float zero point is rounded half to even and clamped to
+    ``[q_min, q_max]``. Gradient: straight-through for ``x`` (zero where the code was clamped),
+    none for the parameters.
+
+    Bit-identical to ``torch.fake_quantize_per_tensor_affine(x, scale, zp, q_min, q_max)`` and
+    ``torch.fake_quantize_per_channel_affine(x, scale, zp, axis, q_min, q_max)`` (``scope=
+    ChannelScope(axis)``) on float16 / bfloat16 / float32, forward and gradient; also takes
+    TokenScope and GroupScope(axis, group_size).
+    """
+    q_min, q_max = _check_range(q_min, q_max)
+    return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+
+
+# ---- learnable (LSQ) fake quantization --------------------------------------------------------
+
+
+def _lsq_layout(shape: tuple[int, ...], scope: Scope, kind: ElementKind) -> tuple[tuple[int, int] | None, Scope]:
+    """``(move, scope)``: the ``movedim(src, dst)`` that makes ``scope``'s segments contiguous runs
+    (the learnable backward needs that), or None when they already are."""
+    if not math.prod(shape) or lsq_geometry(shape, scope, kind) is not None:
+        return None, scope
+    if isinstance(scope, ChannelScope):  # channel axis first: ChannelScope(0)
+        return (normalize_axis(scope.axis, len(shape), "channel scope"), 0), ChannelScope(axis=0)
+    assert isinstance(scope, GroupScope)  # group axis last: GroupScope(-1)
+    axis = normalize_axis(scope.axis, len(shape), "group scope")
+    return (axis, len(shape) - 1), GroupScope(axis=-1, group_size=scope.group_size)
+
+
+def _run_lsq(
+    xc: Any, dy: Any, s_t: Any, z_t: Any, scope: Scope, q_min: int, q_max: int, grad_factor: float
+) -> tuple[Any, Any, Any]:
+    """``(dx, dscale, dzero_point)`` in ``xc``'s layout and the parameters' ``param_shape``."""
+    target = _target(xc)
+    kind = _element(xc)
+    mode = QuantMode.SYMMETRIC if z_t is None else QuantMode.ASYMMETRIC
+    move, run_scope = _lsq_layout(tuple(xc.shape), scope, kind)
+    dyc = _contiguous(dy)
+    if move is not None:
+        src, dst = move
+        xc, dyc = (_contiguous(t.movedim(src, dst)) for t in (xc, dyc))
+        s_t = _contiguous(s_t.movedim(src, dst))
+        z_t = None if z_t is None else _contiguous(z_t.movedim(src, dst))
+    plan = _backward_plan(xc, kind, run_scope, mode, q_min, q_max, True, target)
+    dx = torch.empty_like(xc)
+    ds = torch.empty_like(s_t)
+    dz = None if z_t is None else torch.empty_like(z_t)
+    args = FakeQuantizeBackwardArgs(
+        _arg(xc, target),
+        _arg(dyc, target),
+        _arg(dx, target),
+        _arg(s_t, target),
+        None if z_t is None else _arg(z_t, target),
+        _arg(ds, target),
+        None if dz is None else _arg(dz, target),
+        grad_factor=grad_factor,
+    )
+    plan.run(target.stream, _workspace(plan, target), args)
+    if move is not None:
+        src, dst = move
+        dx = _contiguous(dx.movedim(dst, src))
+        ds = _contiguous(ds.movedim(dst, src))
+        dz = None if dz is None else _contiguous(dz.movedim(dst, src))
+    return dx, ds, dz
+
+
+class LearnableFakeQuantizeFunction(torch.autograd.Function):
+    """Learnable (LSQ) fake quantization as an autograd op (``apply(x, scale, zero_point, scope,
+    q_min, q_max, grad_factor)``; prefer :func:`fake_quantize_learnable`).
+
+    Forward :class:`~quantplan.FakeQuantizePlan` with a float zero point (rounded half to even,
+    clamped); backward :class:`~quantplan.FakeQuantizeBackwardPlan` with ``learnable=True``:
+    ``dx`` straight-through, ``dscale`` / ``dzero_point`` by PyTorch's LSQ formulas times
+    ``grad_factor``, summed per segment. When only ``x`` needs a gradient the cheaper
+    straight-through plan runs instead (same ``dx``).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Any,
+        scale: Any,
+        zero_point: Any,
+        scope: Scope,
+        q_min: int,
+        q_max: int,
+        grad_factor: float,
+    ) -> Any:
+        xc = _contiguous(x)
+        kind = _element(xc)
+        target = _target(xc)
+        pshape = param_shape(tuple(xc.shape), scope)
+        fdtype = _param_dtype(kind)
+        s_t = _param(scale, "scale", pshape, fdtype, xc)
+        z_t = None if zero_point is None else _param(zero_point, "zero_point", pshape, fdtype, xc)
+        z_arg = None if z_t is None else _arg(z_t, target)
+        y = _run_forward(xc, target, kind, _arg(s_t, target), z_arg, scope, q_min, q_max)
+        ctx.save_for_backward(xc, s_t, z_t)
+        ctx.spec = (scope, q_min, q_max, float(grad_factor))
+        ctx.param_meta = tuple(
+            None if not isinstance(p, torch.Tensor) else (tuple(p.shape), p.dtype) for p in (scale, zero_point)
+        )
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dy: Any) -> tuple[Any, Any, Any, None, None, None, None]:  # type: ignore[override]
+        xc, s_t, z_t = ctx.saved_tensors
+        scope, q_min, q_max, grad_factor = ctx.spec
+        if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+            target = _target(xc)
+            z_arg = None if z_t is None else _arg(z_t, target)
+            dx = _run_ste(xc, target, _element(xc), dy, _arg(s_t, target), z_arg, scope, q_min, q_max)
+            return dx, None, None, None, None, None, None
+        dx, ds, dz = _run_lsq(xc, dy, s_t, z_t, scope, q_min, q_max, grad_factor)
+
+        def as_param(grad: Any, meta: Any) -> Any:
+            if grad is None or meta is None:
+                return None
+            shape, dtype = meta
+            return grad.reshape(shape).to(dtype)
+
+        return dx, as_param(ds, ctx.param_meta[0]), as_param(dz, ctx.param_meta[1]), None, None, None, None
+
+
+def fake_quantize_learnable(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    q_min: int = -128,
+    q_max: int = 127,
+    scope: Scope = _TENSOR,
+    grad_factor: float = 1.0,
+) -> Any:
+    """LSQ fake quantization: the forward of :func:`fake_quantize`, with gradients for ``scale``
+    and ``zero_point``.
+
+    ``scale``: float tensor (float32 as PyTorch's learnable ops take it) with one value per
+    segment (``(1,)`` per tensor, ``(C,)`` per channel, or the scope's ``param_shape``);
+    ``zero_point``: None (symmetric) or a float tensor of the same count -- rounded half to even
+    and clamped to ``[q_min, q_max]`` in forward and backward alike. ``grad_factor`` multiplies
+    ``dscale`` / ``dzero_point`` (LSQ uses ``1 / sqrt(x.numel() * q_max)``). Gradients come back in
+    the parameters' own shapes and dtypes.
+
+    Gradients (``q = rne(x * inv) + zp``, ``gf`` = ``grad_factor``): ``dx = dy`` inside
+    ``[q_min, q_max]``, else 0; inside ``dscale_i = ((dy * (y - x)) * inv) * gf``, ``dzp_i = 0``;
+    below / above ``dscale_i = (dy * (q_min - zp)) * gf`` / ``(dy * (q_max - zp)) * gf``,
+    ``dzp_i = (-dy * scale) * gf``; summed per segment in float64 in a fixed order (deterministic).
+
+    Matches ``torch._fake_quantize_learnable_per_tensor_affine`` (and ``_per_channel_affine`` with
+    ``scope=ChannelScope(axis)``): forward and ``dx`` bit for bit on float32, ``dscale`` / ``dzp``
+    to float32 rounding (PyTorch sums float32 terms in float32). Every scope: segments that are not
+    contiguous runs (e.g. ``ChannelScope(1)`` of an activation) are moved to the front / back for
+    the backward (one copy of ``x`` and ``dy``).
+    """
+    q_min, q_max = _check_range(q_min, q_max)
+    return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, float(grad_factor))
+
+
+# ---- dynamic-range fake quantization -----------------------------------------------------------
+
+
+def _dynamic_plan(xc: Any, scope: Scope, mode: QuantMode, bits: int, rounding: Rounding, target: _Target) -> Any:
+    shape, kind = tuple(xc.shape), _element(xc)
+    return _plan(
+        DynamicRangeFakeQuantizePlan,
+        (shape, xc.dtype, scope, mode, bits, rounding),
+        target,
+        lambda: DynamicRangeFakeQuantizeDescriptor(
+            shape=shape, scope=scope, mode=mode, element=kind, bits=bits, rounding=rounding
+        ),
+    )
+
+
+def _rng_arg(value: Any, target: _Target) -> Any:
+    if value is None or not isinstance(value, torch.Tensor):
+        return value
+    return _arg(_contiguous(value.to(device=target.device)), target)
+
+
+class DynamicFakeQuantizeFunction(torch.autograd.Function):
+    """Dynamic-range fake quantization as an autograd op (``apply(x, bits, mode, scope, rounding,
+    rng_seed, rng_offset)``; prefer :func:`dynamic_fake_quantize`).
+
+    Forward ``DynamicRangeFakeQuantizePlan`` (range per segment -> scale / zero point -> fake
+    quantize, in one plan); backward the identity (straight-through: the range is the data's own,
+    so nothing is clamped).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Any,
+        bits: int,
+        mode: QuantMode,
+        scope: Scope,
+        rounding: Rounding,
+        rng_seed: Any,
+        rng_offset: Any,
+    ) -> Any:
+        xc = _contiguous(x)
+        target = _target(xc)
+        plan = _dynamic_plan(xc, scope, mode, bits, rounding, target)
+        y = torch.empty_like(xc)
+        args = DynamicRangeFakeQuantizeArgs(
+            input=_arg(xc, target),
+            output=_arg(y, target),
+            rng_seed=_rng_arg(rng_seed, target),
+            rng_offset=_rng_arg(rng_offset, target),
+        )
+        plan.run(target.stream, _workspace(plan, target), args)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None, None]:  # type: ignore[override]
+        return dy, None, None, None, None, None, None
+
+
+def dynamic_fake_quantize(
+    x: Any,
+    bits: int = 8,
+    mode: QuantMode = QuantMode.SYMMETRIC,
+    scope: Scope = _TENSOR,
+    rounding: Rounding = Rounding.NEAREST_EVEN,
+    rng_seed: int | Any = None,
+    rng_offset: int | Any = None,
+) -> Any:
+    """Fake-quantize ``x`` to ``bits`` bits with the scale (and zero point) of each segment's own
+    range, as DeepSpeed's MoQ ``fake_quantizer``; gradient: identity.
+
+    Codes of ``bits`` bits: SYMMETRIC ``[-2**(bits-1), 2**(bits-1) - 1]`` (bits 2 to 8),
+    ``scale = max|x| / q_max``; ASYMMETRIC ``[0, 2**bits - 1]`` (bits 1 to 8),
+    ``scale = (hi - lo) / (q_max - q_min)`` with ``lo = min(min x, 0)``, ``hi = max(max x, 0)``,
+    ``zp = clamp(q_min - rne(lo / scale), q_min, q_max)``; then ``y`` as :func:`fake_quantize`
+    (``inv = rn(1 / scale)``). An all-zero segment gets ``scale = 1``; a segment holding NaN or
+    +-Inf comes out all NaN. ``scope``: TensorScope, ``GroupScope(axis=-1, group_size=g)`` (MoQ's
+    groups), TokenScope, ChannelScope or any GroupScope. ``rounding``: NEAREST_EVEN, or STOCHASTIC
+    (``floor(v) + (u < v - floor(v))``, ``u`` Philox4x32-10 of the element index) with ``rng_seed``
+    / ``rng_offset``: Python ints in [0, 2**64), or one-element int64 tensors on ``x``'s device (read
+    by the kernel, so a captured CUDA graph replays with whatever the caller stores there). The same
+    (seed, offset) give the same bits on every device and on the CPU.
+    """
+    if rounding is Rounding.STOCHASTIC and (rng_seed is None or rng_offset is None):
+        raise InvalidProblem(
+            "rounding=Rounding.STOCHASTIC needs rng_seed and rng_offset (ints); DynamicFakeQuantize keeps them for you"
+        )
+    return DynamicFakeQuantizeFunction.apply(x, int(bits), mode, scope, rounding, rng_seed, rng_offset)
+
+
+# ---- modules -----------------------------------------------------------------------------------
+
+
+def _scope_text(scope: Scope) -> str:
+    if isinstance(scope, TensorScope):
+        return "tensor"
+    if isinstance(scope, ChannelScope):
+        return f"channel(axis={scope.axis})"
+    if isinstance(scope, GroupScope):
+        return f"group(axis={scope.axis}, group_size={scope.group_size})"
+    return "token"
+
+
+class FakeQuantize(torch.nn.Module):
+    """Static fake quantization: ``y = (clamp(rne(x * inv) + zp, q_min, q_max) - zp) * scale``,
+    ``inv = rn(1 / scale)``, straight-through gradient for ``x``.
+
+    ``scale`` / ``zero_point`` are buffers (moved by ``.to()``, saved in the ``state_dict``):
+    ``scale`` float32 with one value per segment of ``scope`` (a Python float for TensorScope, or
+    a tensor / sequence: ``(C,)`` for ``ChannelScope(axis)``); ``zero_point`` int32 of the same
+    count, or None for symmetric quantization. Set new values in place (``fq.scale.copy_(s)``) or
+    with :meth:`set_qparams`; ``enabled = False`` makes the module the identity.
+
+    **When to use:** QAT with parameters chosen outside the model (calibration, an observer of
+    your own, a checkpoint): weights per channel (``ChannelScope(0)``), activations per tensor.
+
+    **Dtypes:** ``x`` float16 / bfloat16 / float32 / float64 (output the same); CUDA tensors on
+    the GPU, CPU tensors on the reference backend.
+
+    **Shape limits:** any rank and extents; ``GroupScope`` needs a group size that divides its
+    axis. Non-contiguous inputs are copied to C-contiguous first; the output is C-contiguous.
+
+    **Precision guarantee:** float32 arithmetic (float64 for float64 data), each operation rounded
+    once; bit for bit the NumPy reference and ``torch.fake_quantize_per_tensor_affine`` /
+    ``_per_channel_affine`` on float16 / bfloat16 / float32 (forward and gradient).
+
+    **Versus torch.ao.quantization.FakeQuantize:** no observer (parameters are given, not
+    measured), no ``fake_quant_enabled`` / ``observer_enabled`` buffers (``enabled`` instead),
+    token and group scopes as well as tensor and channel, float64 computed in float64, and a float
+    zero point is rounded half to even and clamped (PyTorch's per-channel op adds it unrounded).
+    """
+
+    scale: Any
+    zero_point: Any
+
+    def __init__(
+        self,
+        scale: float | Sequence[float] | Any,
+        zero_point: int | Sequence[int] | Any | None = None,
+        *,
+        q_min: int = -128,
+        q_max: int = 127,
+        scope: Scope = _TENSOR,
+        enabled: bool = True,
+    ) -> None:
+        super().__init__()
+        self.q_min, self.q_max = _check_range(q_min, q_max)
+        self.scope = scope
+        self.enabled = enabled
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32).detach().clone().reshape(-1))
+        zp = None if zero_point is None else torch.as_tensor(zero_point).detach().clone().reshape(-1)
+        if zp is not None and not zp.dtype.is_floating_point:
+            zp = zp.to(torch.int32)
+        self.register_buffer("zero_point", zp)
+
+    def set_qparams(self, scale: Any, zero_point: Any = None) -> None:
+        """Copy new values into ``scale`` (and ``zero_point``) in place (same element count)."""
+        with torch.no_grad():
+            self.scale.copy_(torch.as_tensor(scale).reshape(self.scale.shape))
+            if zero_point is not None:
+                if self.zero_point is None:
+                    raise InvalidProblem("this FakeQuantize is symmetric (zero_point=None); it takes no zero point")
+                self.zero_point.copy_(torch.as_tensor(zero_point).reshape(self.zero_point.shape))
+
+    def forward(self, x: Any) -> Any:
+        """``x`` fake-quantized (or ``x`` itself when ``enabled`` is False)."""
+        if not self.enabled:
+            return x
+        return fake_quantize(x, self.scale, self.zero_point, self.q_min, self.q_max, self.scope)
+
+    def extra_repr(self) -> str:
+        mode = "symmetric" if self.zero_point is None else "asymmetric"
+        return (
+            f"scope={_scope_text(self.scope)}, {mode}, q_min={self.q_min}, q_max={self.q_max}, enabled={self.enabled}"
+        )
+
+
+class LearnableFakeQuantize(torch.nn.Module):
+    """LSQ fake quantization with trained parameters: the forward of :class:`FakeQuantize`, and
+    ``scale`` / ``zero_point`` ``nn.Parameter`` s that receive LSQ gradients.
+
+    Gradients (``q = rne(x * inv) + zp``, ``gf`` the grad factor): ``dx = dy`` where
+    ``q_min <= q <= q_max``, else 0; ``dscale`` sums ``((dy * (y - x)) * inv) * gf`` inside and
+    ``(dy * (q_min - zp)) * gf`` / ``(dy * (q_max - zp)) * gf`` below / above; ``dzero_point`` sums
+    ``(-dy * scale) * gf`` outside. ``grad_factor``: a number, or None for LSQ's
+    ``1 / sqrt(x.numel() * q_max)`` per call.
+
+    Parameters are float32, initialised from ``scale`` (a float for TensorScope, with
+    ``num_channels`` for ChannelScope, or a tensor / sequence with one value per segment) and
+    ``zero_point`` (None: symmetric, no zero-point parameter).
+
+    **When to use:** QAT where the step size (and offset) should be learned (LSQ / LSQ+): weights
+    per channel (``scope=ChannelScope(0)``), activations per tensor.
+
+    **Dtypes:** ``x`` float16 / bfloat16 / float32 / float64; parameters float32 (computed in
+    float64 for float64 data; gradients returned as float32).
+
+    **Shape limits:** any rank; every scope. The backward sums contiguous segments; other layouts
+    (e.g. per-channel along axis 1 of an activation) are moved to contiguous order for it, at the
+    cost of one copy of ``x`` and ``dy``. Non-contiguous inputs are copied; outputs C-contiguous.
+
+    **Precision guarantee:** forward and ``dx`` bit for bit the NumPy reference and PyTorch's
+    learnable ops on float32; ``dscale`` / ``dzero_point`` are float64 sums in a fixed order,
+    rounded once: deterministic (same bits every run), within float32 rounding of PyTorch's.
+
+    **Versus torch.ao.quantization._LearnableFakeQuantize:** no observer and no enable flags; the
+    zero point is rounded half to even and clamped the same way in forward and backward (PyTorch's
+    per-tensor backward rounds it as ``trunc(zp + 0.5)``, so ties like 2.5 differ), and added after
+    rounding in every scope; float16 / bfloat16 data are served (PyTorch's learnable backward takes
+    float32 only); any scope, not only per tensor / per channel.
+    """
+
+    def __init__(
+        self,
+        scale: float | Sequence[float] | Any,
+        zero_point: float | Sequence[float] | Any | None = None,
+        *,
+        q_min: int = -128,
+        q_max: int = 127,
+        scope: Scope = _TENSOR,
+        num_channels: int | None = None,
+        grad_factor: float | None = 1.0,
+    ) -> None:
+        super().__init__()
+        self.q_min, self.q_max = _check_range(q_min, q_max)
+        self.scope = scope
+        self.grad_factor = grad_factor
+
+        def init(value: Any, name: str) -> Any:
+            t = torch.as_tensor(value, dtype=torch.float32).detach().clone().reshape(-1)
+            if num_channels is not None and t.numel() == 1:
+                t = t.expand(num_channels).clone()
+            elif num_channels is not None and t.numel() != num_channels:
+                raise InvalidProblem(f"{name} has {t.numel()} values but num_channels={num_channels}")
+            return torch.nn.Parameter(t)
+
+        self.scale = init(scale, "scale")
+        self.zero_point = None if zero_point is None else init(zero_point, "zero_point")
+
+    def forward(self, x: Any) -> Any:
+        """``x`` fake-quantized with the current parameters (gradients flow to them)."""
+        gf = self.grad_factor
+        if gf is None:
+            gf = 1.0 / math.sqrt(max(1, x.numel() * max(1, self.q_max)))
+        return fake_quantize_learnable(x, self.scale, self.zero_point, self.q_min, self.q_max, self.scope, gf)
+
+    def extra_repr(self) -> str:
+        mode = "symmetric" if self.zero_point is None else "asymmetric"
+        return f"scope={_scope_text(self.scope)}, {mode}, q_min={self.q_min}, q_max={self.q_max}"
+
+
+class DynamicFakeQuantize(torch.nn.Module):
+    """Dynamic-range fake quantization (DeepSpeed MoQ): each call measures every segment's range,
+    derives ``scale`` (and ``zero_point``) from it and fake-quantizes with them; identity gradient.
+
+    ``bits``: SYMMETRIC 2 to 8 (codes ``[-2**(bits-1), 2**(bits-1) - 1]``,
+    ``scale = max|x| / q_max``), ASYMMETRIC 1 to 8 (codes ``[0, 2**bits - 1]``,
+    ``scale = (hi - lo) / (q_max - q_min)``, zero exactly representable); then
+    ``y = (clamp(rne(x * inv) + zp, q_min, q_max) - zp) * scale`` with ``inv = rn(1 / scale)``
+    (:func:`dynamic_fake_quantize` has the details). Segments: ``group_size=g`` (groups of ``g``
+    along the last axis, MoQ's layout) or any ``scope`` (default: the whole tensor).
+    ``rounding=Rounding.STOCHASTIC`` draws Philox4x32-10 numbers from ``(seed, offset)``: ``seed``
+    fixed at construction (drawn from PyTorch's generator when None, so ``torch.manual_seed``
+    makes it reproducible), ``offset`` a per-module counter that advances by ``x.numel()`` every
+    call, so every call gets fresh and reproducible randomness. Both are in the ``state_dict``
+    (extra state), so a resumed run continues the same stream. Like any module, it quantizes in
+    ``eval()`` mode too.
+
+    **When to use:** MoQ-style QAT of weights or activations with no parameters to keep or learn,
+    and stochastic rounding to keep low-bit training unbiased.
+
+    **Dtypes:** float16 / bfloat16 / float32 / float64; CUDA tensors on the GPU, CPU tensors on the
+    reference backend (same bits, stochastic rounding included).
+
+    **Shape limits:** any rank; group sizes must divide their axis. Non-contiguous inputs are
+    copied; outputs are C-contiguous. Inside a captured CUDA graph the offset is the one of the
+    capture (a Python int), so replays repeat the same random numbers.
+
+    **Precision guarantee:** float32 arithmetic (float64 for float64 data), exact range
+    reductions; bit for bit ``quantplan.reference.dynamic_fake_quantize`` on CPU and GPU, for both
+    roundings; deterministic.
+
+    **Versus torch.ao.quantization.FakeQuantize:** no running statistics (MinMax / moving-average
+    observers keep them across batches; here each call uses its own range), the symmetric scale is
+    ``amax / q_max`` (PyTorch's symmetric observers use ``amax / ((q_max - q_min) / 2)``), groups
+    and stochastic rounding are available, and the gradient is the identity (no clamping mask).
+    Versus DeepSpeed's fake quantizer: the symmetric scale divides by ``q_max`` so ``+-max|x|`` are
+    both exact, and stochastic rounding applies to the asymmetric formula as well.
+    """
+
+    def __init__(
+        self,
+        bits: int = 8,
+        mode: QuantMode = QuantMode.SYMMETRIC,
+        *,
+        group_size: int | None = None,
+        scope: Scope | None = None,
+        rounding: Rounding = Rounding.NEAREST_EVEN,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        if group_size is not None and scope is not None:
+            raise InvalidProblem("pass group_size or scope, not both (group_size=g means GroupScope(axis=-1, g))")
+        dynamic_fake_quantize_range(mode, int(bits))  # InvalidProblem now rather than at the first call
+        self.bits = int(bits)
+        self.mode = mode
+        self.scope: Scope = GroupScope(axis=-1, group_size=group_size) if group_size is not None else scope or _TENSOR
+        self.rounding = rounding
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        self.rng_seed = int(seed)
+        self.rng_offset = 0
+
+    def forward(self, x: Any) -> Any:
+        """``x`` fake-quantized with its own range (advances the offset when stochastic)."""
+        if self.rounding is not Rounding.STOCHASTIC:
+            return dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding)
+        offset = self.rng_offset
+        self.rng_offset = (offset + x.numel()) % 2**64
+        return dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding, self.rng_seed, offset)
+
+    def get_extra_state(self) -> dict[str, int]:
+        """The Philox seed and offset (saved in the ``state_dict``)."""
+        return {"rng_seed": self.rng_seed, "rng_offset": self.rng_offset}
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        """Restore the Philox seed and offset from a ``state_dict``."""
+        self.rng_seed = int(state["rng_seed"])
+        self.rng_offset = int(state["rng_offset"])
+
+    def extra_repr(self) -> str:
+        return f"bits={self.bits}, {self.mode.value}, scope={_scope_text(self.scope)}, rounding={self.rounding.value}"
+
+
+__all__ = [
+    "PLAN_CACHE_SIZE",
+    "DynamicFakeQuantize",
+    "DynamicFakeQuantizeFunction",
+    "FakeQuantize",
+    "FakeQuantizeFunction",
+    "LearnableFakeQuantize",
+    "LearnableFakeQuantizeFunction",
+    "clear_plan_cache",
+    "cupy_stream",
+    "dynamic_fake_quantize",
+    "fake_quantize",
+    "fake_quantize_learnable",
+]

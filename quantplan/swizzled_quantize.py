@@ -1,0 +1,431 @@
+"""SwizzledQuantizePlan: group quantization written in the order of a hierarchical all-to-all (ZeRO++ qgZ).
+
+The flattened input is cut into groups of ``group_size`` contiguous elements; each group is
+quantized with dynamic-range parameters (SPEC section 4), and codes and parameters are written
+in the swizzled order ``[pipeline][device][node][group][E]``
+(:func:`quantplan.reference.swizzle_order`), so that chunk ``d`` of the output is everything
+local device ``d`` reduces (one intra-node all-to-all delivers it) and its content is already
+ordered by node for the inter-node all-to-all that follows :class:`~quantplan.DequantReducePlan`.
+Optional LoCo error feedback keeps the quantization error in a buffer and adds it back next step.
+
+Reference: :func:`quantplan.reference.swizzled_quantize`; tests:
+``tests/test_reference_swizzled_quantize.py``, ``tests/test_swizzled_quantize_plan_errors.py``.
+The CUDA kernel is not in this release (``select`` on the CUDA backend raises Unsupported).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from . import reference
+from ._affine import OperandChecks, choose_backend
+from ._operands import Operand, is_scalar
+from .elements import ELEMENTS
+from .errors import InvalidProblem, Unsupported
+from .types import (
+    HOST_ARCH,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    NibbleOrder,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    QuantizeKind,
+    QuantMode,
+)
+from .workspace import Workspace, check_workspace
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: Float kinds the qgZ plans read and the error buffers they keep.
+QGZ_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+#: Code kinds the qgZ plans write (integer codes; 4-bit packed two per byte).
+QGZ_CODE_KINDS = (ElementKind.S8, ElementKind.U8, ElementKind.S4, ElementKind.U4)
+
+
+# ---- validation shared by the qgZ plans (also used by DequantReducePlan and quantplan.compat) ----
+
+
+def check_positive(name: str, value: int) -> None:
+    """InvalidProblem unless ``value`` is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidProblem(f"{name}={value!r} must be an integer >= 1")
+
+
+def check_float_kind(kind: ElementKind, name: str) -> None:
+    """F16 / BF16 / F32 pass; F64 is Unsupported (no qgZ kernel for it); anything else InvalidProblem."""
+    if kind in QGZ_FLOAT_KINDS:
+        return
+    if kind is ElementKind.F64:
+        raise Unsupported(f"{name}=F64 is not served by the qgZ plans; use F32, BF16 or F16")
+    raise InvalidProblem(f"{name} must be one of F16, BF16, F32, got {kind.name}")
+
+
+def check_code_kind(kind: ElementKind, name: str) -> None:
+    """S8 / U8 / S4 / U4 pass; FP8 is Unsupported here; anything else InvalidProblem."""
+    if kind in QGZ_CODE_KINDS:
+        return
+    if ELEMENTS[kind].is_fp8:
+        raise Unsupported(f"{name}={kind.name}: the qgZ plans write integer codes only (S8, U8, S4, U4)")
+    raise InvalidProblem(f"{name} must be one of S8, U8, S4, U4, got {kind.name}")
+
+
+def dynamic_code_range(mode: QuantMode, code: ElementKind, q_min: int | None, q_max: int | None) -> tuple[int, int]:
+    """The code range of dynamic-range quantization to ``code``: the kind's default range,
+    optionally narrowed; SYMMETRIC needs ``q_max > 0``, ASYMMETRIC ``q_min < q_max`` (InvalidProblem)."""
+    full = ELEMENTS[code].code_range
+    assert full is not None
+    lo = full[0] if q_min is None else q_min
+    hi = full[1] if q_max is None else q_max
+    if not (full[0] <= lo <= full[1] and full[0] <= hi <= full[1]):
+        raise InvalidProblem(f"q_min={lo}, q_max={hi} fall outside the {code.name} range {full}; narrow within it")
+    if mode is QuantMode.SYMMETRIC and hi <= 0:
+        raise InvalidProblem(f"SYMMETRIC dynamic range needs q_max > 0 (scale = amax / q_max), got q_max={hi}")
+    if mode is QuantMode.ASYMMETRIC and lo >= hi:
+        raise InvalidProblem(f"ASYMMETRIC dynamic range needs q_min < q_max, got q_min={lo}, q_max={hi}")
+    if lo > hi:
+        raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
+    return lo, hi
+
+
+def check_error_kind(kind: ElementKind | None) -> None:
+    """The LoCo error buffer element: None (no error feedback) or F16 / BF16 / F32."""
+    if kind is not None and kind not in QGZ_FLOAT_KINDS:
+        raise InvalidProblem(f"error_element must be None or one of F16, BF16, F32, got {kind.name}")
+
+
+def reference_only_backend(pref: PlanPreference, plan: str) -> BackendKind:
+    """REFERENCE, or Unsupported where the backend choice is CUDA (no kernel in this release)."""
+    backend = choose_backend(pref)
+    if backend is BackendKind.CUDA:
+        raise Unsupported(
+            f"{plan}: the CUDA kernel is not yet implemented (reference only in this release); select with "
+            f"PlanPreference(backend=BackendKind.REFERENCE) and pass NumPy arrays"
+        )
+    return backend
+
+
+def check_beta(value: Any) -> float:
+    """LoCo's ``error_beta``: a real number in [0, 1] (InvalidProblem otherwise)."""
+    if not is_scalar(value) or isinstance(value, (bool, np.bool_)):
+        raise InvalidProblem(f"error_beta={value!r} must be a Python or NumPy real number in [0, 1]")
+    beta = float(value)
+    if not (math.isfinite(beta) and 0.0 <= beta <= 1.0):
+        raise InvalidProblem(f"error_beta={value!r} must lie in [0, 1] (e <- beta * e + (1 - beta) * residual)")
+    return beta
+
+
+class QgzOperands(OperandChecks):
+    """Operand checks of the qgZ plans (residence, shape, dtype, contiguity, alignment)."""
+
+    def __init__(self, backend: BackendKind, device_id: int | None) -> None:
+        self.backend = backend
+        self.device_id = device_id
+        self._param_shape = ()
+        self._tensor_scope = False
+
+    def tensor(self, value: Any, name: str, shape: tuple[int, ...], kind: ElementKind) -> Operand:
+        """``value`` as an operand of ``shape`` and ``kind`` (I32: int32 zero points), or InvalidProblem."""
+        if value is None:
+            raise InvalidProblem(f"{name} is required: an array of shape {shape} ({kind.name})")
+        return self._tensor(value, name, shape, ELEMENTS[kind])
+
+    def loco(
+        self, error: Any, beta: Any, shape: tuple[int, ...], kind: ElementKind | None
+    ) -> tuple[Operand | None, float]:
+        """The error buffer and beta of LoCo error feedback, or (None, 0.0) when the plan has none."""
+        if kind is None:
+            if error is not None or beta is not None:
+                raise InvalidProblem(
+                    "error_feedback / error_beta given, but the descriptor has no error_element; "
+                    "set error_element (F16, BF16 or F32) for LoCo error feedback"
+                )
+            return None, 0.0
+        if beta is None:
+            raise InvalidProblem("error_beta is required with error feedback (a real number in [0, 1])")
+        return self.tensor(error, "error_feedback", shape, kind), check_beta(beta)
+
+
+def host_view(op: Operand, kind: ElementKind) -> np.ndarray:
+    """The NumPy array behind a host operand, viewed in the storage dtype of ``kind``."""
+    return np.asarray(op.obj).view(ELEMENTS[kind].numpy_dtype)
+
+
+def write_back(op: Operand, kind: ElementKind, value: np.ndarray) -> None:
+    """Copy ``value`` (storage dtype of ``kind``) into the host operand ``op``, shape for shape."""
+    out = host_view(op, kind)
+    np.copyto(out, np.asarray(value).reshape(out.shape).view(out.dtype), casting="no")
+
+
+def qgz_precision_guarantee() -> PrecisionGuarantee:
+    """float32 arithmetic and accumulation, fixed order: deterministic and bit-stable."""
+    return PrecisionGuarantee(math_precision=MathPrecision.F32, accumulator=ElementKind.F32)
+
+
+# ---- SwizzledQuantizePlan -----------------------------------------------------------------------
+
+
+class SwizzledQuantizeDescriptor(BaseModel):
+    """A swizzled group-quantization problem (see :class:`SwizzledQuantizePlan`).
+
+    Fields: ``shape`` of the input (any rank; its flat C order defines the groups);
+    ``group_size`` elements per group (any size >= 1); ``nodes``, ``devices_per_node`` (the
+    partitions, one per global rank ``node * devices_per_node + device``) and ``pipeline``
+    (stages per partition); ``mode`` SYMMETRIC or ASYMMETRIC; ``input_element`` F16, BF16 or
+    F32; ``output_element`` S8, U8, S4 or U4; ``q_min`` / ``q_max`` narrow the code range;
+    ``nibble_order`` of 4-bit codes; ``error_element`` None (no error feedback) or the element
+    of the LoCo error buffer (F16, BF16 or F32).
+
+    Padding rule: none. ``numel`` must be a multiple of ``nodes * devices_per_node * pipeline *
+    group_size`` (every slice is whole groups), and for 4-bit codes every slice must hold an
+    even number of elements (a slice starts on a byte); ``select`` raises InvalidProblem
+    otherwise, naming the next valid size. Pad the flattened tensor yourself (zeros in a padded
+    tail only enter the statistics of the groups they fill) — the plan never invents elements.
+    """
+
+    model_config = _FROZEN
+    shape: tuple[int, ...]
+    group_size: int
+    nodes: int = 1
+    devices_per_node: int = 1
+    pipeline: int = 1
+    mode: QuantMode = QuantMode.SYMMETRIC
+    input_element: ElementKind
+    output_element: ElementKind
+    q_min: int | None = None
+    q_max: int | None = None
+    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST
+    error_element: ElementKind | None = None
+
+    @property
+    def numel(self) -> int:
+        """Elements of the input."""
+        return math.prod(self.shape)
+
+    @property
+    def groups(self) -> int:
+        """Number of groups: ``numel / group_size``."""
+        return self.numel // self.group_size if self.group_size > 0 else 0
+
+    @property
+    def slices(self) -> int:
+        """Number of slices: ``nodes * devices_per_node * pipeline``."""
+        return self.nodes * self.devices_per_node * self.pipeline
+
+    @property
+    def slice_elements(self) -> int:
+        """Elements per slice (one pipeline stage of one partition)."""
+        return self.numel // self.slices if self.slices > 0 else 0
+
+    @property
+    def slice_groups(self) -> int:
+        """Groups per slice."""
+        return self.slice_elements // self.group_size if self.group_size > 0 else 0
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """``(pipeline, devices_per_node, nodes * slice_elements)`` codes; 4-bit: last extent halved (bytes)."""
+        width = self.nodes * self.slice_elements
+        if ELEMENTS[self.output_element].is_packed:
+            width //= 2
+        return (self.pipeline, self.devices_per_node, width)
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        """``(pipeline, devices_per_node, nodes * slice_groups)``: shape of ``scale_out`` / ``zero_point_out``."""
+        return (self.pipeline, self.devices_per_node, self.nodes * self.slice_groups)
+
+
+@dataclass(slots=True)
+class SwizzledQuantizeArgs:
+    """Arguments of :class:`SwizzledQuantizePlan`.
+
+    ``input`` (the descriptor's ``shape``, F16 / BF16 / F32; bfloat16 or its uint16 bits);
+    ``output`` (``output_shape``; int8 for S8, uint8 for U8 and packed S4 / U4);
+    ``scale_out`` (float32, ``param_shape``); ``zero_point_out`` (int32, ``param_shape``;
+    ASYMMETRIC only, None for SYMMETRIC). LoCo error feedback (descriptor ``error_element`` set):
+    ``error_feedback`` (the input's shape, ``error_element``; read and updated in place, in the
+    input's order, not swizzled) and ``error_beta`` (a real number in [0, 1]).
+    """
+
+    input: Any
+    output: Any
+    scale_out: Any
+    zero_point_out: Any = None
+    error_feedback: Any = None
+    error_beta: Any = None
+
+
+class SwizzledQuantizePlan:
+    """Group quantization of a flat tensor, written in the swizzled order of a hierarchical all-to-all.
+
+    Formulas (SPEC section 4, float32; rne = round half to even), per group of ``E =
+    group_size`` contiguous elements of the flattened input ``v`` (``v = x``, or ``v = x + e`` in
+    float32 with LoCo error feedback):
+
+    * SYMMETRIC: ``scale = max|v| / q_max``; ``q = clamp(rne(v / scale), q_min, q_max)``.
+    * ASYMMETRIC: ``lo = min(min v, 0)``, ``hi = max(max v, 0)``, ``scale = (hi - lo) / (q_max - q_min)``,
+      ``zp = clamp(q_min - rne(lo / scale), q_min, q_max)``, ``q = clamp(rne(v / scale) + zp, q_min, q_max)``.
+    * ``scale == 0`` -> 1; a group holding NaN or +-Inf: ``scale = NaN``, ``zp = 0``, codes 0.
+    * Order: the input is viewed as ``[P = nodes * devices_per_node][pipeline][groups / (P *
+      pipeline)][E]`` (partition ``z = node * devices_per_node + device``); codes and parameters
+      are written ``[pipeline][device][node][group][E]``. 2 nodes x 4 devices: partitions
+      ``0 1 2 3 4 5 6 7`` come out ``0 4 1 5 2 6 3 7``. ``output[p, d]`` is the chunk for local
+      device ``d`` at stage ``p``, and ``scale_out[p, d]`` its parameters, group for group.
+    * LoCo (``error_element`` set): ``v = x + e`` (float32, one rounding) is quantized;
+      ``e <- (b * e) + (c * (v - dequant(q)))`` with ``b = f32(error_beta)``, ``c = 1 - b`` in
+      float32, ``dequant(q) = (q - zp) * scale`` in float32, each operation rounded once in
+      float32 (no FMA), the result rounded once to the buffer's element. The buffer is in the
+      input's order (not swizzled) and updated in the same run.
+
+    **When to use:** ZeRO++ qgZ gradient communication: quantize a gradient bucket once, send
+    ``output[p, d]`` / ``scale_out[p, d]`` to local device ``d`` (intra-node all-to-all), reduce
+    there with :class:`~quantplan.DequantReducePlan`, exchange across nodes.
+
+    **Dtypes:** input F16 / BF16 / F32 (F64: Unsupported); output S8 / U8 / S4 / U4 (4-bit
+    packed two per byte along the flat swizzled stream, either nibble order; FP8: Unsupported);
+    ``scale_out`` float32, ``zero_point_out`` int32; error buffer F16 / BF16 / F32.
+
+    **Shape limits:** any rank and any group size; ``numel`` a multiple of ``nodes *
+    devices_per_node * pipeline * group_size`` and, for 4-bit codes, even slices (no implicit
+    padding: InvalidProblem names the next valid size). Zero-size inputs are a no-op.
+
+    **Kernel variants:** reference only in this release (``sku().variant == "numpy"``); on the
+    CUDA backend ``select`` raises Unsupported ("CUDA kernel not yet implemented").
+
+    **Workspace:** none.
+
+    **Precision guarantee:** float32 arithmetic; exact min / max reductions; bit-exact to
+    :func:`quantplan.reference.swizzled_quantize`; deterministic.
+    """
+
+    def __init__(self, desc: SwizzledQuantizeDescriptor, q_min: int, q_max: int, backend: BackendKind) -> None:
+        self.descriptor = desc
+        self.q_min = q_min
+        self.q_max = q_max
+        self.backend = backend
+        self.device_id: int | None = None
+        self._operands = QgzOperands(backend, None)
+
+    @classmethod
+    def select(
+        cls, stream: Any, desc: SwizzledQuantizeDescriptor, pref: PlanPreference | None = None
+    ) -> SwizzledQuantizePlan:
+        """Validate ``desc`` and pick the backend (REFERENCE in this release).
+
+        Raises InvalidProblem for a malformed descriptor (negative extents, group or partition
+        counts < 1, a size that does not split into whole groups per slice, odd 4-bit slices,
+        bad code range) and Unsupported for F64 input, FP8 output, or the CUDA backend.
+        """
+        if any(e < 0 for e in desc.shape):
+            raise InvalidProblem(f"shape {desc.shape} has a negative extent")
+        for name in ("group_size", "nodes", "devices_per_node", "pipeline"):
+            check_positive(name, getattr(desc, name))
+        check_float_kind(desc.input_element, "input_element")
+        check_code_kind(desc.output_element, "output_element")
+        check_error_kind(desc.error_element)
+        q_min, q_max = dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
+        unit = desc.slices * desc.group_size
+        if desc.numel % unit:
+            raise InvalidProblem(
+                f"{desc.numel} elements (shape {desc.shape}) do not split into nodes * devices_per_node * pipeline "
+                f"= {desc.slices} slices of whole groups of {desc.group_size}: the size must be a multiple of {unit}; "
+                f"pad the flattened tensor to {-(-desc.numel // unit) * unit} elements (or pick another group_size)"
+            )
+        if ELEMENTS[desc.output_element].is_packed and desc.slice_elements % 2:
+            raise InvalidProblem(
+                f"{desc.output_element.name} codes pack two per byte, so every slice must hold an even number of "
+                f"elements; each of the {desc.slices} slices holds {desc.slice_elements} (pad to "
+                f"{desc.numel + unit} elements, or use an even group_size)"
+            )
+        backend = reference_only_backend(pref or PlanPreference(), "SwizzledQuantizePlan")
+        return cls(desc, q_min, q_max, backend)
+
+    # ---- introspection --------------------------------------------------------------------
+
+    def workspace_size(self) -> int:
+        """Bytes of workspace ``run`` needs: 0."""
+        return 0
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        """float32 arithmetic, exact range reductions, bit-exact to the reference, deterministic."""
+        return qgz_precision_guarantee()
+
+    def sku(self) -> KernelSku:
+        """Identity of the selected implementation (variant ``numpy`` in this release)."""
+        d = self.descriptor
+        return KernelSku(
+            category=OpCategory.QUANTIZE,
+            op=QuantizeKind.DYNAMIC_RANGE,
+            element=d.input_element,
+            aux_element=d.output_element,
+            variant="numpy",
+            arch=HOST_ARCH.name,
+            backend=self.backend,
+            precision_guarantee=self.precision_guarantee(),
+        )
+
+    # ---- arguments ------------------------------------------------------------------------
+
+    def _check(
+        self, args: SwizzledQuantizeArgs
+    ) -> tuple[Operand, Operand, Operand, Operand | None, Operand | None, float]:
+        d = self.descriptor
+        ops = self._operands
+        x = ops.tensor(args.input, "input", d.shape, d.input_element)
+        y = ops.tensor(args.output, "output", d.output_shape, d.output_element)
+        scale = ops.tensor(args.scale_out, "scale_out", d.param_shape, ElementKind.F32)
+        zp: Operand | None = None
+        if d.mode is QuantMode.ASYMMETRIC:
+            zp = ops.tensor(args.zero_point_out, "zero_point_out", d.param_shape, ElementKind.I32)
+        elif args.zero_point_out is not None:
+            raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
+        err, beta = ops.loco(args.error_feedback, args.error_beta, d.shape, d.error_element)
+        return x, y, scale, zp, err, beta
+
+    def can_implement(self, args: SwizzledQuantizeArgs) -> bool:
+        """Check ``args`` (shapes, dtypes, residence, contiguity, LoCo buffer and beta); True or raises."""
+        self._check(args)
+        return True
+
+    # ---- execution ------------------------------------------------------------------------
+
+    def run(self, stream: Any, workspace: Workspace | None, args: SwizzledQuantizeArgs) -> None:
+        """Quantize, swizzle and (LoCo) update the error buffer. Every check happens before any
+        output is written; a zero-size problem returns without writing."""
+        check_workspace(workspace, 0)
+        x, y, scale, zp, err, beta = self._check(args)
+        d = self.descriptor
+        if d.numel == 0:
+            return
+        error = None if err is None or d.error_element is None else host_view(err, d.error_element)
+        q, s, z, new_err = reference.swizzled_quantize(
+            host_view(x, d.input_element),
+            d.group_size,
+            d.nodes,
+            d.devices_per_node,
+            d.pipeline,
+            d.mode,
+            d.output_element,
+            self.q_min,
+            self.q_max,
+            d.nibble_order,
+            error,
+            beta,
+        )
+        write_back(y, d.output_element, q)
+        write_back(scale, ElementKind.F32, s)
+        if zp is not None and z is not None:
+            write_back(zp, ElementKind.I32, z)
+        if err is not None and new_err is not None:
+            assert d.error_element is not None
+            write_back(err, d.error_element, new_err)
+
+
+__all__ = ["SwizzledQuantizeArgs", "SwizzledQuantizeDescriptor", "SwizzledQuantizePlan"]
