@@ -122,7 +122,8 @@ def test_reference_plan_runs_in_place_and_matches_the_function(rng, rounding) ->
         uniform = reference_uniform(shape, 9, 2)
     y, s_ref, z_ref = reference.dynamic_fake_quantize(x, scope, ASYM, 0, 31, F32, uniform)
     assert np.array_equal(buf.view(np.uint16), y.view(np.uint16))
-    assert np.array_equal(s, s_ref) and z_ref is not None and np.array_equal(z, z_ref)
+    # F16 data may overflow to Inf (random_floats scales some values by 1e3): NaN scales compare equal.
+    assert np.array_equal(s, s_ref, equal_nan=True) and z_ref is not None and np.array_equal(z, z_ref)
 
 
 def _plan(mode=SYM, rounding=qp.Rounding.NEAREST_EVEN) -> qp.DynamicRangeFakeQuantizePlan:
