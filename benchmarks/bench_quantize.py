@@ -1,7 +1,9 @@
 """Benchmark QuantizePlan and DequantizePlan against a copy, PyTorch eager and torch.compile.
 
 Rows (16): {quantize, dequantize} x {per-token int8, per-group(128) int4} x {16x8192, 8192x8192}
-x {fp16, bf16}, all symmetric. For each row, in the same run: the plan's median kernel time, a
+x {fp16, bf16}, all symmetric; and their gradients (8 rows, bf16): ``quantize bwd`` (QuantizeBackwardPlan,
+``dx = dq / scale`` inside the mask, from ``x`` and ``dq``) and ``dequantize bwd``
+(DequantizeBackwardPlan, ``dq = dy * scale``). For each row, in the same run: the plan's median kernel time, a
 device-to-device copy of the same bytes, PyTorch eager doing the same math (SPEC section 4) and
 ``torch.compile`` of that math (default mode, compiled once per row and warmed up). Before timing,
 the plan's output is compared with eager's (exact equality expected) and a warning printed if
@@ -55,10 +57,12 @@ class Case:
     q_max: int
     shape: tuple[int, int]
     dtype: str
+    #: The gradient plan (QuantizeBackwardPlan / DequantizeBackwardPlan) instead of the forward.
+    backward: bool = False
 
     @property
     def op(self) -> str:
-        return f"{'quantize' if self.quantize else 'dequantize'} {self.scheme}"
+        return f"{'quantize' if self.quantize else 'dequantize'}{' bwd' if self.backward else ''} {self.scheme}"
 
     @property
     def shape_str(self) -> str:
@@ -77,6 +81,10 @@ def cases() -> list[Case]:
             for shape in SHAPES:
                 for dtype in DTYPES:
                     out.append(Case(quantize, scheme, code, scope, q_min, q_max, shape, dtype))
+    for quantize in (True, False):
+        for scheme, code, scope, q_min, q_max in SCHEMES:
+            for shape in SHAPES:
+                out.append(Case(quantize, scheme, code, scope, q_min, q_max, shape, "bf16", backward=True))
     return out
 
 
@@ -210,11 +218,107 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor) -> str | None:
 # ---- one row ----------------------------------------------------------------------------------
 
 
+def torch_backward_math(case: Case) -> Callable[..., torch.Tensor]:
+    """PyTorch eager gradient of ``case``: quantize ``f(x, dq, scale) -> dx`` with
+    ``dx = where(q_min <= rne(x / scale) <= q_max, dq / scale, 0)``; dequantize
+    ``f(dy, scale) -> dq = dy * scale`` (group scales broadcast over their groups)."""
+    import torch
+
+    def grouped(t: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if case.scope == "token":
+            return t.float(), scale
+        m, n = t.shape
+        return t.float().reshape(m, n // GROUP, GROUP), scale.unsqueeze(-1)
+
+    if case.quantize:
+
+        def quantize_backward(x: torch.Tensor, dq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            xv, s = grouped(x, scale)
+            dv, _ = grouped(dq, scale)
+            r = torch.round(xv / s)
+            dx = torch.where((r >= case.q_min) & (r <= case.q_max), dv / s, torch.zeros_like(dv))
+            return dx.reshape(x.shape).to(x.dtype)
+
+        return quantize_backward
+
+    def dequantize_backward(dy: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        dv, s = grouped(dy, scale)
+        return (dv * s).reshape(dy.shape).to(dy.dtype)
+
+    return dequantize_backward
+
+
+def bench_backward_case(case: Case, timing: Timing, use_compile: bool) -> Row:
+    """Time a gradient row: plan, copy of the same bytes, eager and torch.compile of the same math."""
+    import torch
+
+    import quantplan as qp
+
+    stream = torch.cuda.current_stream()
+    forward = make_descriptor(case)
+    dtype = _torch_dtype(case.dtype)
+    m, n = case.shape
+    esize = 2
+    math_fn = torch_backward_math(case)
+    if case.quantize:
+        plan: Any = qp.QuantizeBackwardPlan.select(stream, qp.QuantizeBackwardDescriptor.from_forward(forward))
+        moved = 3 * m * n * esize
+    else:
+        plan = qp.DequantizeBackwardPlan.select(stream, qp.DequantizeBackwardDescriptor.from_forward(forward))
+        moved = 2 * m * n * esize
+    sets = []
+    for _ in range(harness.rotation_sets(moved)):
+        x = torch.randn(case.shape, device="cuda", dtype=dtype)
+        xf = x.float() if case.scope == "token" else x.float().reshape(m, n // GROUP, GROUP)
+        # Scales a little below amax / q_max, so some elements fall outside the mask.
+        scale = (xf.abs().amax(dim=-1, keepdim=case.scope == "token") / (case.q_max + 8)).clamp_min(1e-8)
+        grad = torch.randn(case.shape, device="cuda", dtype=dtype)
+        out = torch.empty_like(grad)
+        if case.quantize:
+            sets.append(((x, grad, scale.contiguous()), qp.QuantizeBackwardArgs(x, grad, out, scale.contiguous()), out))
+        else:
+            sets.append(((grad, scale.contiguous()), qp.DequantizeBackwardArgs(grad, out, scale.contiguous()), out))
+    notes: list[str] = []
+    plan.run(stream, None, sets[0][1])
+    want = math_fn(*sets[0][0])
+    torch.cuda.synchronize()
+    if not torch.equal(sets[0][2], want):
+        print(f"WARNING: {case.label}: plan output differs from PyTorch eager", flush=True)
+        notes.append("plan != eager")
+    kw = {"warmup": timing.warmup, "reps": timing.reps}
+    ours = harness.time_gpu([lambda a=a: plan.run(stream, None, a) for _, a, _ in sets], **kw)
+    copy_us, _ = harness.copy_time(moved - m * n * esize, m * n * esize, **kw)
+    eager_us = harness.time_gpu([lambda t=t: math_fn(*t) for t, _, _ in sets], **kw)
+    compile_us: float | None = None
+    if use_compile:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        compiled = torch.compile(math_fn, dynamic=False)
+        compiled(*sets[0][0])
+        compile_us = harness.time_gpu([lambda t=t: compiled(*t) for t, _, _ in sets], **kw)
+    return Row(
+        op=case.op,
+        shape=case.shape_str,
+        dtype=case.dtype,
+        us=ours,
+        nbytes=moved,
+        copy_us=copy_us,
+        compile_us=compile_us,
+        eager_us=eager_us,
+        note="; ".join(notes),
+        extra={"variant": plan.sku().variant},
+    )
+
+
 def bench_case(case: Case, timing: Timing, use_compile: bool) -> Row:
     """Time ``case``: plan, copy of the same bytes, eager, torch.compile; verify the plan first."""
     import torch
 
     import quantplan as qp
+
+    if case.backward:
+        return bench_backward_case(case, timing, use_compile)
 
     stream = torch.cuda.current_stream()
     desc = make_descriptor(case)
