@@ -63,6 +63,7 @@ Deliberate differences from DeepSpeed (its defects and limits, fixed):
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -532,194 +533,66 @@ def _moq(
     return vals
 
 
-def ds_quantize_fp16(vals: Any, groups: int, bits: int) -> Any:
-    """DeepSpeed ``ds_quantize_fp16(vals, groups, bits) -> vals``: MoQ fake quantization (nearest symmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``scale = 2**b / ((2 * absmax) + 1e-5)``; ``q = clamp(rne(x * scale), -2**(b-1), 2**(b-1) - 1)``;
-    ``x <- q / scale``.
-
-    **When to use:** MoQ quantization-aware training (float16 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic.
-    """
-    return _moq(vals, groups, bits, QuantMode.SYMMETRIC, False, None, None)
-
-
-def ds_quantize_fp32(vals: Any, groups: int, bits: int) -> Any:
-    """DeepSpeed ``ds_quantize_fp32(vals, groups, bits) -> vals``: MoQ fake quantization (nearest symmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``scale = 2**b / ((2 * absmax) + 1e-5)``; ``q = clamp(rne(x * scale), -2**(b-1), 2**(b-1) - 1)``;
-    ``x <- q / scale``.
-
-    Fixed: DeepSpeed's float32 variant returns the integer codes ``q``; this one returns ``q / scale``.
-
-    **When to use:** MoQ quantization-aware training (float32 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic.
-    """
-    return _moq(vals, groups, bits, QuantMode.SYMMETRIC, False, None, None)
-
-
-def ds_sr_quantize_fp16(
-    vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None
-) -> Any:
-    """DeepSpeed ``ds_sr_quantize_fp16(vals, groups, bits) -> vals``: MoQ fake quantization (stochastic symmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``scale = 2**b / ((2 * absmax) + 1e-5)``; ``w = x * scale``, ``t = trunc(w)``;
-    ``q = clamp(t + sign(w) * (u < |w - t|), -2**(b-1), 2**(b-1) - 1)``; ``x <- q / scale``.
-
-    ``u``: SPEC section 4's Philox uniform of flat element ``i``, key = the module seed
+_MOQ_FORMULAS = {
+    (QuantMode.SYMMETRIC, False): "``scale = 2**b / ((2 * absmax) + 1e-5)``; "
+    "``q = clamp(rne(x * scale), -2**(b-1), 2**(b-1) - 1)``; ``x <- q / scale``.",
+    (QuantMode.SYMMETRIC, True): "``scale = 2**b / ((2 * absmax) + 1e-5)``; ``w = x * scale``, ``t = trunc(w)``; "
+    "``q = clamp(t + sign(w) * (u < |w - t|), -2**(b-1), 2**(b-1) - 1)``; ``x <- q / scale``.",
+    (QuantMode.ASYMMETRIC, False): "``step = ((max - min) + 1e-5) / 2**b``; "
+    "``q = round_half_away((x - min) / step)`` (no clamp: the group maximum may reach ``2**b``, as in "
+    "DeepSpeed); ``x <- (q * step) + min``.",
+    (QuantMode.ASYMMETRIC, True): "``step = ((max - min) + 1e-5) / 2**b``; ``w = (x - min) / step``; "
+    "``q = floor(w) + (u < w - floor(w))`` (no clamp); ``x <- (q * step) + min``.",
+}
+_MOQ_UNIFORM = """``u``: SPEC section 4's Philox uniform of flat element ``i``, key = the module seed
     (:func:`manual_seed`) and counter offset advanced by one per call, or ``rng_seed`` /
-    ``rng_offset`` when given (then the module state is left alone).
-
-    **When to use:** MoQ quantization-aware training (float16 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic for a given seed and offset.
-    """
-    return _moq(vals, groups, bits, QuantMode.SYMMETRIC, True, rng_seed, rng_offset)
+    ``rng_offset`` when given (then the module state is left alone)."""
 
 
-def ds_sr_quantize_fp32(
-    vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None
-) -> Any:
-    """DeepSpeed ``ds_sr_quantize_fp32(vals, groups, bits) -> vals``: MoQ fake quantization (stochastic symmetric), in place.
+def _moq_function(name: str, mode: QuantMode, stochastic: bool, fixed: str) -> Callable[..., Any]:
+    """One of DeepSpeed's eight MoQ fake-quant entry points (``ds_[sr_]quantize[_asym]_fp16/32``):
+    the same computation for the ``_fp16`` and ``_fp32`` names (the dtype comes from ``vals``)."""
+    width = name.rsplit("_", 1)[1].replace("fp", "float")
+    kind = f"{'stochastic' if stochastic else 'nearest'} {'symmetric' if mode is QuantMode.SYMMETRIC else 'asymmetric'}"
+    sections = [
+        f"DeepSpeed ``{name}(vals, groups, bits) -> vals``: MoQ fake quantization ({kind}), in place.",
+        "Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation\n"
+        "    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):\n    "
+        + _MOQ_FORMULAS[mode, stochastic],
+        *([_MOQ_UNIFORM] if stochastic else []),
+        *([f"Fixed: {fixed}"] if fixed else []),
+        f"**When to use:** MoQ quantization-aware training ({width} weights in DeepSpeed; here any of\n"
+        "    float16 / bfloat16 / float32, computed in ``vals``' own dtype).",
+        "**Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.",
+        "**Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.",
+        "**Precision guarantee:** float32 arithmetic, deterministic"
+        + (" for a given seed and offset." if stochastic else "."),
+    ]
 
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``scale = 2**b / ((2 * absmax) + 1e-5)``; ``w = x * scale``, ``t = trunc(w)``;
-    ``q = clamp(t + sign(w) * (u < |w - t|), -2**(b-1), 2**(b-1) - 1)``; ``x <- q / scale``.
+    def moq(vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None) -> Any:
+        if not stochastic and (rng_seed is not None or rng_offset is not None):
+            raise InvalidProblem(f"{name} rounds to nearest; rng_seed / rng_offset apply only to ds_sr_* functions")
+        return _moq(vals, groups, bits, mode, stochastic, rng_seed, rng_offset)
 
-    ``u``: SPEC section 4's Philox uniform of flat element ``i``, key = the module seed
-    (:func:`manual_seed`) and counter offset advanced by one per call, or ``rng_seed`` /
-    ``rng_offset`` when given (then the module state is left alone).
-
-    **When to use:** MoQ quantization-aware training (float32 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic for a given seed and offset.
-    """
-    return _moq(vals, groups, bits, QuantMode.SYMMETRIC, True, rng_seed, rng_offset)
-
-
-def ds_quantize_asym_fp16(vals: Any, groups: int, bits: int) -> Any:
-    """DeepSpeed ``ds_quantize_asym_fp16(vals, groups, bits) -> vals``: MoQ fake quantization (nearest asymmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``step = ((max - min) + 1e-5) / 2**b``; ``q = round_half_away((x - min) / step)`` (no clamp:
-    the group maximum may reach ``2**b``, as in DeepSpeed); ``x <- (q * step) + min``.
-
-    **When to use:** MoQ quantization-aware training (float16 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic.
-    """
-    return _moq(vals, groups, bits, QuantMode.ASYMMETRIC, False, None, None)
+    moq.__name__ = moq.__qualname__ = name
+    moq.__doc__ = "\n\n    ".join(sections) + "\n    "
+    return moq
 
 
-def ds_quantize_asym_fp32(vals: Any, groups: int, bits: int) -> Any:
-    """DeepSpeed ``ds_quantize_asym_fp32(vals, groups, bits) -> vals``: MoQ fake quantization (nearest asymmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``step = ((max - min) + 1e-5) / 2**b``; ``q = round_half_away((x - min) / step)`` (no clamp:
-    the group maximum may reach ``2**b``, as in DeepSpeed); ``x <- (q * step) + min``.
-
-    **When to use:** MoQ quantization-aware training (float32 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic.
-    """
-    return _moq(vals, groups, bits, QuantMode.ASYMMETRIC, False, None, None)
-
-
-def ds_sr_quantize_asym_fp16(
-    vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None
-) -> Any:
-    """DeepSpeed ``ds_sr_quantize_asym_fp16(vals, groups, bits) -> vals``: MoQ fake quantization (stochastic asymmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``step = ((max - min) + 1e-5) / 2**b``; ``w = (x - min) / step``;
-    ``q = floor(w) + (u < w - floor(w))`` (no clamp); ``x <- (q * step) + min``.
-
-    ``u``: SPEC section 4's Philox uniform of flat element ``i``, key = the module seed
-    (:func:`manual_seed`) and counter offset advanced by one per call, or ``rng_seed`` /
-    ``rng_offset`` when given (then the module state is left alone).
-
-    Fixed: DeepSpeed's launcher runs the symmetric kernel here; this runs the asymmetric formula.
-
-    **When to use:** MoQ quantization-aware training (float16 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic for a given seed and offset.
-    """
-    return _moq(vals, groups, bits, QuantMode.ASYMMETRIC, True, rng_seed, rng_offset)
-
-
-def ds_sr_quantize_asym_fp32(
-    vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None
-) -> Any:
-    """DeepSpeed ``ds_sr_quantize_asym_fp32(vals, groups, bits) -> vals``: MoQ fake quantization (stochastic asymmetric), in place.
-
-    Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation
-    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):
-    ``step = ((max - min) + 1e-5) / 2**b``; ``w = (x - min) / step``;
-    ``q = floor(w) + (u < w - floor(w))`` (no clamp); ``x <- (q * step) + min``.
-
-    ``u``: SPEC section 4's Philox uniform of flat element ``i``, key = the module seed
-    (:func:`manual_seed`) and counter offset advanced by one per call, or ``rng_seed`` /
-    ``rng_offset`` when given (then the module state is left alone).
-
-    Fixed: DeepSpeed's launcher runs the symmetric kernel here; this runs the asymmetric formula.
-
-    **When to use:** MoQ quantization-aware training (float32 weights in DeepSpeed; here any of
-    float16 / bfloat16 / float32, computed in ``vals``' own dtype).
-
-    **Dtypes:** float16, bfloat16 or float32 NumPy ``vals``, updated in place and returned.
-
-    **Shape limits:** ``groups`` divides ``vals.size``; any group size; ``bits`` 1 to 8.
-
-    **Precision guarantee:** float32 arithmetic, deterministic for a given seed and offset.
-    """
-    return _moq(vals, groups, bits, QuantMode.ASYMMETRIC, True, rng_seed, rng_offset)
+_SR_ASYM_FIX = "DeepSpeed's launcher runs the symmetric kernel here; this runs the asymmetric formula."
+ds_quantize_fp16 = _moq_function("ds_quantize_fp16", QuantMode.SYMMETRIC, False, "")
+ds_quantize_fp32 = _moq_function(
+    "ds_quantize_fp32",
+    QuantMode.SYMMETRIC,
+    False,
+    "DeepSpeed's float32 variant returns the integer codes ``q``; this one returns ``q / scale``.",
+)
+ds_sr_quantize_fp16 = _moq_function("ds_sr_quantize_fp16", QuantMode.SYMMETRIC, True, "")
+ds_sr_quantize_fp32 = _moq_function("ds_sr_quantize_fp32", QuantMode.SYMMETRIC, True, "")
+ds_quantize_asym_fp16 = _moq_function("ds_quantize_asym_fp16", QuantMode.ASYMMETRIC, False, "")
+ds_quantize_asym_fp32 = _moq_function("ds_quantize_asym_fp32", QuantMode.ASYMMETRIC, False, "")
+ds_sr_quantize_asym_fp16 = _moq_function("ds_sr_quantize_asym_fp16", QuantMode.ASYMMETRIC, True, _SR_ASYM_FIX)
+ds_sr_quantize_asym_fp32 = _moq_function("ds_sr_quantize_asym_fp32", QuantMode.ASYMMETRIC, True, _SR_ASYM_FIX)
 
 
 __all__ = [
