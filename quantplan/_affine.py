@@ -292,6 +292,45 @@ class OperandChecks:
             raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
         return op
 
+    def _positive_scale(self, value: Any, dtype: np.dtype) -> Operand | float:
+        """``scale`` as every plan takes it: an array of ``_param_shape`` or, for TensorScope, a
+        scalar that is finite and > 0 and stays so when rounded to ``dtype``."""
+        scale = self._param(value, "scale", dtype, allow_none=False)
+        assert scale is not None
+        if isinstance(scale, Operand):
+            return scale
+        s = float(scale)
+        if not (math.isfinite(s) and s > 0):
+            raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0 in {dtype.name}")
+        with np.errstate(over="ignore", under="ignore"):
+            rounded = float(dtype.type(s))
+        if not 0 < rounded < math.inf:
+            raise InvalidProblem(
+                f"scale={scale!r}: a scalar scale must be finite and > 0 in {dtype.name} "
+                f"(it rounds to 0 or Inf in {dtype.name})"
+            )
+        return s
+
+    def _broadcast_param(
+        self, value: Operand | float | int, shape: tuple[int, ...], scope: Scope, dtype: np.dtype | None = None
+    ) -> np.ndarray:
+        """A parameter (array or scalar) broadcast against data of ``shape`` on the reference backend."""
+        pshape = self._param_shape if self._param_shape else (1,)
+        shape = shape if shape else (1,)
+        arr = np.asarray(value.obj).reshape(pshape) if isinstance(value, Operand) else np.full(pshape, value, dtype)
+        return expand_params(arr, shape, scope)
+
+    @staticmethod
+    def _host_view(op: Operand, shape: tuple[int, ...], info: ElementInfo) -> np.ndarray:
+        """A reference-backend operand as a NumPy array of ``info``'s dtype and ``shape``."""
+        return np.asarray(op.obj).view(info.numpy_dtype).reshape(shape if shape else (1,))
+
+    @staticmethod
+    def _write_host(op: Operand, value: np.ndarray) -> None:
+        """Copy a reference result into the caller's NumPy array (its shape and raw dtype)."""
+        out = np.asarray(op.obj)
+        np.copyto(out, value.reshape(out.shape).view(out.dtype), casting="no")
+
     def _param_output(self, value: Any, name: str, dtype: np.dtype, required: bool) -> Operand | None:
         """A parameter array the plan writes (``scale_out`` / ``zero_point_out``): ``_param_shape``
         (any one-element shape when that is all ones), ``dtype``, C-contiguous and aligned; None

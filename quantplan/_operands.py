@@ -122,3 +122,11 @@ def is_scalar(value: Any) -> bool:
 
 
 __all__ = ["Operand", "is_scalar", "operand"]
+
+
+def same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) -> None:
+    """Raise unless ``out`` is ``src`` itself (in place) or shares no byte with it."""
+    if out.ptr != src.ptr and overlaps(out, src):
+        raise InvalidProblem(
+            f"{out_name} partly overlaps {src_name}; pass the same tensor (in place) or a disjoint one"
+        )

@@ -33,7 +33,7 @@ from ._affine import AffineProblem, OperandChecks, choose_backend, reference_uni
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
 from ._layout import param_shape
-from ._operands import Operand, overlaps
+from ._operands import Operand, overlaps, same_or_disjoint
 from .compiler import compile_options, load_kernels, template_name
 from .dynamic import RangePasses, SegmentGeometry, SegmentLayoutArgs, range_divisor, segment_geometry
 from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
@@ -385,8 +385,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks):
         p = self.problem
         x = self._tensor(args.input, "input", p.shape, self._info)
         y = self._tensor(args.output, "output", p.shape, self._info)
-        if y.ptr != x.ptr and overlaps(y, x):
-            raise InvalidProblem("output partly overlaps input; pass the same tensor (in place) or a disjoint one")
+        same_or_disjoint(y, "output", x, "input")
         scale = self._param_output(args.scale_out, "scale_out", self._param_dtype, required=False)
         zp: Operand | None = None
         if p.mode is QuantMode.ASYMMETRIC:
@@ -461,15 +460,14 @@ class DynamicRangeFakeQuantizePlan(OperandChecks):
     def _run_reference(self, a: _CheckedArgs) -> None:
         p = self.problem
         shape = p.shape if p.shape else (1,)
-        x = np.asarray(a.x.obj).view(self._info.numpy_dtype).reshape(shape)
+        x = self._host_view(a.x, p.shape, self._info)
         uniform = reference_uniform(shape, a.seed, a.offset) if p.stochastic else None
         y, scale, zp = reference.dynamic_fake_quantize(x, p.scope, p.mode, p.q_min, p.q_max, p.precision, uniform)
-        out = np.asarray(a.y.obj)
-        np.copyto(out, y.reshape(out.shape).view(out.dtype), casting="no")
+        self._write_host(a.y, y)
         if a.scale is not None:
-            np.copyto(np.asarray(a.scale.obj), scale.reshape(np.asarray(a.scale.obj).shape), casting="no")
+            self._write_host(a.scale, scale)
         if a.zp is not None and zp is not None:
-            np.copyto(np.asarray(a.zp.obj), zp.reshape(np.asarray(a.zp.obj).shape), casting="no")
+            self._write_host(a.zp, zp)
 
 
 __all__ = [

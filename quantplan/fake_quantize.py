@@ -39,11 +39,10 @@ from ._layout import (
     RowLayout,
     RowLayoutArgs,
     contiguous_segment_length,
-    expand_params,
     param_shape,
     row_layout,
 )
-from ._operands import Operand, is_scalar, overlaps
+from ._operands import Operand, is_scalar, overlaps, same_or_disjoint
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import ELEMENTS, FLOAT_KINDS, ElementInfo, param_element, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
@@ -431,18 +430,6 @@ class _FakeQuantizePlanBase(OperandChecks):
 
     # ---- parameters ---------------------------------------------------------------------------
 
-    def _scale(self, value: Any) -> Operand | float:
-        scale = self._param(value, "scale", self._param_dtype, allow_none=False)
-        assert scale is not None
-        if isinstance(scale, Operand):
-            return scale
-        s = float(scale)
-        with np.errstate(over="ignore", under="ignore"):
-            rounded = float(self._param_dtype.type(s))
-        if not (math.isfinite(s) and s > 0) or not (0 < rounded < math.inf):
-            raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0 in {self._param_dtype.name}")
-        return s
-
     def _zero_point(self, value: Any) -> tuple[Operand | int, int]:
         """The zero point and its ZeroPointSource."""
         p = self.problem
@@ -475,33 +462,8 @@ class _FakeQuantizePlanBase(OperandChecks):
         assert isinstance(op, Operand)
         return op, _ZP_FLOAT
 
-    def _expand(self, value: Operand | float | int) -> np.ndarray:
-        """A parameter (array or scalar) broadcast against the data on the reference backend."""
-        pshape = self._param_shape if self._param_shape else (1,)
-        shape = self.problem.shape if self.problem.shape else (1,)
-        if isinstance(value, Operand):
-            arr = np.asarray(value.obj).reshape(pshape)
-        else:
-            arr = np.full(pshape, value)
-        return expand_params(arr, shape, self.problem.scope)
-
     def _data(self, value: Any, name: str) -> Operand:
         return self._tensor(value, name, self.problem.shape, self._info)
-
-    def _host(self, op: Operand) -> np.ndarray:
-        shape = self.problem.shape if self.problem.shape else (1,)
-        return np.asarray(op.obj).view(self._info.numpy_dtype).reshape(shape)
-
-    def _write(self, op: Operand, value: np.ndarray) -> None:
-        out = np.asarray(op.obj)
-        np.copyto(out, value.reshape(out.shape).view(out.dtype), casting="no")
-
-
-def _same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) -> None:
-    if out.ptr != src.ptr and overlaps(out, src):
-        raise InvalidProblem(
-            f"{out_name} partly overlaps {src_name}; pass the same tensor (in place) or a disjoint one"
-        )
 
 
 def _row_launch(
@@ -680,8 +642,8 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
     def _check(self, args: FakeQuantizeArgs) -> tuple[Operand, Operand, Operand | float, Operand | int, int]:
         x = self._data(args.input, "input")
         y = self._data(args.output, "output")
-        _same_or_disjoint(y, "output", x, "input")
-        scale = self._scale(args.scale)
+        same_or_disjoint(y, "output", x, "input")
+        scale = self._positive_scale(args.scale, self._param_dtype)
         zp, source = self._zero_point(args.zero_point)
         return x, y, scale, zp, source
 
@@ -696,9 +658,16 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         x, y, scale, zp, source = self._check(args)
         p = self.problem
         if self.backend is BackendKind.REFERENCE:
-            zp_np = self._expand(zp) if isinstance(zp, Operand) else zp
-            result = reference.fake_quantize(self._host(x), self._expand(scale), zp_np, p.q_min, p.q_max, p.precision)
-            self._write(y, result)
+            zp_np = self._broadcast_param(zp, self.problem.shape, self.problem.scope) if isinstance(zp, Operand) else zp
+            result = reference.fake_quantize(
+                self._host_view(x, self.problem.shape, self._info),
+                self._broadcast_param(scale, self.problem.shape, self.problem.scope),
+                zp_np,
+                p.q_min,
+                p.q_max,
+                p.precision,
+            )
+            self._write_host(y, result)
             return
         if p.numel == 0:
             return
@@ -856,10 +825,10 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         x = self._data(args.input, "input")
         dy = self._data(args.grad_output, "grad_output")
         dx = self._data(args.grad_input, "grad_input")
-        _same_or_disjoint(dx, "grad_input", dy, "grad_output")
+        same_or_disjoint(dx, "grad_input", dy, "grad_output")
         if self.backend is BackendKind.CUDA and overlaps(dx, x):
             raise InvalidProblem("grad_input overlaps input; the plan reads input while writing grad_input")
-        scale = self._scale(args.scale)
+        scale = self._positive_scale(args.scale, self._param_dtype)
         zp, source = self._zero_point(args.zero_point)
         checked: dict[str, Any] = {"x": x, "dy": dy, "dx": dx, "scale": scale, "zp": zp, "source": source}
         if not self.learnable:
@@ -954,19 +923,26 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
 
     def _run_reference(self, a: dict[str, Any]) -> None:
         p = self.problem
-        x, dy = self._host(a["x"]), self._host(a["dy"])
-        scale = self._expand(a["scale"])
-        zp = self._expand(a["zp"]) if isinstance(a["zp"], Operand) else a["zp"]
+        x, dy = (
+            self._host_view(a["x"], self.problem.shape, self._info),
+            self._host_view(a["dy"], self.problem.shape, self._info),
+        )
+        scale = self._broadcast_param(a["scale"], self.problem.shape, self.problem.scope)
+        zp = (
+            self._broadcast_param(a["zp"], self.problem.shape, self.problem.scope)
+            if isinstance(a["zp"], Operand)
+            else a["zp"]
+        )
         if not self.learnable:
-            self._write(a["dx"], reference.fake_quantize_ste(x, dy, scale, zp, p.q_min, p.q_max, p.precision))
+            self._write_host(a["dx"], reference.fake_quantize_ste(x, dy, scale, zp, p.q_min, p.q_max, p.precision))
             return
         dx, dscale, dzp = reference.fake_quantize_lsq(
             x, dy, scale, zp, p.q_min, p.q_max, a["grad_factor"], p.scope, p.precision
         )
-        self._write(a["dx"], dx)
-        self._write(a["grad_scale"], dscale)
+        self._write_host(a["dx"], dx)
+        self._write_host(a["grad_scale"], dscale)
         if a["grad_zp"] is not None:
-            self._write(a["grad_zp"], dzp)
+            self._write_host(a["grad_zp"], dzp)
 
 
 __all__ = [

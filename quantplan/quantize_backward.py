@@ -27,7 +27,6 @@ Kernels: ``quantize_backward_rows`` in ``kernels/quantize.cu`` and ``dequantize_
 from __future__ import annotations
 
 import ctypes
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,8 +36,8 @@ from . import reference
 from ._affine import AffineProblem, OperandChecks, choose_backend, resolve_affine_problem
 from ._device import device_info, stream_device_id
 from ._launch import PreparedLaunch, launch_on, stream_handle
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, expand_params, row_layout
-from ._operands import Operand, overlaps
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
+from ._operands import Operand, overlaps, same_or_disjoint
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
@@ -284,48 +283,6 @@ class _AffineBackwardPlan(OperandChecks):
     def _data(self, value: Any, name: str) -> Operand:
         return self._tensor(value, name, self.problem.shape, self._info)
 
-    def _scale(self, value: Any) -> Operand | float:
-        """``scale`` as the forward plans take it: an array of ``param_shape`` or, for TensorScope, a
-        finite positive scalar that stays finite and non-zero in the parameter dtype."""
-        scale = self._param(value, "scale", self._param_dtype, allow_none=False)
-        assert scale is not None
-        if isinstance(scale, Operand):
-            return scale
-        s = float(scale)
-        if not (math.isfinite(s) and s > 0):
-            raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0")
-        with np.errstate(over="ignore", under="ignore"):
-            rounded = float(self._param_dtype.type(s))
-        if rounded == 0 or not math.isfinite(rounded):
-            raise InvalidProblem(f"scale={scale!r} rounds to 0 or Inf in {self._param_dtype.name}")
-        return s
-
-    def _expand(self, value: Operand | float | int, dtype: np.dtype) -> np.ndarray:
-        """A parameter (array or scalar) broadcast against the data on the reference backend."""
-        pshape = self._param_shape if self._param_shape else (1,)
-        shape = self.problem.shape if self.problem.shape else (1,)
-        if isinstance(value, Operand):
-            arr = np.asarray(value.obj).reshape(pshape)
-        else:
-            arr = np.full(pshape, value, dtype=dtype)
-        return expand_params(arr, shape, self.problem.scope)
-
-    def _host(self, op: Operand) -> np.ndarray:
-        shape = self.problem.shape if self.problem.shape else (1,)
-        return np.asarray(op.obj).view(self._info.numpy_dtype).reshape(shape)
-
-    @staticmethod
-    def _write(op: Operand, value: np.ndarray) -> None:
-        out = np.asarray(op.obj)
-        np.copyto(out, value.reshape(out.shape).view(out.dtype), casting="no")
-
-    @staticmethod
-    def _same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) -> None:
-        if out.ptr != src.ptr and overlaps(out, src):
-            raise InvalidProblem(
-                f"{out_name} partly overlaps {src_name}; pass the same tensor (in place) or a disjoint one"
-            )
-
     def _set_scale(self, params: Any, scale: Operand | float) -> None:
         if isinstance(scale, Operand):
             params.scale_ptr, params.scale_value = scale.ptr, 1.0
@@ -428,10 +385,10 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
         x = self._data(args.input, "input")
         dq = self._data(args.grad_output, "grad_output")
         dx = self._data(args.grad_input, "grad_input")
-        self._same_or_disjoint(dx, "grad_input", dq, "grad_output")
+        same_or_disjoint(dx, "grad_input", dq, "grad_output")
         if overlaps(dx, x):
             raise InvalidProblem("grad_input overlaps input; the plan reads input while writing grad_input")
-        return x, dq, dx, self._scale(args.scale), self._zero_point(args.zero_point)
+        return x, dq, dx, self._positive_scale(args.scale, self._param_dtype), self._zero_point(args.zero_point)
 
     def can_implement(self, args: QuantizeBackwardArgs) -> bool:
         """Check ``args`` against the plan (shape, dtype, device, contiguity, alignment, overlap,
@@ -447,18 +404,22 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
         x, dq, dx, scale, zp = self._check(args)
         p = self.problem
         if self.backend is BackendKind.REFERENCE:
-            zp_np: np.ndarray | int = 0 if zp is None else self._expand(zp, np.dtype(np.int32))
+            zp_np: np.ndarray | int = (
+                0
+                if zp is None
+                else self._broadcast_param(zp, self.problem.shape, self.problem.scope, np.dtype(np.int32))
+            )
             result = reference.quantize_backward(
-                self._host(x),
-                self._host(dq),
-                self._expand(scale, self._param_dtype),
+                self._host_view(x, self.problem.shape, self._info),
+                self._host_view(dq, self.problem.shape, self._info),
+                self._broadcast_param(scale, self.problem.shape, self.problem.scope, self._param_dtype),
                 zp_np,
                 p.code_kind,
                 p.q_min,
                 p.q_max,
                 p.precision,
             )
-            self._write(dx, result)
+            self._write_host(dx, result)
             return
         if p.numel == 0:
             return
@@ -532,8 +493,8 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
     def _check(self, args: DequantizeBackwardArgs) -> tuple[Operand, Operand, Operand | float]:
         dy = self._data(args.grad_output, "grad_output")
         dq = self._data(args.grad_input, "grad_input")
-        self._same_or_disjoint(dq, "grad_input", dy, "grad_output")
-        return dy, dq, self._scale(args.scale)
+        same_or_disjoint(dq, "grad_input", dy, "grad_output")
+        return dy, dq, self._positive_scale(args.scale, self._param_dtype)
 
     def can_implement(self, args: DequantizeBackwardArgs) -> bool:
         """Check ``args`` against the plan (shape, dtype, device, contiguity, alignment, overlap,
@@ -548,8 +509,12 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
         dy, dq, scale = self._check(args)
         p = self.problem
         if self.backend is BackendKind.REFERENCE:
-            result = reference.dequantize_backward(self._host(dy), self._expand(scale, self._param_dtype), p.precision)
-            self._write(dq, result)
+            result = reference.dequantize_backward(
+                self._host_view(dy, self.problem.shape, self._info),
+                self._broadcast_param(scale, self.problem.shape, self.problem.scope, self._param_dtype),
+                p.precision,
+            )
+            self._write_host(dq, result)
             return
         if p.numel == 0:
             return
