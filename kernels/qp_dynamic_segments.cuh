@@ -32,16 +32,30 @@ struct SegmentLayout {
 // quantplan/dynamic.py (segment_elements_per_thread) mirrors this.
 template <class T, int VEC> __host__ __device__ constexpr int segment_vectors() { return (sizeof(T) == 8 ? 16 : 32) / VEC; }
 
+// The elements a segment loop reads, VEC at a time: x itself. Other sources (qp_qgz.cuh: x + e,
+// or a sum of dequantized peers) have the same two members and produce vectors of their scan
+// element.
+template <class In, int VEC, bool VECTOR_IO>
+struct DirectSource {
+  typedef In scan_element;
+  typedef typename FloatElement<In>::storage in_t;
+  const in_t* x;
+  __device__ __forceinline__ void load(ElementVector<in_t, VEC>& dst, i64 i, int valid) const {
+    dst.template load<VECTOR_IO>(x + i, valid);
+  }
+  __device__ __forceinline__ void prefetch(i64 i) const { prefetch_l2(x + i); }
+};
+
 // For each segment of the team: emit(first, lane, team, xv, scale, zp), with `first` the flat
 // index of the segment's element 0, the thread's vectors xv[u] at columns (lane + u * team) * VEC
-// (those below S), and the segment's parameters (SPEC section 4: scale = NaN, zp = 0 for a
-// non-finite segment). Lane 0 writes scale_out[seg] (and zp_out[seg]) unless the pointer is null.
-template <class In, int VEC, bool VECTOR_IO, bool PIPELINE, class Emit>
-__device__ __forceinline__ void for_each_dynamic_segment(const typename FloatElement<In>::storage* x,
-                                                         const SegmentLayout& lay,
-                                                         typename FloatElement<In>::acc divisor,
-                                                         typename FloatElement<In>::acc* scale_out, int* zp_out,
-                                                         Emit emit) {
+// (those below S), read from `src` (elements of In, the source's scan element), and the segment's
+// parameters (SPEC section 4: scale = NaN, zp = 0 for a non-finite segment). Lane 0 writes
+// scale_out[seg] (and zp_out[seg]) unless the pointer is null.
+template <class In, int VEC, bool PIPELINE, class Source, class Emit>
+__device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, const SegmentLayout& lay,
+                                                            typename FloatElement<In>::acc divisor,
+                                                            typename FloatElement<In>::acc* scale_out, int* zp_out,
+                                                            Emit emit) {
   typedef FloatElement<In> FE;
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
@@ -64,7 +78,7 @@ __device__ __forceinline__ void for_each_dynamic_segment(const typename FloatEle
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
       const int col = (lane + u * team) * VEC;
-      if (col < lay.S) dst[u].template load<VECTOR_IO>(x + s * lay.S + col, VEC);
+      if (col < lay.S) src.load(dst[u], s * lay.S + col, VEC);
     }
   };
   if constexpr (kPipelined) {
@@ -84,7 +98,7 @@ __device__ __forceinline__ void for_each_dynamic_segment(const typename FloatEle
 #pragma unroll
         for (int u = 0; u < NV; ++u) {
           const int col = (lane + u * team) * VEC;
-          if (col < lay.S) prefetch_l2(x + next * lay.S + col);
+          if (col < lay.S) src.prefetch(next * lay.S + col);
         }
       }
     }
@@ -112,6 +126,17 @@ __device__ __forceinline__ void for_each_dynamic_segment(const typename FloatEle
       for (int u = 0; u < NV; ++u) xv[u] = nx[u];
     }
   }
+}
+
+// for_each_dynamic_segment_of over x itself.
+template <class In, int VEC, bool VECTOR_IO, bool PIPELINE, class Emit>
+__device__ __forceinline__ void for_each_dynamic_segment(const typename FloatElement<In>::storage* x,
+                                                         const SegmentLayout& lay,
+                                                         typename FloatElement<In>::acc divisor,
+                                                         typename FloatElement<In>::acc* scale_out, int* zp_out,
+                                                         Emit emit) {
+  const DirectSource<In, VEC, VECTOR_IO> src{x};
+  for_each_dynamic_segment_of<In, VEC, PIPELINE>(src, lay, divisor, scale_out, zp_out, emit);
 }
 
 }  // namespace qp

@@ -13,24 +13,48 @@ The CUDA kernel is not in this release (``select`` on the CUDA backend raises Un
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
+from ._affine import choose_backend
+from ._device import device_info, stream_device_id
+from ._launch import PreparedLaunch, stream_handle
 from ._operands import Operand
+from ._qgz_launch import (
+    ELEMENT_BLOCK,
+    PeerSumArgs,
+    QgzLaunches,
+    QgzOutputArgs,
+    error_tag,
+    group_params_block,
+    layout_args,
+    occupancy_grid,
+    qgz_geometry,
+    set_output_args,
+    vector_alignment,
+)
+from .compiler import compile_options, load_kernels, register_family, template_name
+from .dynamic import SegmentLayoutArgs
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .swizzled_quantize import (
+    QGZ_CODE_KINDS,
+    QGZ_FLOAT_KINDS,
     QgzOperands,
     check_code_kind,
+    check_disjoint,
     check_error_kind,
+    check_float_kind,
     check_positive,
     dynamic_code_range,
     host_view,
     qgz_precision_guarantee,
-    reference_only_backend,
+    range_divisor_of,
     write_back,
 )
 from .types import (
@@ -60,10 +84,13 @@ class DequantReduceDescriptor(BaseModel):
     Fields: ``peers`` (N >= 1 chunks to reduce); ``chunk_elements`` (elements per chunk, and of
     the output); ``input_group_size`` (groups of the incoming chunks; divides ``chunk_elements``);
     ``output_group_size`` (groups of the re-quantized output; divides ``chunk_elements``,
-    independent of ``input_group_size``); ``mode`` SYMMETRIC or ASYMMETRIC (both sides);
-    ``input_element`` / ``output_element`` S8, U8, S4 or U4; ``q_min`` / ``q_max`` narrow the
+    independent of ``input_group_size``; required for code outputs, ignored for float outputs);
+    ``mode`` SYMMETRIC or ASYMMETRIC (both sides); ``input_element`` S8, U8, S4 or U4;
+    ``output_element`` S8, U8, S4 or U4 (re-quantized), or F16, BF16, F32 (the float sum itself,
+    rounded once: the last hop of a quantized reduce-scatter); ``q_min`` / ``q_max`` narrow the
     output code range; ``nibble_order`` of 4-bit codes (both sides); ``average`` divides the sum
-    by N; ``error_element`` None or the element of the LoCo error buffer (F16, BF16, F32).
+    by N; ``error_element`` None or the element of the LoCo error buffer (F16, BF16, F32; code
+    outputs only).
 
     4-bit sides need an even ``chunk_elements`` (each chunk starts on a byte).
     """
@@ -72,7 +99,7 @@ class DequantReduceDescriptor(BaseModel):
     peers: int
     chunk_elements: int
     input_group_size: int
-    output_group_size: int
+    output_group_size: int | None = None
     mode: QuantMode = QuantMode.SYMMETRIC
     input_element: ElementKind
     output_element: ElementKind
@@ -93,14 +120,19 @@ class DequantReduceDescriptor(BaseModel):
         return (self.peers, self.chunk_elements // max(1, self.input_group_size))
 
     @property
+    def float_output(self) -> bool:
+        """True when the output is the float sum (F16 / BF16 / F32), not re-quantized codes."""
+        return ELEMENTS[self.output_element].is_float
+
+    @property
     def output_shape(self) -> tuple[int, ...]:
-        """``(chunk_elements,)`` codes; 4-bit: ``(chunk_elements / 2,)`` bytes."""
+        """``(chunk_elements,)`` codes or floats; 4-bit: ``(chunk_elements / 2,)`` bytes."""
         return (_storage(self.chunk_elements, self.output_element),)
 
     @property
     def param_shape(self) -> tuple[int, ...]:
-        """``(chunk_elements / output_group_size,)``: shape of ``scale_out`` / ``zero_point_out``."""
-        return (self.chunk_elements // max(1, self.output_group_size),)
+        """``(chunk_elements / output_group_size,)``: shape of ``scale_out`` / ``zero_point_out`` (code outputs)."""
+        return (self.chunk_elements // max(1, self.output_group_size or self.chunk_elements or 1),)
 
     @property
     def error_shape(self) -> tuple[int, ...]:
@@ -137,10 +169,173 @@ class _Checked(NamedTuple):
     scale: Operand
     zp: Operand | None
     y: Operand
-    scale_out: Operand
+    scale_out: Operand | None
     zp_out: Operand | None
     err: Operand | None
     beta: float
+
+
+_FAMILY = "dequant_reduce"
+#: Vector widths of the fused pass and the float pass (codes per peer per load); 4-bit codes need >= 2.
+_WIDTHS = (16, 8, 4, 2, 1)
+
+
+def _params_type(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
+
+
+_REDUCE_PARAMS = _params_type(
+    "DequantReduceParams",
+    [("input", PeerSumArgs), ("out", QgzOutputArgs), ("layout", SegmentLayoutArgs), ("divisor", ctypes.c_float)],
+)
+_FLOATS_PARAMS = _params_type(
+    "DequantReduceFloatsParams", [("input", PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
+)
+
+
+def dequant_reduce_unit(
+    input_kind: ElementKind, error_kind: ElementKind | None, output_kind: ElementKind, high_first: bool
+) -> list[str]:
+    """The kernels of one (input code, error buffer, output, nibble order).
+
+    Code outputs: the fused pass at every vector width (aligned vector I/O), its element-I/O
+    twin, and the two-pass kernels. Float outputs: the float pass at every width and its twin.
+    """
+    code, out = ELEMENTS[input_kind], ELEMENTS[output_kind]
+    if out.is_float:
+        widths = [v for v in _WIDTHS if v >= 2 or not code.is_packed]
+        tags: tuple[str, ...] = (code.cpp_tag, out.cpp_tag)
+        return [
+            *(template_name("dequant_reduce_floats", *tags, v, True, high_first) for v in widths),
+            template_name("dequant_reduce_floats", *tags, 1, False, high_first),
+        ]
+    packed = code.is_packed or out.is_packed
+    widths = [v for v in _WIDTHS if v >= 2 or not packed]
+    tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
+    return [
+        *(template_name("dequant_reduce_segments", *tags, v, True, high_first) for v in widths),
+        template_name("dequant_reduce_segments", *tags, 2 if packed else 1, False, high_first),
+        template_name("dequant_reduce_group_params", tags[0], tags[1], high_first),
+        template_name("dequant_reduce_elements", *tags, high_first),
+    ]
+
+
+@register_family(_FAMILY)
+def dequant_reduce_units() -> list[list[str]]:
+    """Compile units of ``kernels/dequant_reduce.cu``: one per (input code, error buffer, output, nibble order)."""
+    units = []
+    for input_kind in QGZ_CODE_KINDS:
+        for output_kind in (*QGZ_CODE_KINDS, *QGZ_FLOAT_KINDS):
+            packed = ELEMENTS[input_kind].is_packed or ELEMENTS[output_kind].is_packed
+            errors = (None,) if ELEMENTS[output_kind].is_float else (None, *QGZ_FLOAT_KINDS)
+            for error_kind in errors:
+                for high_first in (False, True) if packed else (False,):
+                    units.append(dequant_reduce_unit(input_kind, error_kind, output_kind, high_first))
+    return units
+
+
+def _log2_or_minus_one(value: int) -> int:
+    """log2(value) for a power of two (the kernels then shift instead of dividing), else -1."""
+    return value.bit_length() - 1 if value & (value - 1) == 0 else -1
+
+
+def _widest_dividing(value: int, widest: int) -> int:
+    """The largest power of two <= ``widest`` that divides ``value``."""
+    vec = widest
+    while value % vec:
+        vec //= 2
+    return vec
+
+
+def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+    info = device_info(device_id)
+    code, out = ELEMENTS[desc.input_element], ELEMENTS[desc.output_element]
+    high_first = (code.is_packed or out.is_packed) and desc.nibble_order is NibbleOrder.HIGH_FIRST
+    unit = dequant_reduce_unit(desc.input_element, desc.error_element, desc.output_element, high_first)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    chunk = desc.chunk_elements
+    peer_input = PeerSumArgs(
+        peer_bytes=_storage(chunk, desc.input_element),
+        peer_params=chunk // desc.input_group_size,
+        in_group=desc.input_group_size,
+        peers=desc.peers,
+        average=int(desc.average),
+        peers_f=float(np.float32(desc.peers)),
+        in_group_shift=_log2_or_minus_one(desc.input_group_size),
+    )
+    # A vector of codes never crosses an input group: its width divides the input group size.
+    vec_in = _widest_dividing(desc.input_group_size, _WIDTHS[0])
+    if out.is_float:
+        tags: tuple[str, ...] = (code.cpp_tag, out.cpp_tag)
+        vec = vec_in if (vec_in >= 2 or not code.is_packed) else 1
+
+        def floats(v: int, vector_io: bool) -> PreparedLaunch:
+            fn = functions[template_name("dequant_reduce_floats", *tags, v, vector_io, high_first)]
+            wanted = -(-chunk // (v * ELEMENT_BLOCK))
+            return PreparedLaunch(
+                fn, occupancy_grid(fn, ELEMENT_BLOCK, wanted, info), ELEMENT_BLOCK, _FLOATS_PARAMS, n=chunk
+            )
+
+        fallback = floats(1, False)
+        primary = floats(vec, True) if vec > 1 else fallback
+        aligns = (vector_alignment(vec, code.storage_bits),) * 2 + (vector_alignment(vec, out.storage_bits),)
+        for launch in (primary, fallback):
+            launch.params.input = peer_input
+        return QgzLaunches(primary, fallback, (), aligns, f"float-sum[vec{vec}]")
+    tags = (code.cpp_tag, error_tag(desc.error_element), out.cpp_tag)
+    size = desc.output_group_size
+    assert size is not None
+    groups = chunk // size
+    fixed = dict(input=peer_input, divisor=range_divisor_of(desc.mode, q_min, q_max))
+    packed = code.is_packed or out.is_packed
+    geometry = None
+    if not (packed and vec_in < 2):
+        geometry = qgz_geometry(groups, size, packed, vec_in, info)
+    if geometry is not None:
+        primary_g, fallback_g = geometry
+
+        def fused(g: Any) -> PreparedLaunch:
+            fn = functions[template_name("dequant_reduce_segments", *tags, g.vec, g.vector_io, high_first)]
+            wanted = -(-g.segments // (g.block // g.team))
+            return PreparedLaunch(
+                fn,
+                occupancy_grid(fn, g.block, wanted, info),
+                g.block,
+                _REDUCE_PARAMS,
+                layout=layout_args(groups, size, g.team, q_min, q_max, desc.mode),
+                **fixed,
+            )
+
+        bits = [code.storage_bits, code.storage_bits, out.storage_bits]
+        if desc.error_element is not None:
+            bits.append(ELEMENTS[desc.error_element].storage_bits)
+        return QgzLaunches(
+            fused(primary_g),
+            fused(fallback_g),
+            (),
+            tuple(vector_alignment(primary_g.vec, b) for b in bits),
+            primary_g.describe(),
+        )
+    params_fn = functions[template_name("dequant_reduce_group_params", tags[0], tags[1], high_first)]
+    elements_fn = functions[template_name("dequant_reduce_elements", *tags, high_first)]
+    block = group_params_block(size)
+    layout = layout_args(groups, size, 1, q_min, q_max, desc.mode)
+    units = chunk // (2 if out.is_packed else 1)
+    two_pass = (
+        PreparedLaunch(
+            params_fn, occupancy_grid(params_fn, block, groups, info), block, _REDUCE_PARAMS, layout=layout, **fixed
+        ),
+        PreparedLaunch(
+            elements_fn,
+            occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-units // ELEMENT_BLOCK), info),
+            ELEMENT_BLOCK,
+            _REDUCE_PARAMS,
+            layout=layout,
+            **fixed,
+        ),
+    )
+    return QgzLaunches(None, None, two_pass, (), f"two-pass[group-params({block}t),elements]")
 
 
 class DequantReducePlan:
@@ -185,13 +380,24 @@ class DequantReducePlan:
     carries float32 rounding (relative 2**-24 per addition) on top of the quantization error.
     """
 
-    def __init__(self, desc: DequantReduceDescriptor, q_min: int, q_max: int, backend: BackendKind) -> None:
+    def __init__(
+        self,
+        desc: DequantReduceDescriptor,
+        q_min: int,
+        q_max: int,
+        backend: BackendKind,
+        device_id: int | None = None,
+        arch_name: str = HOST_ARCH.name,
+        launches: QgzLaunches | None = None,
+    ) -> None:
         self.descriptor = desc
         self.q_min = q_min
         self.q_max = q_max
         self.backend = backend
-        self.device_id: int | None = None
-        self._operands = QgzOperands(backend, None)
+        self.device_id = device_id
+        self._arch_name = arch_name
+        self._launches = launches
+        self._operands = QgzOperands(backend, device_id)
 
     @classmethod
     def select(
@@ -206,7 +412,26 @@ class DequantReducePlan:
         check_positive("peers", desc.peers)
         if isinstance(desc.chunk_elements, bool) or desc.chunk_elements < 0:
             raise InvalidProblem(f"chunk_elements={desc.chunk_elements!r} must be >= 0")
-        for name in ("input_group_size", "output_group_size"):
+        check_code_kind(desc.input_element, "input_element")
+        if ELEMENTS[desc.output_element].is_float:
+            check_float_kind(desc.output_element, "output_element")
+            if desc.error_element is not None:
+                raise InvalidProblem(
+                    "error_element applies to code outputs only: a float output is not re-quantized, so there is "
+                    "no quantization error to feed back"
+                )
+            if desc.q_min is not None or desc.q_max is not None:
+                raise InvalidProblem("q_min / q_max apply to code outputs only; leave them None for a float output")
+            sizes: tuple[str, ...] = ("input_group_size",)
+            q_min, q_max = 0, 0
+        else:
+            check_code_kind(desc.output_element, "output_element")
+            if desc.output_group_size is None:
+                raise InvalidProblem("output_group_size is required for a code output (the re-quantization groups)")
+            check_error_kind(desc.error_element)
+            q_min, q_max = dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
+            sizes = ("input_group_size", "output_group_size")
+        for name in sizes:
             size = getattr(desc, name)
             check_positive(name, size)
             if desc.chunk_elements % size:
@@ -214,18 +439,20 @@ class DequantReducePlan:
                     f"{name}={size} does not divide chunk_elements={desc.chunk_elements}; every chunk must hold "
                     f"whole groups (pad the chunk to {-(-desc.chunk_elements // size) * size} elements)"
                 )
-        check_code_kind(desc.input_element, "input_element")
-        check_code_kind(desc.output_element, "output_element")
-        check_error_kind(desc.error_element)
-        q_min, q_max = dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
         for name, kind in (("input_element", desc.input_element), ("output_element", desc.output_element)):
             if ELEMENTS[kind].is_packed and desc.chunk_elements % 2:
                 raise InvalidProblem(
                     f"{name}={kind.name} packs two codes per byte, so chunk_elements must be even, got "
                     f"{desc.chunk_elements}"
                 )
-        backend = reference_only_backend(pref or PlanPreference(), "DequantReducePlan")
-        return cls(desc, q_min, q_max, backend)
+        backend = choose_backend(pref or PlanPreference())
+        if backend is BackendKind.REFERENCE or desc.chunk_elements == 0:
+            return cls(
+                desc, q_min, q_max, backend, None if backend is BackendKind.REFERENCE else stream_device_id(stream)
+            )
+        device_id = stream_device_id(stream)
+        launches = prepare_dequant_reduce(desc, q_min, q_max, device_id)
+        return cls(desc, q_min, q_max, backend, device_id, device_info(device_id).arch.name, launches)
 
     # ---- introspection --------------------------------------------------------------------
 
@@ -238,15 +465,15 @@ class DequantReducePlan:
         return qgz_precision_guarantee()
 
     def sku(self) -> KernelSku:
-        """Identity of the selected implementation (variant ``numpy`` in this release)."""
+        """Identity of the selected kernels (variant: ``numpy``, the fused pass's geometry, ``two-pass`` or ``float-sum``)."""
         d = self.descriptor
         return KernelSku(
             category=OpCategory.COLLECTIVE,
             op=QuantizeKind.DYNAMIC_RANGE,
             element=d.input_element,
             aux_element=d.output_element,
-            variant="numpy",
-            arch=HOST_ARCH.name,
+            variant="numpy" if self._launches is None else self._launches.describe,
+            arch=self._arch_name,
             backend=self.backend,
             precision_guarantee=self.precision_guarantee(),
         )
@@ -259,15 +486,35 @@ class DequantReducePlan:
         q = ops.tensor(args.input, "input", d.input_shape, d.input_element)
         scale = ops.tensor(args.scale, "scale", d.input_param_shape, ElementKind.F32)
         y = ops.tensor(args.output, "output", d.output_shape, d.output_element)
-        scale_out = ops.tensor(args.scale_out, "scale_out", d.param_shape, ElementKind.F32)
         zp: Operand | None = None
         zp_out: Operand | None = None
-        if d.mode is QuantMode.ASYMMETRIC:
+        scale_out: Operand | None = None
+        asym = d.mode is QuantMode.ASYMMETRIC
+        if asym:
             zp = ops.tensor(args.zero_point, "zero_point", d.input_param_shape, ElementKind.I32)
-            zp_out = ops.tensor(args.zero_point_out, "zero_point_out", d.param_shape, ElementKind.I32)
-        elif args.zero_point is not None or args.zero_point_out is not None:
-            raise InvalidProblem("zero_point / zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
+        elif args.zero_point is not None:
+            raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
+        if d.float_output:
+            if args.scale_out is not None or args.zero_point_out is not None:
+                raise InvalidProblem(
+                    "scale_out / zero_point_out must be None for a float output (nothing is re-quantized)"
+                )
+        else:
+            scale_out = ops.tensor(args.scale_out, "scale_out", d.param_shape, ElementKind.F32)
+            if asym:
+                zp_out = ops.tensor(args.zero_point_out, "zero_point_out", d.param_shape, ElementKind.I32)
+            elif args.zero_point_out is not None:
+                raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
         err, beta = ops.loco(args.error_feedback, args.error_beta, d.error_shape, d.error_element)
+        check_disjoint(
+            ("input", q),
+            ("scale", scale),
+            ("zero_point", zp),
+            ("output", y),
+            ("scale_out", scale_out),
+            ("zero_point_out", zp_out),
+            ("error_feedback", err),
+        )
         return _Checked(q, scale, zp, y, scale_out, zp_out, err, beta)
 
     def can_implement(self, args: DequantReduceArgs) -> bool:
@@ -284,6 +531,10 @@ class DequantReducePlan:
         q, scale, zp, y, scale_out, zp_out, err, beta = self._check(args)
         d = self.descriptor
         if d.chunk_elements == 0:
+            return
+        if self._launches is not None:
+            assert self.device_id is not None
+            self._run_cuda(stream, q, scale, zp, y, scale_out, zp_out, err, beta)
             return
         error = None if err is None or d.error_element is None else host_view(err, d.error_element)
         q_new, s_new, z_new, new_err = reference.dequant_reduce(
@@ -303,12 +554,45 @@ class DequantReducePlan:
             beta,
         )
         write_back(y, d.output_element, q_new)
-        write_back(scale_out, ElementKind.F32, s_new)
+        if scale_out is not None and s_new is not None:
+            write_back(scale_out, ElementKind.F32, s_new)
         if zp_out is not None and z_new is not None:
             write_back(zp_out, ElementKind.I32, z_new)
         if err is not None and new_err is not None:
             assert d.error_element is not None
             write_back(err, d.error_element, new_err)
+
+    def _run_cuda(
+        self,
+        stream: Any,
+        q: Operand,
+        scale: Operand,
+        zp: Operand | None,
+        y: Operand,
+        scale_out: Operand | None,
+        zp_out: Operand | None,
+        err: Operand | None,
+        beta: float,
+    ) -> None:
+        assert self._launches is not None and self.device_id is not None
+        peer_bytes = q.size * q.itemsize // self.descriptor.peers
+        float_output = self.descriptor.float_output
+        b = np.float32(beta)
+        c = np.float32(1) - b
+
+        def fields(params: Any) -> None:
+            params.input.q = q.ptr
+            params.input.scale = scale.ptr
+            params.input.zp = 0 if zp is None else zp.ptr
+            if float_output:
+                params.y = y.ptr
+                return
+            set_output_args(params.out, y, scale_out, zp_out, err)
+            params.out.beta = float(b)
+            params.out.one_minus_beta = float(c)
+
+        pointers = (q.ptr, q.ptr + peer_bytes, y.ptr) + (() if err is None else (err.ptr,))
+        self._launches.run(self.device_id, stream_handle(stream), pointers, fields)
 
 
 __all__ = ["DequantReduceArgs", "DequantReduceDescriptor", "DequantReducePlan"]

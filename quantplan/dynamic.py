@@ -202,10 +202,23 @@ def segment_geometry(problem: AffineProblem, busy_threads: int, vec_max: int) ->
     if length is None or length == 0 or problem.numel == 0:
         return None
     packed = ELEMENTS[problem.code_kind].is_packed
-    if packed and (length % 2 or shape[-1] % 2):
+    if packed and shape[-1] % 2:
         return None
-    per_thread = segment_elements_per_thread(problem.float_kind)
-    if length > MAX_TEAM * per_thread:
+    return fused_segment_geometry(
+        problem.numel // length, length, packed, segment_elements_per_thread(problem.float_kind), vec_max, busy_threads
+    )
+
+
+def fused_segment_geometry(
+    segments: int, length: int, packed: bool, per_thread: int, vec_max: int, busy_threads: int
+) -> SegmentGeometry | None:
+    """The fused single pass over ``segments`` contiguous segments of ``length`` elements, or None
+    where a team cannot hold one (more than ``MAX_TEAM * per_thread`` elements) or 4-bit codes
+    would not start on whole bytes (an odd ``length``). Shared by the dynamic-range plans and the
+    qgZ plans (:mod:`quantplan.swizzled_quantize`, :mod:`quantplan.dequant_reduce`); see
+    :func:`segment_geometry` for the choice of vector width and team.
+    """
+    if length == 0 or segments == 0 or (packed and length % 2) or length > MAX_TEAM * per_thread:
         return None
     vec = vec_max
     while length % vec:
@@ -213,7 +226,6 @@ def segment_geometry(problem: AffineProblem, busy_threads: int, vec_max: int) ->
     vector_io = True
     if packed and vec < 2:
         vec, vector_io = 2, False
-    segments = problem.numel // length
     team = 1
     while team * per_thread < length:
         team *= 2

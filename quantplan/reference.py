@@ -811,7 +811,7 @@ def dequant_reduce(
     input_kind: ElementKind,
     input_group_size: int,
     output: ElementKind,
-    output_group_size: int,
+    output_group_size: int | None,
     mode: QuantMode,
     q_min: int,
     q_max: int,
@@ -819,8 +819,12 @@ def dequant_reduce(
     average: bool = False,
     error: np.ndarray | None = None,
     error_beta: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Dequantize N peers' chunks, sum in float32, re-quantize: ``(q_storage, scale, zero_point, new_error)``.
+
+    Float ``output`` (F16 / BF16 / F32): no re-quantization; returns ``(y, None, None, None)`` with
+    ``y`` the float32 sum (averaged) rounded once to ``output`` (``output_group_size`` and
+    ``error`` unused: ``error`` must be None).
 
     ``q``: ``(N, chunk)`` codes (``(N, chunk / 2)`` bytes for 4-bit ``input_kind``), chunk ``j``
     from peer ``j``; ``scale`` / ``zero_point``: ``(N, chunk / input_group_size)`` (zero point
@@ -840,7 +844,11 @@ def dequant_reduce(
         raise ValueError(f"q {q.shape} and scale {s.shape} must be (N, ...) with the same N >= 1")
     peers = q.shape[0]
     chunk = s.shape[1] * input_group_size
-    if chunk % output_group_size:
+    float_output = ELEMENTS[output].is_float
+    if float_output:
+        if error is not None:
+            raise ValueError("a float output has no LoCo error feedback (nothing is re-quantized)")
+    elif output_group_size is None or chunk % output_group_size:
         raise ValueError(f"output_group_size {output_group_size} does not divide the chunk of {chunk} elements")
     total: np.ndarray | None = None
     with np.errstate(over="ignore", invalid="ignore"):
@@ -851,6 +859,9 @@ def dequant_reduce(
         assert total is not None
         if average:
             total = (total / np.float32(peers)).astype(np.float32)
+    if float_output:
+        return total.astype(ELEMENTS[output].numpy_dtype), None, None, None
+    assert output_group_size is not None
     ef = None if error is None else np.asarray(error).reshape(-1)
     v = _loco_input(total, ef)
     out_scope = GroupScope(axis=-1, group_size=output_group_size)

@@ -15,6 +15,7 @@ The CUDA kernel is not in this release (``select`` on the CUDA backend raises Un
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,24 @@ from pydantic import BaseModel, ConfigDict
 
 from . import reference
 from ._affine import OperandChecks, choose_backend
-from ._operands import Operand, is_scalar
+from ._device import device_info, stream_device_id
+from ._launch import PreparedLaunch, stream_handle
+from ._operands import Operand, is_scalar, overlaps
+from ._qgz_launch import (
+    ELEMENT_BLOCK,
+    QgzLaunches,
+    QgzOutputArgs,
+    SwizzleMapArgs,
+    error_tag,
+    group_params_block,
+    layout_args,
+    occupancy_grid,
+    qgz_geometry,
+    set_output_args,
+    vector_alignment,
+)
+from .compiler import compile_options, load_kernels, register_family, template_name
+from .dynamic import SegmentLayoutArgs
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
 from .types import (
@@ -100,17 +118,6 @@ def check_error_kind(kind: ElementKind | None) -> None:
         raise InvalidProblem(f"error_element must be None or one of F16, BF16, F32, got {kind.name}")
 
 
-def reference_only_backend(pref: PlanPreference, plan: str) -> BackendKind:
-    """REFERENCE, or Unsupported where the backend choice is CUDA (no kernel in this release)."""
-    backend = choose_backend(pref)
-    if backend is BackendKind.CUDA:
-        raise Unsupported(
-            f"{plan}: the CUDA kernel is not yet implemented (reference only in this release); select with "
-            f"PlanPreference(backend=BackendKind.REFERENCE) and pass NumPy arrays"
-        )
-    return backend
-
-
 def check_beta(value: Any) -> float:
     """LoCo's ``error_beta``: a real number in [0, 1] (InvalidProblem otherwise)."""
     if not is_scalar(value) or isinstance(value, (bool, np.bool_)):
@@ -166,6 +173,127 @@ def write_back(op: Operand, kind: ElementKind, value: np.ndarray) -> None:
 def qgz_precision_guarantee() -> PrecisionGuarantee:
     """float32 arithmetic and accumulation, fixed order: deterministic and bit-stable."""
     return PrecisionGuarantee(math_precision=MathPrecision.F32, accumulator=ElementKind.F32)
+
+
+def range_divisor_of(mode: QuantMode, q_min: int, q_max: int) -> float:
+    """The divisor of the dynamic scale of integer codes: ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
+    return float(q_max if mode is QuantMode.SYMMETRIC else q_max - q_min)
+
+
+def check_disjoint(*named: tuple[str, Operand | None]) -> None:
+    """InvalidProblem when two of the device operands share a byte (the kernels read and write them all)."""
+    present = [(n, op) for n, op in named if op is not None]
+    for i, (name_a, a) in enumerate(present):
+        for name_b, b in present[i + 1 :]:
+            if overlaps(a, b):
+                raise InvalidProblem(f"{name_a} overlaps {name_b}; pass disjoint tensors")
+
+
+_FAMILY = "swizzled_quantize"
+#: Vector widths of the fused pass (elements of the input float); 4-bit codes need at least 2.
+_SEGMENT_WIDTHS = (8, 4, 2, 1)
+
+_SWIZZLE_PARAMS = type(
+    "SwizzledQuantizeParams",
+    (ctypes.Structure,),
+    {
+        "_fields_": [
+            ("x", ctypes.c_uint64),
+            ("out", QgzOutputArgs),
+            ("layout", SegmentLayoutArgs),
+            ("divisor", ctypes.c_float),
+            ("map", SwizzleMapArgs),
+        ]
+    },
+)
+
+
+def swizzled_quantize_unit(
+    input_kind: ElementKind, error_kind: ElementKind | None, code_kind: ElementKind, high_first: bool
+) -> list[str]:
+    """The kernels of one (input, error buffer, code, nibble order): the fused pass at every
+    vector width (aligned vector I/O) and its element-I/O twin, then the two-pass kernels."""
+    tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), ELEMENTS[code_kind].cpp_tag)
+    packed = ELEMENTS[code_kind].is_packed
+    widths = [v for v in _SEGMENT_WIDTHS if v >= 2 or not packed]
+    return [
+        *(template_name("swizzled_quantize_segments", *tags, v, True, high_first) for v in widths),
+        template_name("swizzled_quantize_segments", *tags, 2 if packed else 1, False, high_first),
+        template_name("swizzled_quantize_group_params", tags[0], tags[1]),
+        template_name("swizzled_quantize_elements", *tags, high_first),
+    ]
+
+
+@register_family(_FAMILY)
+def swizzled_quantize_units() -> list[list[str]]:
+    """Compile units of ``kernels/swizzled_quantize.cu``: one per (input, error buffer, code, nibble order)."""
+    units = []
+    for input_kind in QGZ_FLOAT_KINDS:
+        for error_kind in (None, *QGZ_FLOAT_KINDS):
+            for code_kind in QGZ_CODE_KINDS:
+                for high_first in (False, True) if ELEMENTS[code_kind].is_packed else (False,):
+                    units.append(swizzled_quantize_unit(input_kind, error_kind, code_kind, high_first))
+    return units
+
+
+def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+    info = device_info(device_id)
+    code = ELEMENTS[desc.output_element]
+    high_first = code.is_packed and desc.nibble_order is NibbleOrder.HIGH_FIRST
+    unit = swizzled_quantize_unit(desc.input_element, desc.error_element, desc.output_element, high_first)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
+    fixed = dict(
+        divisor=range_divisor_of(desc.mode, q_min, q_max),
+        map=SwizzleMapArgs(desc.slice_groups, desc.nodes, desc.devices_per_node, desc.pipeline, 0),
+    )
+    groups, size = desc.groups, desc.group_size
+    geometry = qgz_geometry(groups, size, code.is_packed, _SEGMENT_WIDTHS[0], info)
+    if geometry is not None:
+        primary, fallback = geometry
+
+        def fused(g: Any) -> PreparedLaunch:
+            fn = functions[template_name("swizzled_quantize_segments", *tags, g.vec, g.vector_io, high_first)]
+            wanted = -(-g.segments // (g.block // g.team))
+            return PreparedLaunch(
+                fn,
+                occupancy_grid(fn, g.block, wanted, info),
+                g.block,
+                _SWIZZLE_PARAMS,
+                layout=layout_args(groups, size, g.team, q_min, q_max, desc.mode),
+                **fixed,
+            )
+
+        bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
+        if desc.error_element is not None:
+            bits.append(ELEMENTS[desc.error_element].storage_bits)
+        return QgzLaunches(
+            fused(primary),
+            fused(fallback),
+            (),
+            tuple(vector_alignment(primary.vec, b) for b in bits),
+            primary.describe(),
+        )
+    params_fn = functions[template_name("swizzled_quantize_group_params", tags[0], tags[1])]
+    elements_fn = functions[template_name("swizzled_quantize_elements", *tags, high_first)]
+    block = group_params_block(size)
+    layout = layout_args(groups, size, 1, q_min, q_max, desc.mode)
+    units = desc.numel // (2 if code.is_packed else 1)
+    two_pass = (
+        PreparedLaunch(
+            params_fn, occupancy_grid(params_fn, block, groups, info), block, _SWIZZLE_PARAMS, layout=layout, **fixed
+        ),
+        PreparedLaunch(
+            elements_fn,
+            occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-units // ELEMENT_BLOCK), info),
+            ELEMENT_BLOCK,
+            _SWIZZLE_PARAMS,
+            layout=layout,
+            **fixed,
+        ),
+    )
+    return QgzLaunches(None, None, two_pass, (), f"two-pass[group-params({block}t),elements]")
 
 
 # ---- SwizzledQuantizePlan -----------------------------------------------------------------------
@@ -305,13 +433,24 @@ class SwizzledQuantizePlan:
     :func:`quantplan.reference.swizzled_quantize`; deterministic.
     """
 
-    def __init__(self, desc: SwizzledQuantizeDescriptor, q_min: int, q_max: int, backend: BackendKind) -> None:
+    def __init__(
+        self,
+        desc: SwizzledQuantizeDescriptor,
+        q_min: int,
+        q_max: int,
+        backend: BackendKind,
+        device_id: int | None = None,
+        arch_name: str = HOST_ARCH.name,
+        launches: QgzLaunches | None = None,
+    ) -> None:
         self.descriptor = desc
         self.q_min = q_min
         self.q_max = q_max
         self.backend = backend
-        self.device_id: int | None = None
-        self._operands = QgzOperands(backend, None)
+        self.device_id = device_id
+        self._arch_name = arch_name
+        self._launches = launches
+        self._operands = QgzOperands(backend, device_id)
 
     @classmethod
     def select(
@@ -344,8 +483,12 @@ class SwizzledQuantizePlan:
                 f"elements; each of the {desc.slices} slices holds {desc.slice_elements} (pad to "
                 f"{desc.numel + unit} elements, or use an even group_size)"
             )
-        backend = reference_only_backend(pref or PlanPreference(), "SwizzledQuantizePlan")
-        return cls(desc, q_min, q_max, backend)
+        backend = choose_backend(pref or PlanPreference())
+        if backend is BackendKind.REFERENCE:
+            return cls(desc, q_min, q_max, backend)
+        device_id = stream_device_id(stream)
+        launches = prepare_swizzled_quantize(desc, q_min, q_max, device_id)
+        return cls(desc, q_min, q_max, backend, device_id, device_info(device_id).arch.name, launches)
 
     # ---- introspection --------------------------------------------------------------------
 
@@ -358,15 +501,15 @@ class SwizzledQuantizePlan:
         return qgz_precision_guarantee()
 
     def sku(self) -> KernelSku:
-        """Identity of the selected implementation (variant ``numpy`` in this release)."""
+        """Identity of the selected kernels (variant: ``numpy``, the fused pass's geometry, or ``two-pass``)."""
         d = self.descriptor
         return KernelSku(
             category=OpCategory.QUANTIZE,
             op=QuantizeKind.DYNAMIC_RANGE,
             element=d.input_element,
             aux_element=d.output_element,
-            variant="numpy",
-            arch=HOST_ARCH.name,
+            variant="numpy" if self._launches is None else self._launches.describe,
+            arch=self._arch_name,
             backend=self.backend,
             precision_guarantee=self.precision_guarantee(),
         )
@@ -387,6 +530,9 @@ class SwizzledQuantizePlan:
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
         err, beta = ops.loco(args.error_feedback, args.error_beta, d.shape, d.error_element)
+        check_disjoint(
+            ("input", x), ("output", y), ("scale_out", scale), ("zero_point_out", zp), ("error_feedback", err)
+        )
         return x, y, scale, zp, err, beta
 
     def can_implement(self, args: SwizzledQuantizeArgs) -> bool:
@@ -403,6 +549,20 @@ class SwizzledQuantizePlan:
         x, y, scale, zp, err, beta = self._check(args)
         d = self.descriptor
         if d.numel == 0:
+            return
+        if self._launches is not None:
+            assert self.device_id is not None
+            b = np.float32(beta)
+            c = np.float32(1) - b
+
+            def fields(params: Any) -> None:
+                params.x = x.ptr
+                set_output_args(params.out, y, scale, zp, err)
+                params.out.beta = float(b)
+                params.out.one_minus_beta = float(c)
+
+            pointers = (x.ptr, y.ptr) + (() if err is None else (err.ptr,))
+            self._launches.run(self.device_id, stream_handle(stream), pointers, fields)
             return
         error = None if err is None or d.error_element is None else host_view(err, d.error_element)
         q, s, z, new_err = reference.swizzled_quantize(

@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .._affine import reference_uniform
+from .._affine import choose_backend, reference_uniform
 from .._operands import Operand
 from ..elements import ELEMENTS, ElementInfo
-from ..errors import InvalidProblem
+from ..errors import InvalidProblem, Unsupported
 from ..swizzled_quantize import (
     QgzOperands,
     check_error_kind,
@@ -36,7 +36,6 @@ from ..swizzled_quantize import (
     check_positive,
     host_view,
     qgz_precision_guarantee,
-    reference_only_backend,
     write_back,
 )
 from ..types import (
@@ -65,6 +64,18 @@ _DS_CODES = ElementInfo(
     code_range=(-128, 127),
 )
 _VARIANT = "numpy-deepspeed-format"
+
+
+def reference_only_backend(pref: PlanPreference, plan: str) -> BackendKind:
+    """REFERENCE, or Unsupported where the backend choice is CUDA (the DeepSpeed-format kernels
+    are not in this release)."""
+    backend = choose_backend(pref)
+    if backend is BackendKind.CUDA:
+        raise Unsupported(
+            f"{plan}: the CUDA kernel is not yet implemented (reference only in this release); select with "
+            f"PlanPreference(backend=BackendKind.REFERENCE) and pass NumPy arrays"
+        )
+    return backend
 
 
 def _check_groups(numel: int, groups: int) -> None:
