@@ -11,7 +11,7 @@
 #include "qp_qgz.cuh"
 
 template <class Code, class Err, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(QP_QGZ_SEGMENT_BOUND)
 dequant_reduce_segments(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, const qp::SegmentLayout lay,
                         float divisor) {
   typedef qp::PeerSumSource<Code, Err, VEC, VECTOR_IO, HIGH_FIRST> Source;

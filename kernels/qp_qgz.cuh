@@ -23,6 +23,15 @@
 #include "qp_rounding.cuh"
 #include "qp_vector_io.cuh"
 
+// Threads a fused-pass kernel is compiled for (its register budget: 64 per thread at 1024).
+#ifndef QP_QGZ_SEGMENT_BOUND
+#define QP_QGZ_SEGMENT_BOUND 1024
+#endif
+// 1: the fused pass loads the next group of 16-bit data before reducing the current one.
+#ifndef QP_QGZ_PIPELINE
+#define QP_QGZ_PIPELINE 0
+#endif
+
 namespace qp {
 
 // Tag: no LoCo error buffer.
@@ -101,9 +110,13 @@ struct CodeVector {
       b.template load<VECTOR_IO>(q + i, valid);
     }
   }
-  // Code of element i + k (4-bit with VEC == 1: element i's own nibble).
+  // Code of element i + k. 4-bit: with VEC >= 2, i is even (static nibble indices, so the vector
+  // stays in registers); with VEC == 1, element i's own nibble of the one byte.
   __device__ __forceinline__ int code(int k, i64 i) const {
-    if constexpr (packed) return unpack_nibble<HIGH_FIRST, is_signed>(b.v[(int)((i & 1) + k) / 2], (int)((i + k) & 1));
+    if constexpr (packed) {
+      if constexpr (VEC == 1) return unpack_nibble<HIGH_FIRST, is_signed>(b.v[0], (int)(i & 1));
+      return unpack_nibble<HIGH_FIRST, is_signed>(b.v[k / 2], k & 1);
+    }
     return is_signed ? (int)(i8)b.v[k] : (int)b.v[k];
   }
 };
@@ -142,8 +155,8 @@ struct PeerSumSource {
   __device__ __forceinline__ void load(ElementVector<float, VEC>& dst, i64 i, int valid) const {
     float s[VEC];
     const i64 g = a.in_group_shift >= 0 ? i >> a.in_group_shift : i / a.in_group;
-    // Wide vectors keep eight peers' loads in flight; narrow ones (many per thread) stay compact.
-#pragma unroll(VEC >= 8 ? 8 : 1)
+    // Wide vectors keep four peers' loads in flight; narrow ones (many per thread) stay compact.
+#pragma unroll(VEC >= 8 ? 4 : 1)
     for (int j = 0; j < a.peers; ++j) {
       CodeVector<Code, VEC, VECTOR_IO, HIGH_FIRST> cv;
       cv.load(a.q + j * a.peer_bytes, i, valid);
@@ -245,7 +258,7 @@ __device__ __forceinline__ void qgz_fused_segments(const Source& src, const Sink
                                                    const SegmentLayout& lay, float divisor) {
   typedef typename FloatElement<Scan>::storage in_t;
   constexpr int NV = segment_vectors<in_t, VEC>();
-  for_each_dynamic_segment_of<Scan, VEC, false>(
+  for_each_dynamic_segment_of<Scan, VEC, QP_QGZ_PIPELINE && sizeof(in_t) == 2>(
       src, lay, divisor, (float*)nullptr, (int*)nullptr,
       [&](i64 first, int lane, int team, const ElementVector<in_t, VEC> (&xv)[NV], float scale, int zp) {
         const i64 g = first / lay.S;

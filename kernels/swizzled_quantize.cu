@@ -30,7 +30,7 @@ struct SwizzleSource<In, no_error, VEC, VECTOR_IO> {
 }  // namespace qp
 
 template <class In, class Err, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(QP_QGZ_SEGMENT_BOUND)
 swizzled_quantize_segments(const typename qp::FloatElement<In>::storage* __restrict__ x, const qp::QgzOutputArgs out,
                            const qp::SegmentLayout lay, float divisor, const qp::SwizzleMap map) {
   typedef qp::SwizzleSource<In, Err, VEC, VECTOR_IO> S;

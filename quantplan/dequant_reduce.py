@@ -6,9 +6,10 @@ peers. This plan dequantizes each chunk with its own parameters, sums them in fl
 order (optionally averages), and re-quantizes the sum with fresh dynamic-range parameters per
 output group, whose size is independent of the input groups. Optional LoCo error feedback.
 
-Reference: :func:`quantplan.reference.dequant_reduce`; tests:
-``tests/test_reference_dequant_reduce.py``, ``tests/test_swizzled_quantize_plan_errors.py``.
-The CUDA kernel is not in this release (``select`` on the CUDA backend raises Unsupported).
+Kernels: ``kernels/dequant_reduce.cu`` (shared device code in ``kernels/qp_qgz.cuh``);
+reference: :func:`quantplan.reference.dequant_reduce`; tests:
+``tests/test_reference_dequant_reduce.py``, ``tests/test_swizzled_quantize_plan_errors.py``,
+``tests/test_dequant_reduce_gpu.py``; benchmark: ``benchmarks/bench_zeropp.py``.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class _Checked(NamedTuple):
 
 _FAMILY = "dequant_reduce"
 #: Vector widths of the fused pass and the float pass (codes per peer per load); 4-bit codes need >= 2.
-_WIDTHS = (16, 8, 4, 2, 1)
+_WIDTHS = (8, 4, 2, 1)
 
 
 def _params_type(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
@@ -365,13 +366,18 @@ class DequantReducePlan:
 
     **Dtypes:** input codes S8 / U8 / S4 / U4 (FP8: Unsupported) with float32 scales and int32
     zero points; output codes S8 / U8 / S4 / U4 (4-bit packed along the chunk, either nibble
-    order, the same order on both sides); error buffer F16 / BF16 / F32.
+    order, the same order on both sides) or floats F16 / BF16 / F32; error buffer F16 / BF16 /
+    F32 (code outputs).
 
     **Shape limits:** any N >= 1, any chunk size; both group sizes divide ``chunk_elements``;
     4-bit sides need an even chunk. Zero-size chunks are a no-op.
 
-    **Kernel variants:** reference only in this release (``sku().variant == "numpy"``); on the
-    CUDA backend ``select`` raises Unsupported ("CUDA kernel not yet implemented").
+    **Kernel variants:** ``fused-single-pass[...]`` (output groups of at most 32768 elements;
+    4-bit sides: even input groups): a team of threads sums and holds each output group in
+    registers, one read of the peers' codes; an element-I/O twin for misaligned operands.
+    ``two-pass[...]`` (any other group size): the sums are computed twice (parameters, then
+    codes), so the peers' codes are read twice. ``float-sum[...]``: float outputs, one read.
+    ``numpy`` on the reference backend.
 
     **Workspace:** none.
 
@@ -403,11 +409,11 @@ class DequantReducePlan:
     def select(
         cls, stream: Any, desc: DequantReduceDescriptor, pref: PlanPreference | None = None
     ) -> DequantReducePlan:
-        """Validate ``desc`` and pick the backend (REFERENCE in this release).
+        """Validate ``desc``, pick the backend, and compile and prepare the kernels (CUDA, first use).
 
         Raises InvalidProblem for a malformed descriptor (N < 1, negative chunk, group sizes
-        < 1 or not dividing the chunk, odd 4-bit chunks, bad code range) and Unsupported for
-        FP8 codes or the CUDA backend.
+        < 1 or not dividing the chunk, odd 4-bit chunks, bad code range, LoCo or q_min / q_max
+        with a float output) and Unsupported for FP8 codes.
         """
         check_positive("peers", desc.peers)
         if isinstance(desc.chunk_elements, bool) or desc.chunk_elements < 0:

@@ -8,9 +8,10 @@ local device ``d`` reduces (one intra-node all-to-all delivers it) and its conte
 ordered by node for the inter-node all-to-all that follows :class:`~quantplan.DequantReducePlan`.
 Optional LoCo error feedback keeps the quantization error in a buffer and adds it back next step.
 
-Reference: :func:`quantplan.reference.swizzled_quantize`; tests:
-``tests/test_reference_swizzled_quantize.py``, ``tests/test_swizzled_quantize_plan_errors.py``.
-The CUDA kernel is not in this release (``select`` on the CUDA backend raises Unsupported).
+Kernels: ``kernels/swizzled_quantize.cu`` (shared device code in ``kernels/qp_qgz.cuh``);
+reference: :func:`quantplan.reference.swizzled_quantize`; tests:
+``tests/test_reference_swizzled_quantize.py``, ``tests/test_swizzled_quantize_plan_errors.py``,
+``tests/test_swizzled_quantize_gpu.py``; benchmark: ``benchmarks/bench_zeropp.py``.
 """
 
 from __future__ import annotations
@@ -424,8 +425,12 @@ class SwizzledQuantizePlan:
     devices_per_node * pipeline * group_size`` and, for 4-bit codes, even slices (no implicit
     padding: InvalidProblem names the next valid size). Zero-size inputs are a no-op.
 
-    **Kernel variants:** reference only in this release (``sku().variant == "numpy"``); on the
-    CUDA backend ``select`` raises Unsupported ("CUDA kernel not yet implemented").
+    **Kernel variants:** ``fused-single-pass[...]`` (groups of at most 32768 elements; 4-bit
+    codes: even groups): a team of threads holds each group in registers, so the input (and the
+    error buffer) is read once; an element-I/O twin serves operands not aligned to the vector
+    width. ``two-pass[...]`` (any other group size): a block scans each group for its
+    parameters, then every element is read again and quantized. ``numpy`` on the reference
+    backend.
 
     **Workspace:** none.
 
@@ -456,11 +461,11 @@ class SwizzledQuantizePlan:
     def select(
         cls, stream: Any, desc: SwizzledQuantizeDescriptor, pref: PlanPreference | None = None
     ) -> SwizzledQuantizePlan:
-        """Validate ``desc`` and pick the backend (REFERENCE in this release).
+        """Validate ``desc``, pick the backend, and compile and prepare the kernels (CUDA, first use).
 
         Raises InvalidProblem for a malformed descriptor (negative extents, group or partition
         counts < 1, a size that does not split into whole groups per slice, odd 4-bit slices,
-        bad code range) and Unsupported for F64 input, FP8 output, or the CUDA backend.
+        bad code range) and Unsupported for F64 input or FP8 output.
         """
         if any(e < 0 for e in desc.shape):
             raise InvalidProblem(f"shape {desc.shape} has a negative extent")
