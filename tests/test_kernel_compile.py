@@ -45,7 +45,7 @@ def test_every_qgz_unit_compiles(family: str, arch: ArchSku, tmp_path, monkeypat
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     units = compiler.compile_units(family)
     names = compiler.all_instantiations(family)
-    assert len(names) >= 400 and {n for u in units for n in u} == set(names)
+    assert len(names) >= 300 and {n for u in units for n in u} == set(names)
     assert compiler.precompile(arch, [family]) == len(units)
     cubins = list(tmp_path.rglob("*.cubin"))
     assert len(cubins) >= len(units), f"{len(cubins)} cubins for {len(units)} units"
