@@ -16,6 +16,7 @@ between the shapes and the per-call pointer writes.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +148,69 @@ class QgzLaunches:
         launch_on(device_id, handle, *launches)
 
 
+@dataclass(frozen=True)
+class QgzKernels:
+    """One plan's loaded kernels and the fields every launch of it fixes at ``select``.
+
+    ``segments(vec, vector_io)``: the fused pass at a vector width; ``group_params`` /
+    ``elements``: the two-pass kernels; ``params_type``: the kernels' argument block (shared by
+    all three); ``fixed``: its fields known at ``select`` (``layout`` is added here).
+    """
+
+    segments: Callable[[int, bool], Any]
+    group_params: Any
+    elements: Any
+    params_type: type[ctypes.Structure]
+    fixed: dict[str, Any]
+
+
+def prepare_qgz_launches(
+    kernels: QgzKernels,
+    geometry: tuple[SegmentGeometry, SegmentGeometry] | None,
+    groups: int,
+    group_size: int,
+    element_units: int,
+    q_min: int,
+    q_max: int,
+    mode: QuantMode,
+    alignment_bits: Sequence[int],
+    info: DeviceInfo,
+) -> QgzLaunches:
+    """The launches of a qgZ plan: the fused pass (``geometry``: aligned and element-I/O twins)
+    or, where ``geometry`` is None, the two passes (``element_units``: work items of the element
+    pass, pairs for 4-bit codes). ``alignment_bits``: the element bits of each operand the
+    fused pass moves in vectors, in the order the plan passes its pointers to ``run``."""
+    fixed = kernels.fixed
+    if geometry is not None:
+        primary, fallback = geometry
+
+        def fused(g: SegmentGeometry) -> PreparedLaunch:
+            fn = kernels.segments(g.vec, g.vector_io)
+            wanted = -(-g.segments // (g.block // g.team))
+            layout = layout_args(groups, group_size, g.team, q_min, q_max, mode)
+            grid = occupancy_grid(fn, g.block, wanted, info)
+            return PreparedLaunch(fn, grid, g.block, kernels.params_type, layout=layout, **fixed)
+
+        aligns = tuple(vector_alignment(primary.vec, b) for b in alignment_bits)
+        return QgzLaunches(fused(primary), fused(fallback), (), aligns, primary.describe())
+    block = group_params_block(group_size)
+    layout = layout_args(groups, group_size, 1, q_min, q_max, mode)
+    params_fn, elements_fn = kernels.group_params, kernels.elements
+    element_grid = occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-element_units // ELEMENT_BLOCK), info)
+    two_pass = (
+        PreparedLaunch(
+            params_fn,
+            occupancy_grid(params_fn, block, groups, info),
+            block,
+            kernels.params_type,
+            layout=layout,
+            **fixed,
+        ),
+        PreparedLaunch(elements_fn, element_grid, ELEMENT_BLOCK, kernels.params_type, layout=layout, **fixed),
+    )
+    return QgzLaunches(None, None, two_pass, (), f"two-pass[group-params({block}t),elements]")
+
+
 def set_output_args(
     out: QgzOutputArgs, y: Operand, scale: Operand | None, zp: Operand | None, error: Operand | None
 ) -> None:
@@ -165,6 +229,7 @@ def vector_alignment(vec: int, element_bits: int) -> int:
 __all__ = [
     "ELEMENT_BLOCK",
     "PeerSumArgs",
+    "QgzKernels",
     "QgzLaunches",
     "QgzOutputArgs",
     "SwizzleMapArgs",
@@ -172,6 +237,7 @@ __all__ = [
     "group_params_block",
     "layout_args",
     "occupancy_grid",
+    "prepare_qgz_launches",
     "qgz_geometry",
     "set_output_args",
     "vector_alignment",

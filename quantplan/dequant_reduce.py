@@ -29,12 +29,12 @@ from ._operands import Operand
 from ._qgz_launch import (
     ELEMENT_BLOCK,
     PeerSumArgs,
+    QgzKernels,
     QgzLaunches,
     QgzOutputArgs,
     error_tag,
-    group_params_block,
-    layout_args,
     occupancy_grid,
+    prepare_qgz_launches,
     qgz_geometry,
     set_output_args,
     vector_alignment,
@@ -290,53 +290,30 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     groups = chunk // size
     fixed = dict(input=peer_input, divisor=range_divisor_of(desc.mode, q_min, q_max))
     packed = code.is_packed or out.is_packed
-    geometry = None
-    if not (packed and vec_in < 2):
-        geometry = qgz_geometry(groups, size, packed, vec_in, info)
-    if geometry is not None:
-        primary_g, fallback_g = geometry
-
-        def fused(g: Any) -> PreparedLaunch:
-            fn = functions[template_name("dequant_reduce_segments", *tags, g.vec, g.vector_io, high_first)]
-            wanted = -(-g.segments // (g.block // g.team))
-            return PreparedLaunch(
-                fn,
-                occupancy_grid(fn, g.block, wanted, info),
-                g.block,
-                _REDUCE_PARAMS,
-                layout=layout_args(groups, size, g.team, q_min, q_max, desc.mode),
-                **fixed,
-            )
-
-        bits = [code.storage_bits, code.storage_bits, out.storage_bits]
-        if desc.error_element is not None:
-            bits.append(ELEMENTS[desc.error_element].storage_bits)
-        return QgzLaunches(
-            fused(primary_g),
-            fused(fallback_g),
-            (),
-            tuple(vector_alignment(primary_g.vec, b) for b in bits),
-            primary_g.describe(),
-        )
-    params_fn = functions[template_name("dequant_reduce_group_params", tags[0], tags[1], high_first)]
-    elements_fn = functions[template_name("dequant_reduce_elements", *tags, high_first)]
-    block = group_params_block(size)
-    layout = layout_args(groups, size, 1, q_min, q_max, desc.mode)
-    units = chunk // (2 if out.is_packed else 1)
-    two_pass = (
-        PreparedLaunch(
-            params_fn, occupancy_grid(params_fn, block, groups, info), block, _REDUCE_PARAMS, layout=layout, **fixed
-        ),
-        PreparedLaunch(
-            elements_fn,
-            occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-units // ELEMENT_BLOCK), info),
-            ELEMENT_BLOCK,
-            _REDUCE_PARAMS,
-            layout=layout,
-            **fixed,
-        ),
+    kernels = QgzKernels(
+        lambda vec, vector_io: functions[template_name("dequant_reduce_segments", *tags, vec, vector_io, high_first)],
+        functions[template_name("dequant_reduce_group_params", tags[0], tags[1], high_first)],
+        functions[template_name("dequant_reduce_elements", *tags, high_first)],
+        _REDUCE_PARAMS,
+        fixed,
     )
-    return QgzLaunches(None, None, two_pass, (), f"two-pass[group-params({block}t),elements]")
+    # Peer codes (base and peer stride), output codes, and the error buffer.
+    bits = [code.storage_bits, code.storage_bits, out.storage_bits]
+    if desc.error_element is not None:
+        bits.append(ELEMENTS[desc.error_element].storage_bits)
+    geometry = None if packed and vec_in < 2 else qgz_geometry(groups, size, packed, vec_in, info)
+    return prepare_qgz_launches(
+        kernels,
+        geometry,
+        groups,
+        size,
+        chunk // (2 if out.is_packed else 1),
+        q_min,
+        q_max,
+        desc.mode,
+        bits,
+        info,
+    )
 
 
 class DequantReducePlan:

@@ -27,20 +27,17 @@ from pydantic import BaseModel, ConfigDict
 from . import reference
 from ._affine import OperandChecks, choose_backend
 from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, stream_handle
+from ._launch import stream_handle
 from ._operands import Operand, is_scalar, overlaps
 from ._qgz_launch import (
-    ELEMENT_BLOCK,
+    QgzKernels,
     QgzLaunches,
     QgzOutputArgs,
     SwizzleMapArgs,
     error_tag,
-    group_params_block,
-    layout_args,
-    occupancy_grid,
+    prepare_qgz_launches,
     qgz_geometry,
     set_output_args,
-    vector_alignment,
 )
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .dynamic import SegmentLayoutArgs
@@ -249,52 +246,30 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         divisor=range_divisor_of(desc.mode, q_min, q_max),
         map=SwizzleMapArgs(desc.slice_groups, desc.nodes, desc.devices_per_node, desc.pipeline, 0),
     )
-    groups, size = desc.groups, desc.group_size
-    geometry = qgz_geometry(groups, size, code.is_packed, _SEGMENT_WIDTHS[0], info)
-    if geometry is not None:
-        primary, fallback = geometry
-
-        def fused(g: Any) -> PreparedLaunch:
-            fn = functions[template_name("swizzled_quantize_segments", *tags, g.vec, g.vector_io, high_first)]
-            wanted = -(-g.segments // (g.block // g.team))
-            return PreparedLaunch(
-                fn,
-                occupancy_grid(fn, g.block, wanted, info),
-                g.block,
-                _SWIZZLE_PARAMS,
-                layout=layout_args(groups, size, g.team, q_min, q_max, desc.mode),
-                **fixed,
-            )
-
-        bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
-        if desc.error_element is not None:
-            bits.append(ELEMENTS[desc.error_element].storage_bits)
-        return QgzLaunches(
-            fused(primary),
-            fused(fallback),
-            (),
-            tuple(vector_alignment(primary.vec, b) for b in bits),
-            primary.describe(),
-        )
-    params_fn = functions[template_name("swizzled_quantize_group_params", tags[0], tags[1])]
-    elements_fn = functions[template_name("swizzled_quantize_elements", *tags, high_first)]
-    block = group_params_block(size)
-    layout = layout_args(groups, size, 1, q_min, q_max, desc.mode)
-    units = desc.numel // (2 if code.is_packed else 1)
-    two_pass = (
-        PreparedLaunch(
-            params_fn, occupancy_grid(params_fn, block, groups, info), block, _SWIZZLE_PARAMS, layout=layout, **fixed
-        ),
-        PreparedLaunch(
-            elements_fn,
-            occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-units // ELEMENT_BLOCK), info),
-            ELEMENT_BLOCK,
-            _SWIZZLE_PARAMS,
-            layout=layout,
-            **fixed,
-        ),
+    kernels = QgzKernels(
+        lambda vec, vector_io: functions[
+            template_name("swizzled_quantize_segments", *tags, vec, vector_io, high_first)
+        ],
+        functions[template_name("swizzled_quantize_group_params", tags[0], tags[1])],
+        functions[template_name("swizzled_quantize_elements", *tags, high_first)],
+        _SWIZZLE_PARAMS,
+        fixed,
     )
-    return QgzLaunches(None, None, two_pass, (), f"two-pass[group-params({block}t),elements]")
+    bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
+    if desc.error_element is not None:
+        bits.append(ELEMENTS[desc.error_element].storage_bits)
+    return prepare_qgz_launches(
+        kernels,
+        qgz_geometry(desc.groups, desc.group_size, code.is_packed, _SEGMENT_WIDTHS[0], info),
+        desc.groups,
+        desc.group_size,
+        desc.numel // (2 if code.is_packed else 1),
+        q_min,
+        q_max,
+        desc.mode,
+        bits,
+        info,
+    )
 
 
 # ---- SwizzledQuantizePlan -----------------------------------------------------------------------
