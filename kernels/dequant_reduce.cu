@@ -16,8 +16,8 @@ dequant_reduce_segments(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, c
                         float divisor) {
   typedef qp::PeerSumSource<Code, Err, VEC, VECTOR_IO, HIGH_FIRST> Source;
   const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
-  const qp::QgzCodeSink<qp::f32, Out, Err, VEC, VECTOR_IO, HIGH_FIRST> sink{out, lay.q_min, lay.q_max};
-  qp::qgz_fused_segments<qp::f32, VEC>(src, sink, qp::SameGroups(), lay, divisor);
+  const qp::QgzCodeSink<qp::f32, Out, Err, VEC, VECTOR_IO, HIGH_FIRST> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
+  qp::qgz_fused_segments<qp::f32, VEC>(src, sink, qp::SameGroups(), lay);
 }
 
 // The parameters do not depend on the output code element: the sink's Out is a placeholder.
@@ -27,8 +27,8 @@ dequant_reduce_group_params(const qp::PeerSumArgs in, const qp::QgzOutputArgs ou
                             float divisor) {
   typedef qp::PeerSumSource<Code, Err, 1, false, HIGH_FIRST> Source;
   const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
-  const qp::QgzCodeSink<qp::f32, qp::s8, Err, 1, false, false> sink{out, lay.q_min, lay.q_max};
-  qp::qgz_group_params<qp::f32>(src, sink, qp::SameGroups(), lay, divisor);
+  const qp::QgzCodeSink<qp::f32, qp::s8, Err, 1, false, false> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
+  qp::qgz_group_params<qp::f32>(src, sink, qp::SameGroups(), lay);
 }
 
 template <class Code, class Err, class Out, bool HIGH_FIRST>
@@ -37,7 +37,7 @@ dequant_reduce_elements(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, c
                         float divisor) {
   typedef qp::PeerSumSource<Code, Err, 1, false, HIGH_FIRST> Source;
   const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
-  const qp::QgzCodeSink<qp::f32, Out, Err, 1, false, HIGH_FIRST> sink{out, lay.q_min, lay.q_max};
+  const qp::QgzCodeSink<qp::f32, Out, Err, 1, false, HIGH_FIRST> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
   qp::qgz_elements<qp::f32, qp::QuantElement<Out>::kind == 1>(src, sink, qp::SameGroups(), lay);
 }
 
@@ -45,13 +45,6 @@ dequant_reduce_elements(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, c
 template <class Code, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 __global__ void __launch_bounds__(256)
 dequant_reduce_floats(const qp::PeerSumArgs in, typename qp::FloatElement<Out>::storage* __restrict__ y, qp::i64 n) {
-  typedef qp::PeerSumSource<Code, qp::no_error, VEC, VECTOR_IO, HIGH_FIRST> Source;
-  const Source src{in, nullptr};
-  const qp::i64 stride = (qp::i64)gridDim.x * blockDim.x * VEC;
-  for (qp::i64 i = ((qp::i64)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n; i += stride) {
-    qp::ElementVector<float, VEC> v;
-    src.load(v, i, VEC);
-    const qp::ElementVector<typename qp::FloatElement<Out>::storage, VEC> r = qp::vector_from_acc<Out, VEC>(v.v);
-    r.template store<VECTOR_IO>(y + i, VEC);
-  }
+  const qp::PeerSumSource<Code, qp::no_error, VEC, VECTOR_IO, HIGH_FIRST> src{in, nullptr};
+  qp::qgz_float_values<Out, VEC, VECTOR_IO>(src, y, n);
 }

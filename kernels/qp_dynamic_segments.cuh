@@ -46,16 +46,14 @@ struct DirectSource {
   __device__ __forceinline__ void prefetch(i64 i) const { prefetch_l2(x + i); }
 };
 
-// For each segment of the team: emit(first, lane, team, xv, scale, zp), with `first` the flat
-// index of the segment's element 0, the thread's vectors xv[u] at columns (lane + u * team) * VEC
-// (those below S), read from `src` (elements of In, the source's scan element), and the segment's
-// parameters (SPEC section 4: scale = NaN, zp = 0 for a non-finite segment). Lane 0 writes
-// scale_out[seg] (and zp_out[seg]) unless the pointer is null.
+// For each segment of the team: emit(first, lane, team, xv, range), with `first` the flat index
+// of the segment's element 0, the thread's vectors xv[u] at columns (lane + u * team) * VEC
+// (those below S), read from `src` (elements of In, the source's scan element), and the
+// segment's range, reduced over the team (every lane holds it). ASYMMETRIC ranges (lay.mode != 0)
+// hold zero (SPEC section 4) for mode 1 and are the segment's own min / max for mode 2
+// (RangeScan::reset).
 template <class In, int VEC, bool PIPELINE, class Source, class Emit>
-__device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, const SegmentLayout& lay,
-                                                            typename FloatElement<In>::acc divisor,
-                                                            typename FloatElement<In>::acc* scale_out, int* zp_out,
-                                                            Emit emit) {
+__device__ __forceinline__ void for_each_segment_range_of(const Source& src, const SegmentLayout& lay, Emit emit) {
   typedef FloatElement<In> FE;
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
@@ -68,6 +66,7 @@ __device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, c
   const int teams_per_block = blockDim.x >> lay.seg_log2;
   const i64 stride = (i64)gridDim.x * teams_per_block;
   const bool asym = lay.mode != 0;
+  const bool own_range = lay.mode == 2;
   // PIPELINE (16-bit data, whose segment takes at most 16 registers per thread): the next
   // segment's loads are issued before this one is reduced and written (two register buffers).
   // Otherwise a hint asks L2 for the next segment.
@@ -88,7 +87,6 @@ __device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, c
   for (i64 base = (i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
     const i64 seg = base + (threadIdx.x >> lay.seg_log2);
     const bool active = seg < lay.segments;
-    const i64 first = seg * lay.S;
     const i64 next = seg + stride;
     if constexpr (kPipelined) {
       if (next < lay.segments) load_segment(nx, next);
@@ -103,7 +101,7 @@ __device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, c
       }
     }
     Scan scan;
-    scan.reset();
+    scan.reset(own_range);
 #pragma unroll
     for (int u = 0; u < NV; ++u) {
       const int col = (lane + u * team) * VEC;
@@ -111,21 +109,41 @@ __device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, c
     }
     Range range = scan.result();
     team_reduce_range(range, asym, lay.seg_log2, team_slots);
-    if (!active) continue;
-    int zp;
-    const acc_t scale = segment_params<acc_t>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
-                                              range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max,
-                                              divisor, zp);
-    if (lane == 0) {
-      if (scale_out) scale_out[seg] = scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
-    emit(first, lane, team, xv, scale, zp);
+    if (active) emit(seg * lay.S, lane, team, xv, range);
     if constexpr (kPipelined) {
 #pragma unroll
       for (int u = 0; u < NV; ++u) xv[u] = nx[u];
     }
   }
+}
+
+// for_each_segment_range_of with SPEC section 4's parameters: emit(first, lane, team, xv, scale,
+// zp) (scale = NaN, zp = 0 for a non-finite segment). Lane 0 writes scale_out[seg] (and
+// zp_out[seg]) unless the pointer is null.
+template <class In, int VEC, bool PIPELINE, class Source, class Emit>
+__device__ __forceinline__ void for_each_dynamic_segment_of(const Source& src, const SegmentLayout& lay,
+                                                            typename FloatElement<In>::acc divisor,
+                                                            typename FloatElement<In>::acc* scale_out, int* zp_out,
+                                                            Emit emit) {
+  typedef typename FloatElement<In>::acc acc_t;
+  typedef typename FloatElement<In>::storage in_t;
+  typedef SegmentRange<acc_t, typename RangeScan<In>::bits_t> Range;
+  constexpr int NV = segment_vectors<in_t, VEC>();
+  for_each_segment_range_of<In, VEC, PIPELINE>(src, lay, [&](i64 first, int lane, int team,
+                                                              const ElementVector<in_t, VEC> (&xv)[NV],
+                                                              const Range& range) {
+    int zp;
+    const bool asym = lay.mode != 0;
+    const acc_t scale = segment_params<acc_t>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
+                                              range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max,
+                                              divisor, zp);
+    if (lane == 0) {
+      const i64 seg = first / lay.S;
+      if (scale_out) scale_out[seg] = scale;
+      if (zp_out) zp_out[seg] = zp;
+    }
+    emit(first, lane, team, xv, scale, zp);
+  });
 }
 
 // for_each_dynamic_segment_of over x itself.

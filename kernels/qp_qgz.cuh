@@ -11,6 +11,13 @@
 //                         and writes its parameters through the map
 //   qgz_elements          then every element (pairs for 4-bit codes) is read again, quantized with
 //                         its group's parameters and written (and its error updated)
+// The loops are formula-agnostic: a *sink* owns the group formula (its param_t, parameters from
+// a group's range, codes, where parameters go). QgzCodeSink is SPEC section 4's; the
+// DeepSpeed-format sinks (qp_deepspeed_format.cuh) plug into the same loops. A sink has:
+//   param_t; group_params<Scan>(range) -> param_t; params(g, p) (store, lane 0 / thread 0);
+//   vector(src, out, v, p, valid) (VEC elements of one group); load_params(g) (two-pass: read
+//   back what params stored); store_unit<U>(i, out, v[U], p[U]) (U = 1, or 2 for 4-bit pairs).
+// The source owns how a peer's codes are decoded (PeerDecode: SpecPeerDecode here).
 // Arithmetic (SPEC section 4, float32, each operation rounded once, no FMA): dequantize
 // (q - zp) * scale; sums in peer order; average by IEEE division; v = x + e; the LoCo update
 // e' = (b * e) + (c * (v - (q - zp) * scale)) rounded once to the buffer's element.
@@ -96,6 +103,25 @@ struct ErrorFeedbackSource {
   }
 };
 
+// The source of swizzled quantization: x itself, or v = x + e with error feedback (then the
+// scan is float32). Err: the error buffer's float or no_error.
+template <class In, class Err, int VEC, bool VECTOR_IO>
+struct SwizzleSource {
+  typedef ErrorFeedbackSource<In, Err, VEC, VECTOR_IO> type;
+  typedef f32 scan;
+  static __device__ __forceinline__ type make(const typename FloatElement<In>::storage* x, const void* e) {
+    return type{x, reinterpret_cast<const typename FloatElement<Err>::storage*>(e)};
+  }
+};
+template <class In, int VEC, bool VECTOR_IO>
+struct SwizzleSource<In, no_error, VEC, VECTOR_IO> {
+  typedef DirectSource<In, VEC, VECTOR_IO> type;
+  typedef In scan;
+  static __device__ __forceinline__ type make(const typename FloatElement<In>::storage* x, const void*) {
+    return type{x};
+  }
+};
+
 // The codes of one peer, VEC at a time (4-bit: VEC even, element i even), decoded to ints.
 template <class Code, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 struct CodeVector {
@@ -137,20 +163,29 @@ struct PeerSumArgs {
   int in_group_shift;      // log2(in_group) when a power of two, else -1
 };
 
-// s = ((y_0 + y_1) + ...) in peer order, y_j = (q_j - zp_j) * scale_j; average: s / f32(N); LoCo:
-// v = s + e. The VEC elements share one input group (the plan keeps VEC a divisor of in_group).
-template <class Code, class Err, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
+// SPEC section 4's decoding of a peer's code: y = (q - zp) * scale (zp null: SYMMETRIC).
+struct SpecPeerDecode {
+  typedef DequantParam<float> param_t;
+  static __device__ __forceinline__ param_t param(const PeerSumArgs& a, i64 at) {
+    param_t p;
+    p.set(a.scale[at], a.zp ? a.zp[at] : 0);
+    return p;
+  }
+  static __device__ __forceinline__ float value(int code, const param_t& p) { return dequantized_code(code, p); }
+};
+
+// s = ((y_0 + y_1) + ...) in peer order, y_j = Decode::value(q_j, params of peer j's group);
+// average: s / f32(N); LoCo: v = s + e. The VEC elements share one input group (the plan keeps
+// VEC a divisor of in_group).
+template <class Code, class Err, int VEC, bool VECTOR_IO, bool HIGH_FIRST, class Decode = SpecPeerDecode>
 struct PeerSumSource {
   typedef f32 scan_element;
   typedef typename ErrorStorage<Err>::type err_t;
   static const bool loco = ErrorStorage<Err>::loco;
   PeerSumArgs a;
   const err_t* e;
-  __device__ __forceinline__ DequantParam<float> param(int j, i64 g) const {
-    DequantParam<float> p;
-    const i64 at = (i64)j * a.peer_params + g;
-    p.set(a.scale[at], a.zp ? a.zp[at] : 0);
-    return p;
+  __device__ __forceinline__ typename Decode::param_t param(int j, i64 g) const {
+    return Decode::param(a, (i64)j * a.peer_params + g);
   }
   __device__ __forceinline__ void load(ElementVector<float, VEC>& dst, i64 i, int valid) const {
     float s[VEC];
@@ -160,10 +195,10 @@ struct PeerSumSource {
     for (int j = 0; j < a.peers; ++j) {
       CodeVector<Code, VEC, VECTOR_IO, HIGH_FIRST> cv;
       cv.load(a.q + j * a.peer_bytes, i, valid);
-      const DequantParam<float> p = param(j, g);
+      const typename Decode::param_t p = param(j, g);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float y = dequantized_code(cv.code(k, i), p);
+        const float y = Decode::value(cv.code(k, i), p);
         s[k] = j == 0 ? y : __fadd_rn(s[k], y);
       }
     }
@@ -194,25 +229,47 @@ struct QgzOutputArgs {
   float beta, one_minus_beta;
 };
 
+// LoCo: e' = (b * e) + (c * r), r = v - dequant(q), each operation rounded once in float32.
+__device__ __forceinline__ float loco_error_update(float b, float c, float e, float r) {
+  return __fadd_rn(__fmul_rn(b, e), __fmul_rn(c, r));
+}
+
+// SPEC section 4's group formula (segment_params) and code storage; lay.mode 0 / 1.
 template <class Scan, class Out, class Err, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 struct QgzCodeSink {
   typedef VectorQuantizer<Scan, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::vector_t vector_t;
   typedef typename ErrorStorage<Err>::type err_t;
+  typedef IntQuantParam<float> param_t;
   static const bool loco = ErrorStorage<Err>::loco;
-  static const bool high_first = HIGH_FIRST;
   QgzOutputArgs o;
-  int q_min, q_max;
+  int q_min, q_max, mode;
+  float divisor;
 
-  __device__ __forceinline__ void params(i64 g, float scale, int zp) const {
-    o.scale_out[g] = scale;
-    if (o.zp_out) o.zp_out[g] = zp;
+  template <class S, class Range>
+  __device__ __forceinline__ param_t group_params(const Range& r) const {
+    int zp;
+    const float scale = segment_params<float>(r.lo, mode != 0 ? r.hi : range_amax<S>(r.amax_bits),
+                                              range_nonfinite<S>(r.amax_bits), mode, q_min, q_max, divisor, zp);
+    param_t p;
+    p.set(scale, zp);
+    return p;
   }
 
-  // e' = (b * e) + (c * (v - (q - zp) * scale)), each operation rounded once in float32.
+  __device__ __forceinline__ void params(i64 g, const param_t& p) const {
+    o.scale_out[g] = p.scale;
+    if (o.zp_out) o.zp_out[g] = p.zp;
+  }
+
+  __device__ __forceinline__ param_t load_params(i64 g) const {
+    param_t p;
+    p.set(o.scale_out[g], o.zp_out ? o.zp_out[g] : 0);
+    return p;
+  }
+
+  // e' = (b * e) + (c * (v - (q - zp) * scale)).
   __device__ __forceinline__ float error_update(float e, float v, int code, const DequantParam<float>& dp) const {
-    const float r = __fsub_rn(v, dequantized_code(code, dp));
-    return __fadd_rn(__fmul_rn(o.beta, e), __fmul_rn(o.one_minus_beta, r));
+    return loco_error_update(o.beta, o.one_minus_beta, e, __fsub_rn(v, dequantized_code(code, dp)));
   }
 
   // The VEC source elements at src (one group: one parameter), written at output element out.
@@ -235,37 +292,44 @@ struct QgzCodeSink {
     }
   }
 
-  // One element with its own parameters (the element loop; 4-bit codes go through `pair`).
-  __device__ __forceinline__ int element(i64 src, float v, float scale, int zp) const {
-    IntQuantParam<float> p;
-    p.set(scale, zp);
-    const int code = VQ::code(v, p, q_min, q_max, false);
-    if constexpr (loco) {
-      DequantParam<float> dp;
-      dp.set(scale, zp);
-      err_t* e = reinterpret_cast<err_t*>(o.error) + src;
-      *e = FloatElement<Err>::from_acc(error_update(FloatElement<Err>::to_acc(*e), v, code, dp));
+  // U consecutive source elements i.. (U = 2: a 4-bit pair, i even) with their own parameters,
+  // written as one byte at output element `out` (the element loop).
+  template <int U>
+  __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
+    int codes[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      codes[k] = VQ::code(v[k], p[k], q_min, q_max, false);
+      if constexpr (loco) {
+        DequantParam<float> dp;
+        dp.set(p[k].scale, p[k].zp);
+        err_t* e = reinterpret_cast<err_t*>(o.error) + i + k;
+        *e = FloatElement<Err>::from_acc(error_update(FloatElement<Err>::to_acc(*e), v[k], codes[k], dp));
+      }
     }
-    return code;
+    if constexpr (U == 2) {
+      o.q[out / 2] = pack_nibbles<HIGH_FIRST>(codes[0], codes[1]);
+    } else {
+      o.q[out] = (u8)codes[0];
+    }
   }
 };
 
 // ---- the loops ----
 
-// One team per group, one read (for_each_dynamic_segment_of); groups written through `map`.
+// One team per group, one read (for_each_segment_range_of); groups written through `map`.
 template <class Scan, int VEC, class Source, class Sink, class Map>
 __device__ __forceinline__ void qgz_fused_segments(const Source& src, const Sink& sink, const Map& map,
-                                                   const SegmentLayout& lay, float divisor) {
+                                                   const SegmentLayout& lay) {
   typedef typename FloatElement<Scan>::storage in_t;
+  typedef SegmentRange<float, typename RangeScan<Scan>::bits_t> Range;
   constexpr int NV = segment_vectors<in_t, VEC>();
-  for_each_dynamic_segment_of<Scan, VEC, QP_QGZ_PIPELINE && sizeof(in_t) == 2>(
-      src, lay, divisor, (float*)nullptr, (int*)nullptr,
-      [&](i64 first, int lane, int team, const ElementVector<in_t, VEC> (&xv)[NV], float scale, int zp) {
+  for_each_segment_range_of<Scan, VEC, QP_QGZ_PIPELINE && sizeof(in_t) == 2>(
+      src, lay, [&](i64 first, int lane, int team, const ElementVector<in_t, VEC> (&xv)[NV], const Range& range) {
         const i64 g = first / lay.S;
         const i64 out = map(g);
-        if (lane == 0) sink.params(out, scale, zp);
-        IntQuantParam<float> p;
-        p.set(scale, zp);
+        const typename Sink::param_t p = sink.template group_params<Scan>(range);
+        if (lane == 0) sink.params(out, p);
 #pragma unroll
         for (int u = 0; u < NV; ++u) {
           const int col = (lane + u * team) * VEC;
@@ -278,7 +342,7 @@ __device__ __forceinline__ void qgz_fused_segments(const Source& src, const Sink
 // writes the parameters through `map`. blockDim.x is a power of two.
 template <class Scan, class Source, class Sink, class Map>
 __device__ __forceinline__ void qgz_group_params(const Source& src, const Sink& sink, const Map& map,
-                                                 const SegmentLayout& lay, float divisor) {
+                                                 const SegmentLayout& lay) {
   typedef RangeScan<Scan> ScanT;
   typedef SegmentRange<float, typename ScanT::bits_t> Range;
   typedef typename FloatElement<Scan>::storage in_t;
@@ -288,7 +352,7 @@ __device__ __forceinline__ void qgz_group_params(const Source& src, const Sink& 
   while ((1 << log2_threads) < (int)blockDim.x) ++log2_threads;
   for (i64 g = blockIdx.x; g < lay.segments; g += gridDim.x) {
     ScanT scan;
-    scan.reset();
+    scan.reset(lay.mode == 2);
     for (i64 col = threadIdx.x; col < lay.S; col += blockDim.x) {
       ElementVector<in_t, 1> v;
       src.load(v, g * lay.S + col, 1);
@@ -296,19 +360,13 @@ __device__ __forceinline__ void qgz_group_params(const Source& src, const Sink& 
     }
     Range r = scan.result();
     team_reduce_range(r, asym, log2_threads, slots);
-    if (threadIdx.x == 0) {
-      int zp;
-      const float scale = segment_params<float>(r.lo, asym ? r.hi : range_amax<Scan>(r.amax_bits),
-                                                range_nonfinite<Scan>(r.amax_bits), lay.mode, lay.q_min, lay.q_max,
-                                                divisor, zp);
-      sink.params(map(g), scale, zp);
-    }
+    if (threadIdx.x == 0) sink.params(map(g), sink.template group_params<Scan>(r));
   }
 }
 
-// After qgz_group_params: every element again, quantized with its group's parameters (read
-// back through `map`). PAIR (4-bit codes): units of two elements, i even, written as one byte
-// (the two may belong to neighbouring groups, which the map keeps neighbours).
+// After qgz_group_params: every element again, with its group's parameters (read back through
+// `map`). PAIR (4-bit codes): units of two elements, i even, written as one byte (the two may
+// belong to neighbouring groups, which the map keeps neighbours).
 template <class Scan, bool PAIR, class Source, class Sink, class Map>
 __device__ __forceinline__ void qgz_elements(const Source& src, const Sink& sink, const Map& map,
                                              const SegmentLayout& lay) {
@@ -317,24 +375,32 @@ __device__ __forceinline__ void qgz_elements(const Source& src, const Sink& sink
   const i64 n = lay.segments * lay.S;
   const i64 stride = (i64)gridDim.x * blockDim.x * U;
   for (i64 i = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * U; i < n; i += stride) {
-    int codes[U];
+    float v[U];
+    typename Sink::param_t p[U];
     i64 out = 0;
 #pragma unroll
     for (int k = 0; k < U; ++k) {
-      ElementVector<in_t, 1> v;
-      src.load(v, i + k, 1);
+      ElementVector<in_t, 1> x;
+      src.load(x, i + k, 1);
       const i64 g = (i + k) / lay.S;
       const i64 og = map(g);
       if (k == 0) out = og * lay.S + (i - g * lay.S);
-      const float scale = sink.o.scale_out[og];
-      const int zp = sink.o.zp_out ? sink.o.zp_out[og] : 0;
-      codes[k] = sink.element(i + k, FloatElement<Scan>::to_acc(v.v[0]), scale, zp);
+      v[k] = FloatElement<Scan>::to_acc(x.v[0]);
+      p[k] = sink.load_params(og);
     }
-    if constexpr (PAIR) {
-      sink.o.q[out / 2] = pack_nibbles<Sink::high_first>(codes[0], codes[1]);
-    } else {
-      sink.o.q[out] = (u8)codes[0];
-    }
+    sink.template store_unit<U>(i, out, v, p);
+  }
+}
+
+// The float value of a source, VEC elements per step, rounded once to Out: n elements.
+template <class Out, int VEC, bool VECTOR_IO, class Source>
+__device__ __forceinline__ void qgz_float_values(const Source& src, typename FloatElement<Out>::storage* y, i64 n) {
+  const i64 stride = (i64)gridDim.x * blockDim.x * VEC;
+  for (i64 i = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n; i += stride) {
+    ElementVector<float, VEC> v;
+    src.load(v, i, VEC);
+    const ElementVector<typename FloatElement<Out>::storage, VEC> r = vector_from_acc<Out, VEC>(v.v);
+    r.template store<VECTOR_IO>(y + i, VEC);
   }
 }
 

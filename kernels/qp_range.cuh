@@ -128,7 +128,9 @@ __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #endif
 }
 
-// One thread's scan. ASYMMETRIC needs lo and hi; SYMMETRIC only amax_bits.
+// One thread's scan. ASYMMETRIC needs lo and hi; SYMMETRIC only amax_bits. reset() starts lo
+// and hi at 0 (SPEC section 4: the range always holds zero); reset(true) starts them at +Inf /
+// -Inf, so they become the segment's own minimum and maximum (the DeepSpeed-format formulas).
 template <class In> struct RangeScan {
   typedef FloatElement<In> FE;
   typedef typename FE::storage in_t;
@@ -136,8 +138,10 @@ template <class In> struct RangeScan {
   typedef typename FloatBits<In>::type bits_t;
   acc_t lo, hi;
   bits_t amax_bits;
-  __device__ __forceinline__ void reset() {
-    lo = hi = (acc_t)0;
+  __device__ __forceinline__ void reset(bool own_range = false) {
+    const acc_t inf = (acc_t)__int_as_float(0x7F800000);
+    lo = own_range ? inf : (acc_t)0;
+    hi = own_range ? -inf : (acc_t)0;
     amax_bits = 0;
   }
   template <int VEC>
@@ -166,8 +170,12 @@ template <class Half> struct RangeScanHalf {
   typedef u16 in_t;
   typedef float acc_t;
   typedef u32 bits_t;
-  u32 lo2, hi2, amax2;  // two halves each; +0.0 pairs at the start
-  __device__ __forceinline__ void reset() { lo2 = hi2 = amax2 = 0; }
+  u32 lo2, hi2, amax2;  // two halves each; +0.0 pairs (or +Inf / -Inf pairs: own range) at the start
+  __device__ __forceinline__ void reset(bool own_range = false) {
+    lo2 = own_range ? FloatBits<Half>::inf * 0x10001u : 0u;
+    hi2 = own_range ? (FloatBits<Half>::inf | 0x8000u) * 0x10001u : 0u;
+    amax2 = 0;
+  }
   __device__ __forceinline__ void add_word(u32 w, bool asym) {
     amax2 = max_u16x2(amax2, w & 0x7FFF7FFFu);
     if (asym) {
@@ -178,7 +186,7 @@ template <class Half> struct RangeScanHalf {
   template <int VEC>
   __device__ __forceinline__ void add(const ElementVector<u16, VEC>& xv, bool asym) {
     if constexpr (VEC == 1) {
-      add_word((u32)xv.v[0], asym);  // the other half is +0.0: neutral
+      add_word((u32)xv.v[0] * 0x10001u, asym);  // the value in both halves: neutral for every start
     } else {
 #pragma unroll
       for (int k = 0; k < VEC / 2; ++k) add_word(xv.words[k], asym);

@@ -7,36 +7,14 @@
 // In: the input float; Err: the LoCo buffer's float or qp::no_error; Out: the code element.
 #include "qp_qgz.cuh"
 
-namespace qp {
-
-// x itself, or v = x + e with error feedback (then the scan is float32).
-template <class In, class Err, int VEC, bool VECTOR_IO>
-struct SwizzleSource {
-  typedef ErrorFeedbackSource<In, Err, VEC, VECTOR_IO> type;
-  typedef f32 scan;
-  static __device__ __forceinline__ type make(const typename FloatElement<In>::storage* x, const void* e) {
-    return type{x, reinterpret_cast<const typename FloatElement<Err>::storage*>(e)};
-  }
-};
-template <class In, int VEC, bool VECTOR_IO>
-struct SwizzleSource<In, no_error, VEC, VECTOR_IO> {
-  typedef DirectSource<In, VEC, VECTOR_IO> type;
-  typedef In scan;
-  static __device__ __forceinline__ type make(const typename FloatElement<In>::storage* x, const void*) {
-    return type{x};
-  }
-};
-
-}  // namespace qp
-
 template <class In, class Err, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 __global__ void __launch_bounds__(QP_QGZ_SEGMENT_BOUND)
 swizzled_quantize_segments(const typename qp::FloatElement<In>::storage* __restrict__ x, const qp::QgzOutputArgs out,
                            const qp::SegmentLayout lay, float divisor, const qp::SwizzleMap map) {
   typedef qp::SwizzleSource<In, Err, VEC, VECTOR_IO> S;
   const typename S::type src = S::make(x, out.error);
-  const qp::QgzCodeSink<typename S::scan, Out, Err, VEC, VECTOR_IO, HIGH_FIRST> sink{out, lay.q_min, lay.q_max};
-  qp::qgz_fused_segments<typename S::scan, VEC>(src, sink, map, lay, divisor);
+  const qp::QgzCodeSink<typename S::scan, Out, Err, VEC, VECTOR_IO, HIGH_FIRST> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
+  qp::qgz_fused_segments<typename S::scan, VEC>(src, sink, map, lay);
 }
 
 // The parameters do not depend on the code element: the sink's Out is a placeholder.
@@ -47,8 +25,8 @@ swizzled_quantize_group_params(const typename qp::FloatElement<In>::storage* __r
                                const qp::SwizzleMap map) {
   typedef qp::SwizzleSource<In, Err, 1, false> S;
   const typename S::type src = S::make(x, out.error);
-  const qp::QgzCodeSink<typename S::scan, qp::s8, Err, 1, false, false> sink{out, lay.q_min, lay.q_max};
-  qp::qgz_group_params<typename S::scan>(src, sink, map, lay, divisor);
+  const qp::QgzCodeSink<typename S::scan, qp::s8, Err, 1, false, false> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
+  qp::qgz_group_params<typename S::scan>(src, sink, map, lay);
 }
 
 template <class In, class Err, class Out, bool HIGH_FIRST>
@@ -57,6 +35,6 @@ swizzled_quantize_elements(const typename qp::FloatElement<In>::storage* __restr
                            const qp::SegmentLayout lay, float divisor, const qp::SwizzleMap map) {
   typedef qp::SwizzleSource<In, Err, 1, false> S;
   const typename S::type src = S::make(x, out.error);
-  const qp::QgzCodeSink<typename S::scan, Out, Err, 1, false, HIGH_FIRST> sink{out, lay.q_min, lay.q_max};
+  const qp::QgzCodeSink<typename S::scan, Out, Err, 1, false, HIGH_FIRST> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
   qp::qgz_elements<typename S::scan, qp::QuantElement<Out>::kind == 1>(src, sink, map, lay);
 }

@@ -80,11 +80,16 @@ def error_tag(kind: ElementKind | None) -> str:
     return "qp::no_error" if kind is None else ELEMENTS[kind].cpp_tag
 
 
-def layout_args(groups: int, group_size: int, team: int, q_min: int, q_max: int, mode: QuantMode) -> SegmentLayoutArgs:
-    """The kernels' ``SegmentLayout``: ``groups`` groups of ``group_size``, teams of ``team`` threads."""
-    return SegmentLayoutArgs(
-        groups, group_size, team.bit_length() - 1, q_min, q_max, 0 if mode is QuantMode.SYMMETRIC else 1, 0
-    )
+def layout_args(
+    groups: int, group_size: int, team: int, q_min: int, q_max: int, mode: QuantMode, own_range: bool = False
+) -> SegmentLayoutArgs:
+    """The kernels' ``SegmentLayout``: ``groups`` groups of ``group_size``, teams of ``team`` threads.
+
+    Its ``mode``: 0 SYMMETRIC (|x|max), 1 ASYMMETRIC with the range widened to hold zero (SPEC
+    section 4), 2 ASYMMETRIC over the group's own min / max (``own_range``: the DeepSpeed formats).
+    """
+    code = 0 if mode is QuantMode.SYMMETRIC else 2 if own_range else 1
+    return SegmentLayoutArgs(groups, group_size, team.bit_length() - 1, q_min, q_max, code, 0)
 
 
 def qgz_geometry(
@@ -175,11 +180,13 @@ def prepare_qgz_launches(
     mode: QuantMode,
     alignment_bits: Sequence[int],
     info: DeviceInfo,
+    own_range: bool = False,
 ) -> QgzLaunches:
     """The launches of a qgZ plan: the fused pass (``geometry``: aligned and element-I/O twins)
     or, where ``geometry`` is None, the two passes (``element_units``: work items of the element
     pass, pairs for 4-bit codes). ``alignment_bits``: the element bits of each operand the
-    fused pass moves in vectors, in the order the plan passes its pointers to ``run``."""
+    fused pass moves in vectors, in the order the plan passes its pointers to ``run``;
+    ``own_range``: see :func:`layout_args`."""
     fixed = kernels.fixed
     if geometry is not None:
         primary, fallback = geometry
@@ -187,14 +194,14 @@ def prepare_qgz_launches(
         def fused(g: SegmentGeometry) -> PreparedLaunch:
             fn = kernels.segments(g.vec, g.vector_io)
             wanted = -(-g.segments // (g.block // g.team))
-            layout = layout_args(groups, group_size, g.team, q_min, q_max, mode)
+            layout = layout_args(groups, group_size, g.team, q_min, q_max, mode, own_range)
             grid = occupancy_grid(fn, g.block, wanted, info)
             return PreparedLaunch(fn, grid, g.block, kernels.params_type, layout=layout, **fixed)
 
         aligns = tuple(vector_alignment(primary.vec, b) for b in alignment_bits)
         return QgzLaunches(fused(primary), fused(fallback), (), aligns, primary.describe())
     block = group_params_block(group_size)
-    layout = layout_args(groups, group_size, 1, q_min, q_max, mode)
+    layout = layout_args(groups, group_size, 1, q_min, q_max, mode, own_range)
     params_fn, elements_fn = kernels.group_params, kernels.elements
     element_grid = occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-element_units // ELEMENT_BLOCK), info)
     two_pass = (
@@ -209,6 +216,49 @@ def prepare_qgz_launches(
         PreparedLaunch(elements_fn, element_grid, ELEMENT_BLOCK, kernels.params_type, layout=layout, **fixed),
     )
     return QgzLaunches(None, None, two_pass, (), f"two-pass[group-params({block}t),elements]")
+
+
+def log2_or_minus_one(value: int) -> int:
+    """log2(value) for a power of two (the kernels then shift instead of dividing), else -1."""
+    return value.bit_length() - 1 if value & (value - 1) == 0 else -1
+
+
+def widest_dividing(value: int, widest: int) -> int:
+    """The largest power of two <= ``widest`` that divides ``value``."""
+    vec = widest
+    while value % vec:
+        vec //= 2
+    return vec
+
+
+def prepare_float_values(
+    kernel: Callable[[int, bool], Any],
+    params_type: type[ctypes.Structure],
+    peer_input: PeerSumArgs,
+    n: int,
+    vec_in: int,
+    code_kind: ElementKind,
+    out_kind: ElementKind,
+    info: DeviceInfo,
+) -> QgzLaunches:
+    """The launches writing a peer sum's ``n`` float values (``kernel(vec, vector_io)``, argument
+    block ``params_type`` with fields ``input``, ``y``, ``n``): vectors of ``vec_in`` (a divisor of
+    the input group size; 4-bit codes need 2) and the element-I/O twin. Pointer order for
+    ``run``: the codes, the second peer's codes, the output."""
+    code, out = ELEMENTS[code_kind], ELEMENTS[out_kind]
+    vec = vec_in if (vec_in >= 2 or not code.is_packed) else 1
+
+    def values(v: int, vector_io: bool) -> PreparedLaunch:
+        fn = kernel(v, vector_io)
+        wanted = -(-n // (v * ELEMENT_BLOCK))
+        return PreparedLaunch(fn, occupancy_grid(fn, ELEMENT_BLOCK, wanted, info), ELEMENT_BLOCK, params_type, n=n)
+
+    fallback = values(1, False)
+    primary = values(vec, True) if vec > 1 else fallback
+    aligns = (vector_alignment(vec, code.storage_bits),) * 2 + (vector_alignment(vec, out.storage_bits),)
+    for launch in (primary, fallback):
+        launch.params.input = peer_input  # type: ignore[attr-defined]
+    return QgzLaunches(primary, fallback, (), aligns, f"float-sum[vec{vec}]")
 
 
 def set_output_args(
@@ -236,9 +286,12 @@ __all__ = [
     "error_tag",
     "group_params_block",
     "layout_args",
+    "log2_or_minus_one",
     "occupancy_grid",
+    "prepare_float_values",
     "prepare_qgz_launches",
     "qgz_geometry",
     "set_output_args",
     "vector_alignment",
+    "widest_dividing",
 ]

@@ -24,20 +24,20 @@ from pydantic import BaseModel, ConfigDict
 from . import reference
 from ._affine import choose_backend
 from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, stream_handle
+from ._launch import stream_handle
 from ._operands import Operand
 from ._qgz_launch import (
-    ELEMENT_BLOCK,
     PeerSumArgs,
     QgzKernels,
     QgzLaunches,
     QgzOutputArgs,
     error_tag,
-    occupancy_grid,
+    log2_or_minus_one,
+    prepare_float_values,
     prepare_qgz_launches,
     qgz_geometry,
     set_output_args,
-    vector_alignment,
+    widest_dividing,
 )
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .dynamic import SegmentLayoutArgs
@@ -235,19 +235,6 @@ def dequant_reduce_units() -> list[list[str]]:
     return units
 
 
-def _log2_or_minus_one(value: int) -> int:
-    """log2(value) for a power of two (the kernels then shift instead of dividing), else -1."""
-    return value.bit_length() - 1 if value & (value - 1) == 0 else -1
-
-
-def _widest_dividing(value: int, widest: int) -> int:
-    """The largest power of two <= ``widest`` that divides ``value``."""
-    vec = widest
-    while value % vec:
-        vec //= 2
-    return vec
-
-
 def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
     info = device_info(device_id)
@@ -263,27 +250,22 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         peers=desc.peers,
         average=int(desc.average),
         peers_f=float(np.float32(desc.peers)),
-        in_group_shift=_log2_or_minus_one(desc.input_group_size),
+        in_group_shift=log2_or_minus_one(desc.input_group_size),
     )
     # A vector of codes never crosses an input group: its width divides the input group size.
-    vec_in = _widest_dividing(desc.input_group_size, _WIDTHS[0])
+    vec_in = widest_dividing(desc.input_group_size, _WIDTHS[0])
     if out.is_float:
         tags: tuple[str, ...] = (code.cpp_tag, out.cpp_tag)
-        vec = vec_in if (vec_in >= 2 or not code.is_packed) else 1
-
-        def floats(v: int, vector_io: bool) -> PreparedLaunch:
-            fn = functions[template_name("dequant_reduce_floats", *tags, v, vector_io, high_first)]
-            wanted = -(-chunk // (v * ELEMENT_BLOCK))
-            return PreparedLaunch(
-                fn, occupancy_grid(fn, ELEMENT_BLOCK, wanted, info), ELEMENT_BLOCK, _FLOATS_PARAMS, n=chunk
-            )
-
-        fallback = floats(1, False)
-        primary = floats(vec, True) if vec > 1 else fallback
-        aligns = (vector_alignment(vec, code.storage_bits),) * 2 + (vector_alignment(vec, out.storage_bits),)
-        for launch in (primary, fallback):
-            launch.params.input = peer_input
-        return QgzLaunches(primary, fallback, (), aligns, f"float-sum[vec{vec}]")
+        return prepare_float_values(
+            lambda v, vector_io: functions[template_name("dequant_reduce_floats", *tags, v, vector_io, high_first)],
+            _FLOATS_PARAMS,
+            peer_input,
+            chunk,
+            vec_in,
+            desc.input_element,
+            desc.output_element,
+            info,
+        )
     tags = (code.cpp_tag, error_tag(desc.error_element), out.cpp_tag)
     size = desc.output_group_size
     assert size is not None

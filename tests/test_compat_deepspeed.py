@@ -167,7 +167,7 @@ def test_argument_errors() -> None:
         ds.quantize(x.astype(np.int32), 2, 8, SYM)
     with pytest.raises(qp.Unsupported):
         ds.quantize(x.astype(np.float64), 2, 8, SYM)
-    with pytest.raises(qp.Unsupported, match="NumPy"):
+    with pytest.raises(qp.InvalidProblem, match="NumPy array"):
         ds.quantize([1.0, 2.0], 1, 8, SYM)
     q, params = ds.quantize(x, 2, 8, ASYM)
     with pytest.raises(qp.InvalidProblem, match="values"):
@@ -182,6 +182,12 @@ def test_argument_errors() -> None:
         ds.loco_swizzle_quant(x, np.zeros(8, np.float32), 2.0, 2, 8, SYM, 1, 1, 1)
     with pytest.raises(qp.MisalignedOperand):
         ds.loco_swizzle_quant(x, np.zeros(16, np.float32)[::2], 0.5, 2, 8, SYM, 1, 1, 1)
+
+
+def test_torch_cpu_tensors_are_refused_with_a_clear_error() -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises(qp.Unsupported, match="CPU tensors"):
+        ds.quantize(torch.ones(8), 2, 8, SYM)
 
 
 # ---------------------------------------------------------------------------------------------

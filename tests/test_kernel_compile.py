@@ -37,15 +37,16 @@ def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monk
 
 
 @pytest.mark.parametrize("arch", [ArchSku(8, 0), ArchSku(9, 0)], ids=lambda a: a.nvrtc_arch)
-@pytest.mark.parametrize("family", ["swizzled_quantize", "dequant_reduce"])
+@pytest.mark.parametrize("family", ["swizzled_quantize", "dequant_reduce", "deepspeed_format"])
 def test_every_qgz_unit_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    """The qgZ families, unit by unit as their plans compile them, on every core (their units
-    cover every instantiation; one program of ~900 kernels would take one core a long time)."""
+    """The qgZ families (and the DeepSpeed-format kernels on the same loops), unit by unit as
+    their plans compile them, on every core (their units cover every instantiation; one program
+    of ~900 kernels would take one core a long time)."""
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     units = compiler.compile_units(family)
     names = compiler.all_instantiations(family)
-    assert len(names) >= 300 and {n for u in units for n in u} == set(names)
+    assert len(names) >= 250 and {n for u in units for n in u} == set(names)
     assert compiler.precompile(arch, [family]) == len(units)
     cubins = list(tmp_path.rglob("*.cubin"))
     assert len(cubins) >= len(units), f"{len(cubins)} cubins for {len(units)} units"

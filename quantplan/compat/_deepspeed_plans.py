@@ -8,17 +8,18 @@ which is why they are separate from :class:`~quantplan.SwizzledQuantizePlan` and
 formula ``x = q * (1/scale)`` is :class:`~quantplan.DequantizePlan`'s with ``scale = 1/scale``
 stored and ``zp = 0``, and :mod:`quantplan.compat.deepspeed` runs it there.
 
-**Kernel variants:** reference only in this release; on the CUDA backend ``select`` raises
-Unsupported ("CUDA kernel not yet implemented"). The kernels that will carry these formulas:
-a DeepSpeed-parameter variant (multiplier ``2**(b-1) / absmax`` or ``2**b / (max - min)`` and
-midpoint offset, stored ``1 / scale``, high-nibble-first signed int4) of the swizzled-quantize
-kernel (``DeepSpeedQuantizePlan``) and of the dequantize-reduce kernel (``DeepSpeedReducePlan``),
-an asymmetric-offset variant of the dequantize row kernel (``DeepSpeedDequantizePlan``), and a
-MoQ variant of the dynamic fake-quantize segment kernel (``MoQFakeQuantizePlan``).
+**Kernel variants:** ``kernels/deepspeed_format.cu`` (device code
+``kernels/qp_deepspeed_format.cuh``) on the qgZ loops of ``kernels/qp_qgz.cuh``: the fused single
+pass for groups of at most 32768 elements (4-bit: even groups), otherwise two passes (group
+parameters, then elements) with a workspace of 8 bytes per group; ``numpy-deepspeed-format`` on
+the reference backend. Tests: ``tests/test_compat_deepspeed.py`` (formulas, layouts),
+``tests/test_compat_deepspeed_gpu.py`` (kernels equal the reference bit for bit).
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,11 +27,29 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .._affine import choose_backend, reference_uniform
-from .._operands import Operand
+from .._device import device_info, stream_device_id
+from .._launch import stream_handle
+from .._operands import Operand, same_or_disjoint
+from .._qgz_launch import (
+    PeerSumArgs,
+    QgzKernels,
+    QgzLaunches,
+    SwizzleMapArgs,
+    error_tag,
+    log2_or_minus_one,
+    prepare_float_values,
+    prepare_qgz_launches,
+    qgz_geometry,
+    widest_dividing,
+)
+from ..compiler import compile_options, load_kernels, register_family, template_name
+from ..dynamic import SegmentLayoutArgs
 from ..elements import ELEMENTS, ElementInfo
-from ..errors import InvalidProblem, Unsupported
+from ..errors import InvalidProblem
 from ..swizzled_quantize import (
+    QGZ_FLOAT_KINDS,
     QgzOperands,
+    check_disjoint,
     check_error_kind,
     check_float_kind,
     check_positive,
@@ -64,18 +83,118 @@ _DS_CODES = ElementInfo(
     code_range=(-128, 127),
 )
 _VARIANT = "numpy-deepspeed-format"
+_FAMILY = "deepspeed_format"
+#: Vector widths of the fused pass and of dequantization (elements); 4-bit codes need at least 2.
+_WIDTHS = (8, 4, 2, 1)
+#: Bytes of the two-pass workspace per group: (multiplier | scale | step, offset | min), float32.
+WORKSPACE_BYTES_PER_GROUP = 8
 
 
-def reference_only_backend(pref: PlanPreference, plan: str) -> BackendKind:
-    """REFERENCE, or Unsupported where the backend choice is CUDA (the DeepSpeed-format kernels
-    are not in this release)."""
-    backend = choose_backend(pref)
-    if backend is BackendKind.CUDA:
-        raise Unsupported(
-            f"{plan}: the CUDA kernel is not yet implemented (reference only in this release); select with "
-            f"PlanPreference(backend=BackendKind.REFERENCE) and pass NumPy arrays"
-        )
-    return backend
+class DeepSpeedOutputArgs(ctypes.Structure):
+    """``struct DeepSpeedOutputArgs`` of ``kernels/qp_deepspeed_format.cuh``."""
+
+    _fields_ = [
+        ("q", ctypes.c_uint64),
+        ("params", ctypes.c_uint64),
+        ("work", ctypes.c_uint64),
+        ("error", ctypes.c_uint64),
+        ("beta", ctypes.c_float),
+        ("one_minus_beta", ctypes.c_float),
+        ("seed", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+        ("bits", ctypes.c_int32),
+        ("asym", ctypes.c_int32),
+    ]
+
+
+def _params_type(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
+
+
+_QUANTIZE_PARAMS = _params_type(
+    "DeepSpeedQuantizeParams",
+    [("x", ctypes.c_uint64), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs), ("map", SwizzleMapArgs)],
+)
+_REDUCE_PARAMS = _params_type(
+    "DeepSpeedReduceParams", [("input", PeerSumArgs), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)]
+)
+_DEQUANTIZE_PARAMS = _params_type(
+    "DeepSpeedDequantizeParams", [("input", PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
+)
+_MOQ_PARAMS = _params_type(
+    "MoQFakeQuantizeParams", [("x", ctypes.c_uint64), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)]
+)
+
+
+def _code_kind(bits: int) -> ElementKind:
+    return ElementKind.S4 if bits == 4 else ElementKind.S8
+
+
+def _segment_names(kernel: str, tags: tuple[Any, ...], packed: bool) -> list[str]:
+    """The fused pass at every vector width (aligned I/O) and its element-I/O twin."""
+    widths = [v for v in _WIDTHS if v >= 2 or not packed]
+    return [
+        *(template_name(kernel, *tags, v, True) for v in widths),
+        template_name(kernel, *tags, 2 if packed else 1, False),
+    ]
+
+
+def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | None, bits: int) -> list[str]:
+    """The kernels of one (input, error buffer, bits): fused pass, then the two-pass kernels."""
+    code = ELEMENTS[_code_kind(bits)]
+    tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), code.cpp_tag)
+    return [
+        *_segment_names("deepspeed_quantize_segments", tags, code.is_packed),
+        template_name("deepspeed_quantize_group_params", tags[0], tags[1]),
+        template_name("deepspeed_quantize_elements", *tags),
+    ]
+
+
+def deepspeed_reduce_unit(bits: int, error_kind: ElementKind | None) -> list[str]:
+    """The kernels of one (bits, error buffer) of the quantized reduction."""
+    code = ELEMENTS[_code_kind(bits)]
+    tags = (code.cpp_tag, error_tag(error_kind))
+    return [
+        *_segment_names("deepspeed_reduce_segments", tags, code.is_packed),
+        template_name("deepspeed_reduce_group_params", *tags),
+        template_name("deepspeed_reduce_elements", *tags),
+    ]
+
+
+def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> list[str]:
+    """The dequantization kernels of one (bits, output float): widths 8, 4, 2 and the element-I/O one."""
+    tags = (ELEMENTS[_code_kind(bits)].cpp_tag, ELEMENTS[output_kind].cpp_tag)
+    return [
+        *(template_name("deepspeed_dequantize", *tags, v, True) for v in _WIDTHS[:-1]),
+        template_name("deepspeed_dequantize", *tags, 1, False),
+    ]
+
+
+def moq_fake_quantize_unit(kind: ElementKind, stochastic: bool) -> list[str]:
+    """The MoQ kernels of one (float, rounding)."""
+    tag = ELEMENTS[kind].cpp_tag
+    return [
+        *_segment_names("moq_fake_quantize_segments", (tag, stochastic), False),
+        template_name("moq_fake_quantize_group_params", tag),
+        template_name("moq_fake_quantize_elements", tag, stochastic),
+    ]
+
+
+@register_family(_FAMILY)
+def deepspeed_format_units() -> list[list[str]]:
+    """Compile units of ``kernels/deepspeed_format.cu``."""
+    errors = (None, *QGZ_FLOAT_KINDS)
+    return [
+        *(deepspeed_quantize_unit(k, e, b) for k in QGZ_FLOAT_KINDS for e in errors for b in (8, 4)),
+        *(deepspeed_reduce_unit(b, e) for b in (8, 4) for e in errors),
+        *(deepspeed_dequantize_unit(b, k) for b in (8, 4) for k in QGZ_FLOAT_KINDS),
+        *(moq_fake_quantize_unit(k, s) for k in QGZ_FLOAT_KINDS for s in (False, True)),
+    ]
+
+
+def _backend(stream: Any, pref: PlanPreference | None) -> tuple[BackendKind, int | None]:
+    backend = choose_backend(pref or PlanPreference())
+    return backend, (None if backend is BackendKind.REFERENCE else stream_device_id(stream))
 
 
 def _check_groups(numel: int, groups: int) -> None:
@@ -99,35 +218,49 @@ def _storage_bytes(elements: int, bits: int) -> int:
 
 
 class _DeepSpeedPlan:
-    """What the DeepSpeed-format plans share: backend, operand checks, workspace, guarantee, sku."""
+    """What the DeepSpeed-format plans share: backend, launches, operand checks, workspace,
+    guarantee, sku."""
 
     _category: ClassVar[OpCategory]
     _op: ClassVar[QuantizeKind] = QuantizeKind.DYNAMIC_RANGE
 
-    def __init__(self, backend: BackendKind, element: ElementKind, aux_element: ElementKind) -> None:
+    def __init__(
+        self,
+        backend: BackendKind,
+        element: ElementKind,
+        aux_element: ElementKind,
+        device_id: int | None = None,
+        launches: QgzLaunches | None = None,
+        groups: int = 0,
+    ) -> None:
         self.backend = backend
-        self.device_id: int | None = None
-        self._operands = QgzOperands(backend, None)
+        self.device_id = device_id
+        self._operands = QgzOperands(backend, device_id)
         self._element = element
         self._aux_element = aux_element
+        self._launches = launches
+        self._arch_name = HOST_ARCH.name if device_id is None else device_info(device_id).arch.name
+        two_pass = launches is not None and launches.fused is None and bool(launches.two_pass)
+        self._workspace_bytes = groups * WORKSPACE_BYTES_PER_GROUP if two_pass else 0
 
     def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: 0."""
-        return 0
+        """Bytes of workspace ``run`` needs: 8 per group on the CUDA two-pass path, else 0."""
+        return self._workspace_bytes
 
     def precision_guarantee(self) -> PrecisionGuarantee:
         """float32 arithmetic, fixed order, bit-exact to the DeepSpeed-format reference, deterministic."""
         return qgz_precision_guarantee()
 
     def sku(self) -> KernelSku:
-        """Identity of the selected implementation (variant ``numpy-deepspeed-format``)."""
+        """Identity of the selected implementation (``numpy-deepspeed-format``, or the kernels' variant)."""
+        variant = _VARIANT if self._launches is None else f"deepspeed-format:{self._launches.describe}"
         return KernelSku(
             category=self._category,
             op=self._op,
             element=self._element,
             aux_element=self._aux_element,
-            variant=_VARIANT,
-            arch=HOST_ARCH.name,
+            variant=variant,
+            arch=self._arch_name,
             backend=self.backend,
             precision_guarantee=self.precision_guarantee(),
         )
@@ -145,6 +278,35 @@ class _DeepSpeedPlan:
         """Check ``args`` against the plan (shapes, dtypes, residence, contiguity); True or raises."""
         self._check(args)
         return True
+
+    def _launch(
+        self, stream: Any, workspace: Workspace | None, pointers: tuple[int, ...], fields: Callable[[Any], None]
+    ) -> None:
+        """Enqueue the CUDA launches: ``fields(params)`` writes the per-call pointers; the
+        workspace (two-pass) goes into ``out.work``."""
+        assert self._launches is not None and self.device_id is not None
+        work = 0 if workspace is None or not self._workspace_bytes else workspace.ptr
+
+        def all_fields(params: Any) -> None:
+            fields(params)
+            if hasattr(params, "out"):
+                params.out.work = work
+
+        self._launches.run(self.device_id, stream_handle(stream), pointers, all_fields)
+
+
+def _output_args(
+    out: Any, q: Operand, params: Operand | None, bits: int, mode: QuantMode, err: Operand | None, beta: float
+) -> None:
+    """The per-call fields of ``DeepSpeedOutputArgs`` (``work``: see ``_DeepSpeedPlan._launch``)."""
+    b = np.float32(beta)
+    out.q = q.ptr
+    out.params = 0 if params is None else params.ptr
+    out.error = 0 if err is None else err.ptr
+    out.beta = float(b)
+    out.one_minus_beta = float(np.float32(1) - b)
+    out.bits = bits
+    out.asym = int(mode is QuantMode.ASYMMETRIC)
 
 
 def _bytes(op: Operand) -> np.ndarray:
@@ -197,6 +359,41 @@ class DeepSpeedQuantizeArgs:
     error_beta: Any = None
 
 
+def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+    info = device_info(device_id)
+    code = ELEMENTS[_code_kind(desc.num_bits)]
+    unit = deepspeed_quantize_unit(desc.input_element, desc.error_element, desc.num_bits)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
+    slices = desc.nodes * desc.devices_per_node * desc.pipeline
+    group_size = desc.numel // desc.groups
+    kernels = QgzKernels(
+        lambda vec, vector_io: functions[template_name("deepspeed_quantize_segments", *tags, vec, vector_io)],
+        functions[template_name("deepspeed_quantize_group_params", tags[0], tags[1])],
+        functions[template_name("deepspeed_quantize_elements", *tags)],
+        _QUANTIZE_PARAMS,
+        dict(map=SwizzleMapArgs(desc.groups // slices, desc.nodes, desc.devices_per_node, desc.pipeline, 0)),
+    )
+    bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
+    if desc.error_element is not None:
+        bits.append(ELEMENTS[desc.error_element].storage_bits)
+    q_min, q_max = dsref.code_bounds(desc.num_bits)
+    return prepare_qgz_launches(
+        kernels,
+        qgz_geometry(desc.groups, group_size, code.is_packed, _WIDTHS[0], info),
+        desc.groups,
+        group_size,
+        desc.numel // (2 if code.is_packed else 1),
+        q_min,
+        q_max,
+        desc.mode,
+        bits,
+        info,
+        own_range=True,
+    )
+
+
 class DeepSpeedQuantizePlan(_DeepSpeedPlan):
     """DeepSpeed's ``quantize`` / ``swizzle_quant`` / ``loco_swizzle_quant`` formulas on flat operands.
 
@@ -217,15 +414,24 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
     divides ``numel`` and, swizzled, ``nodes * devices_per_node * pipeline`` divides ``groups``;
     4-bit: even slices.
 
-    **Workspace:** none.
+    **Kernel variants:** the fused single pass (groups of at most 32768 elements; 4-bit: even
+    groups) with an element-I/O twin for misaligned operands; two passes otherwise.
+
+    **Workspace:** 8 bytes per group on the CUDA two-pass path (``workspace_size()``), else none.
 
     **Precision guarantee:** float32 arithmetic, deterministic, bit-exact to the reference.
     """
 
     _category = OpCategory.QUANTIZE
 
-    def __init__(self, desc: DeepSpeedQuantizeDescriptor, backend: BackendKind) -> None:
-        super().__init__(backend, desc.input_element, ElementKind.S4 if desc.num_bits == 4 else ElementKind.S8)
+    def __init__(
+        self,
+        desc: DeepSpeedQuantizeDescriptor,
+        backend: BackendKind,
+        device_id: int | None = None,
+        launches: QgzLaunches | None = None,
+    ) -> None:
+        super().__init__(backend, desc.input_element, _code_kind(desc.num_bits), device_id, launches, desc.groups)
         self.descriptor = desc
 
     @classmethod
@@ -250,7 +456,10 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
                 f"4-bit codes pack two per byte: each of the {slices} slices must hold an even number of "
                 f"elements, got {desc.numel // slices}"
             )
-        return cls(desc, reference_only_backend(pref or PlanPreference(), "DeepSpeedQuantizePlan"))
+        backend, device_id = _backend(stream, pref)
+        if device_id is None or desc.numel == 0:
+            return cls(desc, backend, device_id)
+        return cls(desc, backend, device_id, _prepare_quantize(desc, device_id))
 
     def _check(self, args: DeepSpeedQuantizeArgs) -> tuple[Operand, Operand, Operand, Operand | None, float]:
         d = self.descriptor
@@ -259,14 +468,23 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
         y = self._codes(args.output, "output", d.output_bytes)
         p = ops.tensor(args.params_out, "params_out", d.param_shape, ElementKind.F32)
         err, beta = ops.loco(args.error_feedback, args.error_beta, (d.numel,), d.error_element)
+        check_disjoint(("input", x), ("output", y), ("params_out", p), ("error_feedback", err))
         return x, y, p, err, beta
 
     def run(self, stream: Any, workspace: Workspace | None, args: DeepSpeedQuantizeArgs) -> None:
         """Quantize (swizzled) and update the LoCo buffer; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, 0)
+        check_workspace(workspace, self.workspace_size())
         x, y, p, err, beta = self._check(args)
         d = self.descriptor
         if d.numel == 0:
+            return
+        if self._launches is not None:
+
+            def fields(params: Any) -> None:
+                params.x = x.ptr
+                _output_args(params.out, y, p, d.num_bits, d.mode, err, beta)
+
+            self._launch(stream, workspace, (x.ptr, y.ptr) + (() if err is None else (err.ptr,)), fields)
             return
         error = None if err is None or d.error_element is None else host_view(err, d.error_element)
         q, params, new_err = dsref.swizzled_quantize(
@@ -320,6 +538,40 @@ class DeepSpeedDequantizeArgs:
     output: Any
 
 
+def _peer_input(peers: int, peer_bytes: int, peer_groups: int, in_group: int) -> PeerSumArgs:
+    """``PeerSumArgs`` of DeepSpeed-format peers (pointers set per call): summed, not averaged."""
+    return PeerSumArgs(
+        peer_bytes=peer_bytes,
+        peer_params=peer_groups,
+        in_group=in_group,
+        peers=peers,
+        average=0,
+        peers_f=float(np.float32(peers)),
+        in_group_shift=log2_or_minus_one(in_group),
+    )
+
+
+def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``: one peer's
+    float values (``kernels/deepspeed_format.cu``: ``deepspeed_dequantize``)."""
+    info = device_info(device_id)
+    code_kind = _code_kind(desc.num_bits)
+    unit = deepspeed_dequantize_unit(desc.num_bits, desc.output_element)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    tags = (ELEMENTS[code_kind].cpp_tag, ELEMENTS[desc.output_element].cpp_tag)
+    group_size = desc.numel // desc.groups
+    return prepare_float_values(
+        lambda v, vector_io: functions[template_name("deepspeed_dequantize", *tags, v, vector_io)],
+        _DEQUANTIZE_PARAMS,
+        _peer_input(1, desc.input_bytes, desc.groups, group_size),
+        desc.numel,
+        widest_dividing(group_size, _WIDTHS[0]),
+        code_kind,
+        desc.output_element,
+        info,
+    )
+
+
 class DeepSpeedDequantizePlan(_DeepSpeedPlan):
     """DeepSpeed's ``dequantize``: ``x = q * p0`` (SYMMETRIC) or ``x = (q * p0) + p1`` (ASYMMETRIC).
 
@@ -342,8 +594,14 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
     _category = OpCategory.DEQUANTIZE
     _op = QuantizeKind.STATIC
 
-    def __init__(self, desc: DeepSpeedDequantizeDescriptor, backend: BackendKind) -> None:
-        super().__init__(backend, ElementKind.S4 if desc.num_bits == 4 else ElementKind.S8, desc.output_element)
+    def __init__(
+        self,
+        desc: DeepSpeedDequantizeDescriptor,
+        backend: BackendKind,
+        device_id: int | None = None,
+        launches: QgzLaunches | None = None,
+    ) -> None:
+        super().__init__(backend, _code_kind(desc.num_bits), desc.output_element, device_id, launches)
         self.descriptor = desc
 
     @classmethod
@@ -356,13 +614,17 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         check_float_kind(desc.output_element, "output_element")
         if desc.num_bits == 4 and desc.numel % 2:
             raise InvalidProblem(f"4-bit codes pack two per byte: numel must be even, got {desc.numel}")
-        return cls(desc, reference_only_backend(pref or PlanPreference(), "DeepSpeedDequantizePlan"))
+        backend, device_id = _backend(stream, pref)
+        if device_id is None or desc.numel == 0:
+            return cls(desc, backend, device_id)
+        return cls(desc, backend, device_id, _prepare_dequantize(desc, device_id))
 
     def _check(self, args: DeepSpeedDequantizeArgs) -> tuple[Operand, Operand, Operand]:
         d = self.descriptor
         q = self._codes(args.input, "input", d.input_bytes)
         p = self._operands.tensor(args.params, "params", d.param_shape, ElementKind.F32)
         y = self._operands.tensor(args.output, "output", (d.numel,), d.output_element)
+        check_disjoint(("input", q), ("params", p), ("output", y))
         return q, p, y
 
     def run(self, stream: Any, workspace: Workspace | None, args: DeepSpeedDequantizeArgs) -> None:
@@ -371,6 +633,17 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         q, p, y = self._check(args)
         d = self.descriptor
         if d.numel == 0:
+            return
+        if self._launches is not None:
+            asym = d.mode is QuantMode.ASYMMETRIC
+
+            def fields(params: Any) -> None:
+                params.input.q = q.ptr
+                params.input.scale = p.ptr
+                params.input.zp = p.ptr if asym else 0  # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
+                params.y = y.ptr
+
+            self._launch(stream, workspace, (q.ptr, q.ptr, y.ptr), fields)
             return
         values = dsref.dequantize(_bytes(q), host_view(p, ElementKind.F32), d.numel, d.groups, d.num_bits, d.mode)
         write_back(y, d.output_element, values.astype(ELEMENTS[d.output_element].numpy_dtype))
@@ -434,6 +707,51 @@ class DeepSpeedReduceArgs:
     error_beta: Any = None
 
 
+def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+    info = device_info(device_id)
+    code = ELEMENTS[_code_kind(desc.num_bits)]
+    unit = deepspeed_reduce_unit(desc.num_bits, desc.error_element)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    tags = (code.cpp_tag, error_tag(desc.error_element))
+    chunk = desc.chunk_elements
+    peer_groups = desc.in_groups // desc.devices_per_node
+    in_group = chunk // peer_groups
+    kernels = QgzKernels(
+        lambda vec, vector_io: functions[template_name("deepspeed_reduce_segments", *tags, vec, vector_io)],
+        functions[template_name("deepspeed_reduce_group_params", *tags)],
+        functions[template_name("deepspeed_reduce_elements", *tags)],
+        _REDUCE_PARAMS,
+        dict(input=_peer_input(desc.devices_per_node, desc.output_bytes, peer_groups, in_group)),
+    )
+    # Peer codes (base and peer stride), output codes, and the error buffer.
+    bits = [code.storage_bits] * 3
+    if desc.error_element is not None:
+        bits.append(ELEMENTS[desc.error_element].storage_bits)
+    # A vector of codes never crosses an input group: its width divides the input group size.
+    vec_in = widest_dividing(in_group, _WIDTHS[0])
+    out_group = chunk // desc.out_groups
+    geometry = (
+        None
+        if code.is_packed and vec_in < 2
+        else qgz_geometry(desc.out_groups, out_group, code.is_packed, vec_in, info)
+    )
+    q_min, q_max = dsref.code_bounds(desc.num_bits)
+    return prepare_qgz_launches(
+        kernels,
+        geometry,
+        desc.out_groups,
+        out_group,
+        chunk // (2 if code.is_packed else 1),
+        q_min,
+        q_max,
+        desc.mode,
+        bits,
+        info,
+        own_range=True,
+    )
+
+
 class DeepSpeedReducePlan(_DeepSpeedPlan):
     """DeepSpeed's ``quantized_reduction`` / ``loco_quantized_reduction`` formulas.
 
@@ -451,7 +769,10 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
     **Shape limits:** any group sizes; ``in_groups`` divides ``numel`` and is a multiple of
     ``devices_per_node``; ``out_groups`` divides ``numel / devices_per_node``; 4-bit: even chunks.
 
-    **Workspace:** none.
+    **Kernel variants:** as :class:`DeepSpeedQuantizePlan` over the output groups (the peers'
+    codes are read in vectors within one input group).
+
+    **Workspace:** 8 bytes per output group on the CUDA two-pass path, else none.
 
     **Precision guarantee:** float32 dequantization and sum (DeepSpeed sums in fp16), fixed
     order, bit-exact to the reference, deterministic.
@@ -459,9 +780,15 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
 
     _category = OpCategory.COLLECTIVE
 
-    def __init__(self, desc: DeepSpeedReduceDescriptor, backend: BackendKind) -> None:
-        code = ElementKind.S4 if desc.num_bits == 4 else ElementKind.S8
-        super().__init__(backend, code, code)
+    def __init__(
+        self,
+        desc: DeepSpeedReduceDescriptor,
+        backend: BackendKind,
+        device_id: int | None = None,
+        launches: QgzLaunches | None = None,
+    ) -> None:
+        code = _code_kind(desc.num_bits)
+        super().__init__(backend, code, code, device_id, launches, desc.out_groups)
         self.descriptor = desc
 
     @classmethod
@@ -485,7 +812,10 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             )
         if desc.num_bits == 4 and desc.chunk_elements % 2:
             raise InvalidProblem(f"4-bit codes pack two per byte: chunks must be even, got {desc.chunk_elements}")
-        return cls(desc, reference_only_backend(pref or PlanPreference(), "DeepSpeedReducePlan"))
+        backend, device_id = _backend(stream, pref)
+        if device_id is None or desc.numel == 0:
+            return cls(desc, backend, device_id)
+        return cls(desc, backend, device_id, _prepare_reduce(desc, device_id))
 
     def _check(self, args: DeepSpeedReduceArgs) -> tuple[Operand, Operand, Operand, Operand, Operand | None, float]:
         d = self.descriptor
@@ -495,14 +825,28 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         y = self._codes(args.output, "output", d.output_bytes)
         p_out = ops.tensor(args.params_out, "params_out", d.param_shape, ElementKind.F32)
         err, beta = ops.loco(args.error_feedback, args.error_beta, (d.chunk_elements,), d.error_element)
+        check_disjoint(("input", q), ("params", p), ("output", y), ("params_out", p_out), ("error_feedback", err))
         return q, p, y, p_out, err, beta
 
     def run(self, stream: Any, workspace: Workspace | None, args: DeepSpeedReduceArgs) -> None:
         """Reduce and re-quantize; LoCo update; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, 0)
+        check_workspace(workspace, self.workspace_size())
         q, p, y, p_out, err, beta = self._check(args)
         d = self.descriptor
         if d.numel == 0:
+            return
+        if self._launches is not None:
+            asym = d.mode is QuantMode.ASYMMETRIC
+
+            def fields(params: Any) -> None:
+                params.input.q = q.ptr
+                params.input.scale = p.ptr
+                params.input.zp = p.ptr if asym else 0  # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
+                _output_args(params.out, y, p_out, d.num_bits, d.mode, err, beta)
+
+            peer_bytes = _storage_bytes(d.chunk_elements, d.num_bits)
+            pointers = (q.ptr, q.ptr + peer_bytes, y.ptr) + (() if err is None else (err.ptr,))
+            self._launch(stream, workspace, pointers, fields)
             return
         error = None if err is None or d.error_element is None else host_view(err, d.error_element)
         codes, params, new_err = dsref.quantized_reduction(
@@ -550,6 +894,38 @@ class MoQFakeQuantizeArgs:
     rng_offset: Any = None
 
 
+def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+    info = device_info(device_id)
+    unit = moq_fake_quantize_unit(desc.element, desc.stochastic)
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    tag = ELEMENTS[desc.element].cpp_tag
+    group_size = desc.numel // desc.groups
+    kernels = QgzKernels(
+        lambda vec, vector_io: functions[
+            template_name("moq_fake_quantize_segments", tag, desc.stochastic, vec, vector_io)
+        ],
+        functions[template_name("moq_fake_quantize_group_params", tag)],
+        functions[template_name("moq_fake_quantize_elements", tag, desc.stochastic)],
+        _MOQ_PARAMS,
+        {},
+    )
+    bits = [ELEMENTS[desc.element].storage_bits] * 2
+    return prepare_qgz_launches(
+        kernels,
+        qgz_geometry(desc.groups, group_size, False, _WIDTHS[0], info),
+        desc.groups,
+        group_size,
+        desc.numel,
+        0,
+        0,
+        desc.mode,
+        bits,
+        info,
+        own_range=True,
+    )
+
+
 class MoQFakeQuantizePlan(_DeepSpeedPlan):
     """DeepSpeed's MoQ fake quantization (``ds_quantize_*`` / ``ds_sr_quantize_*``), defects fixed.
 
@@ -567,7 +943,10 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
 
     **Shape limits:** any group size (no ~1M-element cap); ``groups`` divides ``numel``.
 
-    **Workspace:** none.
+    **Kernel variants:** as :class:`DeepSpeedQuantizePlan`; ``output`` may be ``input`` (in place).
+    On the CUDA backend ``rng_seed`` / ``rng_offset`` are Python integers.
+
+    **Workspace:** 8 bytes per group on the CUDA two-pass path (groups above 32768 elements), else none.
 
     **Precision guarantee:** float32 arithmetic, bit-exact to the reference, deterministic for a
     given seed and offset.
@@ -575,8 +954,14 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
 
     _category = OpCategory.FAKE_QUANTIZE
 
-    def __init__(self, desc: MoQFakeQuantizeDescriptor, backend: BackendKind) -> None:
-        super().__init__(backend, desc.element, desc.element)
+    def __init__(
+        self,
+        desc: MoQFakeQuantizeDescriptor,
+        backend: BackendKind,
+        device_id: int | None = None,
+        launches: QgzLaunches | None = None,
+    ) -> None:
+        super().__init__(backend, desc.element, desc.element, device_id, launches, desc.groups)
         self.descriptor = desc
 
     @classmethod
@@ -587,7 +972,10 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, tuple(range(1, 9)))
         check_float_kind(desc.element, "element")
-        return cls(desc, reference_only_backend(pref or PlanPreference(), "MoQFakeQuantizePlan"))
+        backend, device_id = _backend(stream, pref)
+        if device_id is None or desc.numel == 0:
+            return cls(desc, backend, device_id)
+        return cls(desc, backend, device_id, _prepare_moq(desc, device_id))
 
     def _check(self, args: MoQFakeQuantizeArgs) -> tuple[Operand, Operand, Any, Any]:
         d = self.descriptor
@@ -599,16 +987,29 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
         if d.stochastic:
             seed = ops._rng_value(args.rng_seed, "rng_seed")
             offset = ops._rng_value(args.rng_offset, "rng_offset")
+            if self._launches is not None and not (isinstance(seed, int) and isinstance(offset, int)):
+                raise InvalidProblem("on the CUDA backend rng_seed / rng_offset are Python integers in [0, 2**64)")
         elif args.rng_seed is not None or args.rng_offset is not None:
             raise InvalidProblem("rng_seed / rng_offset apply only to stochastic plans; leave them None")
+        same_or_disjoint(y, "output", x, "input")
         return x, y, seed, offset
 
     def run(self, stream: Any, workspace: Workspace | None, args: MoQFakeQuantizeArgs) -> None:
         """Fake-quantize; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, 0)
+        check_workspace(workspace, self.workspace_size())
         x, y, seed, offset = self._check(args)
         d = self.descriptor
         if d.numel == 0:
+            return
+        if self._launches is not None:
+
+            def fields(params: Any) -> None:
+                params.x = x.ptr
+                _output_args(params.out, y, None, d.num_bits, d.mode, None, 0.0)
+                params.out.seed = seed or 0
+                params.out.offset = offset or 0
+
+            self._launch(stream, workspace, (x.ptr, y.ptr), fields)
             return
         uniform = reference_uniform((d.numel,), seed, offset) if d.stochastic else None
         values = dsref.moq_fake_quantize(host_view(x, d.element), d.groups, d.num_bits, d.mode, uniform)

@@ -24,7 +24,8 @@ the MoQ fake quantizers ``ds_quantize_fp16`` / ``_fp32``, ``ds_sr_quantize_fp16`
 ``ds_quantize_asym_fp16`` / ``_fp32``, ``ds_sr_quantize_asym_fp16`` / ``_fp32``; the quantization
 type as :class:`QuantizationType` (``Symmetric`` / ``Asymmetric``, also module attributes).
 Each function builds a plan (:mod:`quantplan.compat._deepspeed_plans`, or
-:class:`~quantplan.DequantizePlan` for symmetric dequantization) and runs it.
+:class:`~quantplan.DequantizePlan` for symmetric dequantization) and runs it where its arrays
+live (:mod:`quantplan.compat._arrays`).
 
 Deliberate differences from DeepSpeed (its defects and limits, fixed):
 
@@ -55,9 +56,13 @@ Deliberate differences from DeepSpeed (its defects and limits, fixed):
 9. 4-bit outputs of a tensor whose last dimension is odd (but whose size is even) come back
    flat, ``(numel / 2,)``; ``quantized_reduction`` returns a flat output when the last dimension
    does not split by ``devices_per_node``.
-10. Arrays: NumPy in this release (non-contiguous inputs are copied; LoCo error buffers must be
-    contiguous, since they are updated in place). PyTorch / CuPy tensors raise Unsupported until
-    the CUDA kernels land.
+10. Arrays: PyTorch CUDA tensors and CuPy arrays run on the CUDA kernels
+    (``kernels/deepspeed_format.cu``) on their library's current stream, outputs allocated on
+    the same device; NumPy arrays run on the reference backend, with the same bits. The arrays
+    of one call come from one library and one device; PyTorch CPU tensors raise Unsupported.
+    Non-contiguous inputs are copied; LoCo error buffers must be contiguous (updated in place).
+    Plans are selected once per problem and cached (:func:`clear_plan_cache`); groups above
+    32768 elements take a two-pass kernel path with a small workspace allocated per call.
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ import numpy as np
 
 from ..errors import InvalidProblem, MisalignedOperand, Unsupported
 from ..quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
-from ..types import BackendKind, ElementKind, GroupScope, NibbleOrder, PlanPreference, QuantMode
+from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode
 from . import _deepspeed_reference as dsref
+from ._arrays import ArrayTarget, clear_plan_cache, dtype_name
 from ._deepspeed_plans import (
     DeepSpeedDequantizeArgs,
     DeepSpeedDequantizeDescriptor,
@@ -98,7 +104,6 @@ class QuantizationType(enum.IntEnum):
 Symmetric = QuantizationType.Symmetric
 Asymmetric = QuantizationType.Asymmetric
 
-_REFERENCE = PlanPreference(backend=BackendKind.REFERENCE)
 _FLOAT_DTYPES = {"float16": ElementKind.F16, "bfloat16": ElementKind.BF16, "float32": ElementKind.F32}
 _SR_STATE: dict[str, int] = {"seed": int(np.random.default_rng().integers(0, 2**63)), "offset": 0}
 
@@ -124,67 +129,60 @@ def _mode(quant_type: Any) -> QuantMode:
     )
 
 
-def _host(*arrays: Any) -> PlanPreference:
-    for a in arrays:
-        if a is not None and not isinstance(a, np.ndarray):
-            raise Unsupported(
-                f"quantplan.compat.deepspeed takes NumPy arrays in this release, got {type(a).__name__}; "
-                f"device tensors arrive with the CUDA kernels (not yet implemented)"
-            )
-    return _REFERENCE
-
-
-def _float_input(x: Any, name: str) -> tuple[np.ndarray, ElementKind]:
-    _host(x)
-    arr = np.ascontiguousarray(x)
-    kind = _FLOAT_DTYPES.get(arr.dtype.name)
+def _float_input(target: ArrayTarget, x: Any, name: str) -> tuple[Any, ElementKind]:
+    kind = _FLOAT_DTYPES.get(dtype_name(x, name))
     if kind is None:
-        if arr.dtype == np.float64:
+        if dtype_name(x, name) == "float64":
             raise Unsupported(f"{name} is float64; DeepSpeed's quantizer takes float16, bfloat16 or float32")
-        raise InvalidProblem(f"{name} has dtype {arr.dtype}; pass float16, bfloat16 or float32")
-    return arr, kind
+        raise InvalidProblem(f"{name} has dtype {dtype_name(x, name)}; pass float16, bfloat16 or float32")
+    return target.contiguous(x), kind
 
 
-def _codes_input(q: Any, name: str) -> np.ndarray:
-    _host(q)
-    arr = np.ascontiguousarray(q)
-    if arr.dtype not in (np.int8, np.uint8):
-        raise InvalidProblem(f"{name} has dtype {arr.dtype}; DeepSpeed's codes are int8 (uint8 accepted)")
-    return arr
+def _codes_input(target: ArrayTarget, q: Any, name: str) -> Any:
+    if dtype_name(q, name) not in ("int8", "uint8"):
+        raise InvalidProblem(f"{name} has dtype {dtype_name(q, name)}; DeepSpeed's codes are int8 (uint8 accepted)")
+    return target.contiguous(q)
 
 
-def _params_input(params: Any, groups: int, mode: QuantMode, name: str) -> np.ndarray:
-    _host(params)
-    arr = np.ascontiguousarray(params)
+def _params_input(target: ArrayTarget, params: Any, groups: int, mode: QuantMode, name: str) -> Any:
     k = dsref.params_per_group(mode)
-    if arr.dtype != np.float32:
-        raise InvalidProblem(f"{name} has dtype {arr.dtype}; DeepSpeed's parameters are float32")
-    if arr.size != groups * k:
+    if dtype_name(params, name) != "float32":
+        raise InvalidProblem(f"{name} has dtype {dtype_name(params, name)}; DeepSpeed's parameters are float32")
+    size = int(np.prod(tuple(params.shape)))
+    if size != groups * k:
         raise InvalidProblem(
-            f"{name} has {arr.size} values ({arr.shape}); {mode.value} parameters of {groups} groups are "
+            f"{name} has {size} values ({tuple(params.shape)}); {mode.value} parameters of {groups} groups are "
             f"[groups, {k}] = {groups * k} values"
         )
-    return arr.reshape(groups, k)
+    return target.contiguous(params).reshape(groups, k)
 
 
-def _error_buffer(error: Any, numel: int) -> tuple[np.ndarray, ElementKind]:
-    _host(error)
-    if not isinstance(error, np.ndarray) or error.size != numel:
-        size = getattr(error, "size", None)
+def _error_buffer(target: ArrayTarget, error: Any, numel: int) -> tuple[Any, ElementKind]:
+    size = int(np.prod(tuple(error.shape))) if hasattr(error, "shape") else None
+    if size != numel:
         raise InvalidProblem(f"error_feedback must be an array of {numel} elements, got {size}")
-    if not error.flags.c_contiguous:
+    if not target.is_contiguous(error):
         raise MisalignedOperand("error_feedback must be C-contiguous: it is updated in place")
-    kind = _FLOAT_DTYPES.get(error.dtype.name)
+    kind = _FLOAT_DTYPES.get(dtype_name(error, "error_feedback"))
     if kind is None:
-        raise InvalidProblem(f"error_feedback has dtype {error.dtype}; pass float16, bfloat16 or float32")
+        raise InvalidProblem(
+            f"error_feedback has dtype {dtype_name(error, 'error_feedback')}; pass float16, bfloat16 or float32"
+        )
     return error.reshape(-1), kind
 
 
-def _empty_params(groups: int, mode: QuantMode) -> np.ndarray:
-    """Parameters of empty groups: ``1 / scale = 1`` and offset 0 (what a run of zero elements leaves)."""
-    params = np.zeros((groups, dsref.params_per_group(mode)), np.float32)
-    params[:, 0] = 1.0
+def _params_output(target: ArrayTarget, groups: int, mode: QuantMode, numel: int) -> Any:
+    """The float32 ``[groups, 1|2]`` parameter output; a problem of zero elements leaves the
+    parameters of empty groups, ``1 / scale = 1`` and offset 0."""
+    params = target.empty((groups, dsref.params_per_group(mode)), "float32")
+    if numel == 0:
+        params[...] = 0
+        params[:, 0] = 1
     return params
+
+
+def _numel(a: Any) -> int:
+    return int(np.prod(tuple(a.shape)))
 
 
 def _packed_shape(shape: tuple[int, ...], bits: int, numel: int) -> tuple[int, ...]:
@@ -209,12 +207,14 @@ def _quantize(
     pipeline_size: int = 1,
     error_feedback: Any = None,
     err_beta: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    x, kind = _float_input(input_vals, "input_vals")
+) -> tuple[Any, Any]:
+    target = ArrayTarget.of(input_vals, error_feedback)
+    x, kind = _float_input(target, input_vals, "input_vals")
     mode = _mode(quant_type)
-    error, error_kind = (None, None) if error_feedback is None else _error_buffer(error_feedback, x.size)
+    numel = _numel(x)
+    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target, error_feedback, numel)
     desc = DeepSpeedQuantizeDescriptor(
-        numel=x.size,
+        numel=numel,
         groups=groups,
         num_bits=num_bits,
         mode=mode,
@@ -224,14 +224,14 @@ def _quantize(
         pipeline=pipeline_size,
         error_element=error_kind,
     )
-    plan = DeepSpeedQuantizePlan.select(None, desc, _REFERENCE)
-    out = np.zeros(desc.output_bytes, np.int8)
-    params = _empty_params(groups, mode)
-    plan.run(None, None, DeepSpeedQuantizeArgs(x.reshape(-1), out, params, error, err_beta))
+    plan = target.plan(DeepSpeedQuantizePlan, desc)
+    out = target.empty((desc.output_bytes,), "int8")
+    params = _params_output(target, groups, mode, numel)
+    target.run(plan, DeepSpeedQuantizeArgs(x.reshape(-1), out, params, error, err_beta))
     return out, params
 
 
-def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tuple[np.ndarray, np.ndarray]:
+def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tuple[Any, Any]:
     """DeepSpeed ``quantize(input_vals, groups, num_bits, quant_type) -> (q, params)``.
 
     Formula: per group, symmetric ``q = clamp(rne(x * 2**b / (2 * absmax)), -2**(b-1), 2**(b-1) - 1)``,
@@ -241,17 +241,22 @@ def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tu
     **When to use:** qwZ weight quantization (int8 symmetric, ~8000 elements per group) or any
     DeepSpeed-format group quantization; pair with :func:`dequantize`.
 
-    **Dtypes:** input float16 / bfloat16 / float32; ``q`` int8 (4 bits: two signed nibbles per
-    byte, high first); ``params`` float32 ``[groups, 1|2]``.
+    **Dtypes:** input float16 / bfloat16 / float32 (NumPy, CuPy or PyTorch CUDA); ``q`` int8 (4
+    bits: two signed nibbles per byte, high first); ``params`` float32 ``[groups, 1|2]``; both
+    of the input's library and device.
 
     **Shape limits:** ``groups`` divides ``numel`` (any group size); 4 bits: even ``numel``.
     ``q`` keeps the input's shape, last dimension halved for 4 bits (flat if that is odd).
 
-    **Precision guarantee:** float32 arithmetic, deterministic (see the module's differences).
+    **Workspace:** none to pass; groups above 32768 elements use 8 bytes per group, allocated
+    on the input's device.
+
+    **Precision guarantee:** float32 arithmetic, deterministic, the same bits on every backend
+    (see the module's differences).
     """
     q, params = _quantize(input_vals, groups, num_bits, quant_type)
-    shape = np.shape(input_vals)
-    return q.reshape(_packed_shape(tuple(shape), num_bits, int(np.prod(shape)))), params
+    shape = tuple(input_vals.shape)
+    return q.reshape(_packed_shape(shape, num_bits, int(np.prod(shape)))), params
 
 
 def swizzle_quant(
@@ -262,7 +267,7 @@ def swizzle_quant(
     pipeline_size: int,
     nodes: int,
     devices_per_node: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Any, Any]:
     """DeepSpeed ``swizzle_quant(input_vals, groups, num_bits, quant_type, pipeline_size, nodes,
     devices_per_node) -> (q, params)`` (ZeRO++ qgZ, first step).
 
@@ -293,7 +298,7 @@ def loco_swizzle_quant(
     pipeline_size: int,
     nodes: int,
     devices_per_node: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Any, Any]:
     """DeepSpeed ``loco_swizzle_quant(input_vals, error_feedback, err_beta, groups, num_bits,
     quant_type, pipeline_size, nodes, devices_per_node) -> (q, params)``.
 
@@ -317,46 +322,43 @@ def loco_swizzle_quant(
 # ---- dequantize --------------------------------------------------------------------------------------
 
 
-def _dequantize(
-    quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any, out: ElementKind
-) -> np.ndarray:
-    q = _codes_input(quantized_data, "quantized_data")
+def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any, out: ElementKind) -> Any:
+    target = ArrayTarget.of(quantized_data, params)
+    q = _codes_input(target, quantized_data, "quantized_data")
     mode = _mode(quant_type)
-    p = _params_input(params, groups, mode, "params")
+    p = _params_input(target, params, groups, mode, "params")
     if num_bits not in (4, 8):
         raise InvalidProblem(f"num_bits={num_bits!r}: dequantize takes 8 or 4 bits")
     per_byte = 8 // num_bits
-    shape = q.shape if per_byte == 1 else (*q.shape[:-1], q.shape[-1] * 2) if q.shape else (2,)
-    numel = q.size * per_byte
-    dtype = np.float16 if out is ElementKind.F16 else np.float32
-    y = np.zeros(numel, dtype)
+    qshape = tuple(q.shape)
+    shape = qshape if per_byte == 1 else (*qshape[:-1], qshape[-1] * 2) if qshape else (2,)
+    numel = _numel(q) * per_byte
+    y = target.empty((numel,), "float16" if out is ElementKind.F16 else "float32")
     if numel == 0:
         return y.reshape(shape)
     if numel % groups:
         raise InvalidProblem(f"{numel} codes do not split into {groups} equal groups")
     if mode is QuantMode.SYMMETRIC:
         # x = q * (1/scale): DequantizePlan's (q - 0) * scale with the stored 1/scale as its scale.
-        code = ElementKind.S4 if num_bits == 4 else ElementKind.S8
         desc = DequantizeDescriptor(
             shape=(numel,),
             scope=GroupScope(axis=-1, group_size=numel // groups),
             mode=QuantMode.SYMMETRIC,
-            input_element=code,
+            input_element=ElementKind.S4 if num_bits == 4 else ElementKind.S8,
             output_element=out,
             nibble_order=NibbleOrder.HIGH_FIRST,
         )
-        codes = q.reshape(-1).view(np.uint8 if num_bits == 4 else np.int8)
-        DequantizePlan.select(None, desc, _REFERENCE).run(None, None, DequantizeArgs(codes, y, p.reshape(groups)))
+        codes = target.view(q.reshape(-1), "uint8" if num_bits == 4 else "int8")
+        target.run(target.plan(DequantizePlan, desc), DequantizeArgs(codes, y, p.reshape(groups)))
     else:
         ds_desc = DeepSpeedDequantizeDescriptor(
             numel=numel, groups=groups, num_bits=num_bits, mode=mode, output_element=out
         )
-        plan = DeepSpeedDequantizePlan.select(None, ds_desc, _REFERENCE)
-        plan.run(None, None, DeepSpeedDequantizeArgs(q.reshape(-1), p, y))
+        target.run(target.plan(DeepSpeedDequantizePlan, ds_desc), DeepSpeedDequantizeArgs(q.reshape(-1), p, y))
     return y.reshape(shape)
 
 
-def dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any) -> np.ndarray:
+def dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any) -> Any:
     """DeepSpeed ``dequantize(quantized_data, params, groups, num_bits, quant_type) -> float16``.
 
     Formula: ``x = q * p0`` (symmetric, run on :class:`~quantplan.DequantizePlan`) or
@@ -376,7 +378,7 @@ def dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qua
     return _dequantize(quantized_data, params, groups, num_bits, quant_type, ElementKind.F16)
 
 
-def dequantize_fp32(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any) -> np.ndarray:
+def dequantize_fp32(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any) -> Any:
     """DeepSpeed ``dequantize_fp32``: :func:`dequantize` with a float32 result (no final rounding).
 
     **Dtypes / Shape limits / Precision guarantee:** as :func:`dequantize`, output float32.
@@ -397,18 +399,19 @@ def _reduce(
     devices_per_node: int,
     error_feedback: Any = None,
     err_beta: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    q = _codes_input(input_vals, "input_vals")
+) -> tuple[Any, Any]:
+    target = ArrayTarget.of(input_vals, input_scales, error_feedback)
+    q = _codes_input(target, input_vals, "input_vals")
     mode = _mode(quant_type)
-    p = _params_input(input_scales, in_groups, mode, "input_scales")
+    p = _params_input(target, input_scales, in_groups, mode, "input_scales")
     if num_bits not in (4, 8):
         raise InvalidProblem(f"num_bits={num_bits!r}: quantized_reduction takes 8 or 4 bits")
-    numel = q.size * (8 // num_bits)
+    numel = _numel(q) * (8 // num_bits)
     if isinstance(devices_per_node, int) and devices_per_node >= 1:
         chunk = numel // devices_per_node
     else:
         chunk = 0  # select reports the bad devices_per_node
-    error, error_kind = (None, None) if error_feedback is None else _error_buffer(error_feedback, chunk)
+    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target, error_feedback, chunk)
     desc = DeepSpeedReduceDescriptor(
         numel=numel,
         in_groups=in_groups,
@@ -418,11 +421,11 @@ def _reduce(
         devices_per_node=devices_per_node,
         error_element=error_kind,
     )
-    plan = DeepSpeedReducePlan.select(None, desc, _REFERENCE)
-    out = np.zeros(desc.output_bytes, np.int8)
-    params = _empty_params(out_groups, mode)
-    plan.run(None, None, DeepSpeedReduceArgs(q.reshape(-1), p, out, params, error, err_beta))
-    shape = q.shape
+    plan = target.plan(DeepSpeedReducePlan, desc)
+    out = target.empty((desc.output_bytes,), "int8")
+    params = _params_output(target, out_groups, mode, numel)
+    target.run(plan, DeepSpeedReduceArgs(q.reshape(-1), p, out, params, error, err_beta))
+    shape = tuple(q.shape)
     if shape and shape[-1] % devices_per_node == 0:
         return out.reshape(*shape[:-1], shape[-1] // devices_per_node), params
     return out, params
@@ -436,7 +439,7 @@ def quantized_reduction(
     num_bits: int,
     quant_type: Any,
     devices_per_node: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Any, Any]:
     """DeepSpeed ``quantized_reduction(input_vals, input_scales, in_groups, out_groups, num_bits,
     quant_type, devices_per_node) -> (q, params)`` (ZeRO++ qgZ, after the intra-node all-to-all).
 
@@ -471,7 +474,7 @@ def loco_quantized_reduction(
     num_bits: int,
     quant_type: Any,
     devices_per_node: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Any, Any]:
     """DeepSpeed ``loco_quantized_reduction(input_vals, input_scales, error_feedback, err_beta,
     in_groups, out_groups, num_bits, quant_type, devices_per_node) -> (q, params)``.
 
@@ -505,16 +508,14 @@ def loco_quantized_reduction(
 def _moq(
     vals: Any, groups: int, bits: int, mode: QuantMode, stochastic: bool, rng_seed: int | None, rng_offset: int | None
 ) -> Any:
-    _host(vals)
-    if not isinstance(vals, np.ndarray):
-        raise InvalidProblem(f"vals must be a NumPy array, got {type(vals).__name__}")
-    kind = _FLOAT_DTYPES.get(vals.dtype.name)
+    target = ArrayTarget.of(vals)
+    kind = _FLOAT_DTYPES.get(dtype_name(vals, "vals"))
     if kind is None:
-        raise InvalidProblem(f"vals has dtype {vals.dtype}; pass float16, bfloat16 or float32")
+        raise InvalidProblem(f"vals has dtype {dtype_name(vals, 'vals')}; pass float16, bfloat16 or float32")
     desc = MoQFakeQuantizeDescriptor(
-        numel=vals.size, groups=groups, num_bits=bits, mode=mode, stochastic=stochastic, element=kind
+        numel=_numel(vals), groups=groups, num_bits=bits, mode=mode, stochastic=stochastic, element=kind
     )
-    plan = MoQFakeQuantizePlan.select(None, desc, _REFERENCE)
+    plan = target.plan(MoQFakeQuantizePlan, desc)
     seed: int | None = None
     offset: int | None = None
     if stochastic:
@@ -523,13 +524,14 @@ def _moq(
             _SR_STATE["offset"] = (offset + 1) % 2**64
         else:
             seed, offset = rng_seed, rng_offset or 0
-    if vals.flags.c_contiguous:
+    if target.is_contiguous(vals):
         flat = vals.reshape(-1)
-        plan.run(None, None, MoQFakeQuantizeArgs(flat, flat, seed, offset))
+        target.run(plan, MoQFakeQuantizeArgs(flat, flat, seed, offset))
     else:
-        work = np.ascontiguousarray(vals).reshape(-1)
-        plan.run(None, None, MoQFakeQuantizeArgs(work, work, seed, offset))
-        np.copyto(vals, work.reshape(vals.shape))
+        work = target.contiguous(vals)
+        flat = work.reshape(-1)
+        target.run(plan, MoQFakeQuantizeArgs(flat, flat, seed, offset))
+        target.copy_into(vals, work)
     return vals
 
 
@@ -599,6 +601,7 @@ __all__ = [
     "Asymmetric",
     "QuantizationType",
     "Symmetric",
+    "clear_plan_cache",
     "dequantize",
     "dequantize_fp32",
     "ds_quantize_asym_fp16",
