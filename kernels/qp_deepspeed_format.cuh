@@ -55,7 +55,6 @@ template <class Scan, class Out, class Err, int VEC, bool VECTOR_IO>
 struct DeepSpeedCodeSink {
   typedef VectorQuantizer<Scan, Out, VEC, true> VQ;  // storage only: signed codes, high nibble first
   typedef typename VQ::vector_t vector_t;
-  typedef typename ErrorStorage<Err>::type err_t;
   typedef DeepSpeedParam param_t;
   static const bool loco = ErrorStorage<Err>::loco;
   DeepSpeedOutputArgs o;
@@ -107,46 +106,40 @@ struct DeepSpeedCodeSink {
     return deepspeed_clamped_code(__fmul_rn(o.asym ? __fsub_rn(v, p.offset) : v, p.mult), q_lo(), q_hi());
   }
 
-  __device__ __forceinline__ float error_update(float e, float v, int code, const param_t& p) const {
-    float d = __fmul_rn((float)code, p.inv);
-    if (o.asym) d = __fadd_rn(d, p.offset);
-    return loco_error_update(o.beta, o.one_minus_beta, e, __fsub_rn(v, d));
+  // DeepSpeed's dequantization: q * (1 / mult) (+ offset).
+  __device__ __forceinline__ float dequantized(int code, const param_t& p) const {
+    const float d = __fmul_rn((float)code, p.inv);
+    return o.asym ? __fadd_rn(d, p.offset) : d;
   }
 
   __device__ __forceinline__ void vector(i64 src, i64 out, const vector_t& v, const param_t& p, int valid) const {
     int codes[VEC];
+    float vf[VEC];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) codes[k] = code(FloatElement<Scan>::to_acc(v.v[k]), p);
+    for (int k = 0; k < VEC; ++k) {
+      vf[k] = FloatElement<Scan>::to_acc(v.v[k]);
+      codes[k] = code(vf[k], p);
+    }
     VQ::template store<VECTOR_IO>(o.q + (VQ::packed ? out / 2 : out), valid, codes);
     if constexpr (loco) {
-      err_t* e = reinterpret_cast<err_t*>(o.error) + src;
-      ElementVector<err_t, VEC> ev;
-      ev.template load<VECTOR_IO>(e, valid);
-      float ne[VEC];
+      float d[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        ne[k] = error_update(FloatElement<Err>::to_acc(ev.v[k]), FloatElement<Scan>::to_acc(v.v[k]), codes[k], p);
-      const ElementVector<err_t, VEC> nv = vector_from_acc<Err, VEC>(ne);
-      nv.template store<VECTOR_IO>(e, valid);
+      for (int k = 0; k < VEC; ++k) d[k] = dequantized(codes[k], p);
+      loco_update<Err, VEC, VECTOR_IO>(o.error, src, valid, o.beta, o.one_minus_beta, vf, d);
     }
   }
 
   template <int U>
   __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
     int codes[U];
+    float d[U];
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       codes[k] = code(v[k], p[k]);
-      if constexpr (loco) {
-        err_t* e = reinterpret_cast<err_t*>(o.error) + i + k;
-        *e = FloatElement<Err>::from_acc(error_update(FloatElement<Err>::to_acc(*e), v[k], codes[k], p[k]));
-      }
+      d[k] = dequantized(codes[k], p[k]);
     }
-    if constexpr (U == 2) {
-      o.q[out / 2] = pack_nibbles<true>(codes[0], codes[1]);
-    } else {
-      o.q[out] = (u8)codes[0];
-    }
+    if constexpr (loco) loco_update<Err, U, false>(o.error, i, U, o.beta, o.one_minus_beta, v, d);
+    store_code_unit<U, true>(o.q, out, codes);
   }
 };
 

@@ -229,9 +229,32 @@ struct QgzOutputArgs {
   float beta, one_minus_beta;
 };
 
-// LoCo: e' = (b * e) + (c * r), r = v - dequant(q), each operation rounded once in float32.
-__device__ __forceinline__ float loco_error_update(float b, float c, float e, float r) {
-  return __fadd_rn(__fmul_rn(b, e), __fmul_rn(c, r));
+// LoCo over N consecutive elements of the error buffer (Err elements at error + i):
+// e' = (b * e) + (c * (v - d)), d the dequantized codes, each operation rounded once in float32,
+// e' rounded once to Err. Shared by every code sink (their dequantization formulas differ).
+template <class Err, int N, bool VECTOR_IO>
+__device__ __forceinline__ void loco_update(void* error, i64 i, int valid, float b, float c, const float (&v)[N],
+                                            const float (&d)[N]) {
+  typedef typename FloatElement<Err>::storage err_t;
+  err_t* e = reinterpret_cast<err_t*>(error) + i;
+  ElementVector<err_t, N> ev;
+  ev.template load<VECTOR_IO>(e, valid);
+  float ne[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+    ne[k] = __fadd_rn(__fmul_rn(b, FloatElement<Err>::to_acc(ev.v[k])), __fmul_rn(c, __fsub_rn(v[k], d[k])));
+  const ElementVector<err_t, N> nv = vector_from_acc<Err, N>(ne);
+  nv.template store<VECTOR_IO>(e, valid);
+}
+
+// U codes of the element loop written as one byte at output element `out` (U = 2: a 4-bit pair).
+template <int U, bool HIGH_FIRST>
+__device__ __forceinline__ void store_code_unit(u8* q, i64 out, const int (&codes)[U]) {
+  if constexpr (U == 2) {
+    q[out / 2] = pack_nibbles<HIGH_FIRST>(codes[0], codes[1]);
+  } else {
+    q[out] = (u8)codes[0];
+  }
 }
 
 // SPEC section 4's group formula (segment_params) and code storage; lay.mode 0 / 1.
@@ -239,7 +262,6 @@ template <class Scan, class Out, class Err, int VEC, bool VECTOR_IO, bool HIGH_F
 struct QgzCodeSink {
   typedef VectorQuantizer<Scan, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::vector_t vector_t;
-  typedef typename ErrorStorage<Err>::type err_t;
   typedef IntQuantParam<float> param_t;
   static const bool loco = ErrorStorage<Err>::loco;
   QgzOutputArgs o;
@@ -267,28 +289,21 @@ struct QgzCodeSink {
     return p;
   }
 
-  // e' = (b * e) + (c * (v - (q - zp) * scale)).
-  __device__ __forceinline__ float error_update(float e, float v, int code, const DequantParam<float>& dp) const {
-    return loco_error_update(o.beta, o.one_minus_beta, e, __fsub_rn(v, dequantized_code(code, dp)));
-  }
-
   // The VEC source elements at src (one group: one parameter), written at output element out.
-  __device__ __forceinline__ void vector(i64 src, i64 out, const vector_t& v, const IntQuantParam<float>& p,
-                                         int valid) const {
+  __device__ __forceinline__ void vector(i64 src, i64 out, const vector_t& v, const param_t& p, int valid) const {
     int codes[VEC];
     VQ::codes(v, p, q_min, q_max, false, codes);
     VQ::template store<VECTOR_IO>(o.q + (VQ::packed ? out / 2 : out), valid, codes);
     if constexpr (loco) {
       DequantParam<float> dp;
       dp.set(p.scale, p.zp);
-      err_t* e = reinterpret_cast<err_t*>(o.error) + src;
-      ElementVector<err_t, VEC> ev;
-      ev.template load<VECTOR_IO>(e, valid);
-      float ne[VEC];
+      float vf[VEC], d[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) ne[k] = error_update(FloatElement<Err>::to_acc(ev.v[k]), v.v[k], codes[k], dp);
-      const ElementVector<err_t, VEC> nv = vector_from_acc<Err, VEC>(ne);
-      nv.template store<VECTOR_IO>(e, valid);
+      for (int k = 0; k < VEC; ++k) {
+        vf[k] = FloatElement<Scan>::to_acc(v.v[k]);
+        d[k] = dequantized_code(codes[k], dp);
+      }
+      loco_update<Err, VEC, VECTOR_IO>(o.error, src, valid, o.beta, o.one_minus_beta, vf, d);
     }
   }
 
@@ -297,21 +312,16 @@ struct QgzCodeSink {
   template <int U>
   __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
     int codes[U];
+    float d[U];
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       codes[k] = VQ::code(v[k], p[k], q_min, q_max, false);
-      if constexpr (loco) {
-        DequantParam<float> dp;
-        dp.set(p[k].scale, p[k].zp);
-        err_t* e = reinterpret_cast<err_t*>(o.error) + i + k;
-        *e = FloatElement<Err>::from_acc(error_update(FloatElement<Err>::to_acc(*e), v[k], codes[k], dp));
-      }
+      DequantParam<float> dp;
+      dp.set(p[k].scale, p[k].zp);
+      d[k] = dequantized_code(codes[k], dp);
     }
-    if constexpr (U == 2) {
-      o.q[out / 2] = pack_nibbles<HIGH_FIRST>(codes[0], codes[1]);
-    } else {
-      o.q[out] = (u8)codes[0];
-    }
+    if constexpr (loco) loco_update<Err, U, false>(o.error, i, U, o.beta, o.one_minus_beta, v, d);
+    store_code_unit<U, HIGH_FIRST>(o.q, out, codes);
   }
 };
 
