@@ -49,6 +49,15 @@ class _TorchWorkspace(Workspace):
 
 
 @dataclass(frozen=True)
+class DeviceStream:
+    """A raw ``cudaStream_t`` and the device it belongs to, in the form the plans read
+    (``cuda_stream`` for the handle, ``device_id`` for ``select``)."""
+
+    cuda_stream: int
+    device_id: int
+
+
+@dataclass(frozen=True)
 class ArrayTarget:
     """The library (``numpy`` / ``cupy`` / ``torch``), device and stream of one call."""
 
@@ -87,8 +96,11 @@ class ArrayTarget:
             return cls("torch", device, torch.cuda.current_stream(torch_device), torch_device)
         import cupy
 
+        # The current stream of the array's device with its device id (CuPy's null stream reports
+        # none, and the plans pick their device from the stream).
         with cupy.cuda.Device(device):
-            return cls("cupy", device, cupy.cuda.get_current_stream())
+            handle = int(cupy.cuda.get_current_stream().ptr)
+        return cls("cupy", device, DeviceStream(handle, device))
 
     @property
     def preference(self) -> PlanPreference:
@@ -177,4 +189,4 @@ def clear_plan_cache() -> None:
     _PLANS.clear()
 
 
-__all__ = ["PLAN_CACHE_SIZE", "ArrayTarget", "clear_plan_cache", "dtype_name"]
+__all__ = ["PLAN_CACHE_SIZE", "ArrayTarget", "DeviceStream", "clear_plan_cache", "dtype_name"]
