@@ -313,6 +313,27 @@ def _bytes(op: Operand) -> np.ndarray:
     return np.asarray(op.obj).view(np.uint8)
 
 
+def _error_view(err: Operand | None, kind: ElementKind | None) -> np.ndarray | None:
+    """The host LoCo buffer in its storage dtype, or None without error feedback."""
+    return None if err is None or kind is None else host_view(err, kind)
+
+
+def _write_reference_outputs(
+    y: Operand,
+    codes: np.ndarray,
+    p_out: Operand,
+    params: np.ndarray,
+    err: Operand | None,
+    new_err: np.ndarray | None,
+    error_kind: ElementKind | None,
+) -> None:
+    """Copy a reference result (codes, parameter rows, the LoCo buffer) into the host operands."""
+    np.copyto(_bytes(y), codes, casting="no")
+    write_back(p_out, ElementKind.F32, params)
+    if err is not None and new_err is not None and error_kind is not None:
+        write_back(err, error_kind, new_err)
+
+
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
@@ -486,7 +507,6 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
 
             self._launch(stream, workspace, (x.ptr, y.ptr) + (() if err is None else (err.ptr,)), fields)
             return
-        error = None if err is None or d.error_element is None else host_view(err, d.error_element)
         q, params, new_err = dsref.swizzled_quantize(
             host_view(x, d.input_element),
             d.groups,
@@ -495,13 +515,10 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
             d.nodes,
             d.devices_per_node,
             d.pipeline,
-            error,
+            _error_view(err, d.error_element),
             beta,
         )
-        np.copyto(_bytes(y), q, casting="no")
-        write_back(p, ElementKind.F32, params)
-        if err is not None and new_err is not None and d.error_element is not None:
-            write_back(err, d.error_element, new_err)
+        _write_reference_outputs(y, q, p, params, err, new_err, d.error_element)
 
 
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
@@ -848,7 +865,6 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             pointers = (q.ptr, q.ptr + peer_bytes, y.ptr) + (() if err is None else (err.ptr,))
             self._launch(stream, workspace, pointers, fields)
             return
-        error = None if err is None or d.error_element is None else host_view(err, d.error_element)
         codes, params, new_err = dsref.quantized_reduction(
             _bytes(q),
             host_view(p, ElementKind.F32),
@@ -858,13 +874,10 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             d.num_bits,
             d.mode,
             d.devices_per_node,
-            error,
+            _error_view(err, d.error_element),
             beta,
         )
-        np.copyto(_bytes(y), codes, casting="no")
-        write_back(p_out, ElementKind.F32, params)
-        if err is not None and new_err is not None and d.error_element is not None:
-            write_back(err, d.error_element, new_err)
+        _write_reference_outputs(y, codes, p_out, params, err, new_err, d.error_element)
 
 
 # ---- MoQ fake quantization -----------------------------------------------------------------------

@@ -130,24 +130,27 @@ def _mode(quant_type: Any) -> QuantMode:
 
 
 def _float_input(target: ArrayTarget, x: Any, name: str) -> tuple[Any, ElementKind]:
-    kind = _FLOAT_DTYPES.get(dtype_name(x, name))
+    dtype = dtype_name(x, name)
+    kind = _FLOAT_DTYPES.get(dtype)
     if kind is None:
-        if dtype_name(x, name) == "float64":
+        if dtype == "float64":
             raise Unsupported(f"{name} is float64; DeepSpeed's quantizer takes float16, bfloat16 or float32")
-        raise InvalidProblem(f"{name} has dtype {dtype_name(x, name)}; pass float16, bfloat16 or float32")
+        raise InvalidProblem(f"{name} has dtype {dtype}; pass float16, bfloat16 or float32")
     return target.contiguous(x), kind
 
 
 def _codes_input(target: ArrayTarget, q: Any, name: str) -> Any:
-    if dtype_name(q, name) not in ("int8", "uint8"):
-        raise InvalidProblem(f"{name} has dtype {dtype_name(q, name)}; DeepSpeed's codes are int8 (uint8 accepted)")
+    dtype = dtype_name(q, name)
+    if dtype not in ("int8", "uint8"):
+        raise InvalidProblem(f"{name} has dtype {dtype}; DeepSpeed's codes are int8 (uint8 accepted)")
     return target.contiguous(q)
 
 
 def _params_input(target: ArrayTarget, params: Any, groups: int, mode: QuantMode, name: str) -> Any:
     k = dsref.params_per_group(mode)
-    if dtype_name(params, name) != "float32":
-        raise InvalidProblem(f"{name} has dtype {dtype_name(params, name)}; DeepSpeed's parameters are float32")
+    dtype = dtype_name(params, name)
+    if dtype != "float32":
+        raise InvalidProblem(f"{name} has dtype {dtype}; DeepSpeed's parameters are float32")
     size = int(np.prod(tuple(params.shape)))
     if size != groups * k:
         raise InvalidProblem(
@@ -169,6 +172,19 @@ def _error_buffer(target: ArrayTarget, error: Any, numel: int) -> tuple[Any, Ele
             f"error_feedback has dtype {dtype_name(error, 'error_feedback')}; pass float16, bfloat16 or float32"
         )
     return error.reshape(-1), kind
+
+
+def _run_coded(
+    target: ArrayTarget, plan_cls: Any, desc: Any, groups: int, numel: int, args: Callable[..., Any]
+) -> tuple[Any, Any]:
+    """Select (cached) and run a plan writing codes and parameter rows: allocates the flat int8
+    codes (``desc.output_bytes``) and the ``[groups, 1|2]`` rows, ``args(codes, params)`` builds
+    the plan's arguments; returns ``(codes, params)``."""
+    plan = target.plan(plan_cls, desc)
+    out = target.empty((desc.output_bytes,), "int8")
+    params = _params_output(target, groups, desc.mode, numel)
+    target.run(plan, args(out, params))
+    return out, params
 
 
 def _params_output(target: ArrayTarget, groups: int, mode: QuantMode, numel: int) -> Any:
@@ -224,11 +240,14 @@ def _quantize(
         pipeline=pipeline_size,
         error_element=error_kind,
     )
-    plan = target.plan(DeepSpeedQuantizePlan, desc)
-    out = target.empty((desc.output_bytes,), "int8")
-    params = _params_output(target, groups, mode, numel)
-    target.run(plan, DeepSpeedQuantizeArgs(x.reshape(-1), out, params, error, err_beta))
-    return out, params
+    return _run_coded(
+        target,
+        DeepSpeedQuantizePlan,
+        desc,
+        groups,
+        numel,
+        lambda out, params: DeepSpeedQuantizeArgs(x.reshape(-1), out, params, error, err_beta),
+    )
 
 
 def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tuple[Any, Any]:
@@ -421,10 +440,14 @@ def _reduce(
         devices_per_node=devices_per_node,
         error_element=error_kind,
     )
-    plan = target.plan(DeepSpeedReducePlan, desc)
-    out = target.empty((desc.output_bytes,), "int8")
-    params = _params_output(target, out_groups, mode, numel)
-    target.run(plan, DeepSpeedReduceArgs(q.reshape(-1), p, out, params, error, err_beta))
+    out, params = _run_coded(
+        target,
+        DeepSpeedReducePlan,
+        desc,
+        out_groups,
+        numel,
+        lambda out, params: DeepSpeedReduceArgs(q.reshape(-1), p, out, params, error, err_beta),
+    )
     shape = tuple(q.shape)
     if shape and shape[-1] % devices_per_node == 0:
         return out.reshape(*shape[:-1], shape[-1] // devices_per_node), params
