@@ -5,7 +5,9 @@ Rows: swizzled quantization of an 8192 x 8192 fp16 / bf16 gradient to symmetric 
 in groups of 2048 for 2 nodes x 4 devices (plus one row with LoCo error feedback in a bf16
 buffer); dequantize-reduce of 8 peers' chunks (8192 x 8192 codes in all, chunk = 8192 * 8192 / 8
 elements, groups of 2048 on both sides, summed in float32 in peer order) re-quantized to int8 /
-int4. Peers compute the same math (SPEC section 4: ``scale = amax / q_max`` (0 -> 1),
+int4; and the same two ops in DeepSpeed's formats (``quantplan.compat.deepspeed``'s plans:
+symmetric ``mult = 2**(b-1) / absmax``, stored ``1 / mult``, int4 high nibble first), bf16
+input. Peers compute the same math (SPEC section 4: ``scale = amax / q_max`` (0 -> 1),
 ``q = clamp(rne(v / scale))``, sums as ``((y_0 + y_1) + ...)``); the plan's output is checked
 against eager's before timing. Effective bandwidth counts the op's bytes: inputs (and the error
 buffer) read once, codes, parameters (and the error buffer) written. Method: :mod:`harness`.
@@ -55,6 +57,11 @@ def cases() -> list[ZeroppCase]:
     rows.append(ZeroppCase("swizzled quantize int4 2x4 + LoCo(bf16)", "loco", "S4", "bf16"))
     for code, name in (("S8", "int8"), ("S4", "int4")):
         rows.append(ZeroppCase(f"dequant-reduce {name} 8 peers", "reduce", code, "-"))
+    # quantplan.compat.deepspeed's kernels (DeepSpeed's formulas and layouts), timed at the plan.
+    for code, name in (("S8", "int8"), ("S4", "int4")):
+        rows.append(ZeroppCase(f"deepspeed swizzle_quant {name} 2x4", "ds_swizzle", code, "bf16"))
+    for code, name in (("S8", "int8"), ("S4", "int4")):
+        rows.append(ZeroppCase(f"deepspeed quantized_reduction {name} 8 peers", "ds_reduce", code, "-"))
     return rows
 
 
@@ -80,6 +87,30 @@ def _quantize_groups(v: Any, q_max: float, packed: bool) -> tuple[Any, Any]:
         u = q.view(torch.uint8) & 0xF
         q = (u[..., 0::2] | (u[..., 1::2] << 4)).view(torch.uint8)
     return q, scale.squeeze(-1)
+
+
+def _deepspeed_groups(v: Any, bits: int) -> tuple[Any, Any]:
+    """DeepSpeed's symmetric (codes, stored 1 / mult) of float32 ``v`` viewed ``(groups, GROUP)``:
+    ``mult = 2**(b-1) / absmax`` (0 -> 1), ``q = clamp(rne(v * mult))``; int4 high nibble first."""
+    import torch
+
+    amax = v.abs().amax(dim=-1, keepdim=True)
+    mult = torch.where(amax == 0, torch.ones_like(amax), (2.0 ** (bits - 1)) / amax)
+    q = torch.round(v * mult).clamp(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1).to(torch.int8)
+    if bits == 4:
+        u = q.view(torch.uint8) & 0xF
+        q = ((u[..., 0::2] << 4) | u[..., 1::2]).view(torch.int8)
+    return q, (1.0 / mult).squeeze(-1)
+
+
+def _deepspeed_unpack_s4(b: Any) -> Any:
+    """Signed nibbles of DeepSpeed bytes as int8, element 2i from the high nibble."""
+    import torch
+
+    bi = b.view(torch.int8)
+    hi = torch.bitwise_right_shift(bi, 4)
+    lo = torch.bitwise_right_shift(torch.bitwise_left_shift(bi, 4), 4)
+    return torch.stack([hi, lo], dim=-1).reshape(*b.shape[:-1], b.shape[-1] * 2)
 
 
 def torch_math(case: ZeroppCase) -> Callable[..., tuple[Any, ...]]:
@@ -115,7 +146,25 @@ def torch_math(case: ZeroppCase) -> Callable[..., tuple[Any, ...]]:
         out, scale = _quantize_groups(total, q_max, packed)
         return out.reshape(-1), scale.reshape(-1)
 
-    return {"swizzle": swizzled, "loco": loco, "reduce": reduce}[case.op]
+    bits = 4 if packed else 8
+
+    def ds_swizzled(x: Any) -> tuple[Any, Any]:
+        q, s = _deepspeed_groups(x.float().view(n // GROUP, GROUP), bits)
+        return swizzle(q.reshape(-1)), swizzle(s.reshape(-1))
+
+    def ds_reduce(q: Any, s: Any) -> tuple[Any, Any]:
+        codes = _deepspeed_unpack_s4(q) if packed else q
+        chunk = n // PEERS
+        y = codes.float().view(PEERS, chunk // GROUP, GROUP) * s.view(PEERS, chunk // GROUP, 1)
+        total = y[0]
+        for j in range(1, PEERS):
+            total = total + y[j]
+        out, inv = _deepspeed_groups(total, bits)
+        return out.reshape(-1), inv.reshape(-1)
+
+    return {"swizzle": swizzled, "loco": loco, "reduce": reduce, "ds_swizzle": ds_swizzled, "ds_reduce": ds_reduce}[
+        case.op
+    ]
 
 
 def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
@@ -130,7 +179,46 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
     code_bytes = n // 2 if packed else n
     params = n // GROUP
     inputs: list[tuple[Any, ...]] = []
-    if case.op in ("swizzle", "loco"):
+    if case.op.startswith("ds_"):
+        from quantplan.compat import _deepspeed_plans as dsp
+
+        bits = 4 if packed else 8
+        if case.op == "ds_swizzle":
+            desc: Any = dsp.DeepSpeedQuantizeDescriptor(
+                numel=n,
+                groups=params,
+                num_bits=bits,
+                input_element=qp.ElementKind.BF16,
+                nodes=NODES,
+                devices_per_node=DEVICES,
+            )
+            plan: Any = dsp.DeepSpeedQuantizePlan.select(stream, desc)
+            read, written = n * 2, code_bytes + params * 4
+        else:
+            desc = dsp.DeepSpeedReduceDescriptor(
+                numel=n, in_groups=params, out_groups=params // PEERS, num_bits=bits, devices_per_node=PEERS
+            )
+            plan = dsp.DeepSpeedReducePlan.select(stream, desc)
+            read, written = code_bytes + params * 4, code_bytes // PEERS + params // PEERS * 4
+        for _ in range(harness.rotation_sets(read + written)):
+            if case.op == "ds_swizzle":
+                a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+                b = None
+            else:
+                a = torch.randint(-128, 128, (desc.input_bytes,), device="cuda", dtype=torch.int8)
+                b = torch.rand(desc.input_param_shape, device="cuda") * 1e-3 + 1e-4
+            q = torch.empty(desc.output_bytes, device="cuda", dtype=torch.int8)
+            s = torch.empty(desc.param_shape, device="cuda")
+            inputs.append((a, b, q, s))
+        if case.op == "ds_swizzle":
+            args = [dsp.DeepSpeedQuantizeArgs(a, q, s) for a, _, q, s in inputs]
+        else:
+            args = [dsp.DeepSpeedReduceArgs(a, b, q, s) for a, b, q, s in inputs]
+
+        def eager_args(t: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (t[0],) if t[1] is None else (t[0], t[1])
+
+    elif case.op in ("swizzle", "loco"):
         float_dtype = torch.float16 if case.dtype == "fp16" else torch.bfloat16
         loco = case.op == "loco"
         desc = qp.SwizzledQuantizeDescriptor(
@@ -142,7 +230,7 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
             output_element=code_kind,
             error_element=qp.ElementKind.BF16 if loco else None,
         )
-        plan: Any = qp.SwizzledQuantizePlan.select(stream, desc)
+        plan = qp.SwizzledQuantizePlan.select(stream, desc)
         read = n * 2 + (n * 2 if loco else 0)
         written = code_bytes + params * 4 + (n * 2 if loco else 0)
         for _ in range(harness.rotation_sets(read + written)):
