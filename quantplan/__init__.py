@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from ._device import cuda_available
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
-from .dynamic import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
     DynamicRangeFakeQuantizePlan,
 )
+from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .errors import (
     InvalidProblem,
     KernelCompileError,
@@ -38,14 +38,6 @@ from .fake_quantize import (
     FakeQuantizeDescriptor,
     FakeQuantizePlan,
 )
-from .quantize import (
-    DequantizeArgs,
-    DequantizeDescriptor,
-    DequantizePlan,
-    QuantizeArgs,
-    QuantizeDescriptor,
-    QuantizePlan,
-)
 from .quantize_backward import (
     DequantizeBackwardArgs,
     DequantizeBackwardDescriptor,
@@ -53,6 +45,14 @@ from .quantize_backward import (
     QuantizeBackwardArgs,
     QuantizeBackwardDescriptor,
     QuantizeBackwardPlan,
+)
+from .static_quantize import (
+    DequantizeArgs,
+    DequantizeDescriptor,
+    DequantizePlan,
+    QuantizeArgs,
+    QuantizeDescriptor,
+    QuantizePlan,
 )
 from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from .types import (

@@ -23,7 +23,7 @@ from typing import Any
 from ._device import DeviceInfo
 from ._launch import PreparedLaunch, launch_on
 from ._operands import Operand
-from .dynamic import MAX_TEAM, SegmentGeometry, SegmentLayoutArgs, fused_segment_geometry
+from .dynamic_range import MAX_TEAM, SegmentGeometry, SegmentLayoutArgs, fused_segment_geometry
 from .elements import ELEMENTS
 from .types import ElementKind, QuantMode
 

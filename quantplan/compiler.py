@@ -207,7 +207,7 @@ def load_kernels(
 
 def compile_units(family: str) -> list[list[str]]:
     """The groups of name expressions ``family``'s plans compile together (one NVRTC program each)."""
-    from . import dequant_reduce, dynamic, quantize, swizzled_quantize  # noqa: F401  (register their families)
+    from . import dequant_reduce, dynamic_range, static_quantize, swizzled_quantize  # noqa: F401  (register their families)
     from .compat import _deepspeed_plans  # noqa: F401
 
     return FAMILY_UNITS[family]()

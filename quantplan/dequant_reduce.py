@@ -40,7 +40,7 @@ from ._qgz_launch import (
     widest_dividing,
 )
 from .compiler import compile_options, load_kernels, register_family, template_name
-from .dynamic import SegmentLayoutArgs
+from .dynamic_range import SegmentLayoutArgs
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .swizzled_quantize import (

@@ -55,11 +55,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without PyTorch
     raise ImportError("quantplan.distributed needs PyTorch: pip install torch") from exc
 
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
-from .dynamic import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
+from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
 from .pytorch import _TorchWorkspace, cupy_stream
-from .quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
+from .static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
 from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from .types import BackendKind, ElementKind, GroupScope, PlanPreference, QuantMode
 from .workspace import Workspace

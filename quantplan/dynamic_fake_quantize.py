@@ -35,7 +35,7 @@ from ._launch import PreparedLaunch, launch_on, stream_handle
 from ._layout import param_shape
 from ._operands import Operand, overlaps, same_or_disjoint
 from .compiler import compile_options, load_kernels, template_name
-from .dynamic import RangePasses, SegmentGeometry, SegmentLayoutArgs, range_divisor, segment_geometry
+from .dynamic_range import RangePasses, SegmentGeometry, SegmentLayoutArgs, range_divisor, segment_geometry
 from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
 from .errors import InvalidProblem
 from .fake_quantize import (

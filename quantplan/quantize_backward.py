@@ -18,8 +18,8 @@ rounding round trip (exact for power-of-two scales), and up to the rare input wh
 quantizer's ``rne(x * rn(1 / scale))`` and ``rne(x / scale)`` round differently at a tie.
 
 Kernels: ``quantize_backward_rows`` in ``kernels/quantize.cu`` and ``dequantize_backward_rows`` in
-``kernels/dequantize.cu``, compiled in the forward plans' units (:func:`quantplan.quantize.quantize_unit`,
-:func:`~quantplan.quantize.dequantize_unit`); reference: :func:`quantplan.reference.quantize_backward`
+``kernels/dequantize.cu``, compiled in the forward plans' units (:func:`quantplan.static_quantize.quantize_unit`,
+:func:`~quantplan.static_quantize.dequantize_unit`); reference: :func:`quantplan.reference.quantize_backward`
 / :func:`~quantplan.reference.dequantize_backward`; tests: ``tests/test_quantize_backward_*.py`` and
 ``tests/test_reference_quantize_backward.py``.
 """
@@ -41,7 +41,7 @@ from ._operands import Operand, overlaps, same_or_disjoint
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
-from .quantize import (
+from .static_quantize import (
     DequantizeDescriptor,
     QuantizeDescriptor,
     backward_widths,

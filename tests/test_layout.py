@@ -75,7 +75,7 @@ def test_fused_segment_geometry() -> None:
     from dataclasses import replace
 
     from quantplan._affine import resolve_affine_problem
-    from quantplan.dynamic import segment_geometry
+    from quantplan.dynamic_range import segment_geometry
     from quantplan.types import ElementKind as EK
 
     def geometry(shape, scope, code=EK.S8, float_kind=EK.BF16, vec_max=8):  # noqa: ANN001, ANN202

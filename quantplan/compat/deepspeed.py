@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidProblem, MisalignedOperand, Unsupported
-from ..quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
+from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
 from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode
 from . import _deepspeed_reference as dsref
 from ._arrays import ArrayTarget, clear_plan_cache, dtype_name

@@ -36,7 +36,7 @@ from ._operands import Operand, overlaps
 from .compiler import compile_options, load_kernels, register_family, template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, param_element, param_numpy_dtype
 from .errors import InvalidProblem
-from .quantize import QuantizeDescriptor, QuantizePlan, quantize_problem, row_kernel_unit
+from .static_quantize import QuantizeDescriptor, QuantizePlan, quantize_problem, row_kernel_unit
 from .types import (
     HOST_ARCH,
     BackendKind,
@@ -259,7 +259,7 @@ def dynamic_segments_unit(
     """The fused single-pass kernels of one (input, code, nibble order, rounding).
 
     ``dynamic_quantize_segments`` has the template signature of ``quantize_rows`` and the same
-    vector widths (see :func:`~quantplan.quantize.row_kernel_unit`): 8 elements (4 for F64)
+    vector widths (see :func:`~quantplan.static_quantize.row_kernel_unit`): 8 elements (4 for F64)
     halved down to 1, packed codes at least 2, and (2, element I/O) for misaligned operands.
     """
     return row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, stochastic)
