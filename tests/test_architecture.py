@@ -1,0 +1,198 @@
+"""CPU: the package keeps its layers (ARCHITECTURE.md), read from the source with ``ast``.
+
+Layers, bottom to top: vocabulary -> machinery -> reference -> op modules -> front-ends. A module may
+import its own layer or a lower one, never a higher one; op modules never import each other (what two
+of them share moves down to machinery); the compiler is a leaf over the vocabulary; and no chain of
+imports comes back to where it started. Imports inside functions count: a lazy import is still a
+dependency. Every module of the package must be listed below, so a new module is placed on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "quantplan"
+
+VOCABULARY, MACHINERY, REFERENCE, OPS, FRONTENDS = range(5)
+LAYER_NAMES = ("vocabulary", "machinery", "reference", "op", "front-end")
+
+#: module (dotted, relative to the package) -> layer. Packages are listed by their ``__init__`` name.
+LAYERS: dict[str, int] = {
+    # vocabulary: what every layer speaks
+    "types": VOCABULARY,
+    "errors": VOCABULARY,
+    "elements": VOCABULARY,
+    "philox": VOCABULARY,
+    # machinery: devices, operands, layouts, launches, compilation, the plan skeleton
+    "_device": MACHINERY,
+    "_operands": MACHINERY,
+    "_layout": MACHINERY,
+    "_segments": MACHINERY,
+    "_launch": MACHINERY,
+    "_plan": MACHINERY,
+    "_affine": MACHINERY,
+    "_qgz_launch": MACHINERY,
+    "_families": MACHINERY,
+    "_precompile": MACHINERY,
+    "compiler": MACHINERY,
+    "workspace": MACHINERY,
+    # reference backends (NumPy)
+    "reference": REFERENCE,
+    "compat._deepspeed_reference": REFERENCE,
+    # op modules: descriptor, args and plan of one op family each
+    "static_quantize": OPS,
+    "quantize_backward": OPS,
+    "dynamic_range": OPS,
+    "fake_quantize": OPS,
+    "dynamic_fake_quantize": OPS,
+    "swizzled_quantize": OPS,
+    "dequant_reduce": OPS,
+    "compat._deepspeed_plans": OPS,
+    # front-ends: what users call with their arrays
+    "__init__": FRONTENDS,
+    "__main__": FRONTENDS,
+    "_frontend": FRONTENDS,
+    "functional": FRONTENDS,
+    "pytorch": FRONTENDS,
+    "distributed": FRONTENDS,
+    "compat": FRONTENDS,
+    "compat.deepspeed": FRONTENDS,
+    "compat._arrays": FRONTENDS,
+}
+
+#: The compile layer is a leaf: it may import the vocabulary only.
+LEAVES = {"compiler": {VOCABULARY}}
+
+
+def module_names() -> list[str]:
+    """Every module of the package, dotted and relative to it (``compat.deepspeed``, ``__init__``)."""
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def layer_of(module: str) -> int | None:
+    """A module's layer; a sub-module of a listed package (``distributed.steps``) takes the package's."""
+    while module:
+        if module in LAYERS:
+            return LAYERS[module]
+        module = module.rpartition(".")[0]
+    return None
+
+
+def source_path(module: str) -> Path:
+    base = PACKAGE.joinpath(*module.split("."))
+    if module == "__init__":
+        return PACKAGE / "__init__.py"
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def is_package(module: str) -> bool:
+    return module == "__init__" or PACKAGE.joinpath(*module.split(".")).is_dir()
+
+
+def resolve(target: str, known: set[str]) -> str:
+    """``target`` (dotted, relative to the package) as a known module: the package itself is ``__init__``."""
+    return target if target in known else ("__init__" if target == "" else target)
+
+
+def imports_of(module: str, known: set[str]) -> list[tuple[str, int]]:
+    """The package modules ``module`` imports (anywhere in its body), with the line of each import."""
+    tree = ast.parse(source_path(module).read_text(), filename=str(source_path(module)))
+    here = module.split(".") if is_package(module) and module != "__init__" else module.split(".")[:-1]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "quantplan" or alias.name.startswith("quantplan."):
+                    found.append((resolve(alias.name.partition(".")[2], known), node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if node.module is None or not (node.module == "quantplan" or node.module.startswith("quantplan.")):
+                    continue
+                base = node.module.partition(".")[2]
+            else:
+                anchor = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                base = ".".join([*anchor, node.module] if node.module else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}" if base else alias.name
+                found.append((resolve(sub if sub in known else base, known), node.lineno))
+    first: dict[str, int] = {}
+    for name, line in found:
+        if name != module:
+            first.setdefault(name, line)
+    return sorted(first.items(), key=lambda item: item[1])
+
+
+KNOWN = set(module_names())
+GRAPH = {m: imports_of(m, KNOWN) for m in sorted(KNOWN)}
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(m for m in KNOWN if layer_of(m) is None)
+    assert not missing, (
+        f"modules without a layer in tests/test_architecture.py LAYERS: {missing}; place each on purpose"
+    )
+
+
+@pytest.mark.parametrize("module", sorted(KNOWN))
+def test_no_import_runs_upward_or_sideways(module: str) -> None:
+    mine = layer_of(module)
+    assert mine is not None
+    problems = []
+    for target, line in GRAPH[module]:
+        theirs = layer_of(target)
+        if theirs is None:
+            continue  # reported by test_every_module_has_a_layer
+        where = f"quantplan/{source_path(module).relative_to(PACKAGE)}:{line} imports {target}"
+        if theirs > mine:
+            problems.append(
+                f"{where}: {LAYER_NAMES[mine]} module must not import {LAYER_NAMES[theirs]} module (upward)"
+            )
+        elif mine == OPS and theirs == OPS and target != module:
+            problems.append(f"{where}: op modules do not import each other; move the shared code down a layer")
+        elif module in LEAVES and theirs not in LEAVES[module]:
+            problems.append(f"{where}: {module} is a leaf over the vocabulary")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycle() -> None:
+    """Depth-first search over the import graph; the first cycle found is named in full."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target, _ in GRAPH.get(node, []):
+            if target not in GRAPH:
+                continue
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if state.get(target) is None:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(GRAPH):
+        if start not in state:
+            cycle = visit(start)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checker_sees_imports() -> None:
+    """Guard against a checker that passes by reading nothing: known edges must be found."""
+    assert ("types", 0) not in GRAPH["errors"]
+    assert any(t == "types" for t, _ in GRAPH["elements"])
+    assert any(t in ("errors", "types") for t, _ in GRAPH["compiler"])
+    assert any(layer_of(t) == OPS for t, _ in GRAPH["__init__"])
