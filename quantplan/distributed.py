@@ -54,11 +54,11 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without PyTorch
     raise ImportError("quantplan.distributed needs PyTorch: pip install torch") from exc
 
+from ._frontend import ArrayWorkspace, cupy_stream
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
-from .pytorch import _TorchWorkspace, cupy_stream
 from .static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
 from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from .types import BackendKind, ElementKind, GroupScope, PlanPreference, QuantMode
@@ -197,7 +197,8 @@ class _Device:
         if nbytes <= 0:
             return None
         if self.cuda:
-            return _TorchWorkspace(torch.empty(nbytes, dtype=torch.uint8, device=self.device), nbytes)
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            return ArrayWorkspace(buffer, nbytes, buffer.data_ptr())
         return Workspace.allocate(nbytes, device=False)
 
 

@@ -26,18 +26,17 @@ slices, ``channels_last``) are copied with ``.contiguous()`` first, and outputs 
 reach the plans as ``.detach()`` views (no copy).
 
 Plans are selected once per problem -- (kind, shape, dtype, scope, mode, range, device) -- and
-kept in a per-thread cache of :data:`PLAN_CACHE_SIZE` entries (plans are not safe to run from two
-host threads at once), so a training loop does not select every step; :func:`clear_plan_cache`
-empties it. Workspaces, where a plan needs one, are allocated per call with ``torch.empty`` on
-the tensor's device (PyTorch's caching allocator, stream-ordered on the current stream).
+kept in quantplan's per-thread front-end cache of :data:`PLAN_CACHE_SIZE` entries (shared with
+:mod:`quantplan.compat.deepspeed`; plans are not safe to run from two host threads at once), so a
+training loop does not select every step; :func:`clear_plan_cache` empties it. Workspaces, where
+a plan needs one, are allocated per call with ``torch.empty`` on the tensor's device (PyTorch's
+caching allocator, stream-ordered on the current stream).
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +46,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without PyTorch
     raise ImportError("quantplan.pytorch needs PyTorch: pip install torch") from exc
 
+from ._frontend import PLAN_CACHE_SIZE, PhiloxCounter, Target, check_seed, clear_plan_cache, cupy_stream
 from ._layout import normalize_axis, param_shape
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
@@ -54,7 +54,7 @@ from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizePlan,
     dynamic_fake_quantize_range,
 )
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidProblem
 from .fake_quantize import (
     FakeQuantizeArgs,
     FakeQuantizeBackwardArgs,
@@ -64,21 +64,7 @@ from .fake_quantize import (
     FakeQuantizePlan,
     lsq_geometry,
 )
-from .types import (
-    BackendKind,
-    ChannelScope,
-    ElementKind,
-    GroupScope,
-    PlanPreference,
-    QuantMode,
-    Rounding,
-    Scope,
-    TensorScope,
-)
-from .workspace import Workspace
-
-#: Plans one thread keeps (least recently used dropped first).
-PLAN_CACHE_SIZE = 256
+from .types import ChannelScope, ElementKind, GroupScope, QuantMode, Rounding, Scope, TensorScope
 
 _ELEMENTS: dict[Any, ElementKind] = {
     torch.float16: ElementKind.F16,
@@ -86,62 +72,19 @@ _ELEMENTS: dict[Any, ElementKind] = {
     torch.float32: ElementKind.F32,
     torch.float64: ElementKind.F64,
 }
-_CUDA = PlanPreference(backend=BackendKind.CUDA)
-_REFERENCE = PlanPreference(backend=BackendKind.REFERENCE)
+#: The parameters' dtype for each data element: float32, float64 for float64 data.
+_PARAM_DTYPES: dict[ElementKind, Any] = {kind: torch.float32 for kind in _ELEMENTS.values()}
+_PARAM_DTYPES[ElementKind.F64] = torch.float64
 _TENSOR = TensorScope()
+_MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
 
 
-# ---- where a call runs -----------------------------------------------------------------------
+# ---- one call's input ------------------------------------------------------------------------------
 
 
-class _Target:
-    """The device of one call: its plan preference, cache key part and (CUDA) CuPy stream."""
-
-    __slots__ = ("cuda", "device", "index", "pref", "stream")
-
-    def __init__(self, device: Any, index: int | None, stream: Any) -> None:
-        self.device = device
-        self.index = index
-        self.cuda = index is not None
-        self.pref = _CUDA if self.cuda else _REFERENCE
-        self.stream = stream
-
-
-_STREAMS: dict[tuple[int, int], Any] = {}
-_STREAMS_LOCK = threading.Lock()
-
-
-def cupy_stream(device: Any) -> Any:
-    """``torch.cuda.current_stream(device)`` as a ``cupy.cuda.ExternalStream`` (cached per
-    (device, stream handle); creating one makes no CUDA call, so it is safe during graph capture)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    handle = int(torch.cuda.current_stream(index).cuda_stream)
-    key = (index, handle)
-    stream = _STREAMS.get(key)
-    if stream is None:
-        try:
-            import cupy
-        except ImportError as exc:
-            raise Unsupported(
-                "CUDA tensors run on quantplan's CUDA backend, which needs CuPy: "
-                "pip install 'quantplan[cuda12]' (or [cuda13]); CPU tensors need no CuPy"
-            ) from exc
-        stream = cupy.cuda.ExternalStream(handle, index)
-        with _STREAMS_LOCK:
-            _STREAMS[key] = stream
-    return stream
-
-
-def _target(x: Any) -> _Target:
-    device = x.device
-    if device.type == "cuda":
-        return _Target(device, device.index, cupy_stream(device))
-    if device.type == "cpu":
-        return _Target(device, None, None)
-    raise InvalidProblem(
-        f"input lives on a {device.type!r} device; quantplan.pytorch runs CUDA tensors (CUDA backend) "
-        f"and CPU tensors (reference backend): move it with .cuda() or .cpu()"
-    )
+def _contiguous(x: Any) -> Any:
+    x = x.detach()
+    return x if x.is_contiguous() else x.contiguous()
 
 
 def _element(x: Any) -> ElementKind:
@@ -154,91 +97,11 @@ def _element(x: Any) -> ElementKind:
     return kind
 
 
-def _param_dtype(kind: ElementKind) -> Any:
-    return torch.float64 if kind is ElementKind.F64 else torch.float32
-
-
-def _arg(t: Any, target: _Target) -> Any:
-    """What a plan takes for tensor ``t`` (detached): the tensor itself for CUDA plans, a
-    zero-copy NumPy view for the reference backend (bfloat16 as its uint16 bits)."""
-    if target.cuda:
-        return t
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def _contiguous(x: Any) -> Any:
-    x = x.detach()
-    return x if x.is_contiguous() else x.contiguous()
-
-
-# ---- plan cache --------------------------------------------------------------------------------
-
-
-class _ThreadCaches(threading.local):
-    plans: OrderedDict[Hashable, Any] | None = None
-
-
-_LOCAL = _ThreadCaches()
-_ALL_CACHES: list[OrderedDict[Hashable, Any]] = []
-_ALL_CACHES_LOCK = threading.Lock()
-
-
-def _cached_plan(key: Hashable, build: Callable[[], Any]) -> Any:
-    cache = _LOCAL.plans
-    if cache is None:
-        cache = _LOCAL.plans = OrderedDict()
-        with _ALL_CACHES_LOCK:
-            _ALL_CACHES.append(cache)
-    plan = cache.get(key)
-    if plan is None:
-        plan = build()
-        cache[key] = plan
-        if len(cache) > PLAN_CACHE_SIZE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
-    return plan
-
-
-def clear_plan_cache() -> None:
-    """Drop every cached plan (of every thread); the next call of each op selects again."""
-    with _ALL_CACHES_LOCK:
-        for cache in _ALL_CACHES:
-            cache.clear()
-
-
-def _select(plan_cls: Any, desc: Any, target: _Target) -> Any:
-    if not target.cuda:
-        return plan_cls.select(None, desc, target.pref)
-    import cupy
-
-    with cupy.cuda.Device(target.index):
-        return plan_cls.select(target.stream, desc, target.pref)
-
-
-def _plan(plan_cls: Any, key: tuple[Any, ...], target: _Target, make_desc: Callable[[], Any]) -> Any:
-    return _cached_plan((plan_cls, target.index, *key), lambda: _select(plan_cls, make_desc(), target))
-
-
-class _TorchWorkspace(Workspace):
-    """A :class:`~quantplan.Workspace` over a PyTorch uint8 CUDA tensor."""
-
-    __slots__ = ()
-
-    @property
-    def ptr(self) -> int:
-        return int(self.buffer.data_ptr())
-
-
-def _workspace(plan: Any, target: _Target) -> Workspace | None:
-    nbytes = int(plan.workspace_size())
-    if nbytes == 0:
-        return None
-    if target.cuda:
-        return _TorchWorkspace(torch.empty(nbytes, dtype=torch.uint8, device=target.device), nbytes)
-    return Workspace.allocate(nbytes, device=False)
+def _input(x: Any) -> tuple[Any, ElementKind, Target]:
+    """``x`` detached and C-contiguous, its element and its target."""
+    xc = _contiguous(x)
+    kind = _element(xc)
+    return xc, kind, Target.of(xc)
 
 
 # ---- parameters --------------------------------------------------------------------------------
@@ -251,18 +114,22 @@ def _is_number(value: Any) -> bool:
 def _param(value: Any, name: str, pshape: tuple[int, ...], dtype: Any, x: Any) -> Any:
     """``value`` (tensor, sequence or number) as a detached C-contiguous tensor of ``pshape`` and
     ``dtype`` on ``x``'s device: a tensor of the parameter count is reshaped (``(C,)`` for a channel
-    scope, as PyTorch's per-channel ops take it), a number is broadcast."""
-    count = math.prod(pshape)
+    scope, as PyTorch's per-channel ops take it), a number is broadcast. Nothing is copied or
+    reshaped that already fits."""
     if _is_number(value):
         return torch.full(pshape, value, dtype=dtype, device=x.device)
     t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    count = math.prod(pshape)
     if t.numel() != count:
         raise InvalidProblem(
             f"{name} has {t.numel()} elements (shape {tuple(t.shape)}); this scope on input shape "
             f"{tuple(x.shape)} has {count} segment(s) (parameter shape {pshape})"
         )
-    t = t.to(device=x.device, dtype=dtype)
-    return _contiguous(t.reshape(pshape))
+    if t.dtype is not dtype or t.get_device() != x.get_device():
+        t = t.to(device=x.device, dtype=dtype)
+    if t.shape != pshape:
+        t = t.reshape(pshape)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _zero_point_dtype(value: Any, float_dtype: Any) -> Any:
@@ -271,77 +138,80 @@ def _zero_point_dtype(value: Any, float_dtype: Any) -> Any:
     return float_dtype if dtype.is_floating_point else torch.int32
 
 
+class _Static:
+    """What one static problem (shape, dtype, scope, mode, range) needs on one device: the forward
+    plan and the parameters' shape (cached with the plan)."""
+
+    __slots__ = ("plan", "pshape")
+
+    def __init__(self, plan: Any, pshape: tuple[int, ...]) -> None:
+        self.plan, self.pshape = plan, pshape
+
+
+def _static(
+    target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int
+) -> _Static:
+    shape = tuple(xc.shape)
+
+    def build() -> _Static:
+        pshape = param_shape(shape, scope)
+        desc = FakeQuantizeDescriptor(shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
+        return _Static(target.select(FakeQuantizePlan, desc), pshape)
+
+    return target.cached((_Static, shape, xc.dtype, scope, mode, q_min, q_max), build)  # type: ignore[no-any-return]
+
+
 def _static_params(
-    x: Any, scale: Any, zero_point: Any, pshape: tuple[int, ...], scope: Scope, kind: ElementKind, target: _Target
-) -> tuple[Any, Any, Any, Any]:
-    """(scale, zero point) as plan arguments, and as tensors to save (None for Python scalars)."""
-    fdtype = _param_dtype(kind)
-    scalar_ok = isinstance(scope, TensorScope)
-    if scalar_ok and _is_number(scale):
-        s_arg, s_t = float(scale), None
-    else:
-        s_t = _param(scale, "scale", pshape, fdtype, x)
-        s_arg = _arg(s_t, target)
-    if zero_point is None:
-        return s_arg, None, s_t, None
-    if scalar_ok and _is_number(zero_point):
-        return s_arg, zero_point, s_t, None
-    z_t = _param(zero_point, "zero_point", pshape, _zero_point_dtype(zero_point, fdtype), x)
-    return s_arg, _arg(z_t, target), s_t, z_t
+    xc: Any, scale: Any, zero_point: Any, pshape: tuple[int, ...], scope: Scope, kind: ElementKind
+) -> tuple[Any, Any]:
+    """(scale, zero point) as tensors of ``pshape`` on ``xc``'s device, or Python numbers (TensorScope)."""
+    fdtype = _PARAM_DTYPES[kind]
+    scalar_ok = type(scope) is TensorScope
+    s = float(scale) if scalar_ok and _is_number(scale) else _param(scale, "scale", pshape, fdtype, xc)
+    if zero_point is None or (scalar_ok and _is_number(zero_point)):
+        return s, zero_point
+    return s, _param(zero_point, "zero_point", pshape, _zero_point_dtype(zero_point, fdtype), xc)
+
+
+def _tensor_params(s: Any, z: Any) -> bool:
+    """Whether the parameters are tensors the front-end prepared (shape, dtype, device, contiguity),
+    so the plan's argument checks have nothing left to find (Python numbers: the plan checks them)."""
+    return isinstance(s, torch.Tensor) and (z is None or isinstance(z, torch.Tensor))
 
 
 # ---- static fake quantization ------------------------------------------------------------------
 
 
-def _static_key(xc: Any, scope: Scope, mode: QuantMode, q_min: int, q_max: int) -> tuple[Any, ...]:
-    return (tuple(xc.shape), xc.dtype, scope, mode, q_min, q_max)
-
-
-def _forward_plan(
-    xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int, target: _Target
-) -> Any:
-    shape = tuple(xc.shape)
-    return _plan(
-        FakeQuantizePlan,
-        _static_key(xc, scope, mode, q_min, q_max),
-        target,
-        lambda: FakeQuantizeDescriptor(shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max),
-    )
-
-
 def _backward_plan(
-    xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int, learnable: bool, target: _Target
+    target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int, learnable: bool
 ) -> Any:
     shape = tuple(xc.shape)
-    return _plan(
+    return target.plan(
         FakeQuantizeBackwardPlan,
-        (*_static_key(xc, scope, mode, q_min, q_max), learnable),
-        target,
+        (shape, xc.dtype, scope, mode, q_min, q_max, learnable),
         lambda: FakeQuantizeBackwardDescriptor(
             shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max, learnable=learnable
         ),
     )
 
 
-def _run_forward(
-    xc: Any, target: _Target, kind: ElementKind, s_arg: Any, z_arg: Any, scope: Scope, q_min: int, q_max: int
-) -> Any:
-    mode = QuantMode.SYMMETRIC if z_arg is None else QuantMode.ASYMMETRIC
-    plan = _forward_plan(xc, kind, scope, mode, q_min, q_max, target)
+def _run_forward(target: Target, xc: Any, plan: Any, s: Any, z: Any) -> Any:
     y = torch.empty_like(xc)
-    plan.run(target.stream, None, FakeQuantizeArgs(_arg(xc, target), _arg(y, target), s_arg, z_arg))
+    args = FakeQuantizeArgs(target.arg(xc), target.arg(y), target.arg(s), target.arg(z))
+    target.run(plan, args, check=not _tensor_params(s, z))
     return y
 
 
 def _run_ste(
-    xc: Any, target: _Target, kind: ElementKind, dy: Any, s_arg: Any, z_arg: Any, scope: Scope, q_min: int, q_max: int
+    target: Target, xc: Any, kind: ElementKind, dy: Any, s: Any, z: Any, scope: Scope, q_min: int, q_max: int
 ) -> Any:
-    mode = QuantMode.SYMMETRIC if z_arg is None else QuantMode.ASYMMETRIC
-    plan = _backward_plan(xc, kind, scope, mode, q_min, q_max, False, target)
+    mode = _MODES[z is not None]
+    plan = _backward_plan(target, xc, kind, scope, mode, q_min, q_max, False)
     dyc = _contiguous(dy)
     dx = torch.empty_like(xc)
-    args = FakeQuantizeBackwardArgs(_arg(xc, target), _arg(dyc, target), _arg(dx, target), s_arg, z_arg)
-    plan.run(target.stream, None, args)
+    args = FakeQuantizeBackwardArgs(target.arg(xc), target.arg(dyc), target.arg(dx), target.arg(s), target.arg(z))
+    # autograd hands dy in y's (= x's) shape, dtype and device; made contiguous above.
+    target.run(plan, args, check=not _tensor_params(s, z))
     return dx
 
 
@@ -364,26 +234,24 @@ class FakeQuantizeFunction(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
     ) -> Any:
-        xc = _contiguous(x)
-        kind = _element(xc)
-        target = _target(xc)
-        pshape = param_shape(tuple(xc.shape), scope)
-        s_arg, z_arg, s_t, z_t = _static_params(xc, scale, zero_point, pshape, scope, kind, target)
-        y = _run_forward(xc, target, kind, s_arg, z_arg, scope, q_min, q_max)
+        xc, kind, target = _input(x)
+        static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+        s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
+        y = _run_forward(target, xc, static.plan, s, z)
+        s_t = s if isinstance(s, torch.Tensor) else None
+        z_t = z if isinstance(z, torch.Tensor) else None
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.scalars = (None if s_t is not None else s_arg, None if z_t is not None else z_arg)
-        ctx.spec = (scope, q_min, q_max)
+        ctx.spec = (scope, q_min, q_max, kind, None if s_t is not None else s, None if z_t is not None else z)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max = ctx.spec
-        target = _target(xc)
-        s_arg = ctx.scalars[0] if s_t is None else _arg(s_t, target)
-        z_arg = ctx.scalars[1] if z_t is None else _arg(z_t, target)
-        dx = _run_ste(xc, target, _element(xc), dy, s_arg, z_arg, scope, q_min, q_max)
+        scope, q_min, q_max, kind, s_number, z_number = ctx.spec
+        s = s_number if s_t is None else s_t
+        z = z_number if z_t is None else z_t
+        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, scope, q_min, q_max)
         return dx, None, None, None, None, None
 
 
@@ -434,9 +302,9 @@ def _run_lsq(
     xc: Any, dy: Any, s_t: Any, z_t: Any, scope: Scope, q_min: int, q_max: int, grad_factor: float
 ) -> tuple[Any, Any, Any]:
     """``(dx, dscale, dzero_point)`` in ``xc``'s layout and the parameters' ``param_shape``."""
-    target = _target(xc)
+    target = Target.of(xc)
     kind = _element(xc)
-    mode = QuantMode.SYMMETRIC if z_t is None else QuantMode.ASYMMETRIC
+    mode = _MODES[z_t is not None]
     move, run_scope = _lsq_layout(tuple(xc.shape), scope, kind)
     dyc = _contiguous(dy)
     if move is not None:
@@ -444,21 +312,15 @@ def _run_lsq(
         xc, dyc = (_contiguous(t.movedim(src, dst)) for t in (xc, dyc))
         s_t = _contiguous(s_t.movedim(src, dst))
         z_t = None if z_t is None else _contiguous(z_t.movedim(src, dst))
-    plan = _backward_plan(xc, kind, run_scope, mode, q_min, q_max, True, target)
+    plan = _backward_plan(target, xc, kind, run_scope, mode, q_min, q_max, True)
     dx = torch.empty_like(xc)
     ds = torch.empty_like(s_t)
     dz = None if z_t is None else torch.empty_like(z_t)
+    arg = target.arg
     args = FakeQuantizeBackwardArgs(
-        _arg(xc, target),
-        _arg(dyc, target),
-        _arg(dx, target),
-        _arg(s_t, target),
-        None if z_t is None else _arg(z_t, target),
-        _arg(ds, target),
-        None if dz is None else _arg(dz, target),
-        grad_factor=grad_factor,
+        arg(xc), arg(dyc), arg(dx), arg(s_t), arg(z_t), arg(ds), arg(dz), grad_factor=grad_factor
     )
-    plan.run(target.stream, _workspace(plan, target), args)
+    target.run_with_workspace(plan, args)  # checked: the plan validates grad_factor
     if move is not None:
         src, dst = move
         dx = _contiguous(dx.movedim(dst, src))
@@ -489,17 +351,14 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         q_max: int,
         grad_factor: float,
     ) -> Any:
-        xc = _contiguous(x)
-        kind = _element(xc)
-        target = _target(xc)
-        pshape = param_shape(tuple(xc.shape), scope)
-        fdtype = _param_dtype(kind)
-        s_t = _param(scale, "scale", pshape, fdtype, xc)
-        z_t = None if zero_point is None else _param(zero_point, "zero_point", pshape, fdtype, xc)
-        z_arg = None if z_t is None else _arg(z_t, target)
-        y = _run_forward(xc, target, kind, _arg(s_t, target), z_arg, scope, q_min, q_max)
+        xc, kind, target = _input(x)
+        static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+        fdtype = _PARAM_DTYPES[kind]
+        s_t = _param(scale, "scale", static.pshape, fdtype, xc)
+        z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
+        y = _run_forward(target, xc, static.plan, s_t, z_t)
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.spec = (scope, q_min, q_max, float(grad_factor))
+        ctx.spec = (scope, q_min, q_max, float(grad_factor), kind)
         ctx.param_meta = tuple(
             None if not isinstance(p, torch.Tensor) else (tuple(p.shape), p.dtype) for p in (scale, zero_point)
         )
@@ -509,11 +368,9 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, Any, Any, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max, grad_factor = ctx.spec
+        scope, q_min, q_max, grad_factor, kind = ctx.spec
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            target = _target(xc)
-            z_arg = None if z_t is None else _arg(z_t, target)
-            dx = _run_ste(xc, target, _element(xc), dy, _arg(s_t, target), z_arg, scope, q_min, q_max)
+            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, scope, q_min, q_max)
             return dx, None, None, None, None, None, None
         dx, ds, dz = _run_lsq(xc, dy, s_t, z_t, scope, q_min, q_max, grad_factor)
 
@@ -563,22 +420,25 @@ def fake_quantize_learnable(
 # ---- dynamic-range fake quantization -----------------------------------------------------------
 
 
-def _dynamic_plan(xc: Any, scope: Scope, mode: QuantMode, bits: int, rounding: Rounding, target: _Target) -> Any:
-    shape, kind = tuple(xc.shape), _element(xc)
-    return _plan(
+def _dynamic_plan(
+    target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, bits: int, rounding: Rounding
+) -> Any:
+    shape = tuple(xc.shape)
+    return target.plan(
         DynamicRangeFakeQuantizePlan,
         (shape, xc.dtype, scope, mode, bits, rounding),
-        target,
         lambda: DynamicRangeFakeQuantizeDescriptor(
             shape=shape, scope=scope, mode=mode, element=kind, bits=bits, rounding=rounding
         ),
     )
 
 
-def _rng_arg(value: Any, target: _Target) -> Any:
+def _rng_arg(value: Any, target: Target) -> Any:
+    """A seed / offset as the plan takes it: a Python int as is, a tensor moved to the data's
+    device (one-element int64: the plan checks it)."""
     if value is None or not isinstance(value, torch.Tensor):
         return value
-    return _arg(_contiguous(value.to(device=target.device)), target)
+    return target.arg(_contiguous(value.to(device=target.device)))
 
 
 class DynamicFakeQuantizeFunction(torch.autograd.Function):
@@ -601,17 +461,26 @@ class DynamicFakeQuantizeFunction(torch.autograd.Function):
         rng_seed: Any,
         rng_offset: Any,
     ) -> Any:
-        xc = _contiguous(x)
-        target = _target(xc)
-        plan = _dynamic_plan(xc, scope, mode, bits, rounding, target)
+        xc, kind, target = _input(x)
+        plan = _dynamic_plan(target, xc, kind, scope, mode, bits, rounding)
         y = torch.empty_like(xc)
+        # Unchecked where this call established what the plan would check: nearest rounding
+        # without seeds, or stochastic rounding with Python-int seeds (checked here, the plan's
+        # rule: [0, 2**64)). Seed tensors, and seeds given to nearest rounding, the plan checks.
+        if rounding is Rounding.STOCHASTIC:
+            unchecked = type(rng_seed) is int and type(rng_offset) is int
+            if unchecked:
+                check_seed(rng_seed, "rng_seed")
+                check_seed(rng_offset, "rng_offset")
+        else:
+            unchecked = rng_seed is None and rng_offset is None
         args = DynamicRangeFakeQuantizeArgs(
-            input=_arg(xc, target),
-            output=_arg(y, target),
+            input=target.arg(xc),
+            output=target.arg(y),
             rng_seed=_rng_arg(rng_seed, target),
             rng_offset=_rng_arg(rng_offset, target),
         )
-        plan.run(target.stream, _workspace(plan, target), args)
+        target.run_with_workspace(plan, args, check=not unchecked)
         return y
 
     @staticmethod
@@ -870,16 +739,32 @@ class DynamicFakeQuantize(torch.nn.Module):
         self.rounding = rounding
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()).item())
-        self.rng_seed = int(seed)
-        self.rng_offset = 0
+        self._philox = PhiloxCounter(seed)
+
+    @property
+    def rng_seed(self) -> int:
+        """The Philox key of the stochastic rounding."""
+        return self._philox.seed
+
+    @rng_seed.setter
+    def rng_seed(self, value: int) -> None:
+        self._philox.seed = check_seed(value, "rng_seed")
+
+    @property
+    def rng_offset(self) -> int:
+        """The Philox counter offset of the next call (advances by ``x.numel()`` per call)."""
+        return self._philox.offset
+
+    @rng_offset.setter
+    def rng_offset(self, value: int) -> None:
+        self._philox.offset = check_seed(value, "rng_offset")
 
     def forward(self, x: Any) -> Any:
         """``x`` fake-quantized with its own range (advances the offset when stochastic)."""
         if self.rounding is not Rounding.STOCHASTIC:
-            return dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding)
-        offset = self.rng_offset
-        self.rng_offset = (offset + x.numel()) % 2**64
-        return dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding, self.rng_seed, offset)
+            return DynamicFakeQuantizeFunction.apply(x, self.bits, self.mode, self.scope, self.rounding, None, None)
+        seed, offset = self._philox.take(x.numel())
+        return DynamicFakeQuantizeFunction.apply(x, self.bits, self.mode, self.scope, self.rounding, seed, offset)
 
     def get_extra_state(self) -> dict[str, int]:
         """The Philox seed and offset (saved in the ``state_dict``)."""
@@ -887,8 +772,7 @@ class DynamicFakeQuantize(torch.nn.Module):
 
     def set_extra_state(self, state: dict[str, int]) -> None:
         """Restore the Philox seed and offset from a ``state_dict``."""
-        self.rng_seed = int(state["rng_seed"])
-        self.rng_offset = int(state["rng_offset"])
+        self._philox = PhiloxCounter(int(state["rng_seed"]), int(state["rng_offset"]))
 
     def extra_repr(self) -> str:
         return f"bits={self.bits}, {self.mode.value}, scope={_scope_text(self.scope)}, rounding={self.rounding.value}"

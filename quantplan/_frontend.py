@@ -1,0 +1,472 @@
+"""Where a front-end call runs: one target per (library, device, stream), one plan cache.
+
+The array front-ends (:mod:`quantplan.pytorch`, :mod:`quantplan.distributed`,
+:mod:`quantplan.compat.deepspeed`) take the user's arrays as they come and run plans where they
+live. :meth:`Target.of` reads that from the arrays:
+
+* NumPy arrays and PyTorch CPU tensors run on the NumPy reference backend (PyTorch CPU tensors
+  reach the plans as zero-copy NumPy views, bfloat16 as its uint16 bits);
+* PyTorch CUDA tensors run on the CUDA backend on ``torch.cuda.current_stream()`` of their device,
+  CuPy arrays on CuPy's current stream of their device; outputs and workspaces are allocated by the
+  same library on the same device (stream-ordered by its caching allocator).
+
+A :class:`Target` is made once per (library, device, stream) and reused, so the per-call work is
+a type lookup, a device index and (CUDA) the current stream's handle. Plans are selected once per
+(plan class, problem key, device) and kept in ONE per-thread cache of :data:`PLAN_CACHE_SIZE`
+entries (least recently used dropped first; plans are not safe to run from two host threads at
+once); the key is whatever cheap tuple the front-end builds (shapes, dtypes, modes: no descriptor
+is built on a hit). :func:`clear_plan_cache` empties the caches of every thread.
+
+Nothing here imports PyTorch or CuPy before an array of theirs arrives.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidProblem, Unsupported
+from .types import BackendKind, PlanPreference
+from .workspace import Workspace
+
+#: Plans one thread keeps (least recently used dropped first).
+PLAN_CACHE_SIZE = 256
+
+NUMPY, CUPY, TORCH = "numpy", "cupy", "torch"
+
+_CUDA = PlanPreference(backend=BackendKind.CUDA)
+_REFERENCE = PlanPreference(backend=BackendKind.REFERENCE)
+
+
+class DeviceStream:
+    """A raw ``cudaStream_t`` and the device it belongs to, in the form the plans read
+    (``cuda_stream`` for the handle, ``device_id`` for ``select``)."""
+
+    __slots__ = ("cuda_stream", "device_id")
+
+    def __init__(self, cuda_stream: int, device_id: int) -> None:
+        self.cuda_stream = cuda_stream
+        self.device_id = device_id
+
+    def __repr__(self) -> str:
+        return f"DeviceStream(cuda_stream={self.cuda_stream:#x}, device_id={self.device_id})"
+
+
+class ArrayWorkspace(Workspace):
+    """A :class:`~quantplan.Workspace` over a uint8 array of any library (its device pointer read once)."""
+
+    __slots__ = ("_ptr",)
+
+    def __init__(self, buffer: Any, nbytes: int, ptr: int) -> None:
+        super().__init__(buffer, nbytes)
+        self._ptr = ptr
+
+    @property
+    def ptr(self) -> int:
+        """Device pointer of the buffer."""
+        return self._ptr
+
+
+# ---- dtypes ------------------------------------------------------------------------------------
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(a: Any) -> str:
+    """The element type of array ``a`` as a NumPy-style name (``float16``, ``bfloat16``, ``int8``, ...)."""
+    dtype = a.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        text = str(dtype)
+        name = text[6:] if text.startswith("torch.") else np.dtype(dtype).name
+        _DTYPE_NAMES[dtype] = name
+    return name
+
+
+#: PyTorch, imported when the first tensor arrives (None before: NumPy / CuPy users need no PyTorch).
+torch: Any = None
+_TORCH_DTYPES: dict[str, Any] = {}
+
+
+def _import_torch() -> Any:
+    global torch
+    if torch is None:
+        import torch as module
+
+        for name in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64"):
+            _TORCH_DTYPES[name] = getattr(module, name)
+        torch = module
+    return torch
+
+
+# ---- targets -----------------------------------------------------------------------------------
+
+
+class Target:
+    """The library, device and stream of one call, and what runs a plan there.
+
+    ``library``: ``"numpy"``, ``"cupy"`` or ``"torch"``; ``index``: the CUDA device (None on the
+    host); ``cuda``: whether plans run on the CUDA backend; ``stream``: the library's current
+    stream of that device as a :class:`DeviceStream` (None on the host); ``handle``: its raw
+    ``cudaStream_t`` (None on the host), what ``run`` is given; ``device``: the ``torch.device``
+    of a PyTorch target.
+    """
+
+    __slots__ = ("cuda", "device", "handle", "index", "library", "pref", "stream")
+
+    def __init__(self, library: str, index: int | None, handle: int | None, device: Any = None) -> None:
+        self.library = library
+        self.index = index
+        self.cuda = index is not None
+        self.pref = _CUDA if self.cuda else _REFERENCE
+        self.handle = handle
+        self.stream = None if index is None or handle is None else DeviceStream(handle, index)
+        self.device = device
+
+    def __repr__(self) -> str:
+        where = "host" if self.index is None else f"cuda:{self.index}, stream {self.handle:#x}"
+        return f"Target({self.library}, {where})"
+
+    # ---- where -----------------------------------------------------------------------------
+
+    @staticmethod
+    def of(array: Any, *more: Any) -> Target:
+        """The target of a call whose array arguments are ``array`` and ``more`` (None entries
+        skipped): one library, one device (InvalidProblem otherwise)."""
+        target = _target_of(array)
+        for other in more:
+            if other is not None:
+                found = _target_of(other)
+                if found is not target:
+                    _mismatch(target, found)
+        return target
+
+    # ---- plans -----------------------------------------------------------------------------
+
+    def plan(self, plan_cls: Any, key: Hashable, make_desc: Callable[[], Any] | None = None) -> Any:
+        """``plan_cls.select`` on this target, once per (``plan_cls``, ``key``, device).
+
+        ``key``: the descriptor itself, or (with ``make_desc``) any cheap hashable tuple that
+        determines it; ``make_desc()`` builds the descriptor on a miss only.
+        """
+        cache = _LOCAL.plans
+        if cache is None:
+            cache = _new_cache()
+        full = (plan_cls, self.index, key)
+        found = cache.get(full)
+        if found is not None:
+            cache.move_to_end(full)
+            return found
+        return _store(cache, full, self.select(plan_cls, key if make_desc is None else make_desc()))
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """What ``build()`` returns (e.g. a plan with facts derived from its problem), once per
+        (``key``, device), in the same cache as :meth:`plan`. ``key`` should start with something
+        that names what is cached (a class), so it cannot meet another front-end's keys."""
+        cache = _LOCAL.plans
+        if cache is None:
+            cache = _new_cache()
+        full = (key, self.index)
+        found = cache.get(full)
+        if found is not None:
+            cache.move_to_end(full)
+            return found
+        return _store(cache, full, build())
+
+    def select(self, plan_cls: Any, desc: Any) -> Any:
+        """``plan_cls.select(stream, desc, pref)`` for this target, uncached (CUDA: with the
+        target's device current, so kernels load there)."""
+        if not self.cuda:
+            return plan_cls.select(None, desc, self.pref)
+        import cupy
+
+        with cupy.cuda.Device(self.index):
+            return plan_cls.select(self.stream, desc, self.pref)
+
+    def run(self, plan: Any, args: Any, workspace: Workspace | None = None, *, check: bool = True) -> None:
+        """``plan.run`` on this target's stream. ``check=False`` when the front-end has established
+        everything the plan's argument checks would (passed on where the plan takes it)."""
+        if check or not _takes_check(type(plan)):
+            plan.run(self.handle, workspace, args)
+        else:
+            plan.run(self.handle, workspace, args, check=False)
+
+    def run_with_workspace(self, plan: Any, args: Any, *, check: bool = True) -> None:
+        """:meth:`run` with a fresh workspace of ``plan.workspace_size()`` bytes (none when 0)."""
+        nbytes = plan.workspace_size()
+        self.run(plan, args, self.workspace(nbytes) if nbytes else None, check=check)
+
+    # ---- memory ----------------------------------------------------------------------------
+
+    def workspace(self, nbytes: int) -> Workspace | None:
+        """Scratch of ``nbytes`` on this target (None when 0), from the library's allocator."""
+        if nbytes <= 0:
+            return None
+        if not self.cuda:
+            return Workspace.allocate(nbytes, device=False)
+        buffer = self.empty((nbytes,), "uint8")
+        ptr = buffer.data_ptr() if self.library == TORCH else buffer.data.ptr
+        return ArrayWorkspace(buffer, nbytes, int(ptr))
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        """An uninitialized array of ``shape`` and ``dtype`` (a NumPy-style name) on this target."""
+        if self.library == TORCH:
+            return torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=self.device)
+        if self.library == NUMPY:
+            return np.empty(shape, dtype)
+        import cupy
+
+        with cupy.cuda.Device(self.index):
+            return cupy.empty(shape, dtype)
+
+    def arg(self, a: Any) -> Any:
+        """What a plan takes for array ``a`` of this target: the array itself, or for a PyTorch
+        CPU tensor a zero-copy NumPy view (bfloat16 as its uint16 bits). Anything else (None, a
+        Python number) as it is."""
+        if self.cuda or self.library != TORCH or not isinstance(a, torch.Tensor):
+            return a
+        if a.dtype is torch.bfloat16:
+            return a.view(torch.int16).numpy().view(np.uint16)
+        return a.numpy()
+
+    # ---- array operations in the target's library --------------------------------------------
+
+    def is_contiguous(self, a: Any) -> bool:
+        """Whether ``a`` is C-contiguous."""
+        return bool(a.is_contiguous()) if self.library == TORCH else bool(a.flags.c_contiguous)
+
+    def contiguous(self, a: Any) -> Any:
+        """``a`` itself (detached, for PyTorch) when C-contiguous, else a contiguous copy."""
+        if self.library == TORCH:
+            a = a.detach()
+            return a if a.is_contiguous() else a.contiguous()
+        if a.flags.c_contiguous:
+            return a
+        if self.library == NUMPY:
+            return np.ascontiguousarray(a)
+        import cupy
+
+        return cupy.ascontiguousarray(a)
+
+    def view(self, a: Any, dtype: str) -> Any:
+        """``a`` reinterpreted as ``dtype`` (a NumPy-style name of the same itemsize), no copy."""
+        return a.view(_TORCH_DTYPES[dtype]) if self.library == TORCH else a.view(dtype)
+
+    def copy_into(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src`` (same shape, same library)."""
+        if self.library == TORCH:
+            dst.copy_(src)
+        else:
+            dst[...] = src
+
+
+_NUMPY_TARGET = Target(NUMPY, None, None)
+_TORCH_CPU: list[Target] = []
+#: (library, device index, stream handle) -> Target.
+_TARGETS: dict[tuple[str, int, int], Target] = {}
+_TARGETS_LOCK = threading.Lock()
+_LIBRARIES: dict[type, str] = {np.ndarray: NUMPY}
+
+
+def _library(a: Any) -> str:
+    kind = type(a)
+    library = _LIBRARIES.get(kind)
+    if library is not None:
+        return library
+    module = kind.__module__
+    if isinstance(a, np.ndarray):
+        library = NUMPY
+    elif module.startswith("cupy"):
+        library = CUPY
+    elif module.startswith("torch"):
+        library = TORCH
+        _import_torch()
+    else:
+        raise InvalidProblem(f"expected a NumPy array, a CuPy array or a PyTorch tensor, got {kind.__name__}")
+    _LIBRARIES[kind] = library
+    return library
+
+
+def _target_of(a: Any) -> Target:
+    library = _library(a)
+    if library == TORCH:
+        if a.is_cuda:
+            index = a.get_device()
+            return _cuda_target(TORCH, index, _torch_stream(index))
+        if a.is_cpu:
+            return _torch_cpu_target()
+        raise InvalidProblem(
+            f"a tensor lives on a {a.device.type!r} device; quantplan runs CUDA tensors (CUDA backend) and CPU "
+            f"tensors (reference backend): move it with .cuda() or .cpu()"
+        )
+    if library == NUMPY:
+        return _NUMPY_TARGET
+    index = int(a.device.id)
+    return _cuda_target(CUPY, index, _cupy_stream(index))
+
+
+def _cuda_target(library: str, index: int, handle: int) -> Target:
+    key = (library, index, handle)
+    found = _TARGETS.get(key)
+    if found is None:
+        device = torch.device("cuda", index) if library == TORCH else None
+        with _TARGETS_LOCK:
+            found = _TARGETS.setdefault(key, Target(library, index, handle, device))
+    return found
+
+
+def _torch_cpu_target() -> Target:
+    if not _TORCH_CPU:
+        _TORCH_CPU.append(Target(TORCH, None, None, torch.device("cpu")))
+    return _TORCH_CPU[0]
+
+
+_RAW_STREAM: list[Callable[[int], int]] = []
+
+
+def _torch_stream(index: int) -> int:
+    """The raw handle of ``torch.cuda.current_stream(index)`` (through PyTorch's raw-stream getter
+    where it has one: no Stream object per call)."""
+    if not _RAW_STREAM:
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _RAW_STREAM.append(raw if raw is not None else lambda i: int(torch.cuda.current_stream(i).cuda_stream))
+    return int(_RAW_STREAM[0](index))
+
+
+def _cupy_stream(index: int) -> int:
+    """The raw handle of CuPy's current stream of device ``index``."""
+    import cupy
+
+    with cupy.cuda.Device(index):
+        return int(cupy.cuda.get_current_stream().ptr)
+
+
+def _mismatch(a: Target, b: Target) -> None:
+    if a.library != b.library:
+        raise InvalidProblem(
+            f"the arrays of one call must come from one library, got {sorted({a.library, b.library})}; "
+            f"move them all to NumPy (reference) or all to the GPU (CuPy or PyTorch CUDA)"
+        )
+    where = sorted("cpu" if t.index is None else f"cuda:{t.index}" for t in (a, b))
+    if a.index == b.index:  # same device, two streams: cannot happen within one call
+        raise InvalidProblem(f"the arrays of one call must share one stream, got {a} and {b}")
+    raise InvalidProblem(f"the arrays of one call must live on one device, got {where}")
+
+
+def cupy_stream(device: Any) -> Any:
+    """``torch.cuda.current_stream(device)`` as a ``cupy.cuda.ExternalStream`` (cached per
+    (device, stream handle); creating one makes no CUDA call, so it is safe during graph capture)."""
+    _import_torch()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    handle = _torch_stream(index)
+    key = (index, handle)
+    stream = _EXTERNAL.get(key)
+    if stream is None:
+        try:
+            import cupy
+        except ImportError as exc:
+            raise Unsupported(
+                "CUDA tensors run on quantplan's CUDA backend, which needs CuPy: "
+                "pip install 'quantplan[cuda12]' (or [cuda13]); CPU tensors need no CuPy"
+            ) from exc
+        stream = cupy.cuda.ExternalStream(handle, index)
+        with _TARGETS_LOCK:
+            _EXTERNAL[key] = stream
+    return stream
+
+
+_EXTERNAL: dict[tuple[int, int], Any] = {}
+
+
+# ---- plan cache --------------------------------------------------------------------------------
+
+
+class _ThreadCaches(threading.local):
+    plans: OrderedDict[Hashable, Any] | None = None
+
+
+_LOCAL = _ThreadCaches()
+_ALL_CACHES: list[OrderedDict[Hashable, Any]] = []
+_ALL_CACHES_LOCK = threading.Lock()
+
+
+def _new_cache() -> OrderedDict[Hashable, Any]:
+    cache: OrderedDict[Hashable, Any] = OrderedDict()
+    _LOCAL.plans = cache
+    with _ALL_CACHES_LOCK:
+        _ALL_CACHES.append(cache)
+    return cache
+
+
+def _store(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any) -> Any:
+    cache[key] = value
+    if len(cache) > PLAN_CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def clear_plan_cache() -> None:
+    """Drop every cached plan of every front-end and thread (their kernels stay loaded); the next
+    call of each op selects again."""
+    with _ALL_CACHES_LOCK:
+        for cache in _ALL_CACHES:
+            cache.clear()
+
+
+_TAKES_CHECK: dict[type, bool] = {}
+
+
+def _takes_check(plan_cls: type) -> bool:
+    """Whether ``plan_cls.run`` has the ``check`` keyword (read once per class)."""
+    found = _TAKES_CHECK.get(plan_cls)
+    if found is None:
+        found = _TAKES_CHECK[plan_cls] = "check" in inspect.signature(plan_cls.run).parameters  # type: ignore[attr-defined]
+    return found
+
+
+# ---- Philox streams ------------------------------------------------------------------------------
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """``value`` as a Philox seed / offset: an integer in [0, 2**64) (InvalidProblem otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < 2**64:
+        raise InvalidProblem(f"{name}={value!r} must be an integer in [0, 2**64)")
+    return int(value)
+
+
+class PhiloxCounter:
+    """A Philox key (``seed``) and a counter ``offset`` that hands out fresh, reproducible draws:
+    :meth:`take` returns ``(seed, offset)`` and advances the offset (modulo 2**64)."""
+
+    __slots__ = ("offset", "seed")
+
+    def __init__(self, seed: int, offset: int = 0) -> None:
+        self.seed = check_seed(seed, "seed")
+        self.offset = check_seed(offset, "offset")
+
+    def take(self, count: int) -> tuple[int, int]:
+        """``(seed, offset)`` for one call, then the offset advances by ``count``."""
+        offset = self.offset
+        self.offset = (offset + count) % 2**64
+        return self.seed, offset
+
+
+__all__ = [
+    "CUPY",
+    "NUMPY",
+    "PLAN_CACHE_SIZE",
+    "TORCH",
+    "ArrayWorkspace",
+    "DeviceStream",
+    "PhiloxCounter",
+    "Target",
+    "check_seed",
+    "clear_plan_cache",
+    "cupy_stream",
+    "dtype_name",
+]
