@@ -8,6 +8,10 @@ Describe a problem with a descriptor, ``select`` a plan for it, ``run`` it on a 
     plan = qp.QuantizePlan.select(None, desc)
     plan.run(None, None, qp.QuantizeArgs(input=x, output=q, scale=s))
 
+Or, in one line (the functional layer, :mod:`quantplan.functional`)::
+
+    qt = qp.quantize(x, "int8", scope=qp.TokenScope())   # codes, scale; qt.dequantize()
+
 Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy reference backend
 (:mod:`quantplan.reference`) otherwise, with the same results bit for bit.
 """
@@ -15,6 +19,9 @@ Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy r
 from __future__ import annotations
 
 from ._device import cuda_available
+
+# The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
+from ._frontend import clear_plan_cache  # noqa: E402
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
@@ -38,6 +45,7 @@ from .fake_quantize import (
     FakeQuantizeDescriptor,
     FakeQuantizePlan,
 )
+from .functional import QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
 from .quantize_backward import (
     DequantizeBackwardArgs,
     DequantizeBackwardDescriptor,
@@ -135,6 +143,11 @@ __all__ = [
     "Unsupported",
     "Workspace",
     "WorkspaceTooSmall",
+    "QuantizedTensor",
+    "clear_plan_cache",
     "cuda_available",
+    "dequantize",
+    "fake_quantize",
+    "quantize",
     "__version__",
 ]

@@ -1,0 +1,373 @@
+"""One-line quantization for notebooks and scripts: ``qp.quantize``, ``qp.dequantize``, ``qp.fake_quantize``.
+
+```python
+qt = qp.quantize(x, "int8", scope=qp.TokenScope())          # scale from each row's range
+qt = qp.quantize(x, "int4", group_size=128, asymmetric=True)  # groups of 128 along the last axis
+y = qt.dequantize()                                           # back to x's dtype
+y = qp.fake_quantize(x, 0.05, q_min=-128, q_max=127)          # QAT forward, PyTorch's formula
+```
+
+These functions are a thin layer over the plans: each call reads where ``x`` lives (a NumPy array, a
+CuPy array, a PyTorch CPU or CUDA tensor), selects the plan once per problem (shape, dtypes, scope,
+mode, range) and device and keeps it in the front-ends' plan cache, allocates the outputs with the
+same library on the same device, and runs on that library's current stream. The results are the
+plans' results, bit for bit: NumPy arrays and PyTorch CPU tensors run on the NumPy reference
+backend, CuPy arrays and PyTorch CUDA tensors on the CUDA kernels.
+
+**When to use:** quantizing a tensor in a notebook, a test or a script, where writing a descriptor,
+a plan and preallocated outputs is more ceremony than the job needs. In a hot loop that must not
+allocate (CUDA graphs, fixed buffers), hold a plan and call ``plan.run`` instead.
+
+Decisions (also in the CHANGELOG): the default scope is :class:`~quantplan.TensorScope`;
+``group_size=g`` is a shortcut for ``GroupScope(axis=-1, group_size=g)``; a non-contiguous input is
+copied to a contiguous one first; CuPy arrays of dtype uint16 are read as bfloat16 bits (CuPy has no
+bfloat16); FP8 codes are returned as ``float8_e4m3fn`` / ``float8_e5m2`` arrays where the library
+has the type (NumPy through ml_dtypes, PyTorch) and as uint8 bits in CuPy; stochastic rounding
+without a ``seed`` draws a fresh 64-bit seed from the operating system.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ._frontend import TORCH, Target, dtype_name
+from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
+from .elements import ELEMENTS
+from .errors import InvalidProblem
+from .fake_quantize import FakeQuantizeArgs, FakeQuantizeDescriptor, FakeQuantizePlan
+from .static_quantize import (
+    DequantizeArgs,
+    DequantizeDescriptor,
+    DequantizePlan,
+    QuantizeArgs,
+    QuantizeDescriptor,
+    QuantizePlan,
+)
+from .types import ChannelScope, ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding, Scope, TensorScope
+
+#: Short names of the quantized kinds (ElementKind names work too, in any case).
+CODE_NAMES: dict[str, ElementKind] = {
+    "int8": ElementKind.S8,
+    "uint8": ElementKind.U8,
+    "int4": ElementKind.S4,
+    "uint4": ElementKind.U4,
+    "fp8_e4m3": ElementKind.FP8_E4M3,
+    "float8_e4m3fn": ElementKind.FP8_E4M3,
+    "fp8_e5m2": ElementKind.FP8_E5M2,
+    "float8_e5m2": ElementKind.FP8_E5M2,
+}
+#: Short names of the float kinds; also the dtype names of the arrays read (uint16: CuPy bfloat16 bits).
+FLOAT_NAMES: dict[str, ElementKind] = {
+    "float16": ElementKind.F16,
+    "half": ElementKind.F16,
+    "bfloat16": ElementKind.BF16,
+    "uint16": ElementKind.BF16,
+    "float32": ElementKind.F32,
+    "float": ElementKind.F32,
+    "float64": ElementKind.F64,
+    "double": ElementKind.F64,
+}
+_CODE_TYPE_NAMES = {ElementKind.FP8_E4M3: "float8_e4m3fn", ElementKind.FP8_E5M2: "float8_e5m2"}
+
+
+def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
+    """``value`` as an ElementKind of ``names``' family (an ElementKind, a short name or a kind name)."""
+    kind = value if isinstance(value, ElementKind) else None
+    if kind is None and isinstance(value, str):
+        kind = names.get(value.lower()) or ElementKind.__members__.get(value.upper())
+    if kind is None or kind not in names.values():
+        choices = ", ".join(repr(n) for n in names if n != "uint16")
+        raise InvalidProblem(f"{what}={value!r} is not one this function takes; use an ElementKind or one of {choices}")
+    return kind
+
+
+def _float_kind(x: Any) -> ElementKind:
+    name = dtype_name(x)
+    kind = FLOAT_NAMES.get(name)
+    if kind is None:
+        raise InvalidProblem(
+            f"input has dtype {name}; quantize float16, bfloat16, float32 or float64 data "
+            f"(CuPy bfloat16 as uint16 bits)"
+        )
+    return kind
+
+
+def _scope(scope: Scope | None, group_size: int | None, axis: int | None) -> Scope:
+    given = [name for name, v in (("scope", scope), ("group_size", group_size), ("axis", axis)) if v is not None]
+    if len(given) > 1:
+        raise InvalidProblem(f"give one of scope=, group_size=, axis= (got {', '.join(given)})")
+    if group_size is not None:
+        return GroupScope(axis=-1, group_size=group_size)
+    if axis is not None:
+        return ChannelScope(axis=axis)
+    return scope if scope is not None else TensorScope()
+
+
+def _codes_view(target: Target, codes: Any, kind: ElementKind) -> Any:
+    """FP8 codes typed as float8 where the library has the type (the plans wrote their bits)."""
+    name = _CODE_TYPE_NAMES.get(kind)
+    if name is None or target.library not in (TORCH, "numpy"):
+        return codes
+    if target.library == TORCH:
+        return codes.view(_torch_dtype(name))
+    return codes.view(ELEMENTS[kind].numpy_dtype)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _rng(rounding: Rounding, seed: int | None, offset: int) -> tuple[int | None, int | None]:
+    if rounding is not Rounding.STOCHASTIC:
+        if seed is not None:
+            raise InvalidProblem("seed= applies to rounding=Rounding.STOCHASTIC only")
+        return None, None
+    return (int.from_bytes(os.urandom(8), "little") if seed is None else seed), offset
+
+
+@dataclass(frozen=True, slots=True)
+class _Quantizer:
+    """What one cached problem needs per call: the plan, its output layout and the dequantize descriptor."""
+
+    plan: Any
+    codes_shape: tuple[int, ...]
+    codes_dtype: str
+    param_shape: tuple[int, ...]
+    param_dtype: str
+    dequantize: DequantizeDescriptor
+
+
+def _quantizer(
+    target: Target, key: tuple[Any, ...], desc_cls: Any, plan_cls: Any, fields: dict[str, Any]
+) -> _Quantizer:
+    def build() -> _Quantizer:
+        desc = desc_cls(**fields)
+        plan = target.select(plan_cls, desc)
+        info = ELEMENTS[desc.output_element]
+        codes_dtype = "uint8" if info.is_packed or info.is_fp8 else info.numpy_dtype.name
+        param_dtype = "float64" if desc.input_element is ElementKind.F64 else "float32"
+        deq = DequantizeDescriptor(
+            shape=desc.shape,
+            scope=desc.scope,
+            mode=desc.mode,
+            input_element=desc.output_element,
+            output_element=desc.input_element,
+            nibble_order=desc.nibble_order,
+        )
+        return _Quantizer(plan, desc.output_shape, codes_dtype, desc.param_shape, param_dtype, deq)
+
+    return target.cached((_Quantizer, *key), build)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """Codes and the parameters that decode them: ``x ~= (codes - zero_point) * scale``.
+
+    ``codes``: the quantized storage (S4 / U4 packed two per byte along the last axis, FP8 typed as
+    float8 where the library has the type); ``scale``: float32 (float64 for F64 data) of the
+    scope's parameter shape; ``zero_point``: int32 of the same shape, None when symmetric;
+    ``descriptor``: the :class:`~quantplan.DequantizeDescriptor` that decodes them. All arrays are
+    of the input's library and device.
+    """
+
+    codes: Any
+    scale: Any
+    zero_point: Any
+    descriptor: DequantizeDescriptor
+
+    def dequantize(self, dtype: ElementKind | str | None = None) -> Any:
+        """``(codes - zero_point) * scale`` as a new array of the original float dtype (or ``dtype``)."""
+        return dequantize(self, dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical shape of the quantized data (not of the packed storage)."""
+        return self.descriptor.shape
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: codes, scales and zero points."""
+        return sum(int(getattr(a, "nbytes", 0)) for a in (self.codes, self.scale, self.zero_point))
+
+    def __repr__(self) -> str:
+        d = self.descriptor
+        target = Target.of(self.codes)
+        where = "host" if target.index is None else f"cuda:{target.index}"
+        zp = "" if self.zero_point is None else ", zero_point int32"
+        scale = f"scale {tuple(self.scale.shape)}" if hasattr(self.scale, "shape") else f"scale {self.scale!r}"
+        return (
+            f"QuantizedTensor({d.input_element.name} codes of {d.shape}, {d.scope!r}, {d.mode.value}, {scale}"
+            f"{zp}, {self.nbytes} bytes, {target.library} on {where})"
+        )
+
+
+def quantize(
+    x: Any,
+    dtype: ElementKind | str = "int8",
+    *,
+    scope: Scope | None = None,
+    group_size: int | None = None,
+    axis: int | None = None,
+    asymmetric: bool = False,
+    scale: Any = None,
+    zero_point: Any = None,
+    q_min: int | None = None,
+    q_max: int | None = None,
+    rounding: Rounding = Rounding.NEAREST_EVEN,
+    seed: int | None = None,
+    offset: int = 0,
+    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
+) -> QuantizedTensor:
+    """Quantize ``x`` to ``dtype`` codes; the scale comes from the data unless one is given.
+
+    Dynamic range (no ``scale``): symmetric ``scale = amax / q_max`` (FP8: ``amax / fp8_max``),
+    asymmetric ``scale = (hi - lo) / (q_max - q_min)`` with ``lo = min(min x, 0)``,
+    ``hi = max(max x, 0)`` and ``zp = clamp(q_min - rne(lo / scale), q_min, q_max)``, per segment of
+    the scope; then ``q = clamp(rne(x / scale) + zp, q_min, q_max)``. Static (``scale`` given, and
+    ``zero_point`` for asymmetric): the same last formula with the given parameters. This is
+    :class:`~quantplan.DynamicRangeQuantizePlan` / :class:`~quantplan.QuantizePlan`, bit for bit.
+
+    **When to use:** one call in a notebook or script; see the module docstring for hot loops.
+
+    **Dtypes:** ``x`` float16, bfloat16, float32 or float64 (NumPy, CuPy, PyTorch); ``dtype`` one of
+    ``"int8"``, ``"uint8"``, ``"int4"``, ``"uint4"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` or an
+    :class:`~quantplan.ElementKind`. A static ``scale`` is a Python float (tensor scope) or an array
+    of the scope's parameter shape (float32; float64 for float64 data) of the same library.
+
+    **Shape limits:** any rank; ``group_size`` must divide the last axis; ``axis`` picks a channel
+    scope. Exactly one of ``scope``, ``group_size``, ``axis`` (or none: one scale for the tensor).
+
+    **Precision guarantee:** as the plans: float32 arithmetic (float64 for float64), IEEE division,
+    round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
+    ``seed`` and ``offset``); deterministic.
+    """
+    target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale)
+    x = target.contiguous(x)
+    float_kind = _float_kind(x)
+    code_kind = _kind(dtype, CODE_NAMES, "dtype")
+    chosen = _scope(scope, group_size, axis)
+    dynamic = scale is None
+    if dynamic and zero_point is not None:
+        raise InvalidProblem("zero_point= goes with a static scale=; without a scale both come from the data")
+    mode = QuantMode.ASYMMETRIC if (asymmetric or zero_point is not None) else QuantMode.SYMMETRIC
+    if not dynamic and mode is QuantMode.ASYMMETRIC and zero_point is None:
+        raise InvalidProblem("asymmetric=True with a static scale= needs zero_point= too")
+    rng_seed, rng_offset = _rng(rounding, seed, offset)
+    shape = tuple(x.shape)
+    key = (dynamic, shape, float_kind, code_kind, chosen, mode, q_min, q_max, rounding, nibble_order)
+    fields = dict(
+        shape=shape,
+        scope=chosen,
+        mode=mode,
+        input_element=float_kind,
+        output_element=code_kind,
+        q_min=q_min,
+        q_max=q_max,
+        nibble_order=nibble_order,
+        rounding=rounding,
+    )
+    arg = target.arg
+    if dynamic:
+        job = _quantizer(target, key, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan, fields)
+        codes = target.empty(job.codes_shape, job.codes_dtype)
+        scale_out = target.empty(job.param_shape, job.param_dtype)
+        zp_out = target.empty(job.param_shape, "int32") if mode is QuantMode.ASYMMETRIC else None
+        args: Any = DynamicRangeQuantizeArgs(arg(x), arg(codes), arg(scale_out), arg(zp_out), rng_seed, rng_offset)
+        target.run_with_workspace(job.plan, args)
+        return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, job.dequantize)
+    job = _quantizer(target, key, QuantizeDescriptor, QuantizePlan, fields)
+    codes = target.empty(job.codes_shape, job.codes_dtype)
+    args = QuantizeArgs(arg(x), arg(codes), arg(scale), arg(zero_point), rng_seed, rng_offset)
+    target.run_with_workspace(job.plan, args)
+    return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zero_point, job.dequantize)
+
+
+def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> Any:
+    """``y = (codes - zero_point) * scale`` rounded once to ``dtype`` (default: the dtype quantized).
+
+    A ``dtype`` of another precision than the data quantized (float32 output of float64 data, or the
+    reverse) first rounds the scale to that precision's parameter type (float32 / float64).
+
+    This is :class:`~quantplan.DequantizePlan`, bit for bit: float32 arithmetic (float64 for
+    float64 output). **Dtypes:** ``dtype`` float16, bfloat16, float32, float64 (short names or
+    ElementKind). The output is a new array of the codes' library and device.
+    """
+    if not isinstance(qt, QuantizedTensor):
+        raise InvalidProblem(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
+    desc = qt.descriptor
+    out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
+    target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
+    key = (DequantizePlan, desc, out_kind)
+
+    def build() -> Any:
+        d = desc if out_kind is desc.output_element else desc.model_copy(update={"output_element": out_kind})
+        return target.select(DequantizePlan, d)
+
+    plan = target.cached(key, build)
+    out_dtype = (
+        "uint16" if out_kind is ElementKind.BF16 and target.library == "cupy" else ELEMENTS[out_kind].numpy_dtype.name
+    )
+    y = target.empty(desc.shape, out_dtype)
+    scale = qt.scale
+    param_dtype = "float64" if out_kind is ElementKind.F64 else "float32"
+    if not isinstance(scale, (int, float)) and dtype_name(scale) != param_dtype:
+        # dequantizing to another precision: the scale is rounded to that precision's parameter type
+        scale = scale.to(_torch_dtype(param_dtype)) if target.library == TORCH else scale.astype(param_dtype)
+    codes = qt.codes
+    if ELEMENTS[desc.input_element].is_fp8 and target.library == TORCH:
+        codes = target.view(codes, "uint8")  # a CPU float8 tensor has no NumPy view
+    target.run(plan, DequantizeArgs(target.arg(codes), target.arg(y), target.arg(scale), target.arg(qt.zero_point)))
+    return y
+
+
+def fake_quantize(
+    x: Any,
+    scale: Any,
+    zero_point: Any = None,
+    *,
+    scope: Scope | None = None,
+    axis: int | None = None,
+    q_min: int = -128,
+    q_max: int = 127,
+) -> Any:
+    """``y = (clamp(rne(x * inv) + zp, q_min, q_max) - zp) * scale`` with ``inv = 1 / scale`` (f32).
+
+    PyTorch's ``torch.fake_quantize_per_tensor_affine`` / ``_per_channel_affine`` bit for bit, as
+    :class:`~quantplan.FakeQuantizePlan` (for autograd, use :mod:`quantplan.pytorch`).
+
+    **When to use:** a QAT forward outside autograd, or to see what quantization does to a tensor.
+
+    **Dtypes:** ``x`` float16, bfloat16, float32, float64; ``scale`` a Python float (tensor scope)
+    or an array of the scope's parameter shape (float32; float64 for float64 data); ``zero_point``
+    None (symmetric), a Python int, or an int32 (or float, learnable-style) array.
+
+    **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
+    """
+    target = Target.of(
+        x,
+        None if isinstance(scale, (int, float)) else scale,
+        None if zero_point is None or isinstance(zero_point, (int, float)) else zero_point,
+    )
+    x = target.contiguous(x)
+    kind = _float_kind(x)
+    chosen = _scope(scope, None, axis)
+    mode = QuantMode.SYMMETRIC if zero_point is None else QuantMode.ASYMMETRIC
+    shape = tuple(x.shape)
+    key = (FakeQuantizePlan, shape, kind, chosen, mode, q_min, q_max)
+    plan = target.plan(
+        FakeQuantizePlan,
+        key,
+        lambda: FakeQuantizeDescriptor(shape=shape, scope=chosen, mode=mode, element=kind, q_min=q_min, q_max=q_max),
+    )
+    y = target.empty(shape, dtype_name(x))
+    if math.prod(shape):
+        target.run(plan, FakeQuantizeArgs(target.arg(x), target.arg(y), target.arg(scale), target.arg(zero_point)))
+    return y
+
+
+__all__ = ["CODE_NAMES", "FLOAT_NAMES", "QuantizedTensor", "dequantize", "fake_quantize", "quantize"]
