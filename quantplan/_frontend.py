@@ -191,7 +191,7 @@ class Target:
     def run(self, plan: Any, args: Any, workspace: Workspace | None = None, *, check: bool = True) -> None:
         """``plan.run`` on this target's stream. ``check=False`` when the front-end has established
         everything the plan's argument checks would (passed on where the plan takes it)."""
-        if check or not _takes_check(type(plan)):
+        if check or not takes_check(type(plan)):
             plan.run(self.handle, workspace, args)
         else:
             plan.run(self.handle, workspace, args, check=False)
@@ -253,6 +253,10 @@ class Target:
 
         return cupy.ascontiguousarray(a)
 
+    def numel(self, a: Any) -> int:
+        """The element count of ``a``."""
+        return int(a.numel()) if self.library == TORCH else int(a.size)
+
     def view(self, a: Any, dtype: str) -> Any:
         """``a`` reinterpreted as ``dtype`` (a NumPy-style name of the same itemsize), no copy."""
         return a.view(_TORCH_DTYPES[dtype]) if self.library == TORCH else a.view(dtype)
@@ -271,6 +275,16 @@ _TORCH_CPU: list[Target] = []
 _TARGETS: dict[tuple[str, int, int], Target] = {}
 _TARGETS_LOCK = threading.Lock()
 _LIBRARIES: dict[type, str] = {np.ndarray: NUMPY}
+
+
+def flat(a: Any) -> Any:
+    """``a`` as a 1-D array (itself when it is one; a view when contiguous), any library."""
+    return a if a.ndim == 1 else a.reshape(-1)
+
+
+def shaped(a: Any, shape: tuple[int, ...]) -> Any:
+    """``a`` reshaped to ``shape`` (itself when it has that shape already), any library."""
+    return a if a.shape == shape else a.reshape(shape)
 
 
 def _library(a: Any) -> str:
@@ -421,8 +435,9 @@ def clear_plan_cache() -> None:
 _TAKES_CHECK: dict[type, bool] = {}
 
 
-def _takes_check(plan_cls: type) -> bool:
-    """Whether ``plan_cls.run`` has the ``check`` keyword (read once per class)."""
+def takes_check(plan_cls: type) -> bool:
+    """Whether ``plan_cls.run`` has the ``check`` keyword (read once per class): only then does
+    ``Target.run(..., check=False)`` skip the plan's argument checks."""
     found = _TAKES_CHECK.get(plan_cls)
     if found is None:
         found = _TAKES_CHECK[plan_cls] = "check" in inspect.signature(plan_cls.run).parameters  # type: ignore[attr-defined]
@@ -469,4 +484,7 @@ __all__ = [
     "clear_plan_cache",
     "cupy_stream",
     "dtype_name",
+    "flat",
+    "shaped",
+    "takes_check",
 ]

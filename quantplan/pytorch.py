@@ -46,7 +46,16 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without PyTorch
     raise ImportError("quantplan.pytorch needs PyTorch: pip install torch") from exc
 
-from ._frontend import PLAN_CACHE_SIZE, PhiloxCounter, Target, check_seed, clear_plan_cache, cupy_stream
+from ._frontend import (
+    PLAN_CACHE_SIZE,
+    PhiloxCounter,
+    Target,
+    check_seed,
+    clear_plan_cache,
+    cupy_stream,
+    shaped,
+    takes_check,
+)
 from ._layout import normalize_axis, param_shape
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
@@ -112,10 +121,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _param(value: Any, name: str, pshape: tuple[int, ...], dtype: Any, x: Any) -> Any:
-    """``value`` (tensor, sequence or number) as a detached C-contiguous tensor of ``pshape`` and
-    ``dtype`` on ``x``'s device: a tensor of the parameter count is reshaped (``(C,)`` for a channel
-    scope, as PyTorch's per-channel ops take it), a number is broadcast. Nothing is copied or
-    reshaped that already fits."""
+    """``value`` (tensor, sequence or number) as a detached C-contiguous tensor of ``dtype`` on
+    ``x``'s device with the parameter count of ``pshape``: a number is broadcast, a tensor of that
+    count is taken in its own shape (``(C,)`` for a channel scope, as PyTorch's per-channel ops
+    take it; :func:`_exact` gives it ``pshape`` where a plan checks it). Nothing that already fits
+    is copied."""
     if _is_number(value):
         return torch.full(pshape, value, dtype=dtype, device=x.device)
     t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
@@ -127,9 +137,12 @@ def _param(value: Any, name: str, pshape: tuple[int, ...], dtype: Any, x: Any) -
         )
     if t.dtype is not dtype or t.get_device() != x.get_device():
         t = t.to(device=x.device, dtype=dtype)
-    if t.shape != pshape:
-        t = t.reshape(pshape)
     return t if t.is_contiguous() else t.contiguous()
+
+
+def _exact(t: Any, pshape: tuple[int, ...]) -> Any:
+    """Parameter tensor ``t`` (or a number, or None) in the scope's ``param_shape``."""
+    return t if not isinstance(t, torch.Tensor) or t.shape == pshape else t.reshape(pshape)
 
 
 def _zero_point_dtype(value: Any, float_dtype: Any) -> Any:
@@ -195,27 +208,44 @@ def _backward_plan(
     )
 
 
-def _run_forward(target: Target, xc: Any, plan: Any, s: Any, z: Any) -> Any:
+def _run_forward(target: Target, xc: Any, plan: Any, s: Any, z: Any, pshape: tuple[int, ...]) -> Any:
     y = torch.empty_like(xc)
+    check = not _tensor_params(s, z) or not takes_check(type(plan))
+    if check:
+        s, z = _exact(s, pshape), _exact(z, pshape)
     args = FakeQuantizeArgs(target.arg(xc), target.arg(y), target.arg(s), target.arg(z))
-    target.run(plan, args, check=not _tensor_params(s, z))
+    target.run(plan, args, check=check)
     return y
 
 
 def _run_ste(
-    target: Target, xc: Any, kind: ElementKind, dy: Any, s: Any, z: Any, scope: Scope, q_min: int, q_max: int
+    target: Target,
+    xc: Any,
+    kind: ElementKind,
+    dy: Any,
+    s: Any,
+    z: Any,
+    scope: Scope,
+    q_min: int,
+    q_max: int,
+    pshape: tuple[int, ...],
 ) -> Any:
     mode = _MODES[z is not None]
     plan = _backward_plan(target, xc, kind, scope, mode, q_min, q_max, False)
     dyc = _contiguous(dy)
     dx = torch.empty_like(xc)
-    args = FakeQuantizeBackwardArgs(target.arg(xc), target.arg(dyc), target.arg(dx), target.arg(s), target.arg(z))
     # autograd hands dy in y's (= x's) shape, dtype and device; made contiguous above.
-    target.run(plan, args, check=not _tensor_params(s, z))
+    check = not _tensor_params(s, z) or not takes_check(type(plan))
+    if check:
+        s, z = _exact(s, pshape), _exact(z, pshape)
+    args = FakeQuantizeBackwardArgs(target.arg(xc), target.arg(dyc), target.arg(dx), target.arg(s), target.arg(z))
+    target.run(plan, args, check=check)
     return dx
 
 
 def _check_range(q_min: int, q_max: int) -> tuple[int, int]:
+    if type(q_min) is int and type(q_max) is int:
+        return q_min, q_max
     if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (q_min, q_max)):
         raise InvalidProblem(f"q_min={q_min!r}, q_max={q_max!r} must be Python ints")
     return int(q_min), int(q_max)
@@ -237,21 +267,29 @@ class FakeQuantizeFunction(torch.autograd.Function):
         xc, kind, target = _input(x)
         static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
         s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
-        y = _run_forward(target, xc, static.plan, s, z)
+        y = _run_forward(target, xc, static.plan, s, z, static.pshape)
         s_t = s if isinstance(s, torch.Tensor) else None
         z_t = z if isinstance(z, torch.Tensor) else None
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.spec = (scope, q_min, q_max, kind, None if s_t is not None else s, None if z_t is not None else z)
+        ctx.spec = (
+            scope,
+            q_min,
+            q_max,
+            kind,
+            static.pshape,
+            None if s_t is not None else s,
+            z if z_t is None else None,
+        )
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max, kind, s_number, z_number = ctx.spec
+        scope, q_min, q_max, kind, pshape, s_number, z_number = ctx.spec
         s = s_number if s_t is None else s_t
         z = z_number if z_t is None else z_t
-        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, scope, q_min, q_max)
+        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, scope, q_min, q_max, pshape)
         return dx, None, None, None, None, None
 
 
@@ -356,9 +394,9 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         fdtype = _PARAM_DTYPES[kind]
         s_t = _param(scale, "scale", static.pshape, fdtype, xc)
         z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
-        y = _run_forward(target, xc, static.plan, s_t, z_t)
+        y = _run_forward(target, xc, static.plan, s_t, z_t, static.pshape)
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.spec = (scope, q_min, q_max, float(grad_factor), kind)
+        ctx.spec = (scope, q_min, q_max, float(grad_factor), kind, static.pshape)
         ctx.param_meta = tuple(
             None if not isinstance(p, torch.Tensor) else (tuple(p.shape), p.dtype) for p in (scale, zero_point)
         )
@@ -368,17 +406,18 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, Any, Any, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max, grad_factor, kind = ctx.spec
+        scope, q_min, q_max, grad_factor, kind, pshape = ctx.spec
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, scope, q_min, q_max)
+            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, scope, q_min, q_max, pshape)
             return dx, None, None, None, None, None, None
-        dx, ds, dz = _run_lsq(xc, dy, s_t, z_t, scope, q_min, q_max, grad_factor)
+        dx, ds, dz = _run_lsq(xc, dy, _exact(s_t, pshape), _exact(z_t, pshape), scope, q_min, q_max, grad_factor)
 
         def as_param(grad: Any, meta: Any) -> Any:
             if grad is None or meta is None:
                 return None
             shape, dtype = meta
-            return grad.reshape(shape).to(dtype)
+            grad = shaped(grad, shape)
+            return grad if grad.dtype is dtype else grad.to(dtype)
 
         return dx, as_param(ds, ctx.param_meta[0]), as_param(dz, ctx.param_meta[1]), None, None, None, None
 

@@ -68,16 +68,17 @@ Deliberate differences from DeepSpeed (its defects and limits, fixed):
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._frontend import PhiloxCounter, Target, check_seed, dtype_name, flat, shaped
 from ..errors import InvalidProblem, MisalignedOperand, Unsupported
 from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
-from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode
-from . import _deepspeed_reference as dsref
-from ._arrays import ArrayTarget, clear_plan_cache, dtype_name
+from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding
+from ._arrays import clear_plan_cache, target
 from ._deepspeed_plans import (
     DeepSpeedDequantizeArgs,
     DeepSpeedDequantizeDescriptor,
@@ -105,100 +106,104 @@ Symmetric = QuantizationType.Symmetric
 Asymmetric = QuantizationType.Asymmetric
 
 _FLOAT_DTYPES = {"float16": ElementKind.F16, "bfloat16": ElementKind.BF16, "float32": ElementKind.F32}
-_SR_STATE: dict[str, int] = {"seed": int(np.random.default_rng().integers(0, 2**63)), "offset": 0}
+#: The stochastic fake quantizers' Philox key and counter (one offset per call).
+_PHILOX = PhiloxCounter(int(np.random.default_rng().integers(0, 2**63)))
 
 
 def manual_seed(seed: int) -> None:
     """Seed the stochastic fake quantizers (Philox key ``seed``) and reset their counter offset to 0."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**64:
-        raise InvalidProblem(f"seed={seed!r} must be an integer in [0, 2**64)")
-    _SR_STATE["seed"] = int(seed)
-    _SR_STATE["offset"] = 0
+    _PHILOX.seed = check_seed(seed)
+    _PHILOX.offset = 0
 
 
 # ---- argument handling ---------------------------------------------------------------------------
 
+#: quant_type values (QuantizationType members compare and hash as 0 / 1) -> mode.
+_QUANT_TYPES: dict[Any, QuantMode] = {
+    0: QuantMode.SYMMETRIC,
+    1: QuantMode.ASYMMETRIC,
+    QuantMode.SYMMETRIC: QuantMode.SYMMETRIC,
+    QuantMode.ASYMMETRIC: QuantMode.ASYMMETRIC,
+}
+
 
 def _mode(quant_type: Any) -> QuantMode:
-    if isinstance(quant_type, QuantMode):
-        return quant_type
-    if isinstance(quant_type, (int, np.integer)) and not isinstance(quant_type, bool) and int(quant_type) in (0, 1):
-        return QuantMode.SYMMETRIC if int(quant_type) == 0 else QuantMode.ASYMMETRIC
-    raise InvalidProblem(
-        f"quant_type={quant_type!r}: pass QuantizationType.Symmetric / Asymmetric (0 / 1) or a QuantMode"
-    )
+    mode = None if type(quant_type) is bool else _QUANT_TYPES.get(quant_type)
+    if mode is None:
+        raise InvalidProblem(
+            f"quant_type={quant_type!r}: pass QuantizationType.Symmetric / Asymmetric (0 / 1) or a QuantMode"
+        )
+    return mode
 
 
-def _float_input(target: ArrayTarget, x: Any, name: str) -> tuple[Any, ElementKind]:
-    dtype = dtype_name(x, name)
+def _params_per_group(mode: QuantMode) -> int:
+    return 1 if mode is QuantMode.SYMMETRIC else 2
+
+
+def _float_kind(x: Any, name: str) -> ElementKind:
+    dtype = dtype_name(x)
     kind = _FLOAT_DTYPES.get(dtype)
     if kind is None:
         if dtype == "float64":
             raise Unsupported(f"{name} is float64; DeepSpeed's quantizer takes float16, bfloat16 or float32")
         raise InvalidProblem(f"{name} has dtype {dtype}; pass float16, bfloat16 or float32")
-    return target.contiguous(x), kind
+    return kind
 
 
-def _codes_input(target: ArrayTarget, q: Any, name: str) -> Any:
-    dtype = dtype_name(q, name)
-    if dtype not in ("int8", "uint8"):
+def _codes_input(target: Target, q: Any, name: str) -> Any:
+    dtype = dtype_name(q)
+    if dtype != "int8" and dtype != "uint8":
         raise InvalidProblem(f"{name} has dtype {dtype}; DeepSpeed's codes are int8 (uint8 accepted)")
     return target.contiguous(q)
 
 
-def _params_input(target: ArrayTarget, params: Any, groups: int, mode: QuantMode, name: str) -> Any:
-    k = dsref.params_per_group(mode)
-    dtype = dtype_name(params, name)
+def _params_input(target: Target, params: Any, groups: int, mode: QuantMode, name: str) -> Any:
+    """``params`` as a contiguous float32 ``[groups, 1|2]`` array (checked: dtype, value count)."""
+    k = _params_per_group(mode)
+    dtype = dtype_name(params)
     if dtype != "float32":
         raise InvalidProblem(f"{name} has dtype {dtype}; DeepSpeed's parameters are float32")
-    size = int(np.prod(tuple(params.shape)))
+    size = target.numel(params)
     if size != groups * k:
         raise InvalidProblem(
             f"{name} has {size} values ({tuple(params.shape)}); {mode.value} parameters of {groups} groups are "
             f"[groups, {k}] = {groups * k} values"
         )
-    return target.contiguous(params).reshape(groups, k)
+    return shaped(target.contiguous(params), (groups, k))
 
 
-def _error_buffer(target: ArrayTarget, error: Any, numel: int) -> tuple[Any, ElementKind]:
-    size = int(np.prod(tuple(error.shape))) if hasattr(error, "shape") else None
+def _error_buffer(target: Target, error: Any, numel: int) -> tuple[Any, ElementKind]:
+    size = target.numel(error)
     if size != numel:
         raise InvalidProblem(f"error_feedback must be an array of {numel} elements, got {size}")
     if not target.is_contiguous(error):
         raise MisalignedOperand("error_feedback must be C-contiguous: it is updated in place")
-    kind = _FLOAT_DTYPES.get(dtype_name(error, "error_feedback"))
+    kind = _FLOAT_DTYPES.get(dtype_name(error))
     if kind is None:
-        raise InvalidProblem(
-            f"error_feedback has dtype {dtype_name(error, 'error_feedback')}; pass float16, bfloat16 or float32"
-        )
-    return error.reshape(-1), kind
+        raise InvalidProblem(f"error_feedback has dtype {dtype_name(error)}; pass float16, bfloat16 or float32")
+    return flat(error), kind
 
 
 def _run_coded(
-    target: ArrayTarget, plan_cls: Any, desc: Any, groups: int, numel: int, args: Callable[..., Any]
+    target: Target, plan: Any, groups: int, mode: QuantMode, nbytes: int, numel: int, args: Callable[..., Any]
 ) -> tuple[Any, Any]:
-    """Select (cached) and run a plan writing codes and parameter rows: allocates the flat int8
-    codes (``desc.output_bytes``) and the ``[groups, 1|2]`` rows, ``args(codes, params)`` builds
-    the plan's arguments; returns ``(codes, params)``."""
-    plan = target.plan(plan_cls, desc)
-    out = target.empty((desc.output_bytes,), "int8")
-    params = _params_output(target, groups, desc.mode, numel)
-    target.run(plan, args(out, params))
-    return out, params
+    """Run a plan writing codes and parameter rows: allocates the flat int8 codes (``nbytes``)
+    and the float32 ``[groups, 1|2]`` rows, ``args(codes, params)`` builds the plan's arguments;
+    returns ``(codes, params)``. A problem of zero elements leaves the parameters of empty groups,
+    ``1 / scale = 1`` and offset 0.
 
-
-def _params_output(target: ArrayTarget, groups: int, mode: QuantMode, numel: int) -> Any:
-    """The float32 ``[groups, 1|2]`` parameter output; a problem of zero elements leaves the
-    parameters of empty groups, ``1 / scale = 1`` and offset 0."""
-    params = target.empty((groups, dsref.params_per_group(mode)), "float32")
+    Without LoCo every operand is one this call made or checked (dtype, element count,
+    contiguity, library and device), so the plan runs unchecked; the LoCo buffer and ``err_beta``
+    the plan checks (range, overlap with the input).
+    """
+    out = target.empty((nbytes,), "int8")
+    params = target.empty((groups, _params_per_group(mode)), "float32")
     if numel == 0:
         params[...] = 0
         params[:, 0] = 1
-    return params
-
-
-def _numel(a: Any) -> int:
-    return int(np.prod(tuple(a.shape)))
+    a = args(out, params)
+    target.run_with_workspace(plan, a, check=a.error_feedback is not None)
+    return out, params
 
 
 def _packed_shape(shape: tuple[int, ...], bits: int, numel: int) -> tuple[int, ...]:
@@ -224,29 +229,35 @@ def _quantize(
     error_feedback: Any = None,
     err_beta: float | None = None,
 ) -> tuple[Any, Any]:
-    target = ArrayTarget.of(input_vals, error_feedback)
-    x, kind = _float_input(target, input_vals, "input_vals")
+    target_ = target(input_vals, error_feedback)
+    kind = _float_kind(input_vals, "input_vals")
+    x = target_.contiguous(input_vals)
     mode = _mode(quant_type)
-    numel = _numel(x)
-    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target, error_feedback, numel)
-    desc = DeepSpeedQuantizeDescriptor(
-        numel=numel,
-        groups=groups,
-        num_bits=num_bits,
-        mode=mode,
-        input_element=kind,
-        nodes=nodes,
-        devices_per_node=devices_per_node,
-        pipeline=pipeline_size,
-        error_element=error_kind,
+    numel = target_.numel(x)
+    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target_, error_feedback, numel)
+    plan = target_.plan(
+        DeepSpeedQuantizePlan,
+        (numel, groups, num_bits, mode, kind, nodes, devices_per_node, pipeline_size, error_kind),
+        lambda: DeepSpeedQuantizeDescriptor(
+            numel=numel,
+            groups=groups,
+            num_bits=num_bits,
+            mode=mode,
+            input_element=kind,
+            nodes=nodes,
+            devices_per_node=devices_per_node,
+            pipeline=pipeline_size,
+            error_element=error_kind,
+        ),
     )
     return _run_coded(
-        target,
-        DeepSpeedQuantizePlan,
-        desc,
-        groups,
+        target_,
+        plan,
+        int(groups),
+        mode,
+        numel if num_bits == 8 else numel // 2,
         numel,
-        lambda out, params: DeepSpeedQuantizeArgs(x.reshape(-1), out, params, error, err_beta),
+        lambda out, params: DeepSpeedQuantizeArgs(flat(x), out, params, error, err_beta),
     )
 
 
@@ -275,7 +286,7 @@ def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tu
     """
     q, params = _quantize(input_vals, groups, num_bits, quant_type)
     shape = tuple(input_vals.shape)
-    return q.reshape(_packed_shape(shape, num_bits, int(np.prod(shape)))), params
+    return shaped(q, _packed_shape(shape, num_bits, math.prod(shape))), params
 
 
 def swizzle_quant(
@@ -342,39 +353,48 @@ def loco_swizzle_quant(
 
 
 def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any, out: ElementKind) -> Any:
-    target = ArrayTarget.of(quantized_data, params)
-    q = _codes_input(target, quantized_data, "quantized_data")
+    target_ = target(quantized_data, params)
+    q = _codes_input(target_, quantized_data, "quantized_data")
     mode = _mode(quant_type)
-    p = _params_input(target, params, groups, mode, "params")
-    if num_bits not in (4, 8):
+    p = _params_input(target_, params, groups, mode, "params")
+    if num_bits != 4 and num_bits != 8:
         raise InvalidProblem(f"num_bits={num_bits!r}: dequantize takes 8 or 4 bits")
-    per_byte = 8 // num_bits
     qshape = tuple(q.shape)
-    shape = qshape if per_byte == 1 else (*qshape[:-1], qshape[-1] * 2) if qshape else (2,)
-    numel = _numel(q) * per_byte
-    y = target.empty((numel,), "float16" if out is ElementKind.F16 else "float32")
+    shape = qshape if num_bits == 8 else (*qshape[:-1], qshape[-1] * 2) if qshape else (2,)
+    numel = target_.numel(q) * (8 // num_bits)
+    y = target_.empty((numel,), "float16" if out is ElementKind.F16 else "float32")
     if numel == 0:
-        return y.reshape(shape)
+        return shaped(y, shape)
     if numel % groups:
         raise InvalidProblem(f"{numel} codes do not split into {groups} equal groups")
+    # Every operand is checked above (dtypes, value counts, contiguity, library, device) or made
+    # here: the plans run unchecked.
     if mode is QuantMode.SYMMETRIC:
         # x = q * (1/scale): DequantizePlan's (q - 0) * scale with the stored 1/scale as its scale.
-        desc = DequantizeDescriptor(
-            shape=(numel,),
-            scope=GroupScope(axis=-1, group_size=numel // groups),
-            mode=QuantMode.SYMMETRIC,
-            input_element=ElementKind.S4 if num_bits == 4 else ElementKind.S8,
-            output_element=out,
-            nibble_order=NibbleOrder.HIGH_FIRST,
+        plan = target_.plan(
+            DequantizePlan,
+            ("deepspeed", numel, groups, num_bits, out),
+            lambda: DequantizeDescriptor(
+                shape=(numel,),
+                scope=GroupScope(axis=-1, group_size=numel // groups),
+                mode=QuantMode.SYMMETRIC,
+                input_element=ElementKind.S4 if num_bits == 4 else ElementKind.S8,
+                output_element=out,
+                nibble_order=NibbleOrder.HIGH_FIRST,
+            ),
         )
-        codes = target.view(q.reshape(-1), "uint8" if num_bits == 4 else "int8")
-        target.run(target.plan(DequantizePlan, desc), DequantizeArgs(codes, y, p.reshape(groups)))
+        codes = target_.view(flat(q), "uint8" if num_bits == 4 else "int8")
+        target_.run_with_workspace(plan, DequantizeArgs(codes, y, flat(p)), check=False)
     else:
-        ds_desc = DeepSpeedDequantizeDescriptor(
-            numel=numel, groups=groups, num_bits=num_bits, mode=mode, output_element=out
+        plan = target_.plan(
+            DeepSpeedDequantizePlan,
+            (numel, groups, num_bits, mode, out),
+            lambda: DeepSpeedDequantizeDescriptor(
+                numel=numel, groups=groups, num_bits=num_bits, mode=mode, output_element=out
+            ),
         )
-        target.run(target.plan(DeepSpeedDequantizePlan, ds_desc), DeepSpeedDequantizeArgs(q.reshape(-1), p, y))
-    return y.reshape(shape)
+        target_.run_with_workspace(plan, DeepSpeedDequantizeArgs(flat(q), p, y), check=False)
+    return shaped(y, shape)
 
 
 def dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any) -> Any:
@@ -419,38 +439,43 @@ def _reduce(
     error_feedback: Any = None,
     err_beta: float | None = None,
 ) -> tuple[Any, Any]:
-    target = ArrayTarget.of(input_vals, input_scales, error_feedback)
-    q = _codes_input(target, input_vals, "input_vals")
+    target_ = target(input_vals, input_scales, error_feedback)
+    q = _codes_input(target_, input_vals, "input_vals")
     mode = _mode(quant_type)
-    p = _params_input(target, input_scales, in_groups, mode, "input_scales")
-    if num_bits not in (4, 8):
+    p = _params_input(target_, input_scales, in_groups, mode, "input_scales")
+    if num_bits != 4 and num_bits != 8:
         raise InvalidProblem(f"num_bits={num_bits!r}: quantized_reduction takes 8 or 4 bits")
-    numel = _numel(q) * (8 // num_bits)
+    numel = target_.numel(q) * (8 // num_bits)
     if isinstance(devices_per_node, int) and devices_per_node >= 1:
         chunk = numel // devices_per_node
     else:
         chunk = 0  # select reports the bad devices_per_node
-    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target, error_feedback, chunk)
-    desc = DeepSpeedReduceDescriptor(
-        numel=numel,
-        in_groups=in_groups,
-        out_groups=out_groups,
-        num_bits=num_bits,
-        mode=mode,
-        devices_per_node=devices_per_node,
-        error_element=error_kind,
+    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target_, error_feedback, chunk)
+    plan = target_.plan(
+        DeepSpeedReducePlan,
+        (numel, in_groups, out_groups, num_bits, mode, devices_per_node, error_kind),
+        lambda: DeepSpeedReduceDescriptor(
+            numel=numel,
+            in_groups=in_groups,
+            out_groups=out_groups,
+            num_bits=num_bits,
+            mode=mode,
+            devices_per_node=devices_per_node,
+            error_element=error_kind,
+        ),
     )
     out, params = _run_coded(
-        target,
-        DeepSpeedReducePlan,
-        desc,
-        out_groups,
+        target_,
+        plan,
+        int(out_groups),
+        mode,
+        chunk if num_bits == 8 else chunk // 2,
         numel,
-        lambda out, params: DeepSpeedReduceArgs(q.reshape(-1), p, out, params, error, err_beta),
+        lambda out, params: DeepSpeedReduceArgs(flat(q), p, out, params, error, err_beta),
     )
     shape = tuple(q.shape)
     if shape and shape[-1] % devices_per_node == 0:
-        return out.reshape(*shape[:-1], shape[-1] // devices_per_node), params
+        return shaped(out, (*shape[:-1], shape[-1] // devices_per_node)), params
     return out, params
 
 
@@ -529,44 +554,50 @@ def loco_quantized_reduction(
 
 
 def _moq(
-    vals: Any, groups: int, bits: int, mode: QuantMode, stochastic: bool, rng_seed: int | None, rng_offset: int | None
+    vals: Any, groups: int, bits: int, mode: QuantMode, rounding: Rounding, rng_seed: int | None, rng_offset: int | None
 ) -> Any:
-    target = ArrayTarget.of(vals)
-    kind = _FLOAT_DTYPES.get(dtype_name(vals, "vals"))
+    target_ = target(vals)
+    kind = _FLOAT_DTYPES.get(dtype_name(vals))
     if kind is None:
-        raise InvalidProblem(f"vals has dtype {dtype_name(vals, 'vals')}; pass float16, bfloat16 or float32")
-    desc = MoQFakeQuantizeDescriptor(
-        numel=_numel(vals), groups=groups, num_bits=bits, mode=mode, stochastic=stochastic, element=kind
+        raise InvalidProblem(f"vals has dtype {dtype_name(vals)}; pass float16, bfloat16 or float32")
+    numel = target_.numel(vals)
+    stochastic = rounding is Rounding.STOCHASTIC
+    plan = target_.plan(
+        MoQFakeQuantizePlan,
+        (numel, groups, bits, mode, rounding, kind),
+        lambda: MoQFakeQuantizeDescriptor(
+            numel=numel, groups=groups, num_bits=bits, mode=mode, stochastic=stochastic, element=kind
+        ),
     )
-    plan = target.plan(MoQFakeQuantizePlan, desc)
     seed: int | None = None
     offset: int | None = None
     if stochastic:
         if rng_seed is None:
-            seed, offset = _SR_STATE["seed"], _SR_STATE["offset"]
-            _SR_STATE["offset"] = (offset + 1) % 2**64
+            seed, offset = _PHILOX.take(1)
         else:
-            seed, offset = rng_seed, rng_offset or 0
-    if target.is_contiguous(vals):
-        flat = vals.reshape(-1)
-        target.run(plan, MoQFakeQuantizeArgs(flat, flat, seed, offset))
-    else:
-        work = target.contiguous(vals)
-        flat = work.reshape(-1)
-        target.run(plan, MoQFakeQuantizeArgs(flat, flat, seed, offset))
-        target.copy_into(vals, work)
+            seed, offset = check_seed(rng_seed, "rng_seed"), check_seed(rng_offset or 0, "rng_offset")
+    # In place on a contiguous buffer of vals' own dtype and size, seeds checked: unchecked run.
+    work = target_.contiguous(vals)
+    buffer = flat(work)
+    target_.run_with_workspace(plan, MoQFakeQuantizeArgs(buffer, buffer, seed, offset), check=False)
+    if work is not vals and not target_.is_contiguous(vals):
+        target_.copy_into(vals, work)
     return vals
 
 
+_NEAREST, _STOCHASTIC = Rounding.NEAREST_EVEN, Rounding.STOCHASTIC
 _MOQ_FORMULAS = {
-    (QuantMode.SYMMETRIC, False): "``scale = 2**b / ((2 * absmax) + 1e-5)``; "
+    (QuantMode.SYMMETRIC, _NEAREST): "``scale = 2**b / ((2 * absmax) + 1e-5)``; "
     "``q = clamp(rne(x * scale), -2**(b-1), 2**(b-1) - 1)``; ``x <- q / scale``.",
-    (QuantMode.SYMMETRIC, True): "``scale = 2**b / ((2 * absmax) + 1e-5)``; ``w = x * scale``, ``t = trunc(w)``; "
+    (
+        QuantMode.SYMMETRIC,
+        _STOCHASTIC,
+    ): "``scale = 2**b / ((2 * absmax) + 1e-5)``; ``w = x * scale``, ``t = trunc(w)``; "
     "``q = clamp(t + sign(w) * (u < |w - t|), -2**(b-1), 2**(b-1) - 1)``; ``x <- q / scale``.",
-    (QuantMode.ASYMMETRIC, False): "``step = ((max - min) + 1e-5) / 2**b``; "
+    (QuantMode.ASYMMETRIC, _NEAREST): "``step = ((max - min) + 1e-5) / 2**b``; "
     "``q = round_half_away((x - min) / step)`` (no clamp: the group maximum may reach ``2**b``, as in "
     "DeepSpeed); ``x <- (q * step) + min``.",
-    (QuantMode.ASYMMETRIC, True): "``step = ((max - min) + 1e-5) / 2**b``; ``w = (x - min) / step``; "
+    (QuantMode.ASYMMETRIC, _STOCHASTIC): "``step = ((max - min) + 1e-5) / 2**b``; ``w = (x - min) / step``; "
     "``q = floor(w) + (u < w - floor(w))`` (no clamp); ``x <- (q * step) + min``.",
 }
 _MOQ_UNIFORM = """``u``: SPEC section 4's Philox uniform of flat element ``i``, key = the module seed
@@ -574,16 +605,17 @@ _MOQ_UNIFORM = """``u``: SPEC section 4's Philox uniform of flat element ``i``, 
     ``rng_offset`` when given (then the module state is left alone)."""
 
 
-def _moq_function(name: str, mode: QuantMode, stochastic: bool, fixed: str) -> Callable[..., Any]:
+def _moq_function(name: str, mode: QuantMode, rounding: Rounding, fixed: str) -> Callable[..., Any]:
     """One of DeepSpeed's eight MoQ fake-quant entry points (``ds_[sr_]quantize[_asym]_fp16/32``):
     the same computation for the ``_fp16`` and ``_fp32`` names (the dtype comes from ``vals``)."""
+    stochastic = rounding is Rounding.STOCHASTIC
     width = name.rsplit("_", 1)[1].replace("fp", "float")
     kind = f"{'stochastic' if stochastic else 'nearest'} {'symmetric' if mode is QuantMode.SYMMETRIC else 'asymmetric'}"
     sections = [
         f"DeepSpeed ``{name}(vals, groups, bits) -> vals``: MoQ fake quantization ({kind}), in place.",
         "Formula, per group of ``vals.size / groups`` contiguous elements (float32, each operation\n"
         "    rounded once, result rounded to ``vals``' dtype; a group holding NaN / +-Inf comes out NaN):\n    "
-        + _MOQ_FORMULAS[mode, stochastic],
+        + _MOQ_FORMULAS[mode, rounding],
         *([_MOQ_UNIFORM] if stochastic else []),
         *([f"Fixed: {fixed}"] if fixed else []),
         f"**When to use:** MoQ quantization-aware training ({width} weights in DeepSpeed; here any of\n"
@@ -597,7 +629,7 @@ def _moq_function(name: str, mode: QuantMode, stochastic: bool, fixed: str) -> C
     def moq(vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None) -> Any:
         if not stochastic and (rng_seed is not None or rng_offset is not None):
             raise InvalidProblem(f"{name} rounds to nearest; rng_seed / rng_offset apply only to ds_sr_* functions")
-        return _moq(vals, groups, bits, mode, stochastic, rng_seed, rng_offset)
+        return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset)
 
     moq.__name__ = moq.__qualname__ = name
     moq.__doc__ = "\n\n    ".join(sections) + "\n    "
@@ -605,19 +637,19 @@ def _moq_function(name: str, mode: QuantMode, stochastic: bool, fixed: str) -> C
 
 
 _SR_ASYM_FIX = "DeepSpeed's launcher runs the symmetric kernel here; this runs the asymmetric formula."
-ds_quantize_fp16 = _moq_function("ds_quantize_fp16", QuantMode.SYMMETRIC, False, "")
+ds_quantize_fp16 = _moq_function("ds_quantize_fp16", QuantMode.SYMMETRIC, _NEAREST, "")
 ds_quantize_fp32 = _moq_function(
     "ds_quantize_fp32",
     QuantMode.SYMMETRIC,
-    False,
+    _NEAREST,
     "DeepSpeed's float32 variant returns the integer codes ``q``; this one returns ``q / scale``.",
 )
-ds_sr_quantize_fp16 = _moq_function("ds_sr_quantize_fp16", QuantMode.SYMMETRIC, True, "")
-ds_sr_quantize_fp32 = _moq_function("ds_sr_quantize_fp32", QuantMode.SYMMETRIC, True, "")
-ds_quantize_asym_fp16 = _moq_function("ds_quantize_asym_fp16", QuantMode.ASYMMETRIC, False, "")
-ds_quantize_asym_fp32 = _moq_function("ds_quantize_asym_fp32", QuantMode.ASYMMETRIC, False, "")
-ds_sr_quantize_asym_fp16 = _moq_function("ds_sr_quantize_asym_fp16", QuantMode.ASYMMETRIC, True, _SR_ASYM_FIX)
-ds_sr_quantize_asym_fp32 = _moq_function("ds_sr_quantize_asym_fp32", QuantMode.ASYMMETRIC, True, _SR_ASYM_FIX)
+ds_sr_quantize_fp16 = _moq_function("ds_sr_quantize_fp16", QuantMode.SYMMETRIC, _STOCHASTIC, "")
+ds_sr_quantize_fp32 = _moq_function("ds_sr_quantize_fp32", QuantMode.SYMMETRIC, _STOCHASTIC, "")
+ds_quantize_asym_fp16 = _moq_function("ds_quantize_asym_fp16", QuantMode.ASYMMETRIC, _NEAREST, "")
+ds_quantize_asym_fp32 = _moq_function("ds_quantize_asym_fp32", QuantMode.ASYMMETRIC, _NEAREST, "")
+ds_sr_quantize_asym_fp16 = _moq_function("ds_sr_quantize_asym_fp16", QuantMode.ASYMMETRIC, _STOCHASTIC, _SR_ASYM_FIX)
+ds_sr_quantize_asym_fp32 = _moq_function("ds_sr_quantize_asym_fp32", QuantMode.ASYMMETRIC, _STOCHASTIC, _SR_ASYM_FIX)
 
 
 __all__ = [
