@@ -166,7 +166,10 @@ class Ops:
         if self.name == "torch":
             pytest.skip("PyTorch refuses element views at a misaligned storage offset")
         buf = self.buffer(data.nbytes + 16)
-        view = self.carve(buf, 1, data.shape, data.dtype)
+        try:
+            view = self.carve(buf, 1, data.shape, data.dtype)
+        except (TypeError, ValueError) as exc:  # a library may refuse the view itself
+            pytest.skip(f"{self.name} refuses a misaligned element view: {exc}")
         self.write(view, data)
         return view, buf
 
