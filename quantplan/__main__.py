@@ -7,6 +7,7 @@ import sys
 
 from . import __version__, compiler
 from ._device import cuda_available, device_info
+from ._precompile import precompile
 from .types import ArchSku
 
 
@@ -16,7 +17,7 @@ def main(argv: list[str]) -> int:
         archs = argv[1:] or ["sm_90"]
         for arch in archs:
             target = ArchSku.from_compute_capability(arch.removeprefix("sm_"))
-            count = compiler.precompile(target)
+            count = precompile(target)
             print(f"compiled {count} units for {target.nvrtc_arch} into {compiler.cache_dir()}")
         return 0
     if command == "info":

@@ -28,6 +28,11 @@ class DeviceInfo:
     arch: ArchSku
     sm_count: int
 
+    @property
+    def busy_threads(self) -> int:
+        """Threads that keep every multiprocessor busy (2048 resident per SM): sizes small-problem grids."""
+        return self.sm_count * 2048
+
 
 @cache
 def device_info(device_id: int) -> DeviceInfo:

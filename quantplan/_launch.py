@@ -15,7 +15,18 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from ._device import DeviceInfo
+from ._operands import Operand
 from .errors import InvalidProblem
+
+#: The Philox seed / offset fields of a stochastic kernel's argument block (SPEC section 4): each
+#: a device pointer to a one-element int64 array, or 0 and the value itself.
+RNG_FIELDS: list[tuple[str, Any]] = [
+    ("seed_ptr", ctypes.c_uint64),
+    ("offset_ptr", ctypes.c_uint64),
+    ("seed_value", ctypes.c_uint64),
+    ("offset_value", ctypes.c_uint64),
+]
 
 
 class PreparedLaunch:
@@ -47,6 +58,60 @@ class PreparedLaunch:
         self._driver_launch(
             self.function_ptr, self.grid, 1, 1, self.block, 1, 1, 0, stream_handle, self._kernel_params, 0
         )
+
+
+class LaunchPair:
+    """A kernel with aligned vector I/O and its twin for any alignment (element I/O).
+
+    ``align_in`` / ``align_out``: bytes the vector I/O needs of the pointers read / written.
+    """
+
+    __slots__ = ("align_in", "align_out", "fallback", "primary")
+
+    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align_in: int, align_out: int = 0) -> None:
+        self.primary, self.fallback = primary, fallback
+        self.align_in, self.align_out = align_in, align_out or align_in
+
+    def pick(self, src: int, dst: int, other: int = 0) -> PreparedLaunch:
+        """The primary launch when ``src`` (and ``other``, also read) and ``dst`` are aligned, else the twin."""
+        if src % self.align_in or dst % self.align_out or other % self.align_in:
+            return self.fallback
+        return self.primary
+
+    @property
+    def launches(self) -> tuple[PreparedLaunch, PreparedLaunch]:
+        return self.primary, self.fallback
+
+
+def params_struct(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
+    """A ``ctypes.Structure`` named ``name`` with ``fields``: a kernel's argument block, field for field."""
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
+
+
+def occupancy_grid(function: Any, block: int, wanted: int, info: DeviceInfo) -> int:
+    """Blocks to launch: ``wanted``, at most the resident blocks of every multiprocessor (grid-stride beyond)."""
+    import cupy
+
+    per_sm = max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0))
+    return max(1, min(wanted, per_sm * info.sm_count))
+
+
+def vector_alignment(vec: int, element_bits: int) -> int:
+    """Bytes of alignment a vector of ``vec`` elements of ``element_bits`` bits needs (at most 16)."""
+    return max(1, min(16, vec * element_bits // 8))
+
+
+def device_arg(value: Operand | float | int | None) -> tuple[int, float | int]:
+    """A kernel parameter that is a device pointer or a value: ``(pointer, 0)`` or ``(0, value)``."""
+    if type(value) is Operand:
+        return value.ptr, 0  # type: ignore[union-attr]
+    return 0, 0 if value is None else value  # type: ignore[return-value]
+
+
+def set_rng(params: Any, seed: Operand | int | None, offset: Operand | int | None) -> None:
+    """Write the Philox seed and offset of a stochastic launch (see :data:`RNG_FIELDS`)."""
+    params.seed_ptr, params.seed_value = device_arg(seed)
+    params.offset_ptr, params.offset_value = device_arg(offset)
 
 
 def launch_on(device_id: int, handle: int, *launches: PreparedLaunch) -> None:
@@ -90,4 +155,15 @@ def stream_handle(stream: Any) -> int:
     return int(handle)
 
 
-__all__ = ["PreparedLaunch", "launch_on", "stream_handle"]
+__all__ = [
+    "RNG_FIELDS",
+    "LaunchPair",
+    "PreparedLaunch",
+    "device_arg",
+    "launch_on",
+    "occupancy_grid",
+    "params_struct",
+    "set_rng",
+    "stream_handle",
+    "vector_alignment",
+]

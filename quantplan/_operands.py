@@ -1,17 +1,35 @@
-"""Zero-copy views of user tensors: NumPy, CuPy, PyTorch and ``__cuda_array_interface__`` objects.
+"""Zero-copy views of user tensors and the operand checks every plan runs.
 
 :func:`operand` reads pointer, shape, dtype name, contiguity and device of an array without
-copying it. It is called in ``run``, so each branch touches only cheap attributes.
+copying it (NumPy, CuPy, PyTorch, ``__cuda_array_interface__`` objects). It is called in
+``run``, so the reader of each array type is looked up once per type and touches only cheap
+attributes. :class:`OperandChecks` holds the rules every plan applies to its arguments (the
+operand rules, written once):
+
+* a tensor lives where the plan runs (NumPy arrays on the reference backend, the plan's device
+  on CUDA), has the shape the descriptor implies, one of its element kind's dtype names, is
+  C-contiguous and aligned to its elements;
+* a parameter is an array of the scope's parameter shape or, for TensorScope only, a Python
+  scalar (a scale finite and > 0 in the parameter dtype);
+* a Philox seed / offset (SPEC section 4) is a Python int in [0, 2**64) or a one-element int64
+  array on the plan's device;
+* an output shares no byte with an input unless it is that input itself (in place).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .errors import InvalidProblem
+from ._layout import expand_params
+from .elements import ElementInfo
+from .errors import InvalidProblem, MisalignedOperand
+from .philox import uniform_for_elements
+from .types import BackendKind, Scope
 
 _CAI_TYPESTR = {
     "<f2": "float16",
@@ -49,42 +67,74 @@ class Operand:
         return n
 
 
+def _numpy_operand(obj: Any) -> Operand:
+    return Operand(obj, 0, obj.shape, obj.dtype.name, obj.itemsize, obj.flags.c_contiguous, None)
+
+
+def _cupy_operand(obj: Any) -> Operand:
+    dtype = obj.dtype
+    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+    return Operand(obj, obj.data.ptr, obj.shape, name, obj.itemsize, obj.flags.c_contiguous, obj.device.id)
+
+
+def _torch_operand(obj: Any) -> Operand:
+    dtype = obj.dtype
+    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+    device_index = obj.get_device()  # -1 for CPU tensors
+    if device_index < 0:
+        return Operand(obj, 0, tuple(obj.shape), name, obj.element_size(), obj.is_contiguous(), None)
+    return Operand(obj, obj.data_ptr(), tuple(obj.shape), name, obj.element_size(), obj.is_contiguous(), device_index)
+
+
+def _cai_operand(obj: Any) -> Operand:
+    cai = obj.__cuda_array_interface__
+    typestr = cai["typestr"]
+    cai_dtype = _CAI_TYPESTR.get(typestr)
+    if cai_dtype is None:
+        raise InvalidProblem(f"__cuda_array_interface__ typestr {typestr!r} is not a supported dtype")
+    shape = tuple(cai["shape"])
+    itemsize = int(typestr[2:])
+    strides = cai.get("strides")
+    contiguous = strides is None or tuple(strides) == _c_strides(shape, itemsize)
+    import cupy
+
+    ptr = int(cai["data"][0])
+    device_id = cupy.cuda.runtime.pointerGetAttributes(ptr).device if ptr else int(cupy.cuda.runtime.getDevice())
+    return Operand(obj, ptr, shape, cai_dtype, itemsize, contiguous, int(device_id))
+
+
+#: array type -> its reader, filled on first sight of each type.
+_READERS: dict[type, Callable[[Any], Operand]] = {np.ndarray: _numpy_operand}
+
+
+def _reader(kind: type, obj: Any, name: str) -> Callable[[Any], Operand]:
+    module = kind.__module__
+    if issubclass(kind, np.ndarray):
+        reader = _numpy_operand
+    elif module.startswith("cupy"):
+        reader = _cupy_operand
+    elif module.startswith("torch"):
+        reader = _torch_operand
+    elif getattr(obj, "__cuda_array_interface__", None) is not None:
+        reader = _cai_operand
+    else:
+        raise InvalidProblem(
+            f"{name}: expected a NumPy array, a CuPy array, a PyTorch tensor or an object with "
+            f"__cuda_array_interface__, got {type(obj).__name__}"
+        )
+    _READERS[kind] = reader
+    return reader
+
+
 def operand(obj: Any, name: str) -> Operand:
     """View ``obj`` (argument ``name``) as an :class:`Operand`, or raise InvalidProblem."""
-    if isinstance(obj, np.ndarray):
-        return Operand(obj, 0, obj.shape, obj.dtype.name, obj.itemsize, obj.flags.c_contiguous, None)
-    module = type(obj).__module__
-    if module.startswith("cupy"):
-        return Operand(
-            obj, obj.data.ptr, obj.shape, _dtype_name(obj.dtype), obj.itemsize, obj.flags.c_contiguous, obj.device.id
-        )
-    if module.startswith("torch"):
-        device_index = obj.get_device()  # -1 for CPU tensors
-        dtype_name = _dtype_name(obj.dtype)
-        if device_index < 0:
-            return Operand(obj, 0, tuple(obj.shape), dtype_name, obj.element_size(), obj.is_contiguous(), None)
-        return Operand(
-            obj, obj.data_ptr(), tuple(obj.shape), dtype_name, obj.element_size(), obj.is_contiguous(), device_index
-        )
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        typestr = cai["typestr"]
-        cai_dtype = _CAI_TYPESTR.get(typestr)
-        if cai_dtype is None:
-            raise InvalidProblem(f"{name}: __cuda_array_interface__ typestr {typestr!r} is not a supported dtype")
-        shape = tuple(cai["shape"])
-        itemsize = int(typestr[2:])
-        strides = cai.get("strides")
-        contiguous = strides is None or tuple(strides) == _c_strides(shape, itemsize)
-        import cupy
-
-        ptr = int(cai["data"][0])
-        device_id = cupy.cuda.runtime.pointerGetAttributes(ptr).device if ptr else int(cupy.cuda.runtime.getDevice())
-        return Operand(obj, ptr, shape, cai_dtype, itemsize, contiguous, int(device_id))
-    raise InvalidProblem(
-        f"{name}: expected a NumPy array, a CuPy array, a PyTorch tensor or an object with "
-        f"__cuda_array_interface__, got {type(obj).__name__}"
-    )
+    reader = _READERS.get(type(obj))
+    if reader is None:
+        reader = _reader(type(obj), obj, name)
+    try:
+        return reader(obj)
+    except InvalidProblem as exc:
+        raise InvalidProblem(f"{name}: {exc}") from None
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
@@ -121,12 +171,244 @@ def is_scalar(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
-__all__ = ["Operand", "is_scalar", "operand"]
-
-
 def same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) -> None:
     """Raise unless ``out`` is ``src`` itself (in place) or shares no byte with it."""
     if out.ptr != src.ptr and overlaps(out, src):
         raise InvalidProblem(
             f"{out_name} partly overlaps {src_name}; pass the same tensor (in place) or a disjoint one"
         )
+
+
+def check_disjoint(*named: tuple[str, Operand | None]) -> None:
+    """InvalidProblem when two of the device operands share a byte (the kernels read and write them all)."""
+    count = len(named)
+    for i in range(count):
+        name_a, a = named[i]
+        if a is None:
+            continue
+        for j in range(i + 1, count):
+            name_b, b = named[j]
+            if b is not None and overlaps(a, b):
+                raise InvalidProblem(f"{name_a} overlaps {name_b}; pass disjoint tensors")
+
+
+def check_positive(name: str, value: int) -> None:
+    """InvalidProblem unless ``value`` is an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidProblem(f"{name}={value!r} must be an integer >= 1")
+
+
+def host_view(op: Operand, info: ElementInfo) -> np.ndarray:
+    """The NumPy array behind a host operand, viewed in the storage dtype of ``info``."""
+    return np.asarray(op.obj).view(info.numpy_dtype)
+
+
+def write_back(op: Operand, info: ElementInfo, value: np.ndarray) -> None:
+    """Copy ``value`` (storage dtype of ``info``) into the host operand ``op``, shape for shape."""
+    out = host_view(op, info)
+    np.copyto(out, np.asarray(value).reshape(out.shape).view(out.dtype), casting="no")
+
+
+def reference_uniform(shape: tuple[int, ...], seed: Operand | int | None, offset: Operand | int | None) -> np.ndarray:
+    """The Philox uniforms of a run on the reference backend (seed / offset: ints or 1-element arrays)."""
+
+    def value(v: Operand | int | None) -> int:
+        return int(np.asarray(v.obj).reshape(-1)[0]) % 2**64 if isinstance(v, Operand) else int(v or 0)
+
+    return uniform_for_elements(math.prod(shape), value(seed), value(offset)).reshape(shape)
+
+
+_UINT64_MAX = 2**64 - 1
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+class OperandChecks:
+    """The operand rules (module docstring) against one plan's backend, device and parameter shape.
+
+    A plan deriving from it sets ``backend``, ``device_id``, ``_param_shape`` and ``_tensor_scope``.
+    """
+
+    backend: BackendKind
+    device_id: int | None
+    _param_shape: tuple[int, ...]
+    _tensor_scope: bool
+
+    def _tensor(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
+        """A tensor of ``shape`` and element ``info``: residence, shape, dtype, contiguity, alignment."""
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.shape != shape:
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the descriptor implies {shape}")
+        if op.dtype_name not in info.dtype_names:
+            raise InvalidProblem(
+                f"{name} has dtype {op.dtype_name}; {info.kind.name} needs one of {sorted(info.dtype_names)}"
+            )
+        if not op.contiguous:
+            raise MisalignedOperand(
+                f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)"
+            )
+        if op.ptr % op.itemsize:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _required(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
+        """:meth:`_tensor`, with a clear message when ``value`` is None."""
+        if value is None:
+            raise InvalidProblem(f"{name} is required: an array of shape {shape} ({info.kind.name})")
+        return self._tensor(value, name, shape, info)
+
+    def _check_residence(self, op: Operand, name: str) -> None:
+        if self.backend is BackendKind.REFERENCE:
+            if not isinstance(op.obj, np.ndarray):
+                raise InvalidProblem(
+                    f"{name} is a {type(op.obj).__name__}; this plan runs on the REFERENCE backend, which takes "
+                    f"NumPy arrays (select a CUDA plan for device tensors)"
+                )
+        elif op.device_id != self.device_id:
+            where = "host memory" if op.device_id is None else f"device {op.device_id}"
+            raise InvalidProblem(f"{name} lives in {where}, but the plan was selected for device {self.device_id}")
+
+    def _param(self, value: Any, name: str, dtype: np.dtype, allow_none: bool) -> Operand | float | int | None:
+        """A parameter: an array of ``_param_shape`` and ``dtype`` or, for TensorScope, a scalar."""
+        if value is None:
+            if allow_none:
+                return None
+            raise InvalidProblem(f"{name} is required for this plan")
+        if is_scalar(value):
+            if not self._tensor_scope:
+                raise InvalidProblem(
+                    f"{name} is a scalar, which only TensorScope takes; pass an array of shape {self._param_shape}"
+                )
+            return value  # type: ignore[no-any-return]
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
+        if op.dtype_name != dtype.name:
+            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan needs {dtype.name}")
+        if not op.contiguous:
+            raise MisalignedOperand(f"{name} is not C-contiguous")
+        if op.ptr % op.itemsize:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _positive_scale(self, value: Any, dtype: np.dtype) -> Operand | float:
+        """``scale`` as every plan takes it: an array of ``_param_shape`` or, for TensorScope, a
+        scalar that is finite and > 0 and stays so when rounded to ``dtype``."""
+        scale = self._param(value, "scale", dtype, allow_none=False)
+        if type(scale) is Operand:
+            return scale
+        s = float(scale)  # type: ignore[arg-type]
+        if not (math.isfinite(s) and s > 0):
+            raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0 in {dtype.name}")
+        with np.errstate(over="ignore", under="ignore"):
+            rounded = float(dtype.type(s))
+        if not 0 < rounded < math.inf:
+            raise InvalidProblem(
+                f"scale={scale!r}: a scalar scale must be finite and > 0 in {dtype.name} "
+                f"(it rounds to 0 or Inf in {dtype.name})"
+            )
+        return s
+
+    def _int32_zero_point(self, value: Any, dtype: np.dtype) -> Operand | int | None:
+        """An integer zero point: an int32 array of ``_param_shape`` or, for TensorScope, an
+        integer in the int32 range (``dtype``: int32)."""
+        zp = self._param(value, "zero_point", dtype, allow_none=False)
+        if type(zp) is Operand:
+            return zp
+        if float(zp) != int(zp) or not _INT32[0] <= int(zp) <= _INT32[1]:  # type: ignore[arg-type]
+            raise InvalidProblem(f"zero_point={zp!r} must be an integer in the int32 range")
+        return int(zp)  # type: ignore[arg-type]
+
+    def _broadcast_param(
+        self, value: Operand | float | int, shape: tuple[int, ...], scope: Scope, dtype: np.dtype | None = None
+    ) -> np.ndarray:
+        """A parameter (array or scalar) broadcast against data of ``shape`` on the reference backend."""
+        pshape = self._param_shape if self._param_shape else (1,)
+        shape = shape if shape else (1,)
+        arr = np.asarray(value.obj).reshape(pshape) if isinstance(value, Operand) else np.full(pshape, value, dtype)
+        return expand_params(arr, shape, scope)
+
+    @staticmethod
+    def _host_view(op: Operand, shape: tuple[int, ...], info: ElementInfo) -> np.ndarray:
+        """A reference-backend operand as a NumPy array of ``info``'s dtype and ``shape``."""
+        return host_view(op, info).reshape(shape if shape else (1,))
+
+    @staticmethod
+    def _write_host(op: Operand, value: np.ndarray) -> None:
+        """Copy a reference result into the caller's NumPy array (its shape and raw dtype)."""
+        out = np.asarray(op.obj)
+        np.copyto(out, value.reshape(out.shape).view(out.dtype), casting="no")
+
+    def _param_output(self, value: Any, name: str, dtype: np.dtype, required: bool) -> Operand | None:
+        """A parameter array the plan writes (``scale_out`` / ``zero_point_out``): ``_param_shape``
+        (any one-element shape when that is all ones), ``dtype``, C-contiguous and aligned; None
+        when ``value`` is None and not ``required``."""
+        if value is None:
+            if required:
+                raise InvalidProblem(f"{name} is required: an array of shape {self._param_shape} ({dtype.name})")
+            return None
+        op = operand(value, name)
+        self._check_residence(op, name)
+        pshape = self._param_shape
+        if op.shape != pshape and not (math.prod(pshape) == 1 and op.size == 1):
+            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {pshape}")
+        if op.dtype_name != dtype.name:
+            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan writes {dtype.name}")
+        if not op.contiguous or op.ptr % op.itemsize:
+            raise InvalidProblem(f"{name} must be C-contiguous and aligned to its {op.itemsize}-byte elements")
+        return op
+
+    def _rng_value(self, value: Any, name: str) -> Operand | int:
+        """A seed / offset: a Python int in [0, 2**64) or a one-element int64 array on the plan's device."""
+        if value is None:
+            raise InvalidProblem(
+                f"{name} is required with Rounding.STOCHASTIC (a Python int or a 1-element int64 array)"
+            )
+        if is_scalar(value):
+            if not isinstance(value, (int, np.integer)) or not 0 <= int(value) <= _UINT64_MAX:
+                raise InvalidProblem(f"{name}={value!r} must be an integer in [0, 2**64)")
+            return int(value)
+        op = operand(value, name)
+        self._check_residence(op, name)
+        if op.size != 1 or op.dtype_name != "int64":
+            raise InvalidProblem(
+                f"{name} must be a Python int or a 1-element int64 array, got {op.dtype_name} {op.shape}"
+            )
+        if op.ptr % 8:
+            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not 8-byte aligned")
+        return op
+
+    def _rng(self, stochastic: bool, seed: Any, offset: Any) -> tuple[Operand | int, Operand | int]:
+        """The seed and offset of a run: checked when ``stochastic``, else both must be None (0, 0)."""
+        if stochastic:
+            return self._rng_value(seed, "rng_seed"), self._rng_value(offset, "rng_offset")
+        if seed is not None or offset is not None:
+            raise InvalidProblem("rng_seed / rng_offset apply only to Rounding.STOCHASTIC plans; leave them None")
+        return 0, 0
+
+
+def view(value: Any, name: str) -> Any:
+    """An unchecked argument: None and scalars as given, arrays as :class:`Operand` (``check=False``)."""
+    if value is None or type(value) in _SCALAR_TYPES:
+        return value
+    return operand(value, name) if not is_scalar(value) else value
+
+
+_SCALAR_TYPES = frozenset({int, float})
+
+
+__all__ = [
+    "Operand",
+    "OperandChecks",
+    "check_disjoint",
+    "check_positive",
+    "host_view",
+    "is_scalar",
+    "operand",
+    "overlaps",
+    "reference_uniform",
+    "same_or_disjoint",
+    "view",
+    "write_back",
+]

@@ -9,22 +9,29 @@ with ``kernels/qp_qgz.cuh``. Their launches come in two shapes, fixed at ``selec
 * **two-pass**: any group size: ``*_group_params`` (a block scans each group and writes its
   parameters), then ``*_elements`` (every element again, quantized with its group's parameters).
 
-This module holds the kernels' by-value structures (mirrors of the C++ structs), the choice
+This module holds what the qgZ plans and the DeepSpeed-format plans of :mod:`quantplan.compat`
+share: the descriptor checks (element kinds, code range, LoCo), the operand checks
+(:class:`QgzChecks`), the kernels' by-value structures (mirrors of the C++ structs), the choice
 between the shapes and the per-call pointer writes.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ._device import DeviceInfo
-from ._launch import PreparedLaunch, launch_on
-from ._operands import Operand
-from .dynamic_range import MAX_TEAM, SegmentGeometry, SegmentLayoutArgs, fused_segment_geometry
+from ._families import QGZ_CODE_KINDS, QGZ_FLOAT_KINDS
+from ._launch import PreparedLaunch, occupancy_grid, vector_alignment
+from ._operands import Operand, OperandChecks, is_scalar
+from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
 from .elements import ELEMENTS
+from .errors import InvalidProblem, Unsupported
 from .types import ElementKind, QuantMode
 
 #: Threads of a block of the element pass (``__launch_bounds__(256)``).
@@ -75,21 +82,91 @@ class PeerSumArgs(ctypes.Structure):
     ]
 
 
-def error_tag(kind: ElementKind | None) -> str:
-    """The kernels' ``Err`` template argument: the buffer's element tag, or ``qp::no_error``."""
-    return "qp::no_error" if kind is None else ELEMENTS[kind].cpp_tag
+# ---- descriptor checks ----------------------------------------------------------------------------
 
 
-def layout_args(
-    groups: int, group_size: int, team: int, q_min: int, q_max: int, mode: QuantMode, own_range: bool = False
-) -> SegmentLayoutArgs:
-    """The kernels' ``SegmentLayout``: ``groups`` groups of ``group_size``, teams of ``team`` threads.
+def check_float_kind(kind: ElementKind, name: str) -> None:
+    """F16 / BF16 / F32 pass; F64 is Unsupported (no qgZ kernel for it); anything else InvalidProblem."""
+    if kind in QGZ_FLOAT_KINDS:
+        return
+    if kind is ElementKind.F64:
+        raise Unsupported(f"{name}=F64 is not served by the qgZ plans; use F32, BF16 or F16")
+    raise InvalidProblem(f"{name} must be one of F16, BF16, F32, got {kind.name}")
 
-    Its ``mode``: 0 SYMMETRIC (|x|max), 1 ASYMMETRIC with the range widened to hold zero (SPEC
-    section 4), 2 ASYMMETRIC over the group's own min / max (``own_range``: the DeepSpeed formats).
-    """
-    code = 0 if mode is QuantMode.SYMMETRIC else 2 if own_range else 1
-    return SegmentLayoutArgs(groups, group_size, team.bit_length() - 1, q_min, q_max, code, 0)
+
+def check_code_kind(kind: ElementKind, name: str) -> None:
+    """S8 / U8 / S4 / U4 pass; FP8 is Unsupported here; anything else InvalidProblem."""
+    if kind in QGZ_CODE_KINDS:
+        return
+    if ELEMENTS[kind].is_fp8:
+        raise Unsupported(f"{name}={kind.name}: the qgZ plans write integer codes only (S8, U8, S4, U4)")
+    raise InvalidProblem(f"{name} must be one of S8, U8, S4, U4, got {kind.name}")
+
+
+def check_error_kind(kind: ElementKind | None) -> None:
+    """The LoCo error buffer element: None (no error feedback) or F16 / BF16 / F32."""
+    if kind is not None and kind not in QGZ_FLOAT_KINDS:
+        raise InvalidProblem(f"error_element must be None or one of F16, BF16, F32, got {kind.name}")
+
+
+def dynamic_code_range(mode: QuantMode, code: ElementKind, q_min: int | None, q_max: int | None) -> tuple[int, int]:
+    """The code range of dynamic-range quantization to ``code``: the kind's default range,
+    optionally narrowed; SYMMETRIC needs ``q_max > 0``, ASYMMETRIC ``q_min < q_max`` (InvalidProblem)."""
+    full = ELEMENTS[code].code_range
+    assert full is not None
+    lo = full[0] if q_min is None else q_min
+    hi = full[1] if q_max is None else q_max
+    if not (full[0] <= lo <= full[1] and full[0] <= hi <= full[1]):
+        raise InvalidProblem(f"q_min={lo}, q_max={hi} fall outside the {code.name} range {full}; narrow within it")
+    if mode is QuantMode.SYMMETRIC and hi <= 0:
+        raise InvalidProblem(f"SYMMETRIC dynamic range needs q_max > 0 (scale = amax / q_max), got q_max={hi}")
+    if mode is QuantMode.ASYMMETRIC and lo >= hi:
+        raise InvalidProblem(f"ASYMMETRIC dynamic range needs q_min < q_max, got q_min={lo}, q_max={hi}")
+    if lo > hi:
+        raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
+    return lo, hi
+
+
+def check_beta(value: Any) -> float:
+    """LoCo's ``error_beta``: a real number in [0, 1] (InvalidProblem otherwise)."""
+    if not is_scalar(value) or isinstance(value, (bool, np.bool_)):
+        raise InvalidProblem(f"error_beta={value!r} must be a Python or NumPy real number in [0, 1]")
+    beta = float(value)
+    if not (math.isfinite(beta) and 0.0 <= beta <= 1.0):
+        raise InvalidProblem(f"error_beta={value!r} must lie in [0, 1] (e <- beta * e + (1 - beta) * residual)")
+    return beta
+
+
+class QgzChecks(OperandChecks):
+    """Operand checks of the qgZ and DeepSpeed-format plans: flat tensors of a given shape and
+    kind (no parameter scope), and the LoCo error buffer with its beta."""
+
+    _param_shape: tuple[int, ...] = ()
+    _tensor_scope = False
+
+    def _loco(
+        self, error: Any, beta: Any, shape: tuple[int, ...], kind: ElementKind | None
+    ) -> tuple[Operand | None, float]:
+        """The error buffer and beta of LoCo error feedback, or (None, 0.0) when the plan has none."""
+        if kind is None:
+            if error is not None or beta is not None:
+                raise InvalidProblem(
+                    "error_feedback / error_beta given, but the descriptor has no error_element; "
+                    "set error_element (F16, BF16 or F32) for LoCo error feedback"
+                )
+            return None, 0.0
+        if beta is None:
+            raise InvalidProblem("error_beta is required with error feedback (a real number in [0, 1])")
+        return self._required(error, "error_feedback", shape, ELEMENTS[kind]), check_beta(beta)
+
+
+def beta_pair(beta: float) -> tuple[float, float]:
+    """LoCo's ``(b, 1 - b)`` with ``b = f32(beta)``, the difference computed in float32."""
+    b = np.float32(beta)
+    return float(b), float(np.float32(1) - b)
+
+
+# ---- launches ------------------------------------------------------------------------------------
 
 
 def qgz_geometry(
@@ -103,14 +180,6 @@ def qgz_geometry(
     fallback = fused_segment_geometry(groups, group_size, packed, QGZ_ELEMENTS_PER_THREAD, 1, busy)
     assert fallback is not None
     return primary, fallback
-
-
-def occupancy_grid(function: Any, block: int, wanted: int, info: DeviceInfo) -> int:
-    """Blocks to launch: ``wanted``, at most the resident blocks of every multiprocessor."""
-    import cupy
-
-    per_sm = max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, block, 0))
-    return max(1, min(wanted, per_sm * info.sm_count))
 
 
 def group_params_block(group_size: int) -> int:
@@ -141,16 +210,16 @@ class QgzLaunches:
         if self.fused is None:
             return self.two_pass
         assert self.fused_fallback is not None
-        if all(p % a == 0 for p, a in zip(pointers, self.alignments, strict=True)):
-            return (self.fused,)
-        return (self.fused_fallback,)
+        for pointer, alignment in zip(pointers, self.alignments, strict=True):
+            if pointer % alignment:
+                return (self.fused_fallback,)
+        return (self.fused,)
 
-    def run(self, device_id: int, handle: int, pointers: tuple[int, ...], set_fields: Any) -> None:
-        """Write the per-call fields with ``set_fields(params)`` into each chosen launch and enqueue them."""
-        launches = self.chosen(pointers)
-        for launch in launches:
-            set_fields(launch.params)
-        launch_on(device_id, handle, *launches)
+    @property
+    def launches(self) -> tuple[PreparedLaunch, ...]:
+        """Every prepared launch (for the plan's ``_prepared``)."""
+        fused = tuple(launch for launch in (self.fused, self.fused_fallback) if launch is not None)
+        return fused + self.two_pass
 
 
 @dataclass(frozen=True)
@@ -194,14 +263,14 @@ def prepare_qgz_launches(
         def fused(g: SegmentGeometry) -> PreparedLaunch:
             fn = kernels.segments(g.vec, g.vector_io)
             wanted = -(-g.segments // (g.block // g.team))
-            layout = layout_args(groups, group_size, g.team, q_min, q_max, mode, own_range)
+            layout = segment_layout(groups, group_size, g.team, q_min, q_max, mode, own_range)
             grid = occupancy_grid(fn, g.block, wanted, info)
             return PreparedLaunch(fn, grid, g.block, kernels.params_type, layout=layout, **fixed)
 
         aligns = tuple(vector_alignment(primary.vec, b) for b in alignment_bits)
         return QgzLaunches(fused(primary), fused(fallback), (), aligns, primary.describe())
     block = group_params_block(group_size)
-    layout = layout_args(groups, group_size, 1, q_min, q_max, mode, own_range)
+    layout = segment_layout(groups, group_size, 1, q_min, q_max, mode, own_range)
     params_fn, elements_fn = kernels.group_params, kernels.elements
     element_grid = occupancy_grid(elements_fn, ELEMENT_BLOCK, -(-element_units // ELEMENT_BLOCK), info)
     two_pass = (
@@ -262,36 +331,42 @@ def prepare_float_values(
 
 
 def set_output_args(
-    out: QgzOutputArgs, y: Operand, scale: Operand | None, zp: Operand | None, error: Operand | None
+    out: QgzOutputArgs,
+    y: Operand,
+    scale: Operand | None,
+    zp: Operand | None,
+    error: Operand | None,
+    beta: float,
+    one_minus_beta: float,
 ) -> None:
-    """The per-call pointers of ``QgzOutputArgs`` (0 where absent)."""
+    """The per-call fields of ``QgzOutputArgs`` (pointers 0 where absent; LoCo's ``b``, ``1 - b``)."""
     out.q = y.ptr
     out.scale_out = 0 if scale is None else scale.ptr
     out.zp_out = 0 if zp is None else zp.ptr
     out.error = 0 if error is None else error.ptr
-
-
-def vector_alignment(vec: int, element_bits: int) -> int:
-    """Bytes of alignment a vector of ``vec`` elements of ``element_bits`` bits needs (at most 16)."""
-    return max(1, min(16, vec * element_bits // 8))
+    out.beta = beta
+    out.one_minus_beta = one_minus_beta
 
 
 __all__ = [
     "ELEMENT_BLOCK",
     "PeerSumArgs",
+    "QgzChecks",
     "QgzKernels",
     "QgzLaunches",
     "QgzOutputArgs",
     "SwizzleMapArgs",
-    "error_tag",
+    "beta_pair",
+    "check_beta",
+    "check_code_kind",
+    "check_error_kind",
+    "check_float_kind",
+    "dynamic_code_range",
     "group_params_block",
-    "layout_args",
     "log2_or_minus_one",
-    "occupancy_grid",
     "prepare_float_values",
     "prepare_qgz_launches",
     "qgz_geometry",
     "set_output_args",
-    "vector_alignment",
     "widest_dividing",
 ]

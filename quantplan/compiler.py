@@ -9,9 +9,10 @@ One path serves the GPU and the GPU-less check:
 * :func:`load_kernels` (GPU only) loads that cubin with ``cupy.RawModule`` and returns the
   launchable functions; modules are cached per (family, arch, options, names).
 
-Plans call :func:`load_kernels` from ``select``; ``run`` never compiles. Each op family lists
-its compile units in :data:`FAMILY_UNITS`, built from the dtype table, and a CPU test compiles
-all of them for sm_80 and sm_90. ``python -m quantplan precompile sm_90`` fills the cache ahead.
+Plans call :func:`load_kernels` from ``select``; ``run`` never compiles. The compile layer is a
+leaf over the vocabulary: which instantiations each family has is the declarative table of
+:mod:`quantplan._families`, and :mod:`quantplan._precompile` fills the cache ahead from it
+(``python -m quantplan precompile sm_90``); a CPU test compiles every unit for sm_80 and sm_90.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import re
 import shlex
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -37,9 +38,6 @@ from .types import ArchSku
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false")
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
-
-#: family name -> function returning the family's compile units (lists of name expressions).
-FAMILY_UNITS: dict[str, Callable[[], list[list[str]]]] = {}
 
 
 def kernel_dir() -> Path:
@@ -72,16 +70,6 @@ def kernel_source(family: str) -> str:
         return _INCLUDE.sub(include, text)
 
     return expand(f"{family}.cu")
-
-
-def register_family(family: str) -> Callable[[Callable[[], list[list[str]]]], Callable[[], list[list[str]]]]:
-    """Decorator: record the function listing ``family``'s compile units."""
-
-    def wrap(fn: Callable[[], list[list[str]]]) -> Callable[[], list[list[str]]]:
-        FAMILY_UNITS[family] = fn
-        return fn
-
-    return wrap
 
 
 def compile_options() -> tuple[str, ...]:
@@ -205,39 +193,6 @@ def load_kernels(
         return functions
 
 
-def compile_units(family: str) -> list[list[str]]:
-    """The groups of name expressions ``family``'s plans compile together (one NVRTC program each)."""
-    from . import dequant_reduce, dynamic_range, static_quantize, swizzled_quantize  # noqa: F401  (register their families)
-    from .compat import _deepspeed_plans  # noqa: F401
-
-    return FAMILY_UNITS[family]()
-
-
-def all_instantiations(family: str) -> list[str]:
-    """Every name expression ``family`` may ask for, once each (units may share kernels)."""
-    return list(dict.fromkeys(name for unit in compile_units(family) for name in unit))
-
-
-def _compile_unit_job(job: tuple[str, list[str], str, tuple[str, ...]]) -> str:
-    family, names, arch, options = job
-    compile_instantiations(family, names, ArchSku.from_compute_capability(arch.removeprefix("sm_")), options)
-    return family
-
-
-def precompile(arch: ArchSku, families: Sequence[str] | None = None, jobs: int | None = None) -> int:
-    """Fill the on-disk cache with every compile unit of ``families`` for ``arch`` (no GPU needed).
-
-    **When to use:** before a first run on a fresh machine (a container image, a CI cache), so no
-    ``select`` waits for NVRTC. Returns the number of units compiled.
-    """
-    from concurrent.futures import ProcessPoolExecutor
-
-    chosen = list(families) if families else sorted(FAMILY_UNITS) or ["quantize", "dequantize"]
-    work = [(f, unit, arch.nvrtc_arch, compile_options()) for f in chosen for unit in compile_units(f)]
-    with ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
-        return len(list(pool.map(_compile_unit_job, work)))
-
-
 def template_name(kernel: str, *args: object) -> str:
     """``template_name("quantize_rows", "qp::f16", "qp::s8", 8, True)`` -> C++ name expression."""
 
@@ -251,18 +206,13 @@ def template_name(kernel: str, *args: object) -> str:
 
 __all__ = [
     "BASE_OPTIONS",
-    "FAMILY_UNITS",
     "CompiledModule",
-    "all_instantiations",
     "cache_dir",
     "compile_instantiations",
     "compile_options",
-    "compile_units",
-    "precompile",
     "kernel_dir",
     "kernel_source",
     "load_kernels",
     "nvrtc_version",
-    "register_family",
     "template_name",
 ]

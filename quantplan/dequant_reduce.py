@@ -16,22 +16,28 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import choose_backend
 from ._device import device_info, stream_device_id
-from ._launch import stream_handle
-from ._operands import Operand
+from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
+from ._launch import launch_on, params_struct
+from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._qgz_launch import (
     PeerSumArgs,
+    QgzChecks,
     QgzKernels,
     QgzLaunches,
     QgzOutputArgs,
-    error_tag,
+    beta_pair,
+    check_code_kind,
+    check_error_kind,
+    check_float_kind,
+    dynamic_code_range,
     log2_or_minus_one,
     prepare_float_values,
     prepare_qgz_launches,
@@ -39,40 +45,15 @@ from ._qgz_launch import (
     set_output_args,
     widest_dividing,
 )
-from .compiler import compile_options, load_kernels, register_family, template_name
-from .dynamic_range import SegmentLayoutArgs
+from ._segments import SegmentLayoutArgs, range_divisor_of
+from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
-from .swizzled_quantize import (
-    QGZ_CODE_KINDS,
-    QGZ_FLOAT_KINDS,
-    QgzOperands,
-    check_code_kind,
-    check_disjoint,
-    check_error_kind,
-    check_float_kind,
-    check_positive,
-    dynamic_code_range,
-    host_view,
-    qgz_precision_guarantee,
-    range_divisor_of,
-    write_back,
-)
-from .types import (
-    HOST_ARCH,
-    BackendKind,
-    ElementKind,
-    KernelSku,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    PrecisionGuarantee,
-    QuantizeKind,
-    QuantMode,
-)
-from .workspace import Workspace, check_workspace
+from .types import HOST_ARCH, BackendKind, ElementKind, NibbleOrder, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from .workspace import Workspace
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_F32, _I32 = ELEMENTS[ElementKind.F32], ELEMENTS[ElementKind.I32]
 
 
 def _storage(elements: int, kind: ElementKind) -> int:
@@ -163,8 +144,10 @@ class DequantReduceArgs:
     error_beta: Any = None
 
 
-class _Checked(NamedTuple):
-    """Operands of one run after the checks."""
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one run: peers' codes and parameters, the output and its parameters, the LoCo
+    buffer and ``(b, 1 - b)``."""
 
     q: Operand
     scale: Operand
@@ -174,65 +157,17 @@ class _Checked(NamedTuple):
     zp_out: Operand | None
     err: Operand | None
     beta: float
+    one_minus_beta: float
 
 
 _FAMILY = "dequant_reduce"
-#: Vector widths of the fused pass and the float pass (codes per peer per load); 4-bit codes need >= 2.
-_WIDTHS = (8, 4, 2, 1)
-
-
-def _params_type(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
-    return type(name, (ctypes.Structure,), {"_fields_": fields})
-
-
-_REDUCE_PARAMS = _params_type(
+_REDUCE_PARAMS = params_struct(
     "DequantReduceParams",
     [("input", PeerSumArgs), ("out", QgzOutputArgs), ("layout", SegmentLayoutArgs), ("divisor", ctypes.c_float)],
 )
-_FLOATS_PARAMS = _params_type(
+_FLOATS_PARAMS = params_struct(
     "DequantReduceFloatsParams", [("input", PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
 )
-
-
-def dequant_reduce_unit(
-    input_kind: ElementKind, error_kind: ElementKind | None, output_kind: ElementKind, high_first: bool
-) -> list[str]:
-    """The kernels of one (input code, error buffer, output, nibble order).
-
-    Code outputs: the fused pass at every vector width (aligned vector I/O), its element-I/O
-    twin, and the two-pass kernels. Float outputs: the float pass at every width and its twin.
-    """
-    code, out = ELEMENTS[input_kind], ELEMENTS[output_kind]
-    if out.is_float:
-        widths = [v for v in _WIDTHS if v >= 2 or not code.is_packed]
-        tags: tuple[str, ...] = (code.cpp_tag, out.cpp_tag)
-        return [
-            *(template_name("dequant_reduce_floats", *tags, v, True, high_first) for v in widths),
-            template_name("dequant_reduce_floats", *tags, 1, False, high_first),
-        ]
-    packed = code.is_packed or out.is_packed
-    widths = [v for v in _WIDTHS if v >= 2 or not packed]
-    tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
-    return [
-        *(template_name("dequant_reduce_segments", *tags, v, True, high_first) for v in widths),
-        template_name("dequant_reduce_segments", *tags, 2 if packed else 1, False, high_first),
-        template_name("dequant_reduce_group_params", tags[0], tags[1], high_first),
-        template_name("dequant_reduce_elements", *tags, high_first),
-    ]
-
-
-@register_family(_FAMILY)
-def dequant_reduce_units() -> list[list[str]]:
-    """Compile units of ``kernels/dequant_reduce.cu``: one per (input code, error buffer, output, nibble order)."""
-    units = []
-    for input_kind in QGZ_CODE_KINDS:
-        for output_kind in (*QGZ_CODE_KINDS, *QGZ_FLOAT_KINDS):
-            packed = ELEMENTS[input_kind].is_packed or ELEMENTS[output_kind].is_packed
-            errors = (None,) if ELEMENTS[output_kind].is_float else (None, *QGZ_FLOAT_KINDS)
-            for error_kind in errors:
-                for high_first in (False, True) if packed else (False,):
-                    units.append(dequant_reduce_unit(input_kind, error_kind, output_kind, high_first))
-    return units
 
 
 def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
@@ -253,7 +188,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         in_group_shift=log2_or_minus_one(desc.input_group_size),
     )
     # A vector of codes never crosses an input group: its width divides the input group size.
-    vec_in = widest_dividing(desc.input_group_size, _WIDTHS[0])
+    vec_in = widest_dividing(desc.input_group_size, QGZ_WIDTHS[0])
     if out.is_float:
         tags: tuple[str, ...] = (code.cpp_tag, out.cpp_tag)
         return prepare_float_values(
@@ -298,7 +233,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     )
 
 
-class DequantReducePlan:
+class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
     """Dequantize N peers' chunks, sum them in float32, re-quantize with fresh per-group parameters.
 
     Formulas (SPEC section 4, float32; rne = round half to even):
@@ -345,6 +280,9 @@ class DequantReducePlan:
     carries float32 rounding (relative 2**-24 per addition) on top of the quantization error.
     """
 
+    _category = OpCategory.COLLECTIVE
+    _op = QuantizeKind.DYNAMIC_RANGE
+
     def __init__(
         self,
         desc: DequantReduceDescriptor,
@@ -352,17 +290,25 @@ class DequantReducePlan:
         q_max: int,
         backend: BackendKind,
         device_id: int | None = None,
-        arch_name: str = HOST_ARCH.name,
         launches: QgzLaunches | None = None,
     ) -> None:
+        super().__init__(
+            desc,
+            backend,
+            device_id,
+            HOST_ARCH.name if launches is None else device_info(device_id or 0).arch.name,
+            REFERENCE_VARIANT if launches is None else launches.describe,
+            desc.input_element,
+            desc.output_element,
+            prepared=() if launches is None else launches.launches,
+            empty=desc.chunk_elements == 0,
+        )
         self.descriptor = desc
         self.q_min = q_min
         self.q_max = q_max
-        self.backend = backend
-        self.device_id = device_id
-        self._arch_name = arch_name
         self._launches = launches
-        self._operands = QgzOperands(backend, device_id)
+        self._input_info, self._output_info = ELEMENTS[desc.input_element], ELEMENTS[desc.output_element]
+        self._peer_bytes = _storage(desc.chunk_elements, desc.input_element)
 
     @classmethod
     def select(
@@ -410,53 +356,25 @@ class DequantReducePlan:
                     f"{name}={kind.name} packs two codes per byte, so chunk_elements must be even, got "
                     f"{desc.chunk_elements}"
                 )
-        backend = choose_backend(pref or PlanPreference())
-        if backend is BackendKind.REFERENCE or desc.chunk_elements == 0:
-            return cls(
-                desc, q_min, q_max, backend, None if backend is BackendKind.REFERENCE else stream_device_id(stream)
-            )
+        backend = choose_backend(pref)
+        if backend is BackendKind.REFERENCE:
+            return cls(desc, q_min, q_max, backend)
         device_id = stream_device_id(stream)
-        launches = prepare_dequant_reduce(desc, q_min, q_max, device_id)
-        return cls(desc, q_min, q_max, backend, device_id, device_info(device_id).arch.name, launches)
-
-    # ---- introspection --------------------------------------------------------------------
-
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: 0."""
-        return 0
-
-    def precision_guarantee(self) -> PrecisionGuarantee:
-        """float32 arithmetic and accumulation in peer order; bit-exact to the reference; deterministic."""
-        return qgz_precision_guarantee()
-
-    def sku(self) -> KernelSku:
-        """Identity of the selected kernels (variant: ``numpy``, the fused pass's geometry, ``two-pass`` or ``float-sum``)."""
-        d = self.descriptor
-        return KernelSku(
-            category=OpCategory.COLLECTIVE,
-            op=QuantizeKind.DYNAMIC_RANGE,
-            element=d.input_element,
-            aux_element=d.output_element,
-            variant="numpy" if self._launches is None else self._launches.describe,
-            arch=self._arch_name,
-            backend=self.backend,
-            precision_guarantee=self.precision_guarantee(),
-        )
-
-    # ---- arguments ------------------------------------------------------------------------
+        if desc.chunk_elements == 0:
+            return cls(desc, q_min, q_max, backend, device_id)
+        return cls(desc, q_min, q_max, backend, device_id, prepare_dequant_reduce(desc, q_min, q_max, device_id))
 
     def _check(self, args: DequantReduceArgs) -> _Checked:
         d = self.descriptor
-        ops = self._operands
-        q = ops.tensor(args.input, "input", d.input_shape, d.input_element)
-        scale = ops.tensor(args.scale, "scale", d.input_param_shape, ElementKind.F32)
-        y = ops.tensor(args.output, "output", d.output_shape, d.output_element)
+        q = self._required(args.input, "input", d.input_shape, self._input_info)
+        scale = self._required(args.scale, "scale", d.input_param_shape, _F32)
+        y = self._required(args.output, "output", d.output_shape, self._output_info)
         zp: Operand | None = None
         zp_out: Operand | None = None
         scale_out: Operand | None = None
         asym = d.mode is QuantMode.ASYMMETRIC
         if asym:
-            zp = ops.tensor(args.zero_point, "zero_point", d.input_param_shape, ElementKind.I32)
+            zp = self._required(args.zero_point, "zero_point", d.input_param_shape, _I32)
         elif args.zero_point is not None:
             raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
         if d.float_output:
@@ -465,12 +383,12 @@ class DequantReducePlan:
                     "scale_out / zero_point_out must be None for a float output (nothing is re-quantized)"
                 )
         else:
-            scale_out = ops.tensor(args.scale_out, "scale_out", d.param_shape, ElementKind.F32)
+            scale_out = self._required(args.scale_out, "scale_out", d.param_shape, _F32)
             if asym:
-                zp_out = ops.tensor(args.zero_point_out, "zero_point_out", d.param_shape, ElementKind.I32)
+                zp_out = self._required(args.zero_point_out, "zero_point_out", d.param_shape, _I32)
             elif args.zero_point_out is not None:
                 raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
-        err, beta = ops.loco(args.error_feedback, args.error_beta, d.error_shape, d.error_element)
+        err, beta = self._loco(args.error_feedback, args.error_beta, d.error_shape, d.error_element)
         check_disjoint(
             ("input", q),
             ("scale", scale),
@@ -480,32 +398,50 @@ class DequantReducePlan:
             ("zero_point_out", zp_out),
             ("error_feedback", err),
         )
-        return _Checked(q, scale, zp, y, scale_out, zp_out, err, beta)
+        return _Checked(q, scale, zp, y, scale_out, zp_out, err, *beta_pair(beta))
 
-    def can_implement(self, args: DequantReduceArgs) -> bool:
-        """Check ``args`` (shapes, dtypes, residence, contiguity, LoCo buffer and beta); True or raises."""
-        self._check(args)
-        return True
+    def _extract(self, args: DequantReduceArgs) -> _Checked:
+        beta = 0.0 if args.error_beta is None else float(args.error_beta)
+        return _Checked(
+            operand(args.input, "input"),
+            operand(args.scale, "scale"),
+            view(args.zero_point, "zero_point"),
+            operand(args.output, "output"),
+            view(args.scale_out, "scale_out"),
+            view(args.zero_point_out, "zero_point_out"),
+            view(args.error_feedback, "error_feedback"),
+            *beta_pair(beta),
+        )
 
     # ---- execution ------------------------------------------------------------------------
 
-    def run(self, stream: Any, workspace: Workspace | None, args: DequantReduceArgs) -> None:
-        """Dequantize, reduce, re-quantize and (LoCo) update the error buffer. Every check happens
-        before any output is written; a zero-size chunk returns without writing."""
-        check_workspace(workspace, 0)
-        q, scale, zp, y, scale_out, zp_out, err, beta = self._check(args)
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+        assert self._launches is not None and self.device_id is not None
+        q_ptr, y_ptr = a.q.ptr, a.y.ptr
+        pointers = (q_ptr, q_ptr + self._peer_bytes, y_ptr) + (() if a.err is None else (a.err.ptr,))
+        launches = self._launches.chosen(pointers)
+        float_output = self.descriptor.float_output
+        for launch in launches:
+            params = launch.params
+            params.input.q = q_ptr
+            params.input.scale = a.scale.ptr
+            params.input.zp = 0 if a.zp is None else a.zp.ptr
+            if float_output:
+                params.y = y_ptr
+            else:
+                set_output_args(params.out, a.y, a.scale_out, a.zp_out, a.err, a.beta, a.one_minus_beta)
+        launch_on(self.device_id, handle, *launches)
+
+    def _run_reference(self, a: _Checked) -> None:
         d = self.descriptor
         if d.chunk_elements == 0:
             return
-        if self._launches is not None:
-            assert self.device_id is not None
-            self._run_cuda(stream, q, scale, zp, y, scale_out, zp_out, err, beta)
-            return
-        error = None if err is None or d.error_element is None else host_view(err, d.error_element)
+        error_info = None if d.error_element is None else ELEMENTS[d.error_element]
+        error = None if a.err is None or error_info is None else host_view(a.err, error_info)
         q_new, s_new, z_new, new_err = reference.dequant_reduce(
-            host_view(q, d.input_element),
-            host_view(scale, ElementKind.F32),
-            None if zp is None else host_view(zp, ElementKind.I32),
+            host_view(a.q, self._input_info),
+            host_view(a.scale, _F32),
+            None if a.zp is None else host_view(a.zp, _I32),
             d.input_element,
             d.input_group_size,
             d.output_element,
@@ -516,48 +452,15 @@ class DequantReducePlan:
             d.nibble_order,
             d.average,
             error,
-            beta,
+            a.beta if a.err is not None else 0.0,
         )
-        write_back(y, d.output_element, q_new)
-        if scale_out is not None and s_new is not None:
-            write_back(scale_out, ElementKind.F32, s_new)
-        if zp_out is not None and z_new is not None:
-            write_back(zp_out, ElementKind.I32, z_new)
-        if err is not None and new_err is not None:
-            assert d.error_element is not None
-            write_back(err, d.error_element, new_err)
-
-    def _run_cuda(
-        self,
-        stream: Any,
-        q: Operand,
-        scale: Operand,
-        zp: Operand | None,
-        y: Operand,
-        scale_out: Operand | None,
-        zp_out: Operand | None,
-        err: Operand | None,
-        beta: float,
-    ) -> None:
-        assert self._launches is not None and self.device_id is not None
-        peer_bytes = q.size * q.itemsize // self.descriptor.peers
-        float_output = self.descriptor.float_output
-        b = np.float32(beta)
-        c = np.float32(1) - b
-
-        def fields(params: Any) -> None:
-            params.input.q = q.ptr
-            params.input.scale = scale.ptr
-            params.input.zp = 0 if zp is None else zp.ptr
-            if float_output:
-                params.y = y.ptr
-                return
-            set_output_args(params.out, y, scale_out, zp_out, err)
-            params.out.beta = float(b)
-            params.out.one_minus_beta = float(c)
-
-        pointers = (q.ptr, q.ptr + peer_bytes, y.ptr) + (() if err is None else (err.ptr,))
-        self._launches.run(self.device_id, stream_handle(stream), pointers, fields)
+        write_back(a.y, self._output_info, q_new)
+        if a.scale_out is not None and s_new is not None:
+            write_back(a.scale_out, _F32, s_new)
+        if a.zp_out is not None and z_new is not None:
+            write_back(a.zp_out, _I32, z_new)
+        if a.err is not None and new_err is not None and error_info is not None:
+            write_back(a.err, error_info, new_err)
 
 
 __all__ = ["DequantReduceArgs", "DequantReduceDescriptor", "DequantReducePlan"]

@@ -20,7 +20,6 @@ reference: :func:`quantplan.reference.dynamic_fake_quantize`; tests:
 
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,43 +28,33 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import AffineProblem, OperandChecks, choose_backend, reference_uniform
+from ._affine import AffineProblem
 from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, launch_on, stream_handle
+from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProblem, FakeRowLaunches, prepare_fake_rows
+from ._families import dynamic_fake_quantize_unit
+from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
-from ._operands import Operand, overlaps, same_or_disjoint
-from .compiler import compile_options, load_kernels, template_name
-from .dynamic_range import RangePasses, SegmentGeometry, SegmentLayoutArgs, range_divisor, segment_geometry
-from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
+from ._operands import Operand, OperandChecks, operand, overlaps, reference_uniform, same_or_disjoint, view
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
+from .compiler import template_name
+from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
-from .fake_quantize import (
-    FakeOp,
-    FakeQuantizeProblem,
-    FakeRowLaunches,
-    dynamic_fake_quantize_unit,
-    prepare_fake_rows,
-)
 from .types import (
     HOST_ARCH,
     BackendKind,
     ElementKind,
-    KernelSku,
-    MathPrecision,
     NibbleOrder,
     OpCategory,
     PlanPreference,
-    PrecisionGuarantee,
     QuantizeKind,
     QuantMode,
     Rounding,
     Scope,
     TensorScope,
 )
-from .workspace import Workspace, check_workspace
+from .workspace import Workspace
 
-_FAMILY = "fake_quantize"
-#: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value (0, SYMMETRIC), an int32 array.
-_ZP_VALUE, _ZP_INT32 = 0, 1
 #: Alignment of each part of the multi-pass workspace (statistics, scales, zero points).
 _WORKSPACE_ALIGN = 256
 
@@ -156,7 +145,7 @@ def dynamic_fake_quantize_problem(desc: DynamicRangeFakeQuantizeDescriptor) -> A
         q_min,
         q_max,
         NibbleOrder.LOW_FIRST,
-        stochastic=desc.rounding is Rounding.STOCHASTIC,
+        rounding=desc.rounding,
     )
 
 
@@ -164,67 +153,24 @@ def _align(n: int) -> int:
     return -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
 
 
-_SEGMENT_PARAMS = {
-    precision: type(
-        "DynamicFakeSegmentParams",
-        (ctypes.Structure,),
-        {
-            "_fields_": [
-                ("x", ctypes.c_uint64),
-                ("y", ctypes.c_uint64),
-                ("scale_out", ctypes.c_uint64),
-                ("zp_out", ctypes.c_uint64),
-                ("layout", SegmentLayoutArgs),
-                ("divisor", acc),
-                ("seed_ptr", ctypes.c_uint64),
-                ("offset_ptr", ctypes.c_uint64),
-                ("seed_value", ctypes.c_uint64),
-                ("offset_value", ctypes.c_uint64),
-            ]
-        },
-    )
-    for precision, acc in ((MathPrecision.F32, ctypes.c_float), (MathPrecision.F64, ctypes.c_double))
-}
-
-
-class _FusedLaunch:
-    """The fused pass for aligned operands and its element-I/O twin for misaligned ones."""
-
-    __slots__ = ("align", "fallback", "primary")
-
-    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align: int) -> None:
-        self.primary, self.fallback, self.align = primary, fallback, align
-
-
 def _prepare_fused(
-    problem: AffineProblem, geometry: SegmentGeometry, fallback: SegmentGeometry, divisor: float, device_id: int
-) -> _FusedLaunch:
-    import cupy
-
-    info = device_info(device_id)
-    functions = load_kernels(
-        _FAMILY, dynamic_fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options()
-    )
+    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int
+) -> LaunchPair:
+    """Compile (first use) and prepare ``dynamic_fake_quantize_segments`` for ``problem``."""
     tag = ELEMENTS[problem.float_kind].cpp_tag
 
-    def prepare(g: SegmentGeometry) -> PreparedLaunch:
-        fn = functions[template_name("dynamic_fake_quantize_segments", tag, g.vec, True, problem.stochastic)]
-        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, g.block, 0)
-        return PreparedLaunch(
-            fn,
-            g.blocks(max(1, per_sm) * info.sm_count),
-            g.block,
-            _SEGMENT_PARAMS[problem.precision],
-            layout=g.args(problem.q_min, problem.q_max, problem.mode),
-            divisor=divisor,
-        )
+    def name(g: SegmentGeometry) -> str:
+        return template_name("dynamic_fake_quantize_segments", tag, g.vec, True, problem.stochastic)
 
-    align = min(16, geometry.vec * ELEMENTS[problem.float_kind].storage_bits // 8)
-    return _FusedLaunch(prepare(geometry), prepare(fallback), align)
+    unit = dynamic_fake_quantize_unit(problem.float_kind)
+    bits = ELEMENTS[problem.float_kind].storage_bits
+    return prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id)
 
 
-@dataclass(frozen=True)
-class _CheckedArgs:
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one run: input, output, optional parameter outputs, Philox seed / offset."""
+
     x: Operand
     y: Operand
     scale: Operand | None
@@ -233,7 +179,7 @@ class _CheckedArgs:
     offset: Operand | int
 
 
-class DynamicRangeFakeQuantizePlan(OperandChecks):
+class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, _Checked]):
     """Fake quantization with per-segment parameters from the data, in one pass where it can.
 
     Formulas (SPEC section 4; float32 arithmetic, float64 for F64; each operation rounded once):
@@ -282,40 +228,52 @@ class DynamicRangeFakeQuantizePlan(OperandChecks):
     range reductions; stochastic rounding reproducible from (seed, offset) on any device).
     """
 
+    _category = OpCategory.FAKE_QUANTIZE
+    _op = QuantizeKind.DYNAMIC_RANGE
+
     def __init__(
         self,
         desc: DynamicRangeFakeQuantizeDescriptor,
         problem: AffineProblem,
-        backend: BackendKind,
-        device_id: int | None,
-        arch_name: str,
-        variant: str,
-        fused: _FusedLaunch | None = None,
+        device_id: int | None = None,
+        variant: str = REFERENCE_VARIANT,
+        fused: LaunchPair | None = None,
         passes: RangePasses | None = None,
         rows: FakeRowLaunches | None = None,
     ) -> None:
+        count = math.prod(problem.param_shape) if problem.param_shape else 1
+        param_dtype = param_numpy_dtype(problem.precision)
+        asym = problem.mode is QuantMode.ASYMMETRIC
+        scale_offset = zp_offset = workspace = 0
+        prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()
+        if passes is not None and rows is not None:
+            scale_offset = _align(passes.stats_bytes)
+            zp_offset = scale_offset + _align(count * param_dtype.itemsize)
+            workspace = zp_offset + (_align(count * 4) if asym else 0)
+            prepared = (*passes.launches, *rows.launches)
+        super().__init__(
+            problem,
+            BackendKind.REFERENCE if device_id is None else BackendKind.CUDA,
+            device_id,
+            HOST_ARCH.name if device_id is None else device_info(device_id).arch.name,
+            variant,
+            problem.float_kind,
+            problem.float_kind,
+            precision=problem.precision,
+            workspace_bytes=workspace,
+            prepared=prepared,
+            empty=problem.numel == 0,
+        )
         self.descriptor = desc
-        self.problem = problem
-        self.backend = backend
-        self.device_id = device_id
-        self._arch_name = arch_name
-        self._variant = variant
-        self._fused = fused
-        self._passes = passes
-        self._rows = rows
+        self._fused, self._passes, self._rows = fused, passes, rows
+        self._scale_offset, self._zp_offset = scale_offset, zp_offset
+        self._asymmetric = asym
+        self._zp_source = ZP_INT32 if asym else ZP_VALUE
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
-        self._info: ElementInfo = ELEMENTS[problem.float_kind]
-        self._param_dtype = param_numpy_dtype(problem.precision)
-        count = math.prod(self._param_shape) if self._param_shape else 1
-        acc_bytes = self._param_dtype.itemsize
-        if passes is None:
-            self._scale_offset = self._zp_offset = self._workspace = 0
-        else:
-            self._scale_offset = _align(passes.stats_bytes)
-            self._zp_offset = self._scale_offset + _align(count * acc_bytes)
-            asym = problem.mode is QuantMode.ASYMMETRIC
-            self._workspace = self._zp_offset + (_align(count * 4) if asym else 0)
+        self._info = ELEMENTS[problem.float_kind]
+        self._param_dtype = param_dtype
+        self._int32 = np.dtype(np.int32)
 
     # ---- selection ----------------------------------------------------------------------------
 
@@ -329,117 +287,70 @@ class DynamicRangeFakeQuantizePlan(OperandChecks):
         a group size that does not divide its axis, ...).
         """
         problem = dynamic_fake_quantize_problem(desc)
-        backend = choose_backend(pref or PlanPreference())
-        if backend is BackendKind.REFERENCE:
-            return cls(desc, problem, backend, None, HOST_ARCH.name, "numpy")
+        if choose_backend(pref) is BackendKind.REFERENCE:
+            return cls(desc, problem)
         device_id = stream_device_id(stream)
-        info = device_info(device_id)
-        divisor = range_divisor(problem)
-        busy = info.sm_count * 2048
-        vec_max = 4 if problem.float_kind is ElementKind.F64 else 8
-        geometry = segment_geometry(problem, busy, vec_max)
-        if geometry is not None:
-            fallback = segment_geometry(problem, busy, 1)
-            assert fallback is not None
-            fused = _prepare_fused(problem, geometry, fallback, divisor, device_id)
-            variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
-            return cls(desc, problem, backend, device_id, info.arch.name, variant, fused=fused)
-        passes = RangePasses.prepare(problem, divisor, device_id)
+        geometries = fused_geometries(problem, device_info(device_id).busy_threads)
+        if geometries is not None:
+            fused = _prepare_fused(problem, geometries, device_id)
+            variant = f"{problem.scope.kind}/{problem.mode.value}/{geometries[0].describe()}"
+            return cls(desc, problem, device_id, variant, fused=fused)
+        passes = RangePasses.prepare(problem, device_id)
         fake_problem = FakeQuantizeProblem(
             problem.shape, problem.scope, problem.mode, problem.float_kind, problem.q_min, problem.q_max
         )
-        op = FakeOp.STOCHASTIC if problem.stochastic else FakeOp.NEAREST
-        rows, rows_variant = prepare_fake_rows(fake_problem, op, device_id)
-        variant = f"{passes.kind}+{rows_variant}"
-        return cls(desc, problem, backend, device_id, info.arch.name, variant, passes=passes, rows=rows)
-
-    # ---- introspection ------------------------------------------------------------------------
-
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: 0 for the fused pass and on the reference backend;
-        the range statistics and parameters on the multi-pass path."""
-        return self._workspace
-
-    def precision_guarantee(self) -> PrecisionGuarantee:
-        """float32 arithmetic (float64 for F64), exact range reductions, bit-exact to the reference."""
-        return PrecisionGuarantee(
-            math_precision=self.problem.precision, accumulator=param_element(self.problem.precision)
-        )
-
-    def sku(self) -> KernelSku:
-        """Identity of the selected kernels (variant: scope, mode, and the fused or multi-pass path)."""
-        return KernelSku(
-            category=OpCategory.FAKE_QUANTIZE,
-            op=QuantizeKind.DYNAMIC_RANGE,
-            element=self.problem.float_kind,
-            aux_element=self.problem.float_kind,
-            variant=self._variant,
-            arch=self._arch_name,
-            backend=self.backend,
-            precision_guarantee=self.precision_guarantee(),
-        )
+        rows, rows_variant = prepare_fake_rows(fake_problem, FakeOp.forward(problem.rounding), device_id)
+        return cls(desc, problem, device_id, f"{passes.kind}+{rows_variant}", passes=passes, rows=rows)
 
     # ---- arguments ----------------------------------------------------------------------------
 
-    def _check(self, args: DynamicRangeFakeQuantizeArgs) -> _CheckedArgs:
+    def _check(self, args: DynamicRangeFakeQuantizeArgs) -> _Checked:
         p = self.problem
         x = self._tensor(args.input, "input", p.shape, self._info)
         y = self._tensor(args.output, "output", p.shape, self._info)
         same_or_disjoint(y, "output", x, "input")
         scale = self._param_output(args.scale_out, "scale_out", self._param_dtype, required=False)
         zp: Operand | None = None
-        if p.mode is QuantMode.ASYMMETRIC:
-            zp = self._param_output(args.zero_point_out, "zero_point_out", np.dtype(np.int32), required=False)
+        if self._asymmetric:
+            zp = self._param_output(args.zero_point_out, "zero_point_out", self._int32, required=False)
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
-        seed: Operand | int = 0
-        offset: Operand | int = 0
-        if p.stochastic:
-            seed = self._rng_value(args.rng_seed, "rng_seed")
-            offset = self._rng_value(args.rng_offset, "rng_offset")
-        elif args.rng_seed is not None or args.rng_offset is not None:
-            raise InvalidProblem("rng_seed / rng_offset apply only to Rounding.STOCHASTIC plans; leave them None")
-        if self.backend is BackendKind.CUDA:
-            named = [("scale_out", scale), ("zero_point_out", zp)]
-            for name, out in named:
+        seed, offset = self._rng(p.stochastic, args.rng_seed, args.rng_offset)
+        if not self._is_reference:
+            for name, out in (("scale_out", scale), ("zero_point_out", zp)):
                 if out is not None and (overlaps(out, x) or overlaps(out, y)):
                     raise InvalidProblem(f"{name} overlaps the input or output tensor")
             if scale is not None and zp is not None and overlaps(scale, zp):
                 raise InvalidProblem("scale_out overlaps zero_point_out")
-        return _CheckedArgs(x, y, scale, zp, seed, offset)
+        return _Checked(x, y, scale, zp, seed, offset)
 
-    def can_implement(self, args: DynamicRangeFakeQuantizeArgs) -> bool:
-        """Check ``args`` (shapes, dtypes, device, contiguity, alignment, rng); True or raises."""
-        self._check(args)
-        return True
+    def _extract(self, args: DynamicRangeFakeQuantizeArgs) -> _Checked:
+        return _Checked(
+            operand(args.input, "input"),
+            operand(args.output, "output"),
+            view(args.scale_out, "scale_out"),
+            view(args.zero_point_out, "zero_point_out"),
+            view(args.rng_seed, "rng_seed") or 0,
+            view(args.rng_offset, "rng_offset") or 0,
+        )
 
     # ---- execution ----------------------------------------------------------------------------
 
-    def run(self, stream: Any, workspace: Workspace | None, args: DynamicRangeFakeQuantizeArgs) -> None:
-        """Compute the parameters and fake-quantize on ``stream``: one launch (fused pass) or four
-        (multi-pass); no allocation, no synchronisation, capturable in a CUDA graph."""
-        check_workspace(workspace, self._workspace)
-        a = self._check(args)
-        if self.backend is BackendKind.REFERENCE:
-            self._run_reference(a)
-            return
-        if self.problem.numel == 0:
-            return
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
         assert self.device_id is not None
-        handle = stream_handle(stream)
         scale_ptr = 0 if a.scale is None else a.scale.ptr
         zp_ptr = 0 if a.zp is None else a.zp.ptr
+        stochastic = self.problem.stochastic
         if self._fused is not None:
-            aligned = a.x.ptr % self._fused.align == 0 and a.y.ptr % self._fused.align == 0
-            launch = self._fused.primary if aligned else self._fused.fallback
+            launch = self._fused.pick(a.x.ptr, a.y.ptr)
             params = launch.params
             params.x, params.y, params.scale_out, params.zp_out = a.x.ptr, a.y.ptr, scale_ptr, zp_ptr
-            if self.problem.stochastic:
-                FakeRowLaunches.set_rng(params, a.seed, a.offset)
+            if stochastic:
+                set_rng(params, a.seed, a.offset)
             launch_on(self.device_id, handle, launch)
             return
         assert workspace is not None and self._passes is not None and self._rows is not None
-        asym = self.problem.mode is QuantMode.ASYMMETRIC
+        asym = self._asymmetric
         scale_ptr = scale_ptr or workspace.ptr + self._scale_offset
         if asym:
             zp_ptr = zp_ptr or workspace.ptr + self._zp_offset
@@ -450,14 +361,14 @@ class DynamicRangeFakeQuantizePlan(OperandChecks):
         params.scale_ptr, params.scale_value = scale_ptr, 1.0
         params.zp_ptr, params.zp_value = (zp_ptr, 0) if asym else (0, 0)
         if self._rows.flat:
-            params.zp_source = _ZP_INT32 if asym else _ZP_VALUE
+            params.zp_source = self._zp_source
         else:
-            params.layout.flags = _ZP_INT32 if asym else _ZP_VALUE
-        if self.problem.stochastic:
-            FakeRowLaunches.set_rng(params, a.seed, a.offset)
+            params.layout.flags = self._zp_source
+        if stochastic:
+            set_rng(params, a.seed, a.offset)
         launch_on(self.device_id, handle, rows)
 
-    def _run_reference(self, a: _CheckedArgs) -> None:
+    def _run_reference(self, a: _Checked) -> None:
         p = self.problem
         shape = p.shape if p.shape else (1,)
         x = self._host_view(a.x, p.shape, self._info)

@@ -7,6 +7,7 @@ ranges are all read from :data:`ELEMENTS`. Adding an element kind means adding o
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -43,6 +44,16 @@ class ElementInfo:
     def math_precision(self) -> MathPrecision:
         """Arithmetic type for data of this kind (F64 only for F64)."""
         return MathPrecision.F64 if self.kind is ElementKind.F64 else MathPrecision.F32
+
+    @property
+    def vec_max(self) -> int:
+        """Widest vector (elements) the element-wise kernels move of this kind: 8, 4 for F64."""
+        return 4 if self.kind is ElementKind.F64 else 8
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Vector widths the kernels are instantiated for, widest first: 8, 4, 2, 1 (F64 from 4)."""
+        return tuple(v for v in (8, 4, 2, 1) if v <= self.vec_max)
 
     @property
     def is_code(self) -> bool:
@@ -133,4 +144,24 @@ def param_element(precision: MathPrecision) -> ElementKind:
     return ElementKind.F64 if precision is MathPrecision.F64 else ElementKind.F32
 
 
-__all__ = ["CODE_KINDS", "ELEMENTS", "FLOAT_KINDS", "ElementInfo", "element_info", "param_element", "param_numpy_dtype"]
+def acc_cpp(precision: MathPrecision) -> str:
+    """C++ accumulator type of ``precision`` in kernel name expressions: ``float`` or ``double``."""
+    return "double" if precision is MathPrecision.F64 else "float"
+
+
+def acc_ctype(precision: MathPrecision) -> type[ctypes.c_float] | type[ctypes.c_double]:
+    """ctypes accumulator type of ``precision`` in kernel argument blocks: ``c_float`` or ``c_double``."""
+    return ctypes.c_double if precision is MathPrecision.F64 else ctypes.c_float
+
+
+__all__ = [
+    "CODE_KINDS",
+    "ELEMENTS",
+    "FLOAT_KINDS",
+    "ElementInfo",
+    "acc_cpp",
+    "acc_ctype",
+    "element_info",
+    "param_element",
+    "param_numpy_dtype",
+]

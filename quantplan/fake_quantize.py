@@ -21,7 +21,6 @@ Kernels: ``kernels/fake_quantize.cu`` (+ ``qp_fake_quantize.cuh``); reference:
 from __future__ import annotations
 
 import ctypes
-import enum
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,66 +29,32 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import OperandChecks, ScopedProblem, choose_backend
 from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, launch_on, stream_handle
-from ._layout import (
-    BLOCK_THREADS,
-    UNROLL,
-    RowLayout,
-    RowLayoutArgs,
-    contiguous_segment_length,
-    param_shape,
-    row_layout,
-)
-from ._operands import Operand, is_scalar, overlaps, same_or_disjoint
-from .compiler import compile_options, load_kernels, register_family, template_name
-from .elements import ELEMENTS, FLOAT_KINDS, ElementInfo, param_element, param_numpy_dtype
+from ._fake_rows import ZP_FLOAT, ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProblem, FakeRowLaunches, prepare_fake_rows
+from ._families import fake_quantize_unit
+from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
+from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
+from ._operands import Operand, OperandChecks, is_scalar, operand, overlaps, same_or_disjoint, view
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from .compiler import compile_options, load_kernels, template_name
+from .elements import ELEMENTS, acc_cpp, acc_ctype, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
 from .types import (
     HOST_ARCH,
     BackendKind,
     ElementKind,
-    KernelSku,
     MathPrecision,
     OpCategory,
     PlanPreference,
-    PrecisionGuarantee,
-    QuantizeKind,
     QuantMode,
     Scope,
     TensorScope,
 )
-from .workspace import Workspace, check_workspace
+from .workspace import Workspace
 
-_FAMILY = "fake_quantize"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 #: Largest |q_min|, |q_max|: integers up to 2**24 are exact in float32, so clamp and subtraction are exact.
 CODE_LIMIT = 2**24
-#: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value, an int32 array, a float array.
-_ZP_VALUE, _ZP_INT32, _ZP_FLOAT = 0, 1, 2
-
-
-class FakeOp(enum.IntEnum):
-    """What an elementwise fake-quantization kernel computes (``FakeOp`` of ``kernels/fake_quantize.cu``)."""
-
-    NEAREST = 0  #: y = fake(x), rne
-    STE = 1  #: dx = dy * mask
-    STOCHASTIC = 2  #: y = fake(x), Philox stochastic rounding
-
-
-#: The row kernel of each FakeOp.
-_ROW_KERNELS = {
-    FakeOp.NEAREST: "fake_quantize_rows",
-    FakeOp.STE: "fake_quantize_ste_rows",
-    FakeOp.STOCHASTIC: "fake_quantize_stochastic_rows",
-}
-_RNG_FIELDS = [
-    ("seed_ptr", ctypes.c_uint64),
-    ("offset_ptr", ctypes.c_uint64),
-    ("seed_value", ctypes.c_uint64),
-    ("offset_value", ctypes.c_uint64),
-]
 
 
 class FakeQuantizeDescriptor(BaseModel):
@@ -126,18 +91,6 @@ class FakeQuantizeBackwardDescriptor(FakeQuantizeDescriptor):
     """
 
     learnable: bool = False
-
-
-@dataclass(frozen=True)
-class FakeQuantizeProblem(ScopedProblem):
-    """A validated fake quantization problem (``float_kind``: the data type, in and out)."""
-
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode
-    float_kind: ElementKind
-    q_min: int
-    q_max: int
 
 
 def fake_quantize_problem(desc: FakeQuantizeDescriptor) -> FakeQuantizeProblem:
@@ -194,33 +147,6 @@ class FakeQuantizeBackwardArgs:
     grad_factor: float = 1.0
 
 
-def _acc_type(precision: MathPrecision) -> type[ctypes.c_float] | type[ctypes.c_double]:
-    return ctypes.c_double if precision is MathPrecision.F64 else ctypes.c_float
-
-
-def _struct(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
-    return type(name, (ctypes.Structure,), {"_fields_": fields})
-
-
-def _row_params(precision: MathPrecision, op: FakeOp) -> type[ctypes.Structure]:
-    """Argument block of the row kernel of ``op`` (``_ROW_KERNELS``)."""
-    data = (
-        [("x", ctypes.c_uint64)] + ([("dy", ctypes.c_uint64)] if op is FakeOp.STE else []) + [("out", ctypes.c_uint64)]
-    )
-    return _struct(
-        "FakeRowParams",
-        data
-        + [
-            ("scale_ptr", ctypes.c_uint64),
-            ("zp_ptr", ctypes.c_uint64),
-            ("scale_value", _acc_type(precision)),
-            ("zp_value", ctypes.c_int32),
-            ("layout", RowLayoutArgs),
-        ]
-        + (_RNG_FIELDS if op is FakeOp.STOCHASTIC else []),
-    )
-
-
 class LsqLayoutArgs(ctypes.Structure):
     """``struct LsqLayout`` of ``kernels/fake_quantize.cu``, field for field (passed by value)."""
 
@@ -234,8 +160,8 @@ class LsqLayoutArgs(ctypes.Structure):
     ]
 
 
-def _lsq_params(precision: MathPrecision) -> type[ctypes.Structure]:
-    return _struct(
+_LSQ_PARAMS = {
+    p: params_struct(
         "LsqParams",
         [
             ("x", ctypes.c_uint64),
@@ -243,16 +169,16 @@ def _lsq_params(precision: MathPrecision) -> type[ctypes.Structure]:
             ("dx", ctypes.c_uint64),
             ("scale_ptr", ctypes.c_uint64),
             ("zp_ptr", ctypes.c_uint64),
-            ("grad_factor", _acc_type(precision)),
+            ("grad_factor", acc_ctype(p)),
             ("grad_scale", ctypes.c_uint64),
             ("grad_zp", ctypes.c_uint64),
             ("partials", ctypes.c_uint64),
             ("layout", LsqLayoutArgs),
         ],
     )
-
-
-_FINISH_PARAMS = _struct(
+    for p in MathPrecision
+}
+_FINISH_PARAMS = params_struct(
     "LsqFinishParams",
     [
         ("partials", ctypes.c_uint64),
@@ -262,72 +188,6 @@ _FINISH_PARAMS = _struct(
         ("chunks_per_segment", ctypes.c_int32),
     ],
 )
-_ROW_PARAMS = {(p, op): _row_params(p, op) for p in MathPrecision for op in FakeOp}
-_FLAT_PARAMS = {
-    p: _struct(
-        "FakeFlatParams",
-        [
-            ("x", ctypes.c_uint64),
-            ("dy", ctypes.c_uint64),
-            ("out", ctypes.c_uint64),
-            ("scale_ptr", ctypes.c_uint64),
-            ("zp_ptr", ctypes.c_uint64),
-            ("scale_value", _acc_type(p)),
-            ("zp_value", ctypes.c_int32),
-            ("zp_source", ctypes.c_int32),
-            ("q_min", ctypes.c_int32),
-            ("q_max", ctypes.c_int32),
-            ("n", ctypes.c_int64),
-            ("per_thread", ctypes.c_int32),
-            *_RNG_FIELDS,
-        ],
-    )
-    for p in MathPrecision
-}
-#: Vectors one thread of ``fake_quantize_flat`` takes per tile (kFakeUnroll in the kernel).
-_FLAT_UNROLL = 4
-#: Most blocks of one ``fake_quantize_flat`` launch (grid-stride beyond).
-_FLAT_MAX_BLOCKS = 1 << 20
-_LSQ_PARAMS = {p: _lsq_params(p) for p in MathPrecision}
-
-
-def _vec_max(element: ElementKind) -> int:
-    return 4 if element is ElementKind.F64 else 8
-
-
-def _widths(element: ElementKind) -> list[int]:
-    return [v for v in (8, 4, 2, 1) if v <= _vec_max(element)]
-
-
-def fake_quantize_unit(element: ElementKind) -> list[str]:
-    """The elementwise and learnable kernels of one data type: the row kernel of every FakeOp at
-    each vector width, the flat TensorScope kernel of every FakeOp (widest vector, and 1), the
-    learnable backward at each width with vector and element I/O, and its finishing sum."""
-    tag = ELEMENTS[element].cpp_tag
-    acc = "double" if element is ElementKind.F64 else "float"
-    widths = _widths(element)
-    rows = [template_name(k, tag, v, True) for k in _ROW_KERNELS.values() for v in widths]
-    flat = [template_name("fake_quantize_flat", tag, v, int(op)) for v in (widths[0], 1) for op in FakeOp]
-    lsq = [template_name("fake_quantize_lsq_segments", tag, v, io) for v in widths for io in (True, False)]
-    return [*rows, *flat, *lsq, template_name("fake_quantize_lsq_finish", acc)]
-
-
-def dynamic_fake_quantize_unit(element: ElementKind) -> list[str]:
-    """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
-    (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic."""
-    tag = ELEMENTS[element].cpp_tag
-    return [
-        template_name("dynamic_fake_quantize_segments", tag, v, True, stochastic)
-        for v in _widths(element)
-        for stochastic in (False, True)
-    ]
-
-
-@register_family(_FAMILY)
-def fake_quantize_units() -> list[list[str]]:
-    """Compile units of ``kernels/fake_quantize.cu``: per float data type, the elementwise and
-    learnable kernels, and the dynamic-range fused pass."""
-    return [unit(k) for unit in (fake_quantize_unit, dynamic_fake_quantize_unit) for k in FLOAT_KINDS]
 
 
 @dataclass(frozen=True)
@@ -377,7 +237,7 @@ def lsq_geometry(shape: tuple[int, ...], scope: Scope, element: ElementKind) -> 
     length = contiguous_segment_length(dims, scope)
     if length is None or length == 0:
         return None
-    vec = _vec_max(element)
+    vec = ELEMENTS[element].vec_max
     while length % vec:
         vec //= 2
     team = 1
@@ -386,47 +246,60 @@ def lsq_geometry(shape: tuple[int, ...], scope: Scope, element: ElementKind) -> 
     return LsqGeometry(math.prod(dims) // length, length, vec, team, team * vec * UNROLL)
 
 
-class _FakeQuantizePlanBase(OperandChecks):
-    """Shared parts of the forward and backward plans: backend, operands, parameters, SKU."""
+def _zero_fill(device_id: int, handle: int, op: Operand) -> None:
+    """Enqueue zeros over ``op``'s bytes on raw stream ``handle`` (no allocation)."""
+    import cupy
 
-    _category: OpCategory
+    with cupy.cuda.Device(device_id):
+        cupy.cuda.runtime.memsetAsync(op.ptr, 0, op.size * op.itemsize, handle)
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one fake-quantization run (forward: ``dy`` None, ``dx`` the output; the
+    learnable backward adds the gradient factor and the parameter gradients)."""
+
+    x: Operand
+    dy: Operand | None
+    dx: Operand
+    scale: Operand | float
+    zp: Operand | int
+    source: int
+    grad_factor: float = 1.0
+    grad_scale: Operand | None = None
+    grad_zp: Operand | None = None
+
+
+class _FakeQuantizePlanBase(OperandChecks, Plan[Any, _Checked]):
+    """Shared parts of the forward and backward plans: identity, operands, parameters."""
 
     def __init__(
         self,
         problem: FakeQuantizeProblem,
-        backend: BackendKind,
         device_id: int | None,
-        arch_name: str,
         variant: str,
+        prepared: tuple[PreparedLaunch, ...],
+        workspace_bytes: int = 0,
+        empty: bool | None = None,
     ) -> None:
-        self.problem = problem
-        self.backend = backend
-        self.device_id = device_id
-        self._arch_name = arch_name
-        self._variant = variant
+        cuda = device_id is not None
+        super().__init__(
+            problem,
+            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
+            device_id,
+            device_info(device_id).arch.name if device_id is not None else HOST_ARCH.name,
+            variant,
+            problem.float_kind,
+            problem.float_kind,
+            precision=problem.precision,
+            workspace_bytes=workspace_bytes,
+            prepared=prepared,
+            empty=problem.numel == 0 if empty is None else empty,
+        )
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
-        self._info: ElementInfo = ELEMENTS[problem.float_kind]
+        self._info = ELEMENTS[problem.float_kind]
         self._param_dtype = param_numpy_dtype(problem.precision)
-
-    def precision_guarantee(self) -> PrecisionGuarantee:
-        """float32 arithmetic (float64 for F64 data), bit-exact to the reference, deterministic."""
-        return PrecisionGuarantee(
-            math_precision=self.problem.precision, accumulator=param_element(self.problem.precision)
-        )
-
-    def sku(self) -> KernelSku:
-        """Identity of the selected kernels (variant: scope, mode and layout)."""
-        return KernelSku(
-            category=self._category,
-            op=QuantizeKind.STATIC,
-            element=self.problem.float_kind,
-            aux_element=self.problem.float_kind,
-            variant=self._variant,
-            arch=self._arch_name,
-            backend=self.backend,
-            precision_guarantee=self.precision_guarantee(),
-        )
 
     # ---- parameters ---------------------------------------------------------------------------
 
@@ -436,7 +309,7 @@ class _FakeQuantizePlanBase(OperandChecks):
         if p.mode is QuantMode.SYMMETRIC:
             if value is not None:
                 raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
-            return 0, _ZP_VALUE
+            return 0, ZP_VALUE
         if value is None:
             raise InvalidProblem("zero_point is required in ASYMMETRIC mode")
         if is_scalar(value):
@@ -452,129 +325,32 @@ class _FakeQuantizePlanBase(OperandChecks):
                 with np.errstate(over="ignore"):
                     z = float(self._param_dtype.type(value))
                 zp = p.q_min if math.isnan(z) else int(min(max(float(np.rint(z)), p.q_min), p.q_max))
-            return zp, _ZP_VALUE
+            return zp, ZP_VALUE
         dtype_name = getattr(getattr(value, "dtype", None), "name", str(getattr(value, "dtype", "")))
         if "int" in dtype_name:
             op = self._param(value, "zero_point", np.dtype(np.int32), allow_none=False)
             assert isinstance(op, Operand)
-            return op, _ZP_INT32
+            return op, ZP_INT32
         op = self._param(value, "zero_point", self._param_dtype, allow_none=False)
         assert isinstance(op, Operand)
-        return op, _ZP_FLOAT
+        return op, ZP_FLOAT
 
     def _data(self, value: Any, name: str) -> Operand:
         return self._tensor(value, name, self.problem.shape, self._info)
 
+    def _extract_params(self, value: Any) -> tuple[Any, int]:
+        """An unchecked zero point and its ZeroPointSource (``check=False``)."""
+        zp = view(value, "zero_point")
+        if zp is None:
+            return 0, ZP_VALUE
+        if type(zp) is not Operand:
+            return self._zero_point(value)
+        return zp, ZP_INT32 if "int" in zp.dtype_name else ZP_FLOAT
 
-def _row_launch(
-    problem: FakeQuantizeProblem, layout: RowLayout, name: str, functions: dict[str, Any], op: FakeOp, sm_count: int
-) -> PreparedLaunch:
-    import cupy
-
-    fn = functions[name]
-    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
-    return PreparedLaunch(
-        fn,
-        layout.blocks(max(1, per_sm) * sm_count),
-        BLOCK_THREADS,
-        _ROW_PARAMS[problem.precision, op],
-        layout=layout.args(problem.q_min, problem.q_max),
-    )
-
-
-class FakeRowLaunches:
-    """An elementwise kernel with aligned vector I/O and its one-element-vector twin for misaligned
-    operands; ``flat``: ``fake_quantize_flat`` (zero-point source in its own argument) rather than
-    a row kernel (source in ``layout.flags``)."""
-
-    __slots__ = ("align", "fallback", "flat", "primary")
-
-    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align: int, flat: bool) -> None:
-        self.primary, self.fallback, self.align, self.flat = primary, fallback, align, flat
-
-    def pick(self, *ptrs: int) -> PreparedLaunch:
-        return self.primary if all(p % self.align == 0 for p in ptrs) else self.fallback
-
-    def set_params(self, params: Any, scale: Operand | float, zp: Operand | int, zp_source: int) -> None:
-        """Write the per-call parameter fields (pointer or value, zero-point source)."""
-        if isinstance(scale, Operand):
-            params.scale_ptr, params.scale_value = scale.ptr, 1.0
-        else:
-            params.scale_ptr, params.scale_value = 0, scale
-        if isinstance(zp, Operand):
-            params.zp_ptr, params.zp_value = zp.ptr, 0
-        else:
-            params.zp_ptr, params.zp_value = 0, zp
-        if self.flat:
-            params.zp_source = zp_source
-        else:
-            params.layout.flags = zp_source
-
-    @staticmethod
-    def set_rng(params: Any, seed: Operand | int, offset: Operand | int) -> None:
-        """Write the seed and offset of a STOCHASTIC launch (device scalar or value)."""
-        params.seed_ptr, params.seed_value = (seed.ptr, 0) if isinstance(seed, Operand) else (0, seed)
-        params.offset_ptr, params.offset_value = (offset.ptr, 0) if isinstance(offset, Operand) else (0, offset)
-
-
-def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
-    """``(block threads, vectors per thread)`` of ``fake_quantize_flat``: 256 x 4 for large
-    tensors; for small ones fewer vectors per thread, then smaller blocks, until the grid has
-    two blocks per SM (16 x 8192 bf16: 128 blocks of 128 threads, one vector each)."""
-    block, per_thread = BLOCK_THREADS, _FLAT_UNROLL
-    while per_thread > 1 and -(-n_vectors // (block * per_thread)) < 2 * sm_count:
-        per_thread //= 2
-    while block > 64 and -(-n_vectors // (block * per_thread)) < 2 * sm_count:
-        block //= 2
-    return block, per_thread
-
-
-def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) -> tuple[FakeRowLaunches, str]:
-    """The elementwise kernel of ``op`` for ``problem`` and its variant tag: ``fake_quantize_flat``
-    for TensorScope, the row kernels for the other scopes."""
-    info = device_info(device_id)
-    functions = load_kernels(_FAMILY, fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options())
-    tag = ELEMENTS[problem.float_kind].cpp_tag
-    in_bytes = ELEMENTS[problem.float_kind].storage_bits // 8
-    if isinstance(problem.scope, TensorScope):
-        vec = _vec_max(problem.float_kind)
-
-        def flat(v: int) -> PreparedLaunch:
-            n_vectors = -(-problem.numel // v)
-            block, per_thread = flat_geometry(n_vectors, info.sm_count)
-            return PreparedLaunch(
-                functions[template_name("fake_quantize_flat", tag, v, int(op))],
-                max(1, min(_FLAT_MAX_BLOCKS, -(-n_vectors // (block * per_thread)))),
-                block,
-                _FLAT_PARAMS[problem.precision],
-                q_min=problem.q_min,
-                q_max=problem.q_max,
-                n=problem.numel,
-                per_thread=per_thread,
-            )
-
-        block, per_thread = flat_geometry(-(-problem.numel // vec), info.sm_count)
-        variant = f"tensor/{problem.mode.value}/flat[vec{vec},{block}t,{per_thread}vec-per-thread]"
-        return FakeRowLaunches(flat(vec), flat(1), min(16, vec * in_bytes), True), variant
-    kernel = _ROW_KERNELS[op]
-    busy = info.sm_count * 2048
-    primary = row_layout(problem.shape, problem.scope, _vec_max(problem.float_kind), False, busy)
-    fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
-    launches = FakeRowLaunches(
-        _row_launch(problem, primary, template_name(kernel, tag, primary.vec, True), functions, op, info.sm_count),
-        _row_launch(problem, fallback, template_name(kernel, tag, 1, True), functions, op, info.sm_count),
-        min(16, primary.vec * in_bytes),
-        False,
-    )
-    return launches, f"{problem.scope.kind}/{problem.mode.value}/{primary.describe()}"
-
-
-def _zero_fill(device_id: int, handle: int, op: Operand) -> None:
-    """Enqueue zeros over ``op``'s bytes on raw stream ``handle`` (no allocation)."""
-    import cupy
-
-    with cupy.cuda.Device(device_id):
-        cupy.cuda.runtime.memsetAsync(op.ptr, 0, op.size * op.itemsize, handle)
+    def _reference_params(self, a: _Checked) -> tuple[np.ndarray, np.ndarray | int]:
+        p = self.problem
+        zp = self._broadcast_param(a.zp, p.shape, p.scope) if isinstance(a.zp, Operand) else a.zp
+        return self._broadcast_param(a.scale, p.shape, p.scope), zp
 
 
 class FakeQuantizePlan(_FakeQuantizePlanBase):
@@ -610,15 +386,9 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
     _category = OpCategory.FAKE_QUANTIZE
 
     def __init__(
-        self,
-        problem: FakeQuantizeProblem,
-        backend: BackendKind,
-        device_id: int | None,
-        arch_name: str,
-        variant: str,
-        launches: FakeRowLaunches | None,
+        self, problem: FakeQuantizeProblem, device_id: int | None, variant: str, launches: FakeRowLaunches | None
     ) -> None:
-        super().__init__(problem, backend, device_id, arch_name, variant)
+        super().__init__(problem, device_id, variant, () if launches is None else launches.launches)
         self._launches = launches
 
     @classmethod
@@ -628,59 +398,45 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         Raises InvalidProblem for a malformed descriptor.
         """
         problem = fake_quantize_problem(desc)
-        backend = choose_backend(pref or PlanPreference())
-        if backend is BackendKind.REFERENCE:
-            return cls(problem, backend, None, HOST_ARCH.name, "numpy", None)
+        if choose_backend(pref) is BackendKind.REFERENCE:
+            return cls(problem, None, REFERENCE_VARIANT, None)
         device_id = stream_device_id(stream)
         launches, variant = prepare_fake_rows(problem, FakeOp.NEAREST, device_id)
-        return cls(problem, backend, device_id, device_info(device_id).arch.name, variant, launches)
+        return cls(problem, device_id, variant, launches)
 
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: always 0."""
-        return 0
-
-    def _check(self, args: FakeQuantizeArgs) -> tuple[Operand, Operand, Operand | float, Operand | int, int]:
+    def _check(self, args: FakeQuantizeArgs) -> _Checked:
         x = self._data(args.input, "input")
         y = self._data(args.output, "output")
         same_or_disjoint(y, "output", x, "input")
         scale = self._positive_scale(args.scale, self._param_dtype)
         zp, source = self._zero_point(args.zero_point)
-        return x, y, scale, zp, source
+        return _Checked(x, None, y, scale, zp, source)
 
-    def can_implement(self, args: FakeQuantizeArgs) -> bool:
-        """Check ``args`` (shapes, dtypes, device, contiguity, alignment, parameters); True or raises."""
-        self._check(args)
-        return True
+    def _extract(self, args: FakeQuantizeArgs) -> _Checked:
+        zp, source = self._extract_params(args.zero_point)
+        return _Checked(
+            operand(args.input, "input"), None, operand(args.output, "output"), view(args.scale, "scale"), zp, source
+        )
 
-    def run(self, stream: Any, workspace: Workspace | None, args: FakeQuantizeArgs) -> None:
-        """Fake-quantize on ``stream``: one launch, no allocation, no synchronisation (capturable)."""
-        check_workspace(workspace, 0)
-        x, y, scale, zp, source = self._check(args)
-        p = self.problem
-        if self.backend is BackendKind.REFERENCE:
-            zp_np = self._broadcast_param(zp, self.problem.shape, self.problem.scope) if isinstance(zp, Operand) else zp
-            result = reference.fake_quantize(
-                self._host_view(x, self.problem.shape, self._info),
-                self._broadcast_param(scale, self.problem.shape, self.problem.scope),
-                zp_np,
-                p.q_min,
-                p.q_max,
-                p.precision,
-            )
-            self._write_host(y, result)
-            return
-        if p.numel == 0:
-            return
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
         assert self._launches is not None and self.device_id is not None
-        launch = self._launches.pick(x.ptr, y.ptr)
+        launch = self._launches.pick(a.x.ptr, a.dx.ptr)
         params = launch.params
-        params.x, params.out = x.ptr, y.ptr
-        self._launches.set_params(params, scale, zp, source)
-        launch_on(self.device_id, stream_handle(stream), launch)
+        params.x, params.out = a.x.ptr, a.dx.ptr
+        self._launches.set_params(params, a.scale, a.zp, a.source)
+        launch_on(self.device_id, handle, launch)
+
+    def _run_reference(self, a: _Checked) -> None:
+        p = self.problem
+        scale, zp = self._reference_params(a)
+        x = self._host_view(a.x, p.shape, self._info)
+        self._write_host(a.dx, reference.fake_quantize(x, scale, zp, p.q_min, p.q_max, p.precision))
 
 
-class _LsqLaunches:
-    __slots__ = ("align", "fallback", "finish", "geometry", "primary")
+class _LsqLaunches(LaunchPair):
+    """The learnable backward (aligned and element-I/O twins) and its finishing sum (multi-chunk segments)."""
+
+    __slots__ = ("finish", "geometry")
 
     def __init__(
         self,
@@ -690,28 +446,32 @@ class _LsqLaunches:
         align: int,
         geometry: LsqGeometry,
     ) -> None:
-        self.primary, self.fallback, self.finish, self.align, self.geometry = primary, fallback, finish, align, geometry
+        super().__init__(primary, fallback, align)
+        self.finish, self.geometry = finish, geometry
+
+    @property
+    def launches(self) -> tuple[PreparedLaunch, ...]:  # type: ignore[override]
+        return (self.primary, self.fallback) + (() if self.finish is None else (self.finish,))
 
 
 def _prepare_lsq(problem: FakeQuantizeProblem, geometry: LsqGeometry, device_id: int) -> _LsqLaunches:
-    import cupy
-
     info = device_info(device_id)
-    functions = load_kernels(_FAMILY, fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options())
+    functions = load_kernels(
+        "fake_quantize", fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options()
+    )
     tag = ELEMENTS[problem.float_kind].cpp_tag
 
     def prepare(vector_io: bool) -> PreparedLaunch:
         fn = functions[template_name("fake_quantize_lsq_segments", tag, geometry.vec, vector_io)]
-        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
         teams_per_block = BLOCK_THREADS // geometry.team
-        grid = max(1, min(max(1, per_sm) * info.sm_count, -(-geometry.items // teams_per_block)))
+        grid = occupancy_grid(fn, BLOCK_THREADS, -(-geometry.items // teams_per_block), info)
         return PreparedLaunch(
             fn, grid, BLOCK_THREADS, _LSQ_PARAMS[problem.precision], layout=geometry.args(problem.q_min, problem.q_max)
         )
 
     finish = None
     if geometry.chunks_per_segment > 1:
-        acc = "double" if problem.precision is MathPrecision.F64 else "float"
+        acc = acc_cpp(problem.precision)
         grid = max(1, min(info.sm_count * 8, -(-geometry.segments // (BLOCK_THREADS // 32))))
         finish = PreparedLaunch(
             functions[template_name("fake_quantize_lsq_finish", acc)],
@@ -772,14 +532,22 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         self,
         problem: FakeQuantizeProblem,
         learnable: bool,
-        backend: BackendKind,
         device_id: int | None,
-        arch_name: str,
         variant: str,
         rows: FakeRowLaunches | None,
         lsq: _LsqLaunches | None,
     ) -> None:
-        super().__init__(problem, backend, device_id, arch_name, variant)
+        launches = rows if rows is not None else lsq
+        workspace = 0 if lsq is None or lsq.finish is None else 16 * lsq.geometry.items
+        # An empty learnable problem still zeroes its parameter gradients (as the reference does).
+        super().__init__(
+            problem,
+            device_id,
+            variant,
+            () if launches is None else launches.launches,
+            workspace,
+            empty=problem.numel == 0 and not learnable,
+        )
         self.learnable = learnable
         self._rows = rows
         self._lsq = lsq
@@ -801,42 +569,33 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
                 f"on shape {problem.shape} is not (use TensorScope, TokenScope, GroupScope on the last axis, or "
                 f"ChannelScope on the first non-unit axis, transposing the tensor if needed)"
             )
-        backend = choose_backend(pref or PlanPreference())
-        if backend is BackendKind.REFERENCE:
-            return cls(problem, desc.learnable, backend, None, HOST_ARCH.name, "numpy", None, None)
+        if choose_backend(pref) is BackendKind.REFERENCE:
+            return cls(problem, desc.learnable, None, REFERENCE_VARIANT, None, None)
         device_id = stream_device_id(stream)
-        arch = device_info(device_id).arch.name
         if desc.learnable:
             if geometry is None:  # empty tensor: nothing to launch
-                return cls(problem, True, backend, device_id, arch, "empty", None, None)
+                return cls(problem, True, device_id, "empty", None, None)
             lsq = _prepare_lsq(problem, geometry, device_id)
             variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
-            return cls(problem, True, backend, device_id, arch, variant, None, lsq)
+            return cls(problem, True, device_id, variant, None, lsq)
         rows, variant = prepare_fake_rows(problem, FakeOp.STE, device_id)
-        return cls(problem, False, backend, device_id, arch, variant, rows, None)
+        return cls(problem, False, device_id, variant, rows, None)
 
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: 16 per chunk when learnable segments span several chunks, else 0."""
-        if self._lsq is None or self._lsq.finish is None:
-            return 0
-        return 16 * self._lsq.geometry.items
-
-    def _check(self, args: FakeQuantizeBackwardArgs) -> dict[str, Any]:
+    def _check(self, args: FakeQuantizeBackwardArgs) -> _Checked:
         x = self._data(args.input, "input")
         dy = self._data(args.grad_output, "grad_output")
         dx = self._data(args.grad_input, "grad_input")
         same_or_disjoint(dx, "grad_input", dy, "grad_output")
-        if self.backend is BackendKind.CUDA and overlaps(dx, x):
+        if not self._is_reference and overlaps(dx, x):
             raise InvalidProblem("grad_input overlaps input; the plan reads input while writing grad_input")
         scale = self._positive_scale(args.scale, self._param_dtype)
         zp, source = self._zero_point(args.zero_point)
-        checked: dict[str, Any] = {"x": x, "dy": dy, "dx": dx, "scale": scale, "zp": zp, "source": source}
         if not self.learnable:
             if args.grad_scale is not None or args.grad_zero_point is not None:
                 raise InvalidProblem(
                     "grad_scale / grad_zero_point are written by learnable plans only; leave them None"
                 )
-            return checked
+            return _Checked(x, dy, dx, scale, zp, source)
         if not isinstance(scale, Operand) or (
             self.problem.mode is QuantMode.ASYMMETRIC and not isinstance(zp, Operand)
         ):
@@ -850,15 +609,13 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
             raise InvalidProblem(f"grad_factor={args.grad_factor!r} must be a real number") from exc
         if not math.isfinite(gf):
             raise InvalidProblem(f"grad_factor={args.grad_factor!r} must be finite in {self._param_dtype.name}")
-        checked["grad_factor"] = gf
-        checked["grad_scale"] = self._param_out(args.grad_scale, "grad_scale")
+        grad_scale = self._param_out(args.grad_scale, "grad_scale")
+        grad_zp: Operand | None = None
         if self.problem.mode is QuantMode.ASYMMETRIC:
-            checked["grad_zp"] = self._param_out(args.grad_zero_point, "grad_zero_point")
+            grad_zp = self._param_out(args.grad_zero_point, "grad_zero_point")
         elif args.grad_zero_point is not None:
             raise InvalidProblem("grad_zero_point must be None in SYMMETRIC mode (there is no zero point)")
-        else:
-            checked["grad_zp"] = None
-        return checked
+        return _Checked(x, dy, dx, scale, zp, source, gf, grad_scale, grad_zp)
 
     def _param_out(self, value: Any, name: str) -> Operand:
         if value is None:
@@ -869,48 +626,46 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         assert isinstance(op, Operand)
         return op
 
-    def can_implement(self, args: FakeQuantizeBackwardArgs) -> bool:
-        """Check ``args`` (shapes, dtypes, device, contiguity, alignment, parameters); True or raises."""
-        self._check(args)
-        return True
+    def _extract(self, args: FakeQuantizeBackwardArgs) -> _Checked:
+        zp, source = self._extract_params(args.zero_point)
+        return _Checked(
+            operand(args.input, "input"),
+            operand(args.grad_output, "grad_output"),
+            operand(args.grad_input, "grad_input"),
+            view(args.scale, "scale"),
+            zp,
+            source,
+            float(args.grad_factor),
+            view(args.grad_scale, "grad_scale"),
+            view(args.grad_zero_point, "grad_zero_point"),
+        )
 
-    def run(self, stream: Any, workspace: Workspace | None, args: FakeQuantizeBackwardArgs) -> None:
-        """Compute the gradients on ``stream``: one launch (two for multi-chunk learnable
-        segments), no allocation, no synchronisation (capturable in a CUDA graph)."""
-        check_workspace(workspace, self.workspace_size())
-        a = self._check(args)
-        p = self.problem
-        if self.backend is BackendKind.REFERENCE:
-            self._run_reference(a)
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+        assert self.device_id is not None and a.dy is not None
+        if self.problem.numel == 0:  # learnable, empty segments: zero gradients, as the reference writes
+            for out in (a.grad_scale, a.grad_zp):
+                if out is not None and out.size:
+                    _zero_fill(self.device_id, handle, out)
             return
-        assert self.device_id is not None
-        handle = stream_handle(stream)
-        if p.numel == 0:
-            if self.learnable:  # empty segments: zero gradients, as the reference writes
-                for out in (a["grad_scale"], a["grad_zp"]):
-                    if out is not None and out.size:
-                        _zero_fill(self.device_id, handle, out)
-            return
-        x, dy, dx = a["x"], a["dy"], a["dx"]
+        x, dy, dx = a.x, a.dy, a.dx
         if self._rows is not None:
-            launch = self._rows.pick(x.ptr, dy.ptr, dx.ptr)
+            launch = self._rows.pick(x.ptr, dx.ptr, dy.ptr)
             params = launch.params
             params.x, params.dy, params.out = x.ptr, dy.ptr, dx.ptr
-            self._rows.set_params(params, a["scale"], a["zp"], a["source"])
+            self._rows.set_params(params, a.scale, a.zp, a.source)
             launch_on(self.device_id, handle, launch)
             return
         lsq = self._lsq
-        assert lsq is not None
-        aligned = all(ptr % lsq.align == 0 for ptr in (x.ptr, dy.ptr, dx.ptr))
-        launch = lsq.primary if aligned else lsq.fallback
+        assert lsq is not None and isinstance(a.scale, Operand) and a.grad_scale is not None
+        launch = lsq.pick(x.ptr, dx.ptr, dy.ptr)
         params = launch.params
         params.x, params.dy, params.dx = x.ptr, dy.ptr, dx.ptr
-        params.scale_ptr = a["scale"].ptr
-        params.zp_ptr = a["zp"].ptr if isinstance(a["zp"], Operand) else 0
-        params.layout.zp_source = a["source"]
-        params.grad_factor = a["grad_factor"]
-        params.grad_scale = a["grad_scale"].ptr
-        params.grad_zp = 0 if a["grad_zp"] is None else a["grad_zp"].ptr
+        params.scale_ptr = a.scale.ptr
+        params.zp_ptr = a.zp.ptr if isinstance(a.zp, Operand) else 0
+        params.layout.zp_source = a.source
+        params.grad_factor = a.grad_factor
+        params.grad_scale = a.grad_scale.ptr
+        params.grad_zp = 0 if a.grad_zp is None else a.grad_zp.ptr
         params.partials = 0 if lsq.finish is None else workspace.ptr  # type: ignore[union-attr]
         if lsq.finish is None:
             launch_on(self.device_id, handle, launch)
@@ -921,28 +676,22 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         finish.grad_zp = params.grad_zp
         launch_on(self.device_id, handle, launch, lsq.finish)
 
-    def _run_reference(self, a: dict[str, Any]) -> None:
+    def _run_reference(self, a: _Checked) -> None:
         p = self.problem
-        x, dy = (
-            self._host_view(a["x"], self.problem.shape, self._info),
-            self._host_view(a["dy"], self.problem.shape, self._info),
-        )
-        scale = self._broadcast_param(a["scale"], self.problem.shape, self.problem.scope)
-        zp = (
-            self._broadcast_param(a["zp"], self.problem.shape, self.problem.scope)
-            if isinstance(a["zp"], Operand)
-            else a["zp"]
-        )
+        assert a.dy is not None
+        x, dy = self._host_view(a.x, p.shape, self._info), self._host_view(a.dy, p.shape, self._info)
+        scale, zp = self._reference_params(a)
         if not self.learnable:
-            self._write_host(a["dx"], reference.fake_quantize_ste(x, dy, scale, zp, p.q_min, p.q_max, p.precision))
+            self._write_host(a.dx, reference.fake_quantize_ste(x, dy, scale, zp, p.q_min, p.q_max, p.precision))
             return
         dx, dscale, dzp = reference.fake_quantize_lsq(
-            x, dy, scale, zp, p.q_min, p.q_max, a["grad_factor"], p.scope, p.precision
+            x, dy, scale, zp, p.q_min, p.q_max, a.grad_factor, p.scope, p.precision
         )
-        self._write_host(a["dx"], dx)
-        self._write_host(a["grad_scale"], dscale)
-        if a["grad_zp"] is not None:
-            self._write_host(a["grad_zp"], dzp)
+        self._write_host(a.dx, dx)
+        assert a.grad_scale is not None
+        self._write_host(a.grad_scale, dscale)
+        if a.grad_zp is not None:
+            self._write_host(a.grad_zp, dzp)
 
 
 __all__ = [

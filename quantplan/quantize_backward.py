@@ -18,8 +18,8 @@ rounding round trip (exact for power-of-two scales), and up to the rare input wh
 quantizer's ``rne(x * rn(1 / scale))`` and ``rne(x / scale)`` round differently at a tie.
 
 Kernels: ``quantize_backward_rows`` in ``kernels/quantize.cu`` and ``dequantize_backward_rows`` in
-``kernels/dequantize.cu``, compiled in the forward plans' units (:func:`quantplan.static_quantize.quantize_unit`,
-:func:`~quantplan.static_quantize.dequantize_unit`); reference: :func:`quantplan.reference.quantize_backward`
+``kernels/dequantize.cu``, compiled in the forward plans' units (:func:`quantplan._families.quantize_unit`,
+:func:`~quantplan._families.dequantize_unit`); reference: :func:`quantplan.reference.quantize_backward`
 / :func:`~quantplan.reference.dequantize_backward`; tests: ``tests/test_quantize_backward_*.py`` and
 ``tests/test_reference_quantize_backward.py``.
 """
@@ -33,40 +33,24 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import reference
-from ._affine import AffineProblem, OperandChecks, choose_backend, resolve_affine_problem
-from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, launch_on, stream_handle
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
-from ._operands import Operand, overlaps, same_or_disjoint
-from .compiler import compile_options, load_kernels, template_name
-from .elements import ELEMENTS, ElementInfo, param_element, param_numpy_dtype
-from .errors import InvalidProblem, Unsupported
-from .static_quantize import (
+from ._affine import (
+    AffineProblem,
     DequantizeDescriptor,
     QuantizeDescriptor,
-    backward_widths,
-    dequantize_unit,
+    dequantize_problem,
     quantize_problem,
-    quantize_unit,
 )
-from .types import (
-    HOST_ARCH,
-    BackendKind,
-    KernelSku,
-    MathPrecision,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    PrecisionGuarantee,
-    QuantizeKind,
-    QuantMode,
-    TensorScope,
-)
-from .workspace import Workspace, check_workspace
-
-#: Threads one SM keeps resident (sizes the small-problem chunking of ``row_layout``).
-_RESIDENT_THREADS_PER_SM = 2048
-_INT32 = (-(2**31), 2**31 - 1)
+from ._device import device_info, stream_device_id
+from ._families import dequantize_unit, quantize_unit
+from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
+from ._operands import Operand, OperandChecks, operand, overlaps, same_or_disjoint, view
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from .compiler import compile_options, load_kernels, template_name
+from .elements import ELEMENTS, acc_ctype, param_numpy_dtype
+from .errors import InvalidProblem, Unsupported
+from .types import HOST_ARCH, BackendKind, MathPrecision, OpCategory, PlanPreference, QuantMode, TensorScope
+from .workspace import Workspace
 
 
 class QuantizeBackwardDescriptor(QuantizeDescriptor):
@@ -148,17 +132,12 @@ class DequantizeBackwardArgs:
     scale: Any
 
 
-def _acc_type(precision: MathPrecision) -> type[ctypes.c_float] | type[ctypes.c_double]:
-    return ctypes.c_double if precision is MathPrecision.F64 else ctypes.c_float
-
-
 def _params_struct(name: str, pointers: tuple[str, ...], precision: MathPrecision, zp: bool) -> type[ctypes.Structure]:
     """Argument block of a gradient row kernel: data pointers, scale (and zero point), layout."""
     fields: list[tuple[str, Any]] = [(p, ctypes.c_uint64) for p in pointers]
     fields += [("scale_ptr", ctypes.c_uint64)] + ([("zp_ptr", ctypes.c_uint64)] if zp else [])
-    fields += [("scale_value", _acc_type(precision))] + ([("zp_value", ctypes.c_int32)] if zp else [])
-    fields += [("layout", RowLayoutArgs)]
-    return type(name, (ctypes.Structure,), {"_fields_": fields})
+    fields += [("scale_value", acc_ctype(precision))] + ([("zp_value", ctypes.c_int32)] if zp else [])
+    return params_struct(name, [*fields, ("layout", RowLayoutArgs)])
 
 
 #: quantize_backward_rows(x, dq, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay)
@@ -171,44 +150,45 @@ _DEQUANTIZE_BACKWARD_PARAMS = {
 }
 
 
-class _GradLaunches:
-    """A gradient kernel with aligned vector I/O and its one-element-vector twin for misaligned operands."""
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one gradient run: the data read (``x``: the forward input, or None), the
+    gradient read (``dy``) and written (``dx``), the scale and the zero point."""
 
-    __slots__ = ("align", "fallback", "primary")
-
-    def __init__(self, primary: PreparedLaunch, fallback: PreparedLaunch, align: int) -> None:
-        self.primary, self.fallback, self.align = primary, fallback, align
-
-    def pick(self, *ptrs: int) -> PreparedLaunch:
-        return self.primary if all(p % self.align == 0 for p in ptrs) else self.fallback
+    x: Operand | None
+    dy: Operand
+    dx: Operand
+    scale: Operand | float
+    zp: Operand | int | None
 
 
-class _AffineBackwardPlan(OperandChecks):
-    """Shared parts of the two gradient plans: backend, operand and parameter checks, launches, SKU."""
+class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
+    """Shared parts of the two gradient plans: the row kernel, its selection and checks."""
 
+    _category = OpCategory.GRADIENT
     _family: ClassVar[str]
     _kernel: ClassVar[str]
     #: Parameter block per precision (the kernel's arguments).
     _params: ClassVar[dict[MathPrecision, type[ctypes.Structure]]]
 
-    def __init__(
-        self,
-        problem: AffineProblem,
-        backend: BackendKind,
-        device_id: int | None,
-        arch_name: str,
-        variant: str,
-        launches: _GradLaunches | None,
-    ) -> None:
-        self.problem = problem
-        self.backend = backend
-        self.device_id = device_id
-        self._arch_name = arch_name
-        self._variant = variant
-        self._launches = launches
+    def __init__(self, problem: AffineProblem, device_id: int | None, pair: LaunchPair | None, variant: str) -> None:
+        cuda = pair is not None
+        super().__init__(
+            problem,
+            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
+            device_id,
+            device_info(device_id).arch.name if cuda and device_id is not None else HOST_ARCH.name,
+            variant,
+            problem.float_kind,
+            problem.code_kind,
+            precision=problem.precision,
+            prepared=() if pair is None else pair.launches,
+            empty=problem.numel == 0,
+        )
+        self._pair = pair
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
-        self._info: ElementInfo = ELEMENTS[problem.float_kind]
+        self._info = ELEMENTS[problem.float_kind]
         self._param_dtype = param_numpy_dtype(problem.precision)
 
     # ---- selection ------------------------------------------------------------------------
@@ -222,72 +202,52 @@ class _AffineBackwardPlan(OperandChecks):
         raise NotImplementedError
 
     @classmethod
-    def _build(cls, stream: Any, problem: AffineProblem, pref: PlanPreference) -> Any:
-        backend = choose_backend(pref)
-        if backend is BackendKind.REFERENCE:
-            return cls(problem, backend, None, HOST_ARCH.name, "numpy", None)
-        import cupy
-
+    def _build(cls, stream: Any, problem: AffineProblem, pref: PlanPreference | None) -> Any:
+        if choose_backend(pref) is BackendKind.REFERENCE:
+            return cls(problem, None, None, REFERENCE_VARIANT)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
         functions = load_kernels(cls._family, cls._unit(problem), info.arch, device_id, compile_options())
-        busy = info.sm_count * _RESIDENT_THREADS_PER_SM
-        vec_max = backward_widths(problem.float_kind)[0]
 
         def prepare(layout: RowLayout) -> PreparedLaunch:
             fn = functions[cls._kernel_name(problem, layout.vec)]
-            per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0)
-            return PreparedLaunch(
-                fn,
-                layout.blocks(max(1, per_sm) * info.sm_count),
-                BLOCK_THREADS,
-                cls._params[problem.precision],
-                layout=layout.args(problem.q_min, problem.q_max),
-            )
+            grid = occupancy_grid(fn, BLOCK_THREADS, layout.blocks(2**62), info)
+            args = layout.args(problem.q_min, problem.q_max)
+            return PreparedLaunch(fn, grid, BLOCK_THREADS, cls._params[problem.precision], layout=args)
 
-        primary = row_layout(problem.shape, problem.scope, vec_max, False, busy)
-        fallback = row_layout(problem.shape, problem.scope, 1, False, busy)
-        align = min(16, primary.vec * ELEMENTS[problem.float_kind].storage_bits // 8)
-        launches = _GradLaunches(prepare(primary), prepare(fallback), align)
+        float_info = ELEMENTS[problem.float_kind]
+        primary = row_layout(problem.shape, problem.scope, float_info.vec_max, False, info.busy_threads)
+        fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
+        align = min(16, primary.vec * float_info.storage_bits // 8)
+        pair = LaunchPair(prepare(primary), prepare(fallback), align)
         variant = f"{problem.scope.kind}/{problem.mode.value}/{primary.describe()}"
-        return cls(problem, backend, device_id, info.arch.name, variant, launches)
+        return cls(problem, device_id, pair, variant)
 
-    # ---- introspection --------------------------------------------------------------------
-
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: always 0 (elementwise)."""
-        return 0
-
-    def precision_guarantee(self) -> PrecisionGuarantee:
-        """float32 arithmetic (float64 for F64 data), no reduction, bit-exact to the reference, deterministic."""
-        return PrecisionGuarantee(
-            math_precision=self.problem.precision, accumulator=param_element(self.problem.precision)
-        )
-
-    def sku(self) -> KernelSku:
-        """Identity of the selected kernel: category GRADIENT, ``element`` the float type of the
-        gradients, ``aux_element`` the forward's code kind, ``variant`` the row layout."""
-        return KernelSku(
-            category=OpCategory.GRADIENT,
-            op=QuantizeKind.STATIC,
-            element=self.problem.float_kind,
-            aux_element=self.problem.code_kind,
-            variant=self._variant,
-            arch=self._arch_name,
-            backend=self.backend,
-            precision_guarantee=self.precision_guarantee(),
-        )
-
-    # ---- argument checks ------------------------------------------------------------------
+    # ---- arguments --------------------------------------------------------------------------
 
     def _data(self, value: Any, name: str) -> Operand:
         return self._tensor(value, name, self.problem.shape, self._info)
 
-    def _set_scale(self, params: Any, scale: Operand | float) -> None:
-        if isinstance(scale, Operand):
-            params.scale_ptr, params.scale_value = scale.ptr, 1.0
+    def _grads(self, dy_value: Any, dy_name: str, dx_value: Any, dx_name: str) -> tuple[Operand, Operand]:
+        dy = self._data(dy_value, dy_name)
+        dx = self._data(dx_value, dx_name)
+        same_or_disjoint(dx, dx_name, dy, dy_name)
+        return dy, dx
+
+    # ---- execution --------------------------------------------------------------------------
+
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+        assert self._pair is not None and self.device_id is not None
+        x_ptr = 0 if a.x is None else a.x.ptr
+        launch = self._pair.pick(a.dy.ptr, a.dx.ptr, x_ptr)
+        params = launch.params
+        if a.x is None:
+            params.dy, params.dq = a.dy.ptr, a.dx.ptr
         else:
-            params.scale_ptr, params.scale_value = 0, scale
+            params.x, params.dq, params.dx = x_ptr, a.dy.ptr, a.dx.ptr
+            params.zp_ptr, params.zp_value = device_arg(a.zp)
+        params.scale_ptr, params.scale_value = device_arg(a.scale)
+        launch_on(self.device_id, handle, launch)
 
 
 class QuantizeBackwardPlan(_AffineBackwardPlan):
@@ -342,8 +302,7 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
 
     @classmethod
     def _unit(cls, problem: AffineProblem) -> list[str]:
-        high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return quantize_unit(problem.float_kind, problem.code_kind, high_first, False)
+        return quantize_unit(problem.float_kind, problem.code_kind, problem.high_first, problem.rounding)
 
     @classmethod
     def select(cls, stream: Any, desc: QuantizeDescriptor, pref: PlanPreference | None = None) -> QuantizeBackwardPlan:
@@ -360,79 +319,46 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
                 "QuantizeBackwardPlan needs rounding=NEAREST_EVEN: the mask of a stochastically rounded "
                 "forward depends on its random draws; take the nearest-even mask or use FakeQuantizeBackwardPlan"
             )
-        plan = cls._build(stream, problem, pref or PlanPreference())
-        assert isinstance(plan, QuantizeBackwardPlan)
-        return plan
+        return cls._build(stream, problem, pref)  # type: ignore[no-any-return]
 
-    def _zero_point(self, value: Any) -> Operand | int | None:
-        """``zero_point`` as QuantizePlan takes it: None for SYMMETRIC, else an int32 array of
-        ``param_shape`` or, for TensorScope, an integer in the int32 range."""
-        if self.problem.mode is QuantMode.SYMMETRIC:
-            if value is not None:
-                raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
-            return None
-        zp = self._param(value, "zero_point", np.dtype(np.int32), allow_none=False)
-        if isinstance(zp, Operand):
-            return zp
-        assert zp is not None
-        if float(zp) != int(zp) or not _INT32[0] <= int(zp) <= _INT32[1]:
-            raise InvalidProblem(f"zero_point={zp!r} must be an integer in the int32 range")
-        return int(zp)
-
-    def _check(
-        self, args: QuantizeBackwardArgs
-    ) -> tuple[Operand, Operand, Operand, Operand | float, Operand | int | None]:
+    def _check(self, args: QuantizeBackwardArgs) -> _Checked:
         x = self._data(args.input, "input")
-        dq = self._data(args.grad_output, "grad_output")
-        dx = self._data(args.grad_input, "grad_input")
-        same_or_disjoint(dx, "grad_input", dq, "grad_output")
+        dq, dx = self._grads(args.grad_output, "grad_output", args.grad_input, "grad_input")
         if overlaps(dx, x):
             raise InvalidProblem("grad_input overlaps input; the plan reads input while writing grad_input")
-        return x, dq, dx, self._positive_scale(args.scale, self._param_dtype), self._zero_point(args.zero_point)
+        scale = self._positive_scale(args.scale, self._param_dtype)
+        if self.problem.mode is QuantMode.SYMMETRIC:
+            if args.zero_point is not None:
+                raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
+            return _Checked(x, dq, dx, scale, None)
+        return _Checked(x, dq, dx, scale, self._int32_zero_point(args.zero_point, np.dtype(np.int32)))
 
-    def can_implement(self, args: QuantizeBackwardArgs) -> bool:
-        """Check ``args`` against the plan (shape, dtype, device, contiguity, alignment, overlap,
-        parameters). Returns True, or raises InvalidProblem / MisalignedOperand naming the argument."""
-        self._check(args)
-        return True
+    def _extract(self, args: QuantizeBackwardArgs) -> _Checked:
+        return _Checked(
+            operand(args.input, "input"),
+            operand(args.grad_output, "grad_output"),
+            operand(args.grad_input, "grad_input"),
+            view(args.scale, "scale"),
+            view(args.zero_point, "zero_point"),
+        )
 
-    def run(self, stream: Any, workspace: Workspace | None, args: QuantizeBackwardArgs) -> None:
-        """Compute ``grad_input`` on ``stream`` (CuPy / PyTorch stream, raw handle, or None for the
-        current CuPy stream): one launch, no allocation, no synchronisation (capturable in a CUDA graph).
-        Every check runs before anything is launched or written."""
-        check_workspace(workspace, 0)
-        x, dq, dx, scale, zp = self._check(args)
+    def _run_reference(self, a: _Checked) -> None:
         p = self.problem
-        if self.backend is BackendKind.REFERENCE:
-            zp_np: np.ndarray | int = (
-                0
-                if zp is None
-                else self._broadcast_param(zp, self.problem.shape, self.problem.scope, np.dtype(np.int32))
-            )
-            result = reference.quantize_backward(
-                self._host_view(x, self.problem.shape, self._info),
-                self._host_view(dq, self.problem.shape, self._info),
-                self._broadcast_param(scale, self.problem.shape, self.problem.scope, self._param_dtype),
-                zp_np,
-                p.code_kind,
-                p.q_min,
-                p.q_max,
-                p.precision,
-            )
-            self._write_host(dx, result)
-            return
-        if p.numel == 0:
-            return
-        assert self._launches is not None and self.device_id is not None
-        launch = self._launches.pick(x.ptr, dq.ptr, dx.ptr)
-        params = launch.params
-        params.x, params.dq, params.dx = x.ptr, dq.ptr, dx.ptr
-        self._set_scale(params, scale)
-        if isinstance(zp, Operand):
-            params.zp_ptr, params.zp_value = zp.ptr, 0
-        else:
-            params.zp_ptr, params.zp_value = 0, zp or 0
-        launch_on(self.device_id, stream_handle(stream), launch)
+        assert a.x is not None
+        zp_np: np.ndarray | int = (
+            0 if a.zp is None else self._broadcast_param(a.zp, p.shape, p.scope, np.dtype(np.int32))
+        )
+        result = reference.quantize_backward(
+            self._host_view(a.x, p.shape, self._info),
+            self._host_view(a.dy, p.shape, self._info),
+            self._broadcast_param(a.scale, p.shape, p.scope, self._param_dtype),
+            zp_np,
+            p.code_kind,
+            p.q_min,
+            p.q_max,
+            p.precision,
+        )
+        self._write_host(a.dx, result)
 
 
 class DequantizeBackwardPlan(_AffineBackwardPlan):
@@ -472,8 +398,7 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
 
     @classmethod
     def _unit(cls, problem: AffineProblem) -> list[str]:
-        high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return dequantize_unit(problem.float_kind, problem.code_kind, high_first)
+        return dequantize_unit(problem.float_kind, problem.code_kind, problem.high_first)
 
     @classmethod
     def select(
@@ -483,47 +408,26 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
         :class:`~quantplan.DequantizeDescriptor`), pick the backend and kernel variant, compile
         it on first use (one module with the forward's kernels). Raises InvalidProblem for a
         malformed descriptor (the forward's rules)."""
-        problem = resolve_affine_problem(
-            desc.shape, desc.scope, desc.mode, desc.output_element, desc.input_element, None, None, desc.nibble_order
-        )
-        plan = cls._build(stream, problem, pref or PlanPreference())
-        assert isinstance(plan, DequantizeBackwardPlan)
-        return plan
+        return cls._build(stream, dequantize_problem(desc), pref)  # type: ignore[no-any-return]
 
-    def _check(self, args: DequantizeBackwardArgs) -> tuple[Operand, Operand, Operand | float]:
-        dy = self._data(args.grad_output, "grad_output")
-        dq = self._data(args.grad_input, "grad_input")
-        same_or_disjoint(dq, "grad_input", dy, "grad_output")
-        return dy, dq, self._positive_scale(args.scale, self._param_dtype)
+    def _check(self, args: DequantizeBackwardArgs) -> _Checked:
+        dy, dq = self._grads(args.grad_output, "grad_output", args.grad_input, "grad_input")
+        return _Checked(None, dy, dq, self._positive_scale(args.scale, self._param_dtype), None)
 
-    def can_implement(self, args: DequantizeBackwardArgs) -> bool:
-        """Check ``args`` against the plan (shape, dtype, device, contiguity, alignment, overlap,
-        scale). Returns True, or raises InvalidProblem / MisalignedOperand naming the argument."""
-        self._check(args)
-        return True
+    def _extract(self, args: DequantizeBackwardArgs) -> _Checked:
+        return _Checked(
+            None, operand(args.grad_output, "grad_output"), operand(args.grad_input, "grad_input"),
+            view(args.scale, "scale"), None,
+        )  # fmt: skip
 
-    def run(self, stream: Any, workspace: Workspace | None, args: DequantizeBackwardArgs) -> None:
-        """Compute ``grad_input`` on ``stream``: one launch, no allocation, no synchronisation
-        (capturable in a CUDA graph). Every check runs before anything is launched or written."""
-        check_workspace(workspace, 0)
-        dy, dq, scale = self._check(args)
+    def _run_reference(self, a: _Checked) -> None:
         p = self.problem
-        if self.backend is BackendKind.REFERENCE:
-            result = reference.dequantize_backward(
-                self._host_view(dy, self.problem.shape, self._info),
-                self._broadcast_param(scale, self.problem.shape, self.problem.scope, self._param_dtype),
-                p.precision,
-            )
-            self._write_host(dq, result)
-            return
-        if p.numel == 0:
-            return
-        assert self._launches is not None and self.device_id is not None
-        launch = self._launches.pick(dy.ptr, dq.ptr)
-        params = launch.params
-        params.dy, params.dq = dy.ptr, dq.ptr
-        self._set_scale(params, scale)
-        launch_on(self.device_id, stream_handle(stream), launch)
+        result = reference.dequantize_backward(
+            self._host_view(a.dy, p.shape, self._info),
+            self._broadcast_param(a.scale, p.shape, p.scope, self._param_dtype),
+            p.precision,
+        )
+        self._write_host(a.dx, result)
 
 
 __all__ = [

@@ -8,121 +8,50 @@ Formulas (SPEC section 4; arithmetic in float32, float64 for F64 data; rne = rou
 * dequantize: ``y = (q - zp) * scale`` (FP8: ``y = q * scale``), rounded once to the output type.
 
 Kernels: ``kernels/quantize.cu`` (``quantize_rows``) and ``kernels/dequantize.cu``
-(``dequantize_rows``); reference: :func:`quantplan.reference.quantize` / ``dequantize``; tests:
-``tests/test_quantize_*.py``. Their gradients (``quantize_backward_rows``,
+(``dequantize_rows``), launched through :class:`quantplan._affine.AffineRows`; reference:
+:func:`quantplan.reference.quantize` / ``dequantize``; tests: ``tests/test_static_quantize_*.py``
+and ``tests/test_reference_static_quantize.py``. Their gradients (``quantize_backward_rows``,
 ``dequantize_backward_rows``, compiled in the same units) are planned by
 :mod:`quantplan.quantize_backward`.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import AffineArgs, AffineProblem, StaticAffinePlan, resolve_affine_problem, storage_shape
-from ._layout import param_shape
-from .compiler import register_family, template_name
-from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS
-from .types import (
-    ElementKind,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    QuantMode,
-    Rounding,
-    Scope,
+from ._affine import (
+    AffineArgs,
+    AffineProblem,
+    AffineRows,
+    DequantizeDescriptor,
+    QuantizeDescriptor,
+    dequantize_problem,
+    quantize_problem,
+    storage_shape,
 )
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-class QuantizeDescriptor(BaseModel):
-    """A static quantization problem: ``q = clamp(rne(x / scale) + zp, q_min, q_max)``.
-
-    Fields: ``shape`` of the float input (any rank); ``scope`` (Tensor/Token/Channel/GroupScope);
-    ``mode`` SYMMETRIC (no zero point) or ASYMMETRIC (int32 zero point); ``input_element`` F16,
-    BF16, F32 or F64; ``output_element`` S8, U8, S4, U4, FP8_E4M3 or FP8_E5M2; ``q_min`` /
-    ``q_max`` narrow the integer code range (default: the full range of the output);
-    ``nibble_order`` for S4 / U4; ``rounding`` NEAREST_EVEN or STOCHASTIC (Philox4x32-10, SPEC
-    section 4: ``q = floor(v) + (u < v - floor(v))`` with ``v = x / scale``; FP8 picks between
-    the two neighbouring FP8 values the same way; the run's ``rng_seed`` / ``rng_offset`` make
-    it reproducible, independent of the launch configuration).
-
-    Shapes it implies: ``output_shape`` (4-bit codes packed two per byte along the last axis,
-    odd rows padded with a zero nibble) and ``param_shape`` (SPEC section 3).
-    """
-
-    model_config = _FROZEN
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
-    input_element: ElementKind
-    output_element: ElementKind
-    q_min: int | None = None
-    q_max: int | None = None
-    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST
-    rounding: Rounding = Rounding.NEAREST_EVEN
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        """Shape of the output storage array."""
-        return storage_shape(self.shape, self.output_element)
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale`` / ``zero_point``."""
-        return param_shape(self.shape, self.scope)
+from ._device import device_info, stream_device_id
+from ._operands import Operand, OperandChecks, operand, reference_uniform, view
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from .elements import ELEMENTS, param_numpy_dtype
+from .errors import InvalidProblem
+from .types import HOST_ARCH, BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
+from .workspace import Workspace
 
 
-def quantize_problem(desc: QuantizeDescriptor) -> AffineProblem:
-    """The validated problem of a quantize descriptor (also a dynamic-range one); InvalidProblem if malformed."""
-    problem = resolve_affine_problem(
-        desc.shape,
-        desc.scope,
-        desc.mode,
-        desc.input_element,
-        desc.output_element,
-        desc.q_min,
-        desc.q_max,
-        desc.nibble_order,
-    )
-    return replace(problem, stochastic=desc.rounding is Rounding.STOCHASTIC)
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one static affine run: tensors, and parameters as arrays or Python scalars."""
 
-
-class DequantizeDescriptor(BaseModel):
-    """A dequantization problem: ``y = (q - zp) * scale`` rounded once to ``output_element``.
-
-    Fields: ``shape`` of the float output (the logical element shape; 4-bit inputs are stored
-    packed, see ``input_shape``); ``scope``; ``mode``; ``input_element`` S8, U8, S4, U4,
-    FP8_E4M3 or FP8_E5M2; ``output_element`` F16, BF16, F32 or F64; ``nibble_order`` for S4 / U4.
-    """
-
-    model_config = _FROZEN
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
-    input_element: ElementKind
-    output_element: ElementKind
-    nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of the quantized input storage array."""
-        return storage_shape(self.shape, self.input_element)
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        """Shape of the float output."""
-        return self.shape
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale`` / ``zero_point``."""
-        return param_shape(self.shape, self.scope)
+    x: Operand
+    y: Operand
+    scale: Operand | float
+    zp: Operand | int | None
+    seed: Operand | int | None
+    offset: Operand | int | None
 
 
 class QuantizeArgs(AffineArgs):
@@ -142,6 +71,109 @@ class DequantizeArgs(AffineArgs):
     """Arguments of :class:`DequantizePlan`: ``input`` (codes), ``output`` (floats), ``scale``, ``zero_point``."""
 
     __slots__ = ()
+
+
+class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
+    """Base of QuantizePlan and DequantizePlan: the row kernel in one direction, with its checks."""
+
+    #: True when the plan reads floats and writes codes (quantize), False for the reverse.
+    _float_to_code: ClassVar[bool]
+
+    def __init__(self, problem: AffineProblem, device_id: int | None, rows: AffineRows | None) -> None:
+        float_shape, code_shape = problem.shape, problem.code_shape
+        floats, codes = problem.float_kind, problem.code_kind
+        if self._float_to_code:
+            in_shape, out_shape, in_kind, out_kind = float_shape, code_shape, floats, codes
+        else:
+            in_shape, out_shape, in_kind, out_kind = code_shape, float_shape, codes, floats
+        if rows is None:
+            backend, arch, variant = BackendKind.REFERENCE, HOST_ARCH.name, REFERENCE_VARIANT
+        else:
+            backend, arch = BackendKind.CUDA, device_info(rows.device_id).arch.name
+            variant = f"{problem.scope.kind}/{problem.mode.value}/{rows.layout.describe()}"
+        super().__init__(
+            problem,
+            backend,
+            device_id,
+            arch,
+            variant,
+            in_kind,
+            out_kind,
+            precision=problem.precision,
+            prepared=() if rows is None else rows.pair.launches,
+            empty=problem.numel == 0,
+        )
+        self._rows = rows
+        self._in_shape, self._out_shape = in_shape, out_shape
+        self._in_info, self._out_info = ELEMENTS[in_kind], ELEMENTS[out_kind]
+        self._param_shape = problem.param_shape
+        self._param_dtype = param_numpy_dtype(problem.precision)
+        self._int32 = np.dtype(np.int32)
+        self._tensor_scope = isinstance(problem.scope, TensorScope)
+        self._symmetric = problem.mode is QuantMode.SYMMETRIC
+        self._stochastic = self._float_to_code and problem.stochastic
+
+    @classmethod
+    def _make(cls, stream: Any, problem: AffineProblem, pref: PlanPreference | None) -> Any:
+        if choose_backend(pref) is BackendKind.REFERENCE:
+            return cls(problem, None, None)
+        device_id = stream_device_id(stream)
+        return cls(problem, device_id, AffineRows.prepare(problem, cls._float_to_code, device_id))
+
+    # ---- arguments ------------------------------------------------------------------------
+
+    def _check(self, args: AffineArgs) -> _Checked:
+        x = self._tensor(args.input, "input", self._in_shape, self._in_info)
+        y = self._tensor(args.output, "output", self._out_shape, self._out_info)
+        scale = self._positive_scale(args.scale, self._param_dtype)
+        zp: Operand | int | None = None
+        if self._symmetric:
+            if args.zero_point is not None:
+                raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
+        else:
+            zp = self._int32_zero_point(args.zero_point, self._int32)
+        seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
+        return _Checked(x, y, scale, zp, seed, offset)
+
+    def _extract(self, args: AffineArgs) -> _Checked:
+        return _Checked(
+            operand(args.input, "input"),
+            operand(args.output, "output"),
+            view(args.scale, "scale"),
+            view(args.zero_point, "zero_point"),
+            view(args.rng_seed, "rng_seed"),
+            view(args.rng_offset, "rng_offset"),
+        )
+
+    # ---- execution ------------------------------------------------------------------------
+
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+        assert self._rows is not None
+        self._rows.launch(handle, a.x.ptr, a.y.ptr, a.scale, a.zp, a.seed, a.offset)
+
+    def _run_reference(self, a: _Checked) -> None:
+        p = self.problem
+        shape = p.shape if p.shape else (1,)
+        scale_np = self._broadcast_param(a.scale, shape, p.scope, self._param_dtype)
+        zp_np: np.ndarray | int = 0
+        if isinstance(a.zp, Operand):
+            zp_np = self._broadcast_param(a.zp, shape, p.scope)
+        elif a.zp is not None:
+            zp_np = int(a.zp)
+        uniform = reference_uniform(shape, a.seed, a.offset) if self._stochastic else None
+        in_kind = self._in_info.kind
+        src = self._host_view(a.x, storage_shape(shape, in_kind), self._in_info)
+        self._write_host(a.y, self._reference(src, scale_np, zp_np, shape, uniform).view(self._out_info.numpy_dtype))
+
+    def _reference(
+        self,
+        src: np.ndarray,
+        scale: np.ndarray,
+        zp: np.ndarray | int,
+        shape: tuple[int, ...],
+        uniform: np.ndarray | None,
+    ) -> np.ndarray:
+        raise NotImplementedError
 
 
 class QuantizePlan(StaticAffinePlan):
@@ -166,15 +198,8 @@ class QuantizePlan(StaticAffinePlan):
     even; equal bit for bit to :func:`quantplan.reference.quantize`; deterministic.
     """
 
-    _family = "quantize"
-    _kernel = "quantize_rows"
     _category = OpCategory.QUANTIZE
     _float_to_code = True
-
-    @classmethod
-    def _compile_unit(cls, problem: AffineProblem) -> list[str]:
-        high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return quantize_unit(problem.float_kind, problem.code_kind, high_first, problem.stochastic)
 
     @classmethod
     def select(cls, stream: Any, desc: QuantizeDescriptor, pref: PlanPreference | None = None) -> QuantizePlan:
@@ -183,9 +208,7 @@ class QuantizePlan(StaticAffinePlan):
         ``stream`` decides the device (None: CuPy's current device). Raises InvalidProblem for a
         malformed descriptor and Unsupported for a valid one this library does not serve.
         """
-        plan = cls._select(stream, quantize_problem(desc), pref or PlanPreference())
-        assert isinstance(plan, QuantizePlan)
-        return plan
+        return cls._make(stream, quantize_problem(desc), pref)  # type: ignore[no-any-return]
 
     def _reference(
         self,
@@ -193,7 +216,7 @@ class QuantizePlan(StaticAffinePlan):
         scale: np.ndarray,
         zp: np.ndarray | int,
         shape: tuple[int, ...],
-        uniform: np.ndarray | None = None,
+        uniform: np.ndarray | None,
     ) -> np.ndarray:
         p = self.problem
         return reference.quantize(
@@ -221,25 +244,13 @@ class DequantizePlan(StaticAffinePlan):
     equal bit for bit to :func:`quantplan.reference.dequantize` (NaN payloads aside); deterministic.
     """
 
-    _family = "dequantize"
-    _kernel = "dequantize_rows"
     _category = OpCategory.DEQUANTIZE
     _float_to_code = False
 
     @classmethod
-    def _compile_unit(cls, problem: AffineProblem) -> list[str]:
-        high_first = problem.nibble_order is NibbleOrder.HIGH_FIRST
-        return dequantize_unit(problem.float_kind, problem.code_kind, high_first)
-
-    @classmethod
     def select(cls, stream: Any, desc: DequantizeDescriptor, pref: PlanPreference | None = None) -> DequantizePlan:
         """Validate ``desc``, pick the backend and kernel variant, compile it on first use."""
-        problem = resolve_affine_problem(
-            desc.shape, desc.scope, desc.mode, desc.output_element, desc.input_element, None, None, desc.nibble_order
-        )
-        plan = cls._select(stream, problem, pref or PlanPreference())
-        assert isinstance(plan, DequantizePlan)
-        return plan
+        return cls._make(stream, dequantize_problem(desc), pref)  # type: ignore[no-any-return]
 
     def _reference(
         self,
@@ -247,101 +258,10 @@ class DequantizePlan(StaticAffinePlan):
         scale: np.ndarray,
         zp: np.ndarray | int,
         shape: tuple[int, ...],
-        uniform: np.ndarray | None = None,
+        uniform: np.ndarray | None,
     ) -> np.ndarray:
         p = self.problem
         return reference.dequantize(src, scale, zp, p.code_kind, p.float_kind, shape[-1], p.precision, p.nibble_order)
-
-
-def row_kernel_unit(
-    kernel: str,
-    float_to_code: bool,
-    float_kind: ElementKind,
-    code_kind: ElementKind,
-    high_first: bool,
-    stochastic: bool = False,
-) -> list[str]:
-    """Every vector-width instantiation of one (float, code, nibble order[, stochastic]) combination.
-
-    Vector widths: the largest is 8 elements (4 for F64), halved while it does not divide the
-    row; packed codes need at least 2; (2, scalar-io) serves odd rows and misaligned pointers.
-    ``stochastic`` (quantize direction only) selects the Philox-rounding instantiations.
-    """
-    vec_max = 4 if float_kind is ElementKind.F64 else 8
-    packed = ELEMENTS[code_kind].is_packed
-    shapes = [(v, True) for v in (8, 4, 2, 1) if v <= vec_max and (v >= 2 or not packed)]
-    if packed:
-        shapes.append((2, False))
-    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
-    in_tag, out_tag = (f_tag, c_tag) if float_to_code else (c_tag, f_tag)
-    extra = (stochastic,) if float_to_code else ()
-    return [
-        template_name(kernel, in_tag, out_tag, vec, vector_io, high_first and packed, *extra)
-        for vec, vector_io in shapes
-    ]
-
-
-def backward_widths(float_kind: ElementKind) -> list[int]:
-    """Vector widths of the gradient row kernels: 8, 4, 2, 1 (F64 from 4); width 1 serves misaligned operands."""
-    vec_max = 4 if float_kind is ElementKind.F64 else 8
-    return [v for v in (8, 4, 2, 1) if v <= vec_max]
-
-
-def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> list[str]:
-    """``quantize_backward_rows`` (QuantizeBackwardPlan) of one (float, code) pair at every vector width."""
-    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
-    return [template_name("quantize_backward_rows", f_tag, c_tag, v) for v in backward_widths(float_kind)]
-
-
-def dequantize_backward_names(float_kind: ElementKind) -> list[str]:
-    """``dequantize_backward_rows`` (DequantizeBackwardPlan) of one float kind at every vector width."""
-    tag = ELEMENTS[float_kind].cpp_tag
-    return [template_name("dequantize_backward_rows", tag, v) for v in backward_widths(float_kind)]
-
-
-def quantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, stochastic: bool) -> list[str]:
-    """The compile unit of one (float, code, nibble order, rounding): ``quantize_rows`` at every
-    width and, with round-to-nearest-even, ``quantize_backward_rows`` of the same pair, so a
-    forward plan and its backward plan load one module."""
-    names = row_kernel_unit("quantize_rows", True, float_kind, code_kind, high_first, stochastic)
-    return names if stochastic else names + quantize_backward_names(float_kind, code_kind)
-
-
-def dequantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> list[str]:
-    """The compile unit of one (code, float, nibble order): ``dequantize_rows`` and
-    ``dequantize_backward_rows`` of the float kind (shared by DequantizePlan and DequantizeBackwardPlan)."""
-    return row_kernel_unit("dequantize_rows", False, float_kind, code_kind, high_first) + dequantize_backward_names(
-        float_kind
-    )
-
-
-def _orders(code_kind: ElementKind) -> tuple[bool, ...]:
-    return (False, True) if ELEMENTS[code_kind].is_packed else (False,)
-
-
-@register_family("quantize")
-def quantize_units() -> list[list[str]]:
-    """Compile units of ``kernels/quantize.cu`` (QuantizePlan, QuantizeBackwardPlan): one per
-    (float, code, nibble order, rounding)."""
-    return [
-        quantize_unit(float_kind, code_kind, high_first, stochastic)
-        for float_kind in FLOAT_KINDS
-        for code_kind in CODE_KINDS
-        for high_first in _orders(code_kind)
-        for stochastic in (False, True)
-    ]
-
-
-@register_family("dequantize")
-def dequantize_units() -> list[list[str]]:
-    """Compile units of ``kernels/dequantize.cu`` (DequantizePlan, DequantizeBackwardPlan): one per
-    (float, code, nibble order)."""
-    return [
-        dequantize_unit(float_kind, code_kind, high_first)
-        for float_kind in FLOAT_KINDS
-        for code_kind in CODE_KINDS
-        for high_first in _orders(code_kind)
-    ]
 
 
 __all__ = [

@@ -21,176 +21,38 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import OperandChecks, choose_backend
 from ._device import device_info, stream_device_id
-from ._launch import stream_handle
-from ._operands import Operand, is_scalar, overlaps
+from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
+from ._launch import launch_on
+from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._qgz_launch import (
+    QgzChecks,
     QgzKernels,
     QgzLaunches,
     QgzOutputArgs,
     SwizzleMapArgs,
-    error_tag,
+    beta_pair,
+    check_code_kind,
+    check_error_kind,
+    check_float_kind,
+    dynamic_code_range,
     prepare_qgz_launches,
     qgz_geometry,
     set_output_args,
 )
-from .compiler import compile_options, load_kernels, register_family, template_name
-from .dynamic_range import SegmentLayoutArgs
+from ._segments import SegmentLayoutArgs, range_divisor_of
+from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS
-from .errors import InvalidProblem, Unsupported
-from .types import (
-    HOST_ARCH,
-    BackendKind,
-    ElementKind,
-    KernelSku,
-    MathPrecision,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    PrecisionGuarantee,
-    QuantizeKind,
-    QuantMode,
-)
-from .workspace import Workspace, check_workspace
+from .errors import InvalidProblem
+from .types import HOST_ARCH, BackendKind, ElementKind, NibbleOrder, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from .workspace import Workspace
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-#: Float kinds the qgZ plans read and the error buffers they keep.
-QGZ_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
-#: Code kinds the qgZ plans write (integer codes; 4-bit packed two per byte).
-QGZ_CODE_KINDS = (ElementKind.S8, ElementKind.U8, ElementKind.S4, ElementKind.U4)
-
-
-# ---- validation shared by the qgZ plans (also used by DequantReducePlan and quantplan.compat) ----
-
-
-def check_positive(name: str, value: int) -> None:
-    """InvalidProblem unless ``value`` is an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidProblem(f"{name}={value!r} must be an integer >= 1")
-
-
-def check_float_kind(kind: ElementKind, name: str) -> None:
-    """F16 / BF16 / F32 pass; F64 is Unsupported (no qgZ kernel for it); anything else InvalidProblem."""
-    if kind in QGZ_FLOAT_KINDS:
-        return
-    if kind is ElementKind.F64:
-        raise Unsupported(f"{name}=F64 is not served by the qgZ plans; use F32, BF16 or F16")
-    raise InvalidProblem(f"{name} must be one of F16, BF16, F32, got {kind.name}")
-
-
-def check_code_kind(kind: ElementKind, name: str) -> None:
-    """S8 / U8 / S4 / U4 pass; FP8 is Unsupported here; anything else InvalidProblem."""
-    if kind in QGZ_CODE_KINDS:
-        return
-    if ELEMENTS[kind].is_fp8:
-        raise Unsupported(f"{name}={kind.name}: the qgZ plans write integer codes only (S8, U8, S4, U4)")
-    raise InvalidProblem(f"{name} must be one of S8, U8, S4, U4, got {kind.name}")
-
-
-def dynamic_code_range(mode: QuantMode, code: ElementKind, q_min: int | None, q_max: int | None) -> tuple[int, int]:
-    """The code range of dynamic-range quantization to ``code``: the kind's default range,
-    optionally narrowed; SYMMETRIC needs ``q_max > 0``, ASYMMETRIC ``q_min < q_max`` (InvalidProblem)."""
-    full = ELEMENTS[code].code_range
-    assert full is not None
-    lo = full[0] if q_min is None else q_min
-    hi = full[1] if q_max is None else q_max
-    if not (full[0] <= lo <= full[1] and full[0] <= hi <= full[1]):
-        raise InvalidProblem(f"q_min={lo}, q_max={hi} fall outside the {code.name} range {full}; narrow within it")
-    if mode is QuantMode.SYMMETRIC and hi <= 0:
-        raise InvalidProblem(f"SYMMETRIC dynamic range needs q_max > 0 (scale = amax / q_max), got q_max={hi}")
-    if mode is QuantMode.ASYMMETRIC and lo >= hi:
-        raise InvalidProblem(f"ASYMMETRIC dynamic range needs q_min < q_max, got q_min={lo}, q_max={hi}")
-    if lo > hi:
-        raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
-    return lo, hi
-
-
-def check_error_kind(kind: ElementKind | None) -> None:
-    """The LoCo error buffer element: None (no error feedback) or F16 / BF16 / F32."""
-    if kind is not None and kind not in QGZ_FLOAT_KINDS:
-        raise InvalidProblem(f"error_element must be None or one of F16, BF16, F32, got {kind.name}")
-
-
-def check_beta(value: Any) -> float:
-    """LoCo's ``error_beta``: a real number in [0, 1] (InvalidProblem otherwise)."""
-    if not is_scalar(value) or isinstance(value, (bool, np.bool_)):
-        raise InvalidProblem(f"error_beta={value!r} must be a Python or NumPy real number in [0, 1]")
-    beta = float(value)
-    if not (math.isfinite(beta) and 0.0 <= beta <= 1.0):
-        raise InvalidProblem(f"error_beta={value!r} must lie in [0, 1] (e <- beta * e + (1 - beta) * residual)")
-    return beta
-
-
-class QgzOperands(OperandChecks):
-    """Operand checks of the qgZ plans (residence, shape, dtype, contiguity, alignment)."""
-
-    def __init__(self, backend: BackendKind, device_id: int | None) -> None:
-        self.backend = backend
-        self.device_id = device_id
-        self._param_shape = ()
-        self._tensor_scope = False
-
-    def tensor(self, value: Any, name: str, shape: tuple[int, ...], kind: ElementKind) -> Operand:
-        """``value`` as an operand of ``shape`` and ``kind`` (I32: int32 zero points), or InvalidProblem."""
-        if value is None:
-            raise InvalidProblem(f"{name} is required: an array of shape {shape} ({kind.name})")
-        return self._tensor(value, name, shape, ELEMENTS[kind])
-
-    def loco(
-        self, error: Any, beta: Any, shape: tuple[int, ...], kind: ElementKind | None
-    ) -> tuple[Operand | None, float]:
-        """The error buffer and beta of LoCo error feedback, or (None, 0.0) when the plan has none."""
-        if kind is None:
-            if error is not None or beta is not None:
-                raise InvalidProblem(
-                    "error_feedback / error_beta given, but the descriptor has no error_element; "
-                    "set error_element (F16, BF16 or F32) for LoCo error feedback"
-                )
-            return None, 0.0
-        if beta is None:
-            raise InvalidProblem("error_beta is required with error feedback (a real number in [0, 1])")
-        return self.tensor(error, "error_feedback", shape, kind), check_beta(beta)
-
-
-def host_view(op: Operand, kind: ElementKind) -> np.ndarray:
-    """The NumPy array behind a host operand, viewed in the storage dtype of ``kind``."""
-    return np.asarray(op.obj).view(ELEMENTS[kind].numpy_dtype)
-
-
-def write_back(op: Operand, kind: ElementKind, value: np.ndarray) -> None:
-    """Copy ``value`` (storage dtype of ``kind``) into the host operand ``op``, shape for shape."""
-    out = host_view(op, kind)
-    np.copyto(out, np.asarray(value).reshape(out.shape).view(out.dtype), casting="no")
-
-
-def qgz_precision_guarantee() -> PrecisionGuarantee:
-    """float32 arithmetic and accumulation, fixed order: deterministic and bit-stable."""
-    return PrecisionGuarantee(math_precision=MathPrecision.F32, accumulator=ElementKind.F32)
-
-
-def range_divisor_of(mode: QuantMode, q_min: int, q_max: int) -> float:
-    """The divisor of the dynamic scale of integer codes: ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
-    return float(q_max if mode is QuantMode.SYMMETRIC else q_max - q_min)
-
-
-def check_disjoint(*named: tuple[str, Operand | None]) -> None:
-    """InvalidProblem when two of the device operands share a byte (the kernels read and write them all)."""
-    present = [(n, op) for n, op in named if op is not None]
-    for i, (name_a, a) in enumerate(present):
-        for name_b, b in present[i + 1 :]:
-            if overlaps(a, b):
-                raise InvalidProblem(f"{name_a} overlaps {name_b}; pass disjoint tensors")
-
-
 _FAMILY = "swizzled_quantize"
-#: Vector widths of the fused pass (elements of the input float); 4-bit codes need at least 2.
-_SEGMENT_WIDTHS = (8, 4, 2, 1)
-
 _SWIZZLE_PARAMS = type(
     "SwizzledQuantizeParams",
     (ctypes.Structure,),
@@ -204,34 +66,7 @@ _SWIZZLE_PARAMS = type(
         ]
     },
 )
-
-
-def swizzled_quantize_unit(
-    input_kind: ElementKind, error_kind: ElementKind | None, code_kind: ElementKind, high_first: bool
-) -> list[str]:
-    """The kernels of one (input, error buffer, code, nibble order): the fused pass at every
-    vector width (aligned vector I/O) and its element-I/O twin, then the two-pass kernels."""
-    tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), ELEMENTS[code_kind].cpp_tag)
-    packed = ELEMENTS[code_kind].is_packed
-    widths = [v for v in _SEGMENT_WIDTHS if v >= 2 or not packed]
-    return [
-        *(template_name("swizzled_quantize_segments", *tags, v, True, high_first) for v in widths),
-        template_name("swizzled_quantize_segments", *tags, 2 if packed else 1, False, high_first),
-        template_name("swizzled_quantize_group_params", tags[0], tags[1]),
-        template_name("swizzled_quantize_elements", *tags, high_first),
-    ]
-
-
-@register_family(_FAMILY)
-def swizzled_quantize_units() -> list[list[str]]:
-    """Compile units of ``kernels/swizzled_quantize.cu``: one per (input, error buffer, code, nibble order)."""
-    units = []
-    for input_kind in QGZ_FLOAT_KINDS:
-        for error_kind in (None, *QGZ_FLOAT_KINDS):
-            for code_kind in QGZ_CODE_KINDS:
-                for high_first in (False, True) if ELEMENTS[code_kind].is_packed else (False,):
-                    units.append(swizzled_quantize_unit(input_kind, error_kind, code_kind, high_first))
-    return units
+_F32, _I32 = ELEMENTS[ElementKind.F32], ELEMENTS[ElementKind.I32]
 
 
 def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
@@ -260,7 +95,7 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     return prepare_qgz_launches(
         kernels,
-        qgz_geometry(desc.groups, desc.group_size, code.is_packed, _SEGMENT_WIDTHS[0], info),
+        qgz_geometry(desc.groups, desc.group_size, code.is_packed, QGZ_WIDTHS[0], info),
         desc.groups,
         desc.group_size,
         desc.numel // (2 if code.is_packed else 1),
@@ -366,7 +201,20 @@ class SwizzledQuantizeArgs:
     error_beta: Any = None
 
 
-class SwizzledQuantizePlan:
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one run: input, codes, parameters, LoCo buffer and ``(b, 1 - b)``."""
+
+    x: Operand
+    y: Operand
+    scale: Operand
+    zp: Operand | None
+    err: Operand | None
+    beta: float
+    one_minus_beta: float
+
+
+class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
     """Group quantization of a flat tensor, written in the swizzled order of a hierarchical all-to-all.
 
     Formulas (SPEC section 4, float32; rne = round half to even), per group of ``E =
@@ -413,24 +261,34 @@ class SwizzledQuantizePlan:
     :func:`quantplan.reference.swizzled_quantize`; deterministic.
     """
 
+    _category = OpCategory.QUANTIZE
+    _op = QuantizeKind.DYNAMIC_RANGE
+
     def __init__(
         self,
         desc: SwizzledQuantizeDescriptor,
         q_min: int,
         q_max: int,
-        backend: BackendKind,
         device_id: int | None = None,
-        arch_name: str = HOST_ARCH.name,
         launches: QgzLaunches | None = None,
     ) -> None:
+        cuda = launches is not None
+        super().__init__(
+            desc,
+            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
+            device_id,
+            device_info(device_id).arch.name if device_id is not None else HOST_ARCH.name,
+            REFERENCE_VARIANT if launches is None else launches.describe,
+            desc.input_element,
+            desc.output_element,
+            prepared=() if launches is None else launches.launches,
+            empty=desc.numel == 0,
+        )
         self.descriptor = desc
         self.q_min = q_min
         self.q_max = q_max
-        self.backend = backend
-        self.device_id = device_id
-        self._arch_name = arch_name
         self._launches = launches
-        self._operands = QgzOperands(backend, device_id)
+        self._input_info, self._output_info = ELEMENTS[desc.input_element], ELEMENTS[desc.output_element]
 
     @classmethod
     def select(
@@ -463,90 +321,60 @@ class SwizzledQuantizePlan:
                 f"elements; each of the {desc.slices} slices holds {desc.slice_elements} (pad to "
                 f"{desc.numel + unit} elements, or use an even group_size)"
             )
-        backend = choose_backend(pref or PlanPreference())
-        if backend is BackendKind.REFERENCE:
-            return cls(desc, q_min, q_max, backend)
+        if choose_backend(pref) is BackendKind.REFERENCE:
+            return cls(desc, q_min, q_max)
         device_id = stream_device_id(stream)
-        launches = prepare_swizzled_quantize(desc, q_min, q_max, device_id)
-        return cls(desc, q_min, q_max, backend, device_id, device_info(device_id).arch.name, launches)
-
-    # ---- introspection --------------------------------------------------------------------
-
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: 0."""
-        return 0
-
-    def precision_guarantee(self) -> PrecisionGuarantee:
-        """float32 arithmetic, exact range reductions, bit-exact to the reference, deterministic."""
-        return qgz_precision_guarantee()
-
-    def sku(self) -> KernelSku:
-        """Identity of the selected kernels (variant: ``numpy``, the fused pass's geometry, or ``two-pass``)."""
-        d = self.descriptor
-        return KernelSku(
-            category=OpCategory.QUANTIZE,
-            op=QuantizeKind.DYNAMIC_RANGE,
-            element=d.input_element,
-            aux_element=d.output_element,
-            variant="numpy" if self._launches is None else self._launches.describe,
-            arch=self._arch_name,
-            backend=self.backend,
-            precision_guarantee=self.precision_guarantee(),
-        )
+        return cls(desc, q_min, q_max, device_id, prepare_swizzled_quantize(desc, q_min, q_max, device_id))
 
     # ---- arguments ------------------------------------------------------------------------
 
-    def _check(
-        self, args: SwizzledQuantizeArgs
-    ) -> tuple[Operand, Operand, Operand, Operand | None, Operand | None, float]:
+    def _check(self, args: SwizzledQuantizeArgs) -> _Checked:
         d = self.descriptor
-        ops = self._operands
-        x = ops.tensor(args.input, "input", d.shape, d.input_element)
-        y = ops.tensor(args.output, "output", d.output_shape, d.output_element)
-        scale = ops.tensor(args.scale_out, "scale_out", d.param_shape, ElementKind.F32)
+        x = self._required(args.input, "input", d.shape, self._input_info)
+        y = self._required(args.output, "output", d.output_shape, self._output_info)
+        scale = self._required(args.scale_out, "scale_out", d.param_shape, _F32)
         zp: Operand | None = None
         if d.mode is QuantMode.ASYMMETRIC:
-            zp = ops.tensor(args.zero_point_out, "zero_point_out", d.param_shape, ElementKind.I32)
+            zp = self._required(args.zero_point_out, "zero_point_out", d.param_shape, _I32)
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
-        err, beta = ops.loco(args.error_feedback, args.error_beta, d.shape, d.error_element)
+        err, beta = self._loco(args.error_feedback, args.error_beta, d.shape, d.error_element)
         check_disjoint(
             ("input", x), ("output", y), ("scale_out", scale), ("zero_point_out", zp), ("error_feedback", err)
         )
-        return x, y, scale, zp, err, beta
+        return _Checked(x, y, scale, zp, err, *beta_pair(beta))
 
-    def can_implement(self, args: SwizzledQuantizeArgs) -> bool:
-        """Check ``args`` (shapes, dtypes, residence, contiguity, LoCo buffer and beta); True or raises."""
-        self._check(args)
-        return True
+    def _extract(self, args: SwizzledQuantizeArgs) -> _Checked:
+        beta = 0.0 if args.error_beta is None else float(args.error_beta)
+        return _Checked(
+            operand(args.input, "input"),
+            operand(args.output, "output"),
+            operand(args.scale_out, "scale_out"),
+            view(args.zero_point_out, "zero_point_out"),
+            view(args.error_feedback, "error_feedback"),
+            *beta_pair(beta),
+        )
 
     # ---- execution ------------------------------------------------------------------------
 
-    def run(self, stream: Any, workspace: Workspace | None, args: SwizzledQuantizeArgs) -> None:
-        """Quantize, swizzle and (LoCo) update the error buffer. Every check happens before any
-        output is written; a zero-size problem returns without writing."""
-        check_workspace(workspace, 0)
-        x, y, scale, zp, err, beta = self._check(args)
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+        assert self._launches is not None and self.device_id is not None
+        pointers = (a.x.ptr, a.y.ptr) if a.err is None else (a.x.ptr, a.y.ptr, a.err.ptr)
+        launches = self._launches.chosen(pointers)
+        for launch in launches:
+            params = launch.params
+            params.x = a.x.ptr
+            set_output_args(params.out, a.y, a.scale, a.zp, a.err, a.beta, a.one_minus_beta)
+        launch_on(self.device_id, handle, *launches)
+
+    def _run_reference(self, a: _Checked) -> None:
         d = self.descriptor
         if d.numel == 0:
             return
-        if self._launches is not None:
-            assert self.device_id is not None
-            b = np.float32(beta)
-            c = np.float32(1) - b
-
-            def fields(params: Any) -> None:
-                params.x = x.ptr
-                set_output_args(params.out, y, scale, zp, err)
-                params.out.beta = float(b)
-                params.out.one_minus_beta = float(c)
-
-            pointers = (x.ptr, y.ptr) + (() if err is None else (err.ptr,))
-            self._launches.run(self.device_id, stream_handle(stream), pointers, fields)
-            return
-        error = None if err is None or d.error_element is None else host_view(err, d.error_element)
+        error_info = None if d.error_element is None else ELEMENTS[d.error_element]
+        error = None if a.err is None or error_info is None else host_view(a.err, error_info)
         q, s, z, new_err = reference.swizzled_quantize(
-            host_view(x, d.input_element),
+            host_view(a.x, self._input_info),
             d.group_size,
             d.nodes,
             d.devices_per_node,
@@ -557,15 +385,14 @@ class SwizzledQuantizePlan:
             self.q_max,
             d.nibble_order,
             error,
-            beta,
+            a.beta if a.err is not None else 0.0,
         )
-        write_back(y, d.output_element, q)
-        write_back(scale, ElementKind.F32, s)
-        if zp is not None and z is not None:
-            write_back(zp, ElementKind.I32, z)
-        if err is not None and new_err is not None:
-            assert d.error_element is not None
-            write_back(err, d.error_element, new_err)
+        write_back(a.y, self._output_info, q)
+        write_back(a.scale, _F32, s)
+        if a.zp is not None and z is not None:
+            write_back(a.zp, _I32, z)
+        if a.err is not None and new_err is not None and error_info is not None:
+            write_back(a.err, error_info, new_err)
 
 
 __all__ = ["SwizzledQuantizeArgs", "SwizzledQuantizeDescriptor", "SwizzledQuantizePlan"]

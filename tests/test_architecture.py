@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "_plan": MACHINERY,
     "_affine": MACHINERY,
     "_qgz_launch": MACHINERY,
+    "_fake_rows": MACHINERY,
     "_families": MACHINERY,
     "_precompile": MACHINERY,
     "compiler": MACHINERY,

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from quantplan import compiler
+from quantplan import _families, compiler
+from quantplan._precompile import precompile
 from quantplan.types import ArchSku
 
 
@@ -28,7 +29,7 @@ def _nvrtc_or_skip() -> None:
 def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
-    names = compiler.all_instantiations(family)
+    names = _families.all_instantiations(family)
     assert len(names) == len(set(names)) >= {"dynamic_range": 16, "fake_quantize": 40}.get(family, 100)
     module = compiler.compile_instantiations(family, names, arch, use_cache=False)
     assert set(module.lowered_names) == set(names)
@@ -44,10 +45,10 @@ def test_every_qgz_unit_compiles(family: str, arch: ArchSku, tmp_path, monkeypat
     of ~900 kernels would take one core a long time)."""
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
-    units = compiler.compile_units(family)
-    names = compiler.all_instantiations(family)
+    units = _families.compile_units(family)
+    names = _families.all_instantiations(family)
     assert len(names) >= 250 and {n for u in units for n in u} == set(names)
-    assert compiler.precompile(arch, [family]) == len(units)
+    assert precompile(arch, [family]) == len(units)
     cubins = list(tmp_path.rglob("*.cubin"))
     assert len(cubins) >= len(units), f"{len(cubins)} cubins for {len(units)} units"
     print(f"{family} {arch.nvrtc_arch}: {len(names)} instantiations in {len(units)} units compiled")
@@ -72,11 +73,11 @@ def test_kernel_source_inlines_headers_once() -> None:
 def test_compile_units_cover_the_dtype_table() -> None:
     from quantplan.elements import CODE_KINDS, FLOAT_KINDS
 
-    units = compiler.compile_units("quantize")
+    units = _families.compile_units("quantize")
     # packed kinds: two nibble orders; every combination with and without stochastic rounding
     assert len(units) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2) * 2
-    assert len(compiler.compile_units("dequantize")) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)
+    assert len(_families.compile_units("dequantize")) == len(FLOAT_KINDS) * (len(CODE_KINDS) + 2)
     # range passes per float kind; the fused pass per (float, code, nibble order, rounding)
-    assert len(compiler.compile_units("dynamic_range")) == len(FLOAT_KINDS) * (1 + (len(CODE_KINDS) + 2) * 2)
+    assert len(_families.compile_units("dynamic_range")) == len(FLOAT_KINDS) * (1 + (len(CODE_KINDS) + 2) * 2)
     # two units per float kind: the elementwise and learnable kernels; the dynamic-range fused pass
-    assert len(compiler.compile_units("fake_quantize")) == 2 * len(FLOAT_KINDS)
+    assert len(_families.compile_units("fake_quantize")) == 2 * len(FLOAT_KINDS)

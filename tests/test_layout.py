@@ -75,7 +75,7 @@ def test_fused_segment_geometry() -> None:
     from dataclasses import replace
 
     from quantplan._affine import resolve_affine_problem
-    from quantplan.dynamic_range import segment_geometry
+    from quantplan._segments import segment_geometry
     from quantplan.types import ElementKind as EK
 
     def geometry(shape, scope, code=EK.S8, float_kind=EK.BF16, vec_max=8):  # noqa: ANN001, ANN202
@@ -104,7 +104,7 @@ def test_fused_segment_geometry() -> None:
 
 
 def test_flat_fake_quantize_geometry_fills_the_gpu() -> None:
-    from quantplan.fake_quantize import flat_geometry
+    from quantplan._fake_rows import flat_geometry
 
     assert flat_geometry(8192 * 8192 // 8, 132) == (256, 4)  # large: 256 threads x 4 vectors
     for n_vectors in (1, 3, 1000, 16384, 70000, 10**6):

@@ -117,7 +117,7 @@ def test_reference_plan_runs_in_place_and_matches_the_function(rng, rounding) ->
     plan.run(None, None, qp.DynamicRangeFakeQuantizeArgs(buf, buf, s, z, **kw))
     uniform = None
     if kw:
-        from quantplan._affine import reference_uniform
+        from quantplan._operands import reference_uniform
 
         uniform = reference_uniform(shape, 9, 2)
     y, s_ref, z_ref = reference.dynamic_fake_quantize(x, scope, ASYM, 0, 31, F32, uniform)

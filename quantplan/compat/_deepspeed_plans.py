@@ -19,56 +19,56 @@ the reference backend. Tests: ``tests/test_compat_deepspeed.py`` (formulas, layo
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .._affine import choose_backend, reference_uniform
 from .._device import device_info, stream_device_id
-from .._launch import stream_handle
-from .._operands import Operand, same_or_disjoint
+from .._families import (
+    QGZ_WIDTHS,
+    deepspeed_code_kind,
+    deepspeed_dequantize_unit,
+    deepspeed_quantize_unit,
+    deepspeed_reduce_unit,
+    error_tag,
+    moq_fake_quantize_unit,
+)
+from .._launch import launch_on, params_struct
+from .._operands import (
+    Operand,
+    check_disjoint,
+    check_positive,
+    host_view,
+    operand,
+    reference_uniform,
+    same_or_disjoint,
+    view,
+    write_back,
+)
+from .._plan import Plan, choose_backend
 from .._qgz_launch import (
     PeerSumArgs,
+    QgzChecks,
     QgzKernels,
     QgzLaunches,
     SwizzleMapArgs,
-    error_tag,
+    beta_pair,
+    check_error_kind,
+    check_float_kind,
     log2_or_minus_one,
     prepare_float_values,
     prepare_qgz_launches,
     qgz_geometry,
     widest_dividing,
 )
-from ..compiler import compile_options, load_kernels, register_family, template_name
-from ..dynamic_range import SegmentLayoutArgs
+from .._segments import SegmentLayoutArgs
+from ..compiler import compile_options, load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
-from ..swizzled_quantize import (
-    QGZ_FLOAT_KINDS,
-    QgzOperands,
-    check_disjoint,
-    check_error_kind,
-    check_float_kind,
-    check_positive,
-    host_view,
-    qgz_precision_guarantee,
-    write_back,
-)
-from ..types import (
-    HOST_ARCH,
-    BackendKind,
-    ElementKind,
-    KernelSku,
-    OpCategory,
-    PlanPreference,
-    PrecisionGuarantee,
-    QuantizeKind,
-    QuantMode,
-)
-from ..workspace import Workspace, check_workspace
+from ..types import HOST_ARCH, BackendKind, ElementKind, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from ..workspace import Workspace
 from . import _deepspeed_reference as dsref
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -82,10 +82,9 @@ _DS_CODES = ElementInfo(
     is_integer_code=True,
     code_range=(-128, 127),
 )
+_F32 = ELEMENTS[ElementKind.F32]
 _VARIANT = "numpy-deepspeed-format"
 _FAMILY = "deepspeed_format"
-#: Vector widths of the fused pass and of dequantization (elements); 4-bit codes need at least 2.
-_WIDTHS = (8, 4, 2, 1)
 #: Bytes of the two-pass workspace per group: (multiplier | scale | step, offset | min), float32.
 WORKSPACE_BYTES_PER_GROUP = 8
 
@@ -107,93 +106,23 @@ class DeepSpeedOutputArgs(ctypes.Structure):
     ]
 
 
-def _params_type(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Structure]:
-    return type(name, (ctypes.Structure,), {"_fields_": fields})
-
-
-_QUANTIZE_PARAMS = _params_type(
+_QUANTIZE_PARAMS = params_struct(
     "DeepSpeedQuantizeParams",
     [("x", ctypes.c_uint64), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs), ("map", SwizzleMapArgs)],
 )
-_REDUCE_PARAMS = _params_type(
+_REDUCE_PARAMS = params_struct(
     "DeepSpeedReduceParams", [("input", PeerSumArgs), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)]
 )
-_DEQUANTIZE_PARAMS = _params_type(
+_DEQUANTIZE_PARAMS = params_struct(
     "DeepSpeedDequantizeParams", [("input", PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
 )
-_MOQ_PARAMS = _params_type(
+_MOQ_PARAMS = params_struct(
     "MoQFakeQuantizeParams", [("x", ctypes.c_uint64), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)]
 )
 
 
-def _code_kind(bits: int) -> ElementKind:
-    return ElementKind.S4 if bits == 4 else ElementKind.S8
-
-
-def _segment_names(kernel: str, tags: tuple[Any, ...], packed: bool) -> list[str]:
-    """The fused pass at every vector width (aligned I/O) and its element-I/O twin."""
-    widths = [v for v in _WIDTHS if v >= 2 or not packed]
-    return [
-        *(template_name(kernel, *tags, v, True) for v in widths),
-        template_name(kernel, *tags, 2 if packed else 1, False),
-    ]
-
-
-def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | None, bits: int) -> list[str]:
-    """The kernels of one (input, error buffer, bits): fused pass, then the two-pass kernels."""
-    code = ELEMENTS[_code_kind(bits)]
-    tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), code.cpp_tag)
-    return [
-        *_segment_names("deepspeed_quantize_segments", tags, code.is_packed),
-        template_name("deepspeed_quantize_group_params", tags[0], tags[1]),
-        template_name("deepspeed_quantize_elements", *tags),
-    ]
-
-
-def deepspeed_reduce_unit(bits: int, error_kind: ElementKind | None) -> list[str]:
-    """The kernels of one (bits, error buffer) of the quantized reduction."""
-    code = ELEMENTS[_code_kind(bits)]
-    tags = (code.cpp_tag, error_tag(error_kind))
-    return [
-        *_segment_names("deepspeed_reduce_segments", tags, code.is_packed),
-        template_name("deepspeed_reduce_group_params", *tags),
-        template_name("deepspeed_reduce_elements", *tags),
-    ]
-
-
-def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> list[str]:
-    """The dequantization kernels of one (bits, output float): widths 8, 4, 2 and the element-I/O one."""
-    tags = (ELEMENTS[_code_kind(bits)].cpp_tag, ELEMENTS[output_kind].cpp_tag)
-    return [
-        *(template_name("deepspeed_dequantize", *tags, v, True) for v in _WIDTHS[:-1]),
-        template_name("deepspeed_dequantize", *tags, 1, False),
-    ]
-
-
-def moq_fake_quantize_unit(kind: ElementKind, stochastic: bool) -> list[str]:
-    """The MoQ kernels of one (float, rounding)."""
-    tag = ELEMENTS[kind].cpp_tag
-    return [
-        *_segment_names("moq_fake_quantize_segments", (tag, stochastic), False),
-        template_name("moq_fake_quantize_group_params", tag),
-        template_name("moq_fake_quantize_elements", tag, stochastic),
-    ]
-
-
-@register_family(_FAMILY)
-def deepspeed_format_units() -> list[list[str]]:
-    """Compile units of ``kernels/deepspeed_format.cu``."""
-    errors = (None, *QGZ_FLOAT_KINDS)
-    return [
-        *(deepspeed_quantize_unit(k, e, b) for k in QGZ_FLOAT_KINDS for e in errors for b in (8, 4)),
-        *(deepspeed_reduce_unit(b, e) for b in (8, 4) for e in errors),
-        *(deepspeed_dequantize_unit(b, k) for b in (8, 4) for k in QGZ_FLOAT_KINDS),
-        *(moq_fake_quantize_unit(k, s) for k in QGZ_FLOAT_KINDS for s in (False, True)),
-    ]
-
-
 def _backend(stream: Any, pref: PlanPreference | None) -> tuple[BackendKind, int | None]:
-    backend = choose_backend(pref or PlanPreference())
+    backend = choose_backend(pref)
     return backend, (None if backend is BackendKind.REFERENCE else stream_device_id(stream))
 
 
@@ -217,94 +146,99 @@ def _storage_bytes(elements: int, bits: int) -> int:
     return elements * bits // 8
 
 
-class _DeepSpeedPlan:
-    """What the DeepSpeed-format plans share: backend, launches, operand checks, workspace,
-    guarantee, sku."""
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Operands of one DeepSpeed-format run: ``x`` the data read (floats or codes), ``params``
+    its parameter rows (dequantize / reduce), ``y`` the output, ``params_out`` its parameter rows,
+    the LoCo buffer and ``(b, 1 - b)``, and the Philox seed / offset (MoQ)."""
 
-    _category: ClassVar[OpCategory]
-    _op: ClassVar[QuantizeKind] = QuantizeKind.DYNAMIC_RANGE
+    x: Operand
+    params: Operand | None
+    y: Operand
+    params_out: Operand | None
+    err: Operand | None = None
+    beta: float = 0.0
+    one_minus_beta: float = 1.0
+    seed: Operand | int | None = None
+    offset: Operand | int | None = None
+
+
+class _DeepSpeedPlan(QgzChecks, Plan[Any, _Checked]):
+    """What the DeepSpeed-format plans share: identity, flat code operands, the per-call writes of
+    the qgZ launches (:meth:`_fields`) and the two-pass workspace (``out.work``)."""
+
+    _op = QuantizeKind.DYNAMIC_RANGE
+    #: The launches' argument block has a ``DeepSpeedOutputArgs`` field ``out``.
+    _has_out: ClassVar[bool] = True
 
     def __init__(
         self,
+        desc: Any,
         backend: BackendKind,
         element: ElementKind,
         aux_element: ElementKind,
+        numel: int,
         device_id: int | None = None,
         launches: QgzLaunches | None = None,
         groups: int = 0,
     ) -> None:
-        self.backend = backend
-        self.device_id = device_id
-        self._operands = QgzOperands(backend, device_id)
-        self._element = element
-        self._aux_element = aux_element
-        self._launches = launches
-        self._arch_name = HOST_ARCH.name if device_id is None else device_info(device_id).arch.name
         two_pass = launches is not None and launches.fused is None and bool(launches.two_pass)
-        self._workspace_bytes = groups * WORKSPACE_BYTES_PER_GROUP if two_pass else 0
-
-    def workspace_size(self) -> int:
-        """Bytes of workspace ``run`` needs: 8 per group on the CUDA two-pass path, else 0."""
-        return self._workspace_bytes
-
-    def precision_guarantee(self) -> PrecisionGuarantee:
-        """float32 arithmetic, fixed order, bit-exact to the DeepSpeed-format reference, deterministic."""
-        return qgz_precision_guarantee()
-
-    def sku(self) -> KernelSku:
-        """Identity of the selected implementation (``numpy-deepspeed-format``, or the kernels' variant)."""
-        variant = _VARIANT if self._launches is None else f"deepspeed-format:{self._launches.describe}"
-        return KernelSku(
-            category=self._category,
-            op=self._op,
-            element=self._element,
-            aux_element=self._aux_element,
-            variant=variant,
-            arch=self._arch_name,
-            backend=self.backend,
-            precision_guarantee=self.precision_guarantee(),
+        super().__init__(
+            desc,
+            backend,
+            device_id,
+            HOST_ARCH.name if device_id is None else device_info(device_id).arch.name,
+            _VARIANT if launches is None else f"deepspeed-format:{launches.describe}",
+            element,
+            aux_element,
+            workspace_bytes=groups * WORKSPACE_BYTES_PER_GROUP if two_pass else 0,
+            prepared=() if launches is None else launches.launches,
+            empty=numel == 0 or launches is None,
         )
+        self.descriptor = desc
+        self._launches = launches
+        self._numel = numel
 
     def _codes(self, value: Any, name: str, nbytes: int) -> Operand:
         """A flat code operand of ``nbytes`` bytes: int8 (DeepSpeed's dtype) or uint8."""
         if value is None:
             raise InvalidProblem(f"{name} is required: a flat int8 array of {nbytes} bytes")
-        return self._operands._tensor(value, name, (nbytes,), _DS_CODES)
+        return self._tensor(value, name, (nbytes,), _DS_CODES)
 
-    def _check(self, args: Any) -> Any:
+    def _pointers(self, a: _Checked) -> tuple[int, ...]:
+        """The pointers the fused pass moves in vectors, in the order of its alignments."""
+        return (a.x.ptr, a.y.ptr) if a.err is None else (a.x.ptr, a.y.ptr, a.err.ptr)
+
+    def _fields(self, params: Any, a: _Checked) -> None:
+        """Write the per-call fields of one launch's argument block."""
         raise NotImplementedError
 
-    def can_implement(self, args: Any) -> bool:
-        """Check ``args`` against the plan (shapes, dtypes, residence, contiguity); True or raises."""
-        self._check(args)
-        return True
-
-    def _launch(
-        self, stream: Any, workspace: Workspace | None, pointers: tuple[int, ...], fields: Callable[[Any], None]
-    ) -> None:
-        """Enqueue the CUDA launches: ``fields(params)`` writes the per-call pointers; the
-        workspace (two-pass) goes into ``out.work``."""
+    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
         assert self._launches is not None and self.device_id is not None
+        launches = self._launches.chosen(self._pointers(a))
         work = 0 if workspace is None or not self._workspace_bytes else workspace.ptr
-
-        def all_fields(params: Any) -> None:
-            fields(params)
-            if hasattr(params, "out"):
+        for launch in launches:
+            params = launch.params
+            self._fields(params, a)
+            if self._has_out:
                 params.out.work = work
+        launch_on(self.device_id, handle, *launches)
 
-        self._launches.run(self.device_id, stream_handle(stream), pointers, all_fields)
+    def _run_reference(self, a: _Checked) -> None:
+        if self._numel:
+            self._reference(a)
+
+    def _reference(self, a: _Checked) -> None:
+        raise NotImplementedError
 
 
-def _output_args(
-    out: Any, q: Operand, params: Operand | None, bits: int, mode: QuantMode, err: Operand | None, beta: float
-) -> None:
+def _output_args(out: Any, a: _Checked, bits: int, mode: QuantMode) -> None:
     """The per-call fields of ``DeepSpeedOutputArgs`` (``work``: see ``_DeepSpeedPlan._launch``)."""
-    b = np.float32(beta)
-    out.q = q.ptr
-    out.params = 0 if params is None else params.ptr
-    out.error = 0 if err is None else err.ptr
-    out.beta = float(b)
-    out.one_minus_beta = float(np.float32(1) - b)
+    out.q = a.y.ptr
+    out.params = 0 if a.params_out is None else a.params_out.ptr
+    out.error = 0 if a.err is None else a.err.ptr
+    out.beta = a.beta
+    out.one_minus_beta = a.one_minus_beta
     out.bits = bits
     out.asym = int(mode is QuantMode.ASYMMETRIC)
 
@@ -315,23 +249,22 @@ def _bytes(op: Operand) -> np.ndarray:
 
 def _error_view(err: Operand | None, kind: ElementKind | None) -> np.ndarray | None:
     """The host LoCo buffer in its storage dtype, or None without error feedback."""
-    return None if err is None or kind is None else host_view(err, kind)
+    return None if err is None or kind is None else host_view(err, ELEMENTS[kind])
 
 
-def _write_reference_outputs(
-    y: Operand,
-    codes: np.ndarray,
-    p_out: Operand,
-    params: np.ndarray,
-    err: Operand | None,
-    new_err: np.ndarray | None,
-    error_kind: ElementKind | None,
-) -> None:
+def _write_reference_outputs(a: _Checked, codes: np.ndarray, params: np.ndarray, new_err: np.ndarray | None,
+                             error_kind: ElementKind | None) -> None:  # fmt: skip
     """Copy a reference result (codes, parameter rows, the LoCo buffer) into the host operands."""
-    np.copyto(_bytes(y), codes, casting="no")
-    write_back(p_out, ElementKind.F32, params)
-    if err is not None and new_err is not None and error_kind is not None:
-        write_back(err, error_kind, new_err)
+    np.copyto(_bytes(a.y), codes, casting="no")
+    assert a.params_out is not None
+    write_back(a.params_out, _F32, params)
+    if a.err is not None and new_err is not None and error_kind is not None:
+        write_back(a.err, ELEMENTS[error_kind], new_err)
+
+
+def _extract_loco(args: Any) -> tuple[Operand | None, float, float]:
+    beta = 0.0 if args.error_beta is None else float(args.error_beta)
+    return (view(args.error_feedback, "error_feedback"), *beta_pair(beta))
 
 
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
@@ -383,7 +316,7 @@ class DeepSpeedQuantizeArgs:
 def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
     info = device_info(device_id)
-    code = ELEMENTS[_code_kind(desc.num_bits)]
+    code = ELEMENTS[deepspeed_code_kind(desc.num_bits)]
     unit = deepspeed_quantize_unit(desc.input_element, desc.error_element, desc.num_bits)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
     tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
@@ -402,7 +335,7 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
     q_min, q_max = dsref.code_bounds(desc.num_bits)
     return prepare_qgz_launches(
         kernels,
-        qgz_geometry(desc.groups, group_size, code.is_packed, _WIDTHS[0], info),
+        qgz_geometry(desc.groups, group_size, code.is_packed, QGZ_WIDTHS[0], info),
         desc.groups,
         group_size,
         desc.numel // (2 if code.is_packed else 1),
@@ -445,21 +378,12 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
 
     _category = OpCategory.QUANTIZE
 
-    def __init__(
-        self,
-        desc: DeepSpeedQuantizeDescriptor,
-        backend: BackendKind,
-        device_id: int | None = None,
-        launches: QgzLaunches | None = None,
-    ) -> None:
-        super().__init__(backend, desc.input_element, _code_kind(desc.num_bits), device_id, launches, desc.groups)
-        self.descriptor = desc
-
     @classmethod
     def select(
         cls, stream: Any, desc: DeepSpeedQuantizeDescriptor, pref: PlanPreference | None = None
     ) -> DeepSpeedQuantizePlan:
-        """Validate ``desc`` (InvalidProblem / Unsupported) and pick the backend (REFERENCE in this release)."""
+        """Validate ``desc`` (InvalidProblem / Unsupported), pick the backend, compile and prepare the
+        kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, (4, 8))
         check_float_kind(desc.input_element, "input_element")
@@ -478,47 +402,41 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
                 f"elements, got {desc.numel // slices}"
             )
         backend, device_id = _backend(stream, pref)
-        if device_id is None or desc.numel == 0:
-            return cls(desc, backend, device_id)
-        return cls(desc, backend, device_id, _prepare_quantize(desc, device_id))
+        launches = None if device_id is None or desc.numel == 0 else _prepare_quantize(desc, device_id)
+        code = deepspeed_code_kind(desc.num_bits)
+        return cls(desc, backend, desc.input_element, code, desc.numel, device_id, launches, desc.groups)
 
-    def _check(self, args: DeepSpeedQuantizeArgs) -> tuple[Operand, Operand, Operand, Operand | None, float]:
+    def _check(self, args: DeepSpeedQuantizeArgs) -> _Checked:
         d = self.descriptor
-        ops = self._operands
-        x = ops.tensor(args.input, "input", (d.numel,), d.input_element)
+        x = self._required(args.input, "input", (d.numel,), ELEMENTS[d.input_element])
         y = self._codes(args.output, "output", d.output_bytes)
-        p = ops.tensor(args.params_out, "params_out", d.param_shape, ElementKind.F32)
-        err, beta = ops.loco(args.error_feedback, args.error_beta, (d.numel,), d.error_element)
+        p = self._required(args.params_out, "params_out", d.param_shape, _F32)
+        err, beta = self._loco(args.error_feedback, args.error_beta, (d.numel,), d.error_element)
         check_disjoint(("input", x), ("output", y), ("params_out", p), ("error_feedback", err))
-        return x, y, p, err, beta
+        return _Checked(x, None, y, p, err, *beta_pair(beta))
 
-    def run(self, stream: Any, workspace: Workspace | None, args: DeepSpeedQuantizeArgs) -> None:
-        """Quantize (swizzled) and update the LoCo buffer; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, self.workspace_size())
-        x, y, p, err, beta = self._check(args)
+    def _extract(self, args: DeepSpeedQuantizeArgs) -> _Checked:
+        x, y, p = operand(args.input, "input"), operand(args.output, "output"), operand(args.params_out, "params_out")
+        return _Checked(x, None, y, p, *_extract_loco(args))
+
+    def _fields(self, params: Any, a: _Checked) -> None:
+        params.x = a.x.ptr
+        _output_args(params.out, a, self.descriptor.num_bits, self.descriptor.mode)
+
+    def _reference(self, a: _Checked) -> None:
         d = self.descriptor
-        if d.numel == 0:
-            return
-        if self._launches is not None:
-
-            def fields(params: Any) -> None:
-                params.x = x.ptr
-                _output_args(params.out, y, p, d.num_bits, d.mode, err, beta)
-
-            self._launch(stream, workspace, (x.ptr, y.ptr) + (() if err is None else (err.ptr,)), fields)
-            return
         q, params, new_err = dsref.swizzled_quantize(
-            host_view(x, d.input_element),
+            host_view(a.x, ELEMENTS[d.input_element]),
             d.groups,
             d.num_bits,
             d.mode,
             d.nodes,
             d.devices_per_node,
             d.pipeline,
-            _error_view(err, d.error_element),
-            beta,
+            _error_view(a.err, d.error_element),
+            a.beta,
         )
-        _write_reference_outputs(y, q, p, params, err, new_err, d.error_element)
+        _write_reference_outputs(a, q, params, new_err, d.error_element)
 
 
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
@@ -572,7 +490,7 @@ def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> 
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``: one peer's
     float values (``kernels/deepspeed_format.cu``: ``deepspeed_dequantize``)."""
     info = device_info(device_id)
-    code_kind = _code_kind(desc.num_bits)
+    code_kind = deepspeed_code_kind(desc.num_bits)
     unit = deepspeed_dequantize_unit(desc.num_bits, desc.output_element)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
     tags = (ELEMENTS[code_kind].cpp_tag, ELEMENTS[desc.output_element].cpp_tag)
@@ -582,7 +500,7 @@ def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> 
         _DEQUANTIZE_PARAMS,
         _peer_input(1, desc.input_bytes, desc.groups, group_size),
         desc.numel,
-        widest_dividing(group_size, _WIDTHS[0]),
+        widest_dividing(group_size, QGZ_WIDTHS[0]),
         code_kind,
         desc.output_element,
         info,
@@ -610,60 +528,52 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
 
     _category = OpCategory.DEQUANTIZE
     _op = QuantizeKind.STATIC
-
-    def __init__(
-        self,
-        desc: DeepSpeedDequantizeDescriptor,
-        backend: BackendKind,
-        device_id: int | None = None,
-        launches: QgzLaunches | None = None,
-    ) -> None:
-        super().__init__(backend, _code_kind(desc.num_bits), desc.output_element, device_id, launches)
-        self.descriptor = desc
+    _has_out = False
 
     @classmethod
     def select(
         cls, stream: Any, desc: DeepSpeedDequantizeDescriptor, pref: PlanPreference | None = None
     ) -> DeepSpeedDequantizePlan:
-        """Validate ``desc`` and pick the backend (REFERENCE in this release)."""
+        """Validate ``desc``, pick the backend, compile and prepare the kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, (4, 8))
         check_float_kind(desc.output_element, "output_element")
         if desc.num_bits == 4 and desc.numel % 2:
             raise InvalidProblem(f"4-bit codes pack two per byte: numel must be even, got {desc.numel}")
         backend, device_id = _backend(stream, pref)
-        if device_id is None or desc.numel == 0:
-            return cls(desc, backend, device_id)
-        return cls(desc, backend, device_id, _prepare_dequantize(desc, device_id))
+        launches = None if device_id is None or desc.numel == 0 else _prepare_dequantize(desc, device_id)
+        code = deepspeed_code_kind(desc.num_bits)
+        return cls(desc, backend, code, desc.output_element, desc.numel, device_id, launches)
 
-    def _check(self, args: DeepSpeedDequantizeArgs) -> tuple[Operand, Operand, Operand]:
+    def _check(self, args: DeepSpeedDequantizeArgs) -> _Checked:
         d = self.descriptor
         q = self._codes(args.input, "input", d.input_bytes)
-        p = self._operands.tensor(args.params, "params", d.param_shape, ElementKind.F32)
-        y = self._operands.tensor(args.output, "output", (d.numel,), d.output_element)
+        p = self._required(args.params, "params", d.param_shape, _F32)
+        y = self._required(args.output, "output", (d.numel,), ELEMENTS[d.output_element])
         check_disjoint(("input", q), ("params", p), ("output", y))
-        return q, p, y
+        return _Checked(q, p, y, None)
 
-    def run(self, stream: Any, workspace: Workspace | None, args: DeepSpeedDequantizeArgs) -> None:
-        """Dequantize; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, 0)
-        q, p, y = self._check(args)
+    def _extract(self, args: DeepSpeedDequantizeArgs) -> _Checked:
+        q, p, y = operand(args.input, "input"), operand(args.params, "params"), operand(args.output, "output")
+        return _Checked(q, p, y, None)
+
+    def _pointers(self, a: _Checked) -> tuple[int, ...]:
+        return (a.x.ptr, a.x.ptr, a.y.ptr)
+
+    def _fields(self, params: Any, a: _Checked) -> None:
+        assert a.params is not None
+        params.input.q = a.x.ptr
+        params.input.scale = a.params.ptr
+        # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
+        params.input.zp = a.params.ptr if self.descriptor.mode is QuantMode.ASYMMETRIC else 0
+        params.y = a.y.ptr
+
+    def _reference(self, a: _Checked) -> None:
         d = self.descriptor
-        if d.numel == 0:
-            return
-        if self._launches is not None:
-            asym = d.mode is QuantMode.ASYMMETRIC
-
-            def fields(params: Any) -> None:
-                params.input.q = q.ptr
-                params.input.scale = p.ptr
-                params.input.zp = p.ptr if asym else 0  # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-                params.y = y.ptr
-
-            self._launch(stream, workspace, (q.ptr, q.ptr, y.ptr), fields)
-            return
-        values = dsref.dequantize(_bytes(q), host_view(p, ElementKind.F32), d.numel, d.groups, d.num_bits, d.mode)
-        write_back(y, d.output_element, values.astype(ELEMENTS[d.output_element].numpy_dtype))
+        assert a.params is not None
+        values = dsref.dequantize(_bytes(a.x), host_view(a.params, _F32), d.numel, d.groups, d.num_bits, d.mode)
+        out = ELEMENTS[d.output_element]
+        write_back(a.y, out, values.astype(out.numpy_dtype))
 
 
 # ---- quantized_reduction / loco_quantized_reduction ----------------------------------------------
@@ -727,7 +637,7 @@ class DeepSpeedReduceArgs:
 def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
     info = device_info(device_id)
-    code = ELEMENTS[_code_kind(desc.num_bits)]
+    code = ELEMENTS[deepspeed_code_kind(desc.num_bits)]
     unit = deepspeed_reduce_unit(desc.num_bits, desc.error_element)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
     tags = (code.cpp_tag, error_tag(desc.error_element))
@@ -746,7 +656,7 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     # A vector of codes never crosses an input group: its width divides the input group size.
-    vec_in = widest_dividing(in_group, _WIDTHS[0])
+    vec_in = widest_dividing(in_group, QGZ_WIDTHS[0])
     out_group = chunk // desc.out_groups
     geometry = (
         None
@@ -797,22 +707,11 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
 
     _category = OpCategory.COLLECTIVE
 
-    def __init__(
-        self,
-        desc: DeepSpeedReduceDescriptor,
-        backend: BackendKind,
-        device_id: int | None = None,
-        launches: QgzLaunches | None = None,
-    ) -> None:
-        code = _code_kind(desc.num_bits)
-        super().__init__(backend, code, code, device_id, launches, desc.out_groups)
-        self.descriptor = desc
-
     @classmethod
     def select(
         cls, stream: Any, desc: DeepSpeedReduceDescriptor, pref: PlanPreference | None = None
     ) -> DeepSpeedReducePlan:
-        """Validate ``desc`` and pick the backend (REFERENCE in this release)."""
+        """Validate ``desc``, pick the backend, compile and prepare the kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.in_groups)
         _check_bits(desc.num_bits, (4, 8))
         check_positive("devices_per_node", desc.devices_per_node)
@@ -830,54 +729,54 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         if desc.num_bits == 4 and desc.chunk_elements % 2:
             raise InvalidProblem(f"4-bit codes pack two per byte: chunks must be even, got {desc.chunk_elements}")
         backend, device_id = _backend(stream, pref)
-        if device_id is None or desc.numel == 0:
-            return cls(desc, backend, device_id)
-        return cls(desc, backend, device_id, _prepare_reduce(desc, device_id))
+        launches = None if device_id is None or desc.numel == 0 else _prepare_reduce(desc, device_id)
+        code = deepspeed_code_kind(desc.num_bits)
+        return cls(desc, backend, code, code, desc.numel, device_id, launches, desc.out_groups)
 
-    def _check(self, args: DeepSpeedReduceArgs) -> tuple[Operand, Operand, Operand, Operand, Operand | None, float]:
+    def _check(self, args: DeepSpeedReduceArgs) -> _Checked:
         d = self.descriptor
-        ops = self._operands
         q = self._codes(args.input, "input", d.input_bytes)
-        p = ops.tensor(args.params, "params", d.input_param_shape, ElementKind.F32)
+        p = self._required(args.params, "params", d.input_param_shape, _F32)
         y = self._codes(args.output, "output", d.output_bytes)
-        p_out = ops.tensor(args.params_out, "params_out", d.param_shape, ElementKind.F32)
-        err, beta = ops.loco(args.error_feedback, args.error_beta, (d.chunk_elements,), d.error_element)
+        p_out = self._required(args.params_out, "params_out", d.param_shape, _F32)
+        err, beta = self._loco(args.error_feedback, args.error_beta, (d.chunk_elements,), d.error_element)
         check_disjoint(("input", q), ("params", p), ("output", y), ("params_out", p_out), ("error_feedback", err))
-        return q, p, y, p_out, err, beta
+        return _Checked(q, p, y, p_out, err, *beta_pair(beta))
 
-    def run(self, stream: Any, workspace: Workspace | None, args: DeepSpeedReduceArgs) -> None:
-        """Reduce and re-quantize; LoCo update; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, self.workspace_size())
-        q, p, y, p_out, err, beta = self._check(args)
+    def _extract(self, args: DeepSpeedReduceArgs) -> _Checked:
+        q, p, y = operand(args.input, "input"), operand(args.params, "params"), operand(args.output, "output")
+        return _Checked(q, p, y, operand(args.params_out, "params_out"), *_extract_loco(args))
+
+    def _pointers(self, a: _Checked) -> tuple[int, ...]:
+        peer_bytes = _storage_bytes(self.descriptor.chunk_elements, self.descriptor.num_bits)
+        pointers = (a.x.ptr, a.x.ptr + peer_bytes, a.y.ptr)
+        return pointers if a.err is None else (*pointers, a.err.ptr)
+
+    def _fields(self, params: Any, a: _Checked) -> None:
         d = self.descriptor
-        if d.numel == 0:
-            return
-        if self._launches is not None:
-            asym = d.mode is QuantMode.ASYMMETRIC
+        assert a.params is not None
+        params.input.q = a.x.ptr
+        params.input.scale = a.params.ptr
+        # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
+        params.input.zp = a.params.ptr if d.mode is QuantMode.ASYMMETRIC else 0
+        _output_args(params.out, a, d.num_bits, d.mode)
 
-            def fields(params: Any) -> None:
-                params.input.q = q.ptr
-                params.input.scale = p.ptr
-                params.input.zp = p.ptr if asym else 0  # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-                _output_args(params.out, y, p_out, d.num_bits, d.mode, err, beta)
-
-            peer_bytes = _storage_bytes(d.chunk_elements, d.num_bits)
-            pointers = (q.ptr, q.ptr + peer_bytes, y.ptr) + (() if err is None else (err.ptr,))
-            self._launch(stream, workspace, pointers, fields)
-            return
+    def _reference(self, a: _Checked) -> None:
+        d = self.descriptor
+        assert a.params is not None
         codes, params, new_err = dsref.quantized_reduction(
-            _bytes(q),
-            host_view(p, ElementKind.F32),
+            _bytes(a.x),
+            host_view(a.params, _F32),
             d.numel,
             d.in_groups,
             d.out_groups,
             d.num_bits,
             d.mode,
             d.devices_per_node,
-            _error_view(err, d.error_element),
-            beta,
+            _error_view(a.err, d.error_element),
+            a.beta,
         )
-        _write_reference_outputs(y, codes, p_out, params, err, new_err, d.error_element)
+        _write_reference_outputs(a, codes, params, new_err, d.error_element)
 
 
 # ---- MoQ fake quantization -----------------------------------------------------------------------
@@ -926,7 +825,7 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
     bits = [ELEMENTS[desc.element].storage_bits] * 2
     return prepare_qgz_launches(
         kernels,
-        qgz_geometry(desc.groups, group_size, False, _WIDTHS[0], info),
+        qgz_geometry(desc.groups, group_size, False, QGZ_WIDTHS[0], info),
         desc.groups,
         group_size,
         desc.numel,
@@ -967,66 +866,49 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
 
     _category = OpCategory.FAKE_QUANTIZE
 
-    def __init__(
-        self,
-        desc: MoQFakeQuantizeDescriptor,
-        backend: BackendKind,
-        device_id: int | None = None,
-        launches: QgzLaunches | None = None,
-    ) -> None:
-        super().__init__(backend, desc.element, desc.element, device_id, launches, desc.groups)
-        self.descriptor = desc
-
     @classmethod
     def select(
         cls, stream: Any, desc: MoQFakeQuantizeDescriptor, pref: PlanPreference | None = None
     ) -> MoQFakeQuantizePlan:
-        """Validate ``desc`` and pick the backend (REFERENCE in this release)."""
+        """Validate ``desc``, pick the backend, compile and prepare the kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, tuple(range(1, 9)))
         check_float_kind(desc.element, "element")
         backend, device_id = _backend(stream, pref)
-        if device_id is None or desc.numel == 0:
-            return cls(desc, backend, device_id)
-        return cls(desc, backend, device_id, _prepare_moq(desc, device_id))
+        launches = None if device_id is None or desc.numel == 0 else _prepare_moq(desc, device_id)
+        return cls(desc, backend, desc.element, desc.element, desc.numel, device_id, launches, desc.groups)
 
-    def _check(self, args: MoQFakeQuantizeArgs) -> tuple[Operand, Operand, Any, Any]:
+    def _check(self, args: MoQFakeQuantizeArgs) -> _Checked:
         d = self.descriptor
-        ops = self._operands
-        x = ops.tensor(args.input, "input", (d.numel,), d.element)
-        y = ops.tensor(args.output, "output", (d.numel,), d.element)
+        info = ELEMENTS[d.element]
+        x = self._required(args.input, "input", (d.numel,), info)
+        y = self._required(args.output, "output", (d.numel,), info)
         seed: Any = None
         offset: Any = None
         if d.stochastic:
-            seed = ops._rng_value(args.rng_seed, "rng_seed")
-            offset = ops._rng_value(args.rng_offset, "rng_offset")
+            seed, offset = self._rng(True, args.rng_seed, args.rng_offset)
             if self._launches is not None and not (isinstance(seed, int) and isinstance(offset, int)):
                 raise InvalidProblem("on the CUDA backend rng_seed / rng_offset are Python integers in [0, 2**64)")
         elif args.rng_seed is not None or args.rng_offset is not None:
             raise InvalidProblem("rng_seed / rng_offset apply only to stochastic plans; leave them None")
         same_or_disjoint(y, "output", x, "input")
-        return x, y, seed, offset
+        return _Checked(x, None, y, None, seed=seed, offset=offset)
 
-    def run(self, stream: Any, workspace: Workspace | None, args: MoQFakeQuantizeArgs) -> None:
-        """Fake-quantize; all checks before any write; zero size: no-op."""
-        check_workspace(workspace, self.workspace_size())
-        x, y, seed, offset = self._check(args)
+    def _extract(self, args: MoQFakeQuantizeArgs) -> _Checked:
+        x, y = operand(args.input, "input"), operand(args.output, "output")
+        return _Checked(x, None, y, None, seed=args.rng_seed, offset=args.rng_offset)
+
+    def _fields(self, params: Any, a: _Checked) -> None:
+        params.x = a.x.ptr
+        _output_args(params.out, a, self.descriptor.num_bits, self.descriptor.mode)
+        params.out.seed = a.seed or 0
+        params.out.offset = a.offset or 0
+
+    def _reference(self, a: _Checked) -> None:
         d = self.descriptor
-        if d.numel == 0:
-            return
-        if self._launches is not None:
-
-            def fields(params: Any) -> None:
-                params.x = x.ptr
-                _output_args(params.out, y, None, d.num_bits, d.mode, None, 0.0)
-                params.out.seed = seed or 0
-                params.out.offset = offset or 0
-
-            self._launch(stream, workspace, (x.ptr, y.ptr), fields)
-            return
-        uniform = reference_uniform((d.numel,), seed, offset) if d.stochastic else None
-        values = dsref.moq_fake_quantize(host_view(x, d.element), d.groups, d.num_bits, d.mode, uniform)
-        write_back(y, d.element, values)
+        uniform = reference_uniform((d.numel,), a.seed, a.offset) if d.stochastic else None
+        info = ELEMENTS[d.element]
+        write_back(a.y, info, dsref.moq_fake_quantize(host_view(a.x, info), d.groups, d.num_bits, d.mode, uniform))
 
 
 __all__ = [

@@ -1,0 +1,373 @@
+"""The kernel families: which template instantiations each ``kernels/<family>.cu`` is compiled for.
+
+A *compile unit* is a list of C++ name expressions NVRTC compiles together (one program, one
+loaded module); a plan's ``select`` loads the unit holding its kernels, so plans of other shapes
+with the same element kinds reuse the module. :data:`FAMILIES` is the declarative table
+``family -> units``, built from the dtype table in :mod:`quantplan.elements`; the CPU compile
+test and ``python -m quantplan precompile`` read it, plans read the unit functions.
+
+Vector widths: the element-wise kernels are instantiated at every width of
+:attr:`ElementInfo.widths <quantplan.elements.ElementInfo.widths>` (8, 4, 2, 1; F64 from 4),
+packed 4-bit codes at 2 or more, plus an element-I/O twin for misaligned operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .compiler import template_name
+from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, acc_cpp
+from .types import ElementKind, Rounding
+
+#: Float kinds the qgZ plans read and the error buffers they keep.
+QGZ_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+#: Code kinds the qgZ plans write (integer codes; 4-bit packed two per byte).
+QGZ_CODE_KINDS = (ElementKind.S8, ElementKind.U8, ElementKind.S4, ElementKind.U4)
+#: Vector widths of the qgZ fused passes and float passes (elements); 4-bit codes need at least 2.
+QGZ_WIDTHS = (8, 4, 2, 1)
+
+Unit = list[str]
+
+
+def _orders(*kinds: ElementKind) -> tuple[bool, ...]:
+    """Nibble orders to instantiate (high first or not): both when one of ``kinds`` is packed."""
+    return (False, True) if any(ELEMENTS[k].is_packed for k in kinds) else (False,)
+
+
+def _roundings() -> tuple[Rounding, ...]:
+    return (Rounding.NEAREST_EVEN, Rounding.STOCHASTIC)
+
+
+def error_tag(kind: ElementKind | None) -> str:
+    """The qgZ kernels' ``Err`` template argument: the buffer's element tag, or ``qp::no_error``."""
+    return "qp::no_error" if kind is None else ELEMENTS[kind].cpp_tag
+
+
+# ---- quantize.cu / dequantize.cu: static row kernels and their gradients -----------------------
+
+
+def row_kernel_name(
+    kernel: str, float_to_code: bool, float_kind: ElementKind, code_kind: ElementKind, vec: int, vector_io: bool,
+    high_first: bool, rounding: Rounding | None = None,
+) -> str:  # fmt: skip
+    """One instantiation of a static row kernel (``quantize_rows`` signature): ``rounding`` only
+    in the quantize direction."""
+    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
+    in_tag, out_tag = (f_tag, c_tag) if float_to_code else (c_tag, f_tag)
+    extra = () if rounding is None else (rounding is Rounding.STOCHASTIC,)
+    return template_name(kernel, in_tag, out_tag, vec, vector_io, high_first, *extra)
+
+
+def row_kernel_unit(
+    kernel: str,
+    float_to_code: bool,
+    float_kind: ElementKind,
+    code_kind: ElementKind,
+    high_first: bool,
+    rounding: Rounding | None = None,
+) -> Unit:
+    """Every vector-width instantiation of one (float, code, nibble order[, rounding]) combination.
+
+    Vector widths: the largest is 8 elements (4 for F64), halved while it does not divide the
+    row; packed codes need at least 2; (2, scalar-io) serves odd rows and misaligned pointers.
+    ``rounding`` (quantize direction only) selects the nearest-even or Philox instantiations.
+    """
+    packed = ELEMENTS[code_kind].is_packed
+    shapes = [(v, True) for v in ELEMENTS[float_kind].widths if v >= 2 or not packed]
+    if packed:
+        shapes.append((2, False))
+    return [
+        row_kernel_name(kernel, float_to_code, float_kind, code_kind, vec, io, high_first and packed, rounding)
+        for vec, io in shapes
+    ]
+
+
+def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> Unit:
+    """``quantize_backward_rows`` (QuantizeBackwardPlan) of one (float, code) pair at every vector width."""
+    f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
+    return [template_name("quantize_backward_rows", f_tag, c_tag, v) for v in ELEMENTS[float_kind].widths]
+
+
+def dequantize_backward_names(float_kind: ElementKind) -> Unit:
+    """``dequantize_backward_rows`` (DequantizeBackwardPlan) of one float kind at every vector width."""
+    tag = ELEMENTS[float_kind].cpp_tag
+    return [template_name("dequantize_backward_rows", tag, v) for v in ELEMENTS[float_kind].widths]
+
+
+def quantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, rounding: Rounding) -> Unit:
+    """The compile unit of one (float, code, nibble order, rounding): ``quantize_rows`` at every
+    width and, with round-to-nearest-even, ``quantize_backward_rows`` of the same pair, so a
+    forward plan and its backward plan load one module."""
+    names = row_kernel_unit("quantize_rows", True, float_kind, code_kind, high_first, rounding)
+    if rounding is Rounding.STOCHASTIC:
+        return names
+    return names + quantize_backward_names(float_kind, code_kind)
+
+
+def dequantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> Unit:
+    """The compile unit of one (code, float, nibble order): ``dequantize_rows`` and
+    ``dequantize_backward_rows`` of the float kind (shared by DequantizePlan and DequantizeBackwardPlan)."""
+    return row_kernel_unit("dequantize_rows", False, float_kind, code_kind, high_first) + dequantize_backward_names(
+        float_kind
+    )
+
+
+def quantize_units() -> list[Unit]:
+    """``kernels/quantize.cu`` (QuantizePlan, QuantizeBackwardPlan, the dynamic-range multi-pass):
+    one unit per (float, code, nibble order, rounding)."""
+    return [
+        quantize_unit(f, c, high_first, rounding)
+        for f in FLOAT_KINDS
+        for c in CODE_KINDS
+        for high_first in _orders(c)
+        for rounding in _roundings()
+    ]
+
+
+def dequantize_units() -> list[Unit]:
+    """``kernels/dequantize.cu`` (DequantizePlan, DequantizeBackwardPlan): one per (float, code, nibble order)."""
+    return [dequantize_unit(f, c, high_first) for f in FLOAT_KINDS for c in CODE_KINDS for high_first in _orders(c)]
+
+
+# ---- dynamic_range.cu ---------------------------------------------------------------------------
+
+
+def dynamic_range_unit(float_kind: ElementKind) -> Unit:
+    """The range kernels of one input kind: reset, every vector width of the statistics passes
+    (row layout, and whole tensor), parameters."""
+    info = ELEMENTS[float_kind]
+    acc = acc_cpp(info.math_precision)
+    rows = [template_name("range_stats_rows", info.cpp_tag, v, True) for v in info.widths]
+    tensor = [template_name("range_stats_tensor", info.cpp_tag, v) for v in info.widths]
+    return [template_name("range_stats_init", acc), *rows, *tensor, template_name("range_params", acc)]
+
+
+def dynamic_segments_unit(
+    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, rounding: Rounding
+) -> Unit:
+    """The fused single-pass kernels of one (input, code, nibble order, rounding):
+    ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``."""
+    return row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
+
+
+def dynamic_range_units() -> list[Unit]:
+    """``kernels/dynamic_range.cu``: the range passes per input float kind, and the fused pass
+    per (input, code, nibble order, rounding)."""
+    units = [dynamic_range_unit(k) for k in FLOAT_KINDS]
+    units += [
+        dynamic_segments_unit(f, c, high_first, rounding)
+        for f in FLOAT_KINDS
+        for c in CODE_KINDS
+        for high_first in _orders(c)
+        for rounding in _roundings()
+    ]
+    return units
+
+
+# ---- fake_quantize.cu ---------------------------------------------------------------------------
+
+#: The row kernel of each elementwise fake-quantization op (``FakeOp`` of ``kernels/fake_quantize.cu``,
+#: in its order: nearest, straight-through backward, stochastic).
+FAKE_ROW_KERNELS = ("fake_quantize_rows", "fake_quantize_ste_rows", "fake_quantize_stochastic_rows")
+
+
+def fake_quantize_unit(element: ElementKind) -> Unit:
+    """The elementwise and learnable kernels of one data type: the row kernel of every fake op at
+    each vector width, the flat TensorScope kernel of every op (widest vector, and 1), the
+    learnable backward at each width with vector and element I/O, and its finishing sum."""
+    info = ELEMENTS[element]
+    tag, widths = info.cpp_tag, info.widths
+    rows = [template_name(k, tag, v, True) for k in FAKE_ROW_KERNELS for v in widths]
+    flat = [template_name("fake_quantize_flat", tag, v, op) for v in (widths[0], 1) for op in range(3)]
+    lsq = [template_name("fake_quantize_lsq_segments", tag, v, io) for v in widths for io in (True, False)]
+    return [*rows, *flat, *lsq, template_name("fake_quantize_lsq_finish", acc_cpp(info.math_precision))]
+
+
+def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
+    """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
+    (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic."""
+    info = ELEMENTS[element]
+    return [
+        template_name("dynamic_fake_quantize_segments", info.cpp_tag, v, True, stochastic)
+        for v in info.widths
+        for stochastic in (False, True)
+    ]
+
+
+def fake_quantize_units() -> list[Unit]:
+    """``kernels/fake_quantize.cu``: per float data type, the elementwise and learnable kernels,
+    and the dynamic-range fused pass."""
+    return [unit(k) for unit in (fake_quantize_unit, dynamic_fake_quantize_unit) for k in FLOAT_KINDS]
+
+
+# ---- qgZ: swizzled_quantize.cu, dequant_reduce.cu, deepspeed_format.cu ----------------------------
+
+
+def segment_names(kernel: str, tags: tuple[object, ...], packed: bool, order: tuple[bool, ...] = ()) -> Unit:
+    """A qgZ fused pass at every vector width (aligned I/O) and its element-I/O twin;
+    ``order``: trailing template arguments (the nibble order)."""
+    widths = [v for v in QGZ_WIDTHS if v >= 2 or not packed]
+    return [
+        *(template_name(kernel, *tags, v, True, *order) for v in widths),
+        template_name(kernel, *tags, 2 if packed else 1, False, *order),
+    ]
+
+
+def swizzled_quantize_unit(
+    input_kind: ElementKind, error_kind: ElementKind | None, code_kind: ElementKind, high_first: bool
+) -> Unit:
+    """The kernels of one (input, error buffer, code, nibble order): the fused pass at every
+    vector width (aligned vector I/O) and its element-I/O twin, then the two-pass kernels."""
+    tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), ELEMENTS[code_kind].cpp_tag)
+    return [
+        *segment_names("swizzled_quantize_segments", tags, ELEMENTS[code_kind].is_packed, (high_first,)),
+        template_name("swizzled_quantize_group_params", tags[0], tags[1]),
+        template_name("swizzled_quantize_elements", *tags, high_first),
+    ]
+
+
+def swizzled_quantize_units() -> list[Unit]:
+    """``kernels/swizzled_quantize.cu``: one unit per (input, error buffer, code, nibble order)."""
+    return [
+        swizzled_quantize_unit(i, e, c, high_first)
+        for i in QGZ_FLOAT_KINDS
+        for e in (None, *QGZ_FLOAT_KINDS)
+        for c in QGZ_CODE_KINDS
+        for high_first in _orders(c)
+    ]
+
+
+def dequant_reduce_unit(
+    input_kind: ElementKind, error_kind: ElementKind | None, output_kind: ElementKind, high_first: bool
+) -> Unit:
+    """The kernels of one (input code, error buffer, output, nibble order).
+
+    Code outputs: the fused pass at every vector width (aligned vector I/O), its element-I/O
+    twin, and the two-pass kernels. Float outputs: the float pass at every width and its twin.
+    """
+    code, out = ELEMENTS[input_kind], ELEMENTS[output_kind]
+    if out.is_float:
+        widths = [v for v in QGZ_WIDTHS if v >= 2 or not code.is_packed]
+        pair = (code.cpp_tag, out.cpp_tag)
+        return [
+            *(template_name("dequant_reduce_floats", *pair, v, True, high_first) for v in widths),
+            template_name("dequant_reduce_floats", *pair, 1, False, high_first),
+        ]
+    tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
+    return [
+        *segment_names("dequant_reduce_segments", tags, code.is_packed or out.is_packed, (high_first,)),
+        template_name("dequant_reduce_group_params", tags[0], tags[1], high_first),
+        template_name("dequant_reduce_elements", *tags, high_first),
+    ]
+
+
+def dequant_reduce_units() -> list[Unit]:
+    """``kernels/dequant_reduce.cu``: one unit per (input code, error buffer, output, nibble order)."""
+    units = []
+    for i in QGZ_CODE_KINDS:
+        for o in (*QGZ_CODE_KINDS, *QGZ_FLOAT_KINDS):
+            errors = (None,) if ELEMENTS[o].is_float else (None, *QGZ_FLOAT_KINDS)
+            units += [dequant_reduce_unit(i, e, o, high_first) for e in errors for high_first in _orders(i, o)]
+    return units
+
+
+def deepspeed_code_kind(bits: int) -> ElementKind:
+    """DeepSpeed's code kind of ``bits``: signed 4-bit nibbles, else int8."""
+    return ElementKind.S4 if bits == 4 else ElementKind.S8
+
+
+def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | None, bits: int) -> Unit:
+    """The kernels of one (input, error buffer, bits): fused pass, then the two-pass kernels."""
+    code = ELEMENTS[deepspeed_code_kind(bits)]
+    tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), code.cpp_tag)
+    return [
+        *segment_names("deepspeed_quantize_segments", tags, code.is_packed),
+        template_name("deepspeed_quantize_group_params", tags[0], tags[1]),
+        template_name("deepspeed_quantize_elements", *tags),
+    ]
+
+
+def deepspeed_reduce_unit(bits: int, error_kind: ElementKind | None) -> Unit:
+    """The kernels of one (bits, error buffer) of the quantized reduction."""
+    code = ELEMENTS[deepspeed_code_kind(bits)]
+    tags = (code.cpp_tag, error_tag(error_kind))
+    return [
+        *segment_names("deepspeed_reduce_segments", tags, code.is_packed),
+        template_name("deepspeed_reduce_group_params", *tags),
+        template_name("deepspeed_reduce_elements", *tags),
+    ]
+
+
+def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> Unit:
+    """The dequantization kernels of one (bits, output float): widths 8, 4, 2 and the element-I/O one."""
+    tags = (ELEMENTS[deepspeed_code_kind(bits)].cpp_tag, ELEMENTS[output_kind].cpp_tag)
+    return [
+        *(template_name("deepspeed_dequantize", *tags, v, True) for v in QGZ_WIDTHS[:-1]),
+        template_name("deepspeed_dequantize", *tags, 1, False),
+    ]
+
+
+def moq_fake_quantize_unit(kind: ElementKind, stochastic: bool) -> Unit:
+    """The MoQ kernels of one (float, rounding)."""
+    tag = ELEMENTS[kind].cpp_tag
+    return [
+        *segment_names("moq_fake_quantize_segments", (tag, stochastic), False),
+        template_name("moq_fake_quantize_group_params", tag),
+        template_name("moq_fake_quantize_elements", tag, stochastic),
+    ]
+
+
+def deepspeed_format_units() -> list[Unit]:
+    """``kernels/deepspeed_format.cu`` (the DeepSpeed-format plans of :mod:`quantplan.compat`)."""
+    errors = (None, *QGZ_FLOAT_KINDS)
+    return [
+        *(deepspeed_quantize_unit(k, e, b) for k in QGZ_FLOAT_KINDS for e in errors for b in (8, 4)),
+        *(deepspeed_reduce_unit(b, e) for b in (8, 4) for e in errors),
+        *(deepspeed_dequantize_unit(b, k) for b in (8, 4) for k in QGZ_FLOAT_KINDS),
+        *(moq_fake_quantize_unit(k, s) for k in QGZ_FLOAT_KINDS for s in (False, True)),
+    ]
+
+
+#: family (``kernels/<family>.cu``) -> its compile units.
+FAMILIES: dict[str, Callable[[], list[Unit]]] = {
+    "quantize": quantize_units,
+    "dequantize": dequantize_units,
+    "dynamic_range": dynamic_range_units,
+    "fake_quantize": fake_quantize_units,
+    "swizzled_quantize": swizzled_quantize_units,
+    "dequant_reduce": dequant_reduce_units,
+    "deepspeed_format": deepspeed_format_units,
+}
+
+
+def compile_units(family: str) -> list[Unit]:
+    """The groups of name expressions ``family``'s plans compile together (one NVRTC program each)."""
+    return FAMILIES[family]()
+
+
+def all_instantiations(family: str) -> list[str]:
+    """Every name expression ``family`` may ask for, once each (units may share kernels)."""
+    return list(dict.fromkeys(name for unit in compile_units(family) for name in unit))
+
+
+__all__ = [
+    "FAMILIES",
+    "QGZ_CODE_KINDS",
+    "QGZ_FLOAT_KINDS",
+    "QGZ_WIDTHS",
+    "all_instantiations",
+    "compile_units",
+    "deepspeed_code_kind",
+    "dequant_reduce_unit",
+    "dequantize_unit",
+    "dynamic_fake_quantize_unit",
+    "dynamic_range_unit",
+    "dynamic_segments_unit",
+    "error_tag",
+    "fake_quantize_unit",
+    "quantize_unit",
+    "row_kernel_name",
+    "row_kernel_unit",
+    "segment_names",
+    "swizzled_quantize_unit",
+]

@@ -1,0 +1,173 @@
+"""The one plan skeleton: identity, introspection and the ``run`` template every plan shares.
+
+A plan is made once by its ``select`` (validation, backend choice, kernel compilation and launch
+preparation) and run many times. :class:`Plan` holds what every plan has:
+
+* identity: ``problem`` (the validated descriptor), ``backend``, ``device_id``, arch, variant,
+  op category and kind, element and aux element, arithmetic precision;
+* ``sku``, ``precision_guarantee``, ``workspace_size``, ``can_implement`` and ``__repr__``;
+* ``run(stream, workspace, args, *, check=True)``, a template method: workspace check ->
+  ``_check`` (one frozen dataclass of operands per plan) -> ``_run_reference`` on the reference
+  backend, else ``_launch`` (skipped for an empty problem). ``check=False`` replaces the checks
+  by ``_extract``, which only reads the operands.
+
+A subclass writes ``select`` (a classmethod ending in ``cls(...)``), ``_check``,
+``_run_reference`` and ``_launch`` (and ``_extract`` where a lighter unchecked read pays off).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ._device import cuda_available
+from ._launch import PreparedLaunch, stream_handle
+from .elements import param_element
+from .errors import Unsupported
+from .types import (
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PlanPreference,
+    PrecisionGuarantee,
+    QuantizeKind,
+)
+from .workspace import Workspace, check_workspace
+
+ArgsT = TypeVar("ArgsT")
+CheckedT = TypeVar("CheckedT")
+
+#: ``variant`` of every plan on the reference backend.
+REFERENCE_VARIANT = "numpy"
+
+
+def choose_backend(pref: PlanPreference | None) -> BackendKind:
+    """CUDA when a GPU is present (or demanded), else REFERENCE."""
+    wanted = None if pref is None else pref.backend
+    if wanted is BackendKind.REFERENCE:
+        return BackendKind.REFERENCE
+    if cuda_available():
+        return BackendKind.CUDA
+    if wanted is BackendKind.CUDA:
+        raise Unsupported("PlanPreference(backend=CUDA) but no CUDA GPU is visible (CuPy sees no device)")
+    return BackendKind.REFERENCE
+
+
+class Plan(Generic[ArgsT, CheckedT]):
+    """Base of every plan: identity, introspection and the checked / unchecked ``run``.
+
+    Class attributes a subclass sets: ``_category`` (:class:`OpCategory`) and ``_op``
+    (:class:`QuantizeKind`). Everything else is per instance, passed to :meth:`__init__` by the
+    subclass's ``select``.
+    """
+
+    _category: ClassVar[OpCategory]
+    _op: ClassVar[QuantizeKind] = QuantizeKind.STATIC
+
+    def __init__(
+        self,
+        problem: Any,
+        backend: BackendKind,
+        device_id: int | None,
+        arch: str,
+        variant: str,
+        element: ElementKind,
+        aux_element: ElementKind,
+        *,
+        precision: MathPrecision = MathPrecision.F32,
+        workspace_bytes: int = 0,
+        prepared: tuple[PreparedLaunch, ...] = (),
+        empty: bool = False,
+    ) -> None:
+        self.problem = problem
+        self.backend = backend
+        self.device_id = device_id
+        self._arch_name = arch
+        self._variant = variant
+        self._element = element
+        self._aux_element = aux_element
+        self._precision = precision
+        self._workspace_bytes = workspace_bytes
+        #: The kernels this plan launches (empty on REFERENCE): grid, block and function attributes.
+        self._prepared = prepared
+        self._is_reference = backend is BackendKind.REFERENCE
+        #: Nothing to launch: ``run`` returns after the checks (CUDA backend).
+        self._empty = empty
+
+    # ---- introspection ----------------------------------------------------------------------
+
+    def workspace_size(self) -> int:
+        """Bytes of workspace ``run`` needs (0: pass None). See the plan's **Workspace** section."""
+        return self._workspace_bytes
+
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        """Arithmetic type of the plan (float32, float64 for F64 data) and of its reductions;
+        bit-exact to the reference and deterministic (see the plan's **Precision guarantee**)."""
+        return PrecisionGuarantee(math_precision=self._precision, accumulator=param_element(self._precision))
+
+    def sku(self) -> KernelSku:
+        """Identity of the selected kernels: category, op, element, aux element, variant, arch, backend."""
+        return KernelSku(
+            category=self._category,
+            op=self._op,
+            element=self._element,
+            aux_element=self._aux_element,
+            variant=self._variant,
+            arch=self._arch_name,
+            backend=self.backend,
+            precision_guarantee=self.precision_guarantee(),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(op={self._category.value}/{self._op.value}, variant={self._variant!r}, "
+            f"backend={self.backend.value}, arch={self._arch_name})"
+        )
+
+    # ---- arguments --------------------------------------------------------------------------
+
+    def can_implement(self, args: ArgsT) -> bool:
+        """Check ``args`` against the plan (shapes, dtypes, residence, contiguity, alignment,
+        overlap, parameters). Returns True, or raises InvalidProblem / MisalignedOperand naming
+        the offending argument."""
+        self._check(args)
+        return True
+
+    def _check(self, args: ArgsT) -> CheckedT:
+        """Every operand check; the operands the launch needs, as the plan's frozen dataclass."""
+        raise NotImplementedError
+
+    def _extract(self, args: ArgsT) -> CheckedT:
+        """The operands of ``run(..., check=False)``: by default the checked ones."""
+        return self._check(args)
+
+    # ---- execution --------------------------------------------------------------------------
+
+    def run(self, stream: Any, workspace: Workspace | None, args: ArgsT, *, check: bool = True) -> None:
+        """Run on ``stream`` (a CuPy / PyTorch stream, a raw ``cudaStream_t``, or None for CuPy's
+        current stream): no allocation, no synchronisation, no compilation, capturable in a CUDA
+        graph; NumPy on the reference backend. Every check runs before anything is launched or
+        written. ``check=False`` skips the checks (the caller vouches for ``args`` and
+        ``workspace``); a zero-size problem launches nothing."""
+        if check:
+            if self._workspace_bytes:
+                check_workspace(workspace, self._workspace_bytes)
+            checked = self._check(args)
+        else:
+            checked = self._extract(args)
+        if self._is_reference:
+            self._run_reference(checked)
+        elif not self._empty:
+            self._launch(stream_handle(stream), workspace, checked)
+
+    def _run_reference(self, checked: CheckedT) -> None:
+        """The NumPy reference of the op, written into the caller's arrays."""
+        raise NotImplementedError
+
+    def _launch(self, handle: int, workspace: Workspace | None, checked: CheckedT) -> None:
+        """Write the per-call fields of the prepared launches and enqueue them on ``handle``."""
+        raise NotImplementedError
+
+
+__all__ = ["REFERENCE_VARIANT", "Plan", "choose_backend"]

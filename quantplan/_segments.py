@@ -1,0 +1,346 @@
+"""Segment geometry and the range passes: the machinery of every plan that computes per-segment
+parameters from the data (dynamic range, dynamic fake quantization, the qgZ and DeepSpeed-format plans).
+
+* the **fused single pass**: a team of threads holds one contiguous segment in registers, reduces
+  its range and writes its codes; :func:`fused_segment_geometry` picks the vector width and team,
+  :class:`SegmentLayoutArgs` is the kernels' by-value ``SegmentLayout``;
+* the **multi-pass** range: statistics reset, per-segment range (lo, hi, non-finite flag) by
+  order-independent integer atomics (or block-reduced for TensorScope), parameters
+  (:class:`RangePasses`, ``kernels/dynamic_range.cu``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._affine import AffineProblem
+from ._device import device_info
+from ._families import dynamic_range_unit
+from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct, vector_alignment
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
+from .compiler import compile_options, load_kernels, template_name
+from .elements import ELEMENTS, acc_cpp, acc_ctype
+from .types import ElementKind, MathPrecision, QuantMode, TensorScope
+
+#: Largest team of the fused pass (threads holding one segment; __launch_bounds__ of the kernels).
+MAX_TEAM = 1024
+
+
+class SegmentLayoutArgs(ctypes.Structure):
+    """``struct SegmentLayout`` of the segment kernels, field for field (passed by value)."""
+
+    _fields_ = [
+        ("segments", ctypes.c_int64),
+        *((name, ctypes.c_int32) for name in ("S", "seg_log2", "q_min", "q_max", "mode", "pad")),
+    ]
+
+
+def segment_elements_per_thread(float_kind: ElementKind) -> int:
+    """Elements one thread of the fused pass holds in registers (``segment_vectors`` in the kernel)."""
+    return 16 if float_kind is ElementKind.F64 else 32
+
+
+def mode_code(mode: QuantMode, own_range: bool = False) -> int:
+    """``SegmentLayout.mode``: 0 SYMMETRIC (|x|max), 1 ASYMMETRIC with the range widened to hold
+    zero (SPEC section 4), 2 ASYMMETRIC over the segment's own min / max (``own_range``: the
+    DeepSpeed formats)."""
+    return 0 if mode is QuantMode.SYMMETRIC else 2 if own_range else 1
+
+
+@dataclass(frozen=True)
+class SegmentGeometry:
+    """Launch geometry of the fused single pass: ``segments`` contiguous segments of ``length``
+    elements, each held by a team of ``team`` threads (vectors of ``vec`` elements)."""
+
+    segments: int
+    length: int
+    vec: int
+    vector_io: bool
+    team: int
+    block: int
+
+    def args(self, q_min: int, q_max: int, mode: QuantMode, own_range: bool = False) -> SegmentLayoutArgs:
+        """The kernel's by-value ``SegmentLayout`` argument."""
+        return segment_layout(self.segments, self.length, self.team, q_min, q_max, mode, own_range)
+
+    def blocks(self, max_blocks: int) -> int:
+        """Grid size: one block per block-full of teams, at most ``max_blocks`` (grid-stride beyond)."""
+        return max(1, min(max_blocks, -(-self.segments // (self.block // self.team))))
+
+    def describe(self) -> str:
+        """Short variant tag for KernelSku.variant."""
+        per_thread = -(-self.length // (self.team * self.vec))
+        io = "" if self.vector_io else ",scalar-io"
+        return f"fused-single-pass[{self.team}t-per-segment,vec{self.vec}{io},{per_thread}vec-per-thread]"
+
+
+def segment_layout(
+    segments: int, length: int, team: int, q_min: int, q_max: int, mode: QuantMode, own_range: bool = False
+) -> SegmentLayoutArgs:
+    """The kernels' ``SegmentLayout``: ``segments`` segments of ``length``, teams of ``team`` threads."""
+    return SegmentLayoutArgs(segments, length, team.bit_length() - 1, q_min, q_max, mode_code(mode, own_range), 0)
+
+
+def segment_geometry(problem: AffineProblem, busy_threads: int, vec_max: int) -> SegmentGeometry | None:
+    """The fused single pass for ``problem``, or None where it does not apply.
+
+    It applies when segments are contiguous (:func:`~quantplan._layout.contiguous_segment_length`),
+    fit one team's registers (at most ``MAX_TEAM`` threads x 32 elements, 16 for F64) and, for
+    4-bit codes, start on whole bytes (even segments and rows). ``vec_max``: the widest vector
+    (halved while it does not divide a segment); 1 gives the element-I/O geometry (2 with element
+    loads for packed codes). The team is the smallest power of two that holds a segment, widened
+    (while each thread keeps a vector, up to one block of ``BLOCK_THREADS``) until the grid has
+    ``busy_threads`` threads.
+    """
+    shape = problem.shape if problem.shape else (1,)
+    length = contiguous_segment_length(shape, problem.scope)
+    if length is None or length == 0 or problem.numel == 0:
+        return None
+    packed = ELEMENTS[problem.code_kind].is_packed
+    if packed and shape[-1] % 2:
+        return None
+    return fused_segment_geometry(
+        problem.numel // length, length, packed, segment_elements_per_thread(problem.float_kind), vec_max, busy_threads
+    )
+
+
+def fused_segment_geometry(
+    segments: int, length: int, packed: bool, per_thread: int, vec_max: int, busy_threads: int
+) -> SegmentGeometry | None:
+    """The fused single pass over ``segments`` contiguous segments of ``length`` elements, or None
+    where a team cannot hold one (more than ``MAX_TEAM * per_thread`` elements) or 4-bit codes
+    would not start on whole bytes (an odd ``length``). See :func:`segment_geometry` for the
+    choice of vector width and team.
+    """
+    if length == 0 or segments == 0 or (packed and length % 2) or length > MAX_TEAM * per_thread:
+        return None
+    vec = vec_max
+    while length % vec:
+        vec //= 2
+    vector_io = True
+    if packed and vec < 2:
+        vec, vector_io = 2, False
+    team = 1
+    while team * per_thread < length:
+        team *= 2
+    # Widen small problems up to one block: measured faster than larger teams, whose extra
+    # warps each hold one vector and add barrier work (16 x 8192 bf16 on H200: 5.3 vs 5.9 us).
+    while team < BLOCK_THREADS and team * vec < length and segments * team < busy_threads:
+        team *= 2
+    return SegmentGeometry(segments, length, vec, vector_io, team, max(team, BLOCK_THREADS))
+
+
+def fused_geometries(problem: AffineProblem, busy_threads: int) -> tuple[SegmentGeometry, SegmentGeometry] | None:
+    """The fused pass of ``problem`` for aligned operands and its element-I/O twin, or None (multi-pass)."""
+    geometry = segment_geometry(problem, busy_threads, ELEMENTS[problem.float_kind].vec_max)
+    if geometry is None:
+        return None
+    fallback = segment_geometry(problem, busy_threads, 1)
+    assert fallback is not None
+    return geometry, fallback
+
+
+def range_divisor(problem: AffineProblem) -> float:
+    """The divisor of the dynamic scale: ``fp8_max`` (FP8), ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
+    code = ELEMENTS[problem.code_kind]
+    if code.is_fp8:
+        assert code.fp8_max is not None
+        return code.fp8_max
+    return range_divisor_of(problem.mode, problem.q_min, problem.q_max)
+
+
+def range_divisor_of(mode: QuantMode, q_min: int, q_max: int) -> float:
+    """The divisor of the dynamic scale of integer codes: ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
+    return float(q_max if mode is QuantMode.SYMMETRIC else q_max - q_min)
+
+
+#: The fused-pass argument block of ``dynamic_quantize_segments`` / ``dynamic_fake_quantize_segments``
+#: per precision: input, output, parameter outputs, layout, divisor, Philox seed / offset.
+SEGMENT_PARAMS = {
+    precision: params_struct(
+        "SegmentKernelParams",
+        [
+            ("x", ctypes.c_uint64),
+            ("y", ctypes.c_uint64),
+            ("scale_out", ctypes.c_uint64),
+            ("zp_out", ctypes.c_uint64),
+            ("layout", SegmentLayoutArgs),
+            ("divisor", acc_ctype(precision)),
+            ("seed_ptr", ctypes.c_uint64),
+            ("offset_ptr", ctypes.c_uint64),
+            ("seed_value", ctypes.c_uint64),
+            ("offset_value", ctypes.c_uint64),
+        ],
+    )
+    for precision in MathPrecision
+}
+
+
+def prepare_segments(
+    problem: AffineProblem,
+    geometries: tuple[SegmentGeometry, SegmentGeometry],
+    family: str,
+    unit: list[str],
+    name: Callable[[SegmentGeometry], str],
+    out_bits: int,
+    device_id: int,
+) -> LaunchPair:
+    """Compile (first use) ``unit`` of ``family`` and prepare the fused pass of ``problem``
+    (argument block :data:`SEGMENT_PARAMS`) for aligned operands and its element-I/O twin.
+    ``name(geometry)``: the kernel's name expression; ``out_bits``: bits per output element."""
+    info = device_info(device_id)
+    functions = load_kernels(family, unit, info.arch, device_id, compile_options())
+    params_type = SEGMENT_PARAMS[problem.precision]
+    divisor = range_divisor(problem)
+
+    def prepare(g: SegmentGeometry) -> PreparedLaunch:
+        fn = functions[name(g)]
+        layout = g.args(problem.q_min, problem.q_max, problem.mode)
+        return PreparedLaunch(
+            fn, occupancy_grid(fn, g.block, g.blocks(2**62), info), g.block, params_type, layout=layout, divisor=divisor
+        )
+
+    primary, fallback = geometries
+    in_bits = ELEMENTS[problem.float_kind].storage_bits
+    return LaunchPair(
+        prepare(primary),
+        prepare(fallback),
+        vector_alignment(primary.vec, in_bits),
+        vector_alignment(primary.vec, out_bits),
+    )
+
+
+_INIT_PARAMS = params_struct("RangeInitParams", [("stats", ctypes.c_uint64), ("count", ctypes.c_int64)])
+_STATS_PARAMS = params_struct(
+    "RangeStatsParams", [("x", ctypes.c_uint64), ("stats", ctypes.c_uint64), ("layout", RowLayoutArgs)]
+)
+_TENSOR_STATS_PARAMS = params_struct(
+    "TensorStatsParams",
+    [("x", ctypes.c_uint64), ("stats", ctypes.c_uint64), ("n_vectors", ctypes.c_int64), ("mode", ctypes.c_int32)],
+)
+_PARAMS_PARAMS = {
+    precision: params_struct(
+        "RangeParamsParams",
+        [
+            ("stats", ctypes.c_uint64),
+            ("scale_out", ctypes.c_uint64),
+            ("zp_out", ctypes.c_uint64),
+            ("count", ctypes.c_int64),
+            ("mode", ctypes.c_int32),
+            ("q_min", ctypes.c_int32),
+            ("q_max", ctypes.c_int32),
+            ("divisor", acc_ctype(precision)),
+        ],
+    )
+    for precision in MathPrecision
+}
+
+
+class RangePasses:
+    """The multi-pass path's parameter launches: statistics reset, range statistics (row layout by
+    integer atomics, or block-reduced for TensorScope) and parameters, written to ``scale_out`` /
+    ``zp_out`` device arrays. Shared by DynamicRangeQuantizePlan and DynamicRangeFakeQuantizePlan.
+
+    ``stats_bytes``: the workspace the statistics take (three integer keys per segment).
+    """
+
+    __slots__ = ("init", "kind", "params", "stats", "stats_bytes")
+
+    def __init__(
+        self, init: PreparedLaunch, stats: LaunchPair, params: PreparedLaunch, stats_bytes: int, kind: str
+    ) -> None:
+        self.init, self.stats, self.params = init, stats, params
+        self.stats_bytes, self.kind = stats_bytes, kind
+
+    @property
+    def launches(self) -> tuple[PreparedLaunch, ...]:
+        return (self.init, *self.stats.launches, self.params)
+
+    @classmethod
+    def prepare(cls, problem: AffineProblem, device_id: int) -> RangePasses:
+        """Compile (first use) and prepare the range passes of ``problem`` on ``device_id``."""
+        info = device_info(device_id)
+        functions = load_kernels(
+            "dynamic_range", dynamic_range_unit(problem.float_kind), info.arch, device_id, compile_options()
+        )
+        acc = acc_cpp(problem.precision)
+        float_info = ELEMENTS[problem.float_kind]
+        tag = float_info.cpp_tag
+        mode = mode_code(problem.mode)
+
+        def stats_launch(layout: RowLayout) -> PreparedLaunch:
+            fn = functions[template_name("range_stats_rows", tag, layout.vec, True)]
+            grid = occupancy_grid(fn, BLOCK_THREADS, layout.blocks(2**62), info)
+            return PreparedLaunch(
+                fn, grid, BLOCK_THREADS, _STATS_PARAMS, layout=layout.args(problem.q_min, problem.q_max)
+            )
+
+        def tensor_stats_launch(vec: int) -> PreparedLaunch:
+            fn = functions[template_name("range_stats_tensor", tag, vec)]
+            n_vectors = problem.numel // vec
+            grid = occupancy_grid(fn, BLOCK_THREADS, -(-n_vectors // BLOCK_THREADS), info)
+            return PreparedLaunch(fn, grid, BLOCK_THREADS, _TENSOR_STATS_PARAMS, n_vectors=n_vectors, mode=mode)
+
+        count = math.prod(problem.param_shape) if problem.param_shape else 1
+        small_grid = max(1, min(info.sm_count * 8, -(-count // BLOCK_THREADS)))
+        init = PreparedLaunch(
+            functions[template_name("range_stats_init", acc)], small_grid, BLOCK_THREADS, _INIT_PARAMS, count=count
+        )
+        params = PreparedLaunch(
+            functions[template_name("range_params", acc)],
+            small_grid,
+            BLOCK_THREADS,
+            _PARAMS_PARAMS[problem.precision],
+            count=count,
+            mode=mode,
+            q_min=problem.q_min,
+            q_max=problem.q_max,
+            divisor=range_divisor(problem),
+        )
+        in_bytes = float_info.storage_bits // 8
+        key_bytes = 8 if problem.precision is MathPrecision.F64 else 4
+        if isinstance(problem.scope, TensorScope):
+            vec = float_info.vec_max
+            while problem.numel % vec:
+                vec //= 2
+            primary, fallback, kind = tensor_stats_launch(vec), tensor_stats_launch(1), "block-reduced-range"
+        else:
+            layout = row_layout(problem.shape, problem.scope, float_info.vec_max, False, info.busy_threads)
+            vec = layout.vec
+            primary = stats_launch(layout)
+            fallback = stats_launch(row_layout(problem.shape, problem.scope, 1, False, info.busy_threads))
+            kind = "range-atomics"
+        stats = LaunchPair(primary, fallback, min(16, vec * in_bytes))
+        return cls(init, stats, params, 3 * key_bytes * count, kind)
+
+    def launch(self, device_id: int, handle: int, x_ptr: int, stats_ptr: int, scale_ptr: int, zp_ptr: int) -> None:
+        """Enqueue reset, statistics and parameters on raw stream ``handle`` (``zp_ptr`` 0: none)."""
+        stats = self.stats.pick(x_ptr, 0)
+        self.init.params.stats = stats_ptr
+        stats.params.x = x_ptr
+        stats.params.stats = stats_ptr
+        self.params.params.stats = stats_ptr
+        self.params.params.scale_out = scale_ptr
+        self.params.params.zp_out = zp_ptr
+        launch_on(device_id, handle, self.init, stats, self.params)
+
+
+__all__ = [
+    "MAX_TEAM",
+    "SEGMENT_PARAMS",
+    "RangePasses",
+    "SegmentGeometry",
+    "SegmentLayoutArgs",
+    "fused_geometries",
+    "fused_segment_geometry",
+    "mode_code",
+    "prepare_segments",
+    "range_divisor",
+    "range_divisor_of",
+    "segment_elements_per_thread",
+    "segment_geometry",
+    "segment_layout",
+]
