@@ -73,13 +73,13 @@ def _numpy_operand(obj: Any) -> Operand:
 
 def _cupy_operand(obj: Any) -> Operand:
     dtype = obj.dtype
-    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+    name = _DTYPE_NAMES.get(dtype) or dtype_name(dtype)
     return Operand(obj, obj.data.ptr, obj.shape, name, obj.itemsize, obj.flags.c_contiguous, obj.device.id)
 
 
 def _torch_operand(obj: Any) -> Operand:
     dtype = obj.dtype
-    name = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+    name = _DTYPE_NAMES.get(dtype) or dtype_name(dtype)
     device_index = obj.get_device()  # -1 for CPU tensors
     if device_index < 0:
         return Operand(obj, 0, tuple(obj.shape), name, obj.element_size(), obj.is_contiguous(), None)
@@ -147,7 +147,7 @@ def overlaps(a: Operand, b: Operand) -> bool:
     return a.ptr < b.ptr + b.size * b.itemsize and b.ptr < a.ptr + a.size * a.itemsize
 
 
-def _dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: Any) -> str:
     """NumPy-style name of a NumPy / CuPy / PyTorch dtype (``torch.bfloat16`` -> ``bfloat16``), memoized."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -220,6 +220,29 @@ def reference_uniform(shape: tuple[int, ...], seed: Operand | int | None, offset
 
 _UINT64_MAX = 2**64 - 1
 _INT32 = (-(2**31), 2**31 - 1)
+
+
+def scalar_scale(value: Any, dtype: np.dtype) -> float:
+    """A Python-number scale as every plan takes it: finite and > 0, and still so when rounded to
+    ``dtype`` (the parameter dtype: float32, float64 for F64 data); InvalidProblem otherwise."""
+    s = float(value)
+    if not (math.isfinite(s) and s > 0):
+        raise InvalidProblem(f"scale={value!r}: a scalar scale must be finite and > 0 in {dtype.name}")
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = float(dtype.type(s))
+    if not 0 < rounded < math.inf:
+        raise InvalidProblem(
+            f"scale={value!r}: a scalar scale must be finite and > 0 in {dtype.name} "
+            f"(it rounds to 0 or Inf in {dtype.name})"
+        )
+    return s
+
+
+def scalar_zero_point(value: Any) -> int:
+    """A Python-number integer zero point: an integer in the int32 range; InvalidProblem otherwise."""
+    if float(value) != int(value) or not _INT32[0] <= int(value) <= _INT32[1]:
+        raise InvalidProblem(f"zero_point={value!r} must be an integer in the int32 range")
+    return int(value)
 
 
 class OperandChecks:
@@ -298,17 +321,7 @@ class OperandChecks:
         scale = self._param(value, "scale", dtype, allow_none=False)
         if type(scale) is Operand:
             return scale
-        s = float(scale)  # type: ignore[arg-type]
-        if not (math.isfinite(s) and s > 0):
-            raise InvalidProblem(f"scale={scale!r}: a scalar scale must be finite and > 0 in {dtype.name}")
-        with np.errstate(over="ignore", under="ignore"):
-            rounded = float(dtype.type(s))
-        if not 0 < rounded < math.inf:
-            raise InvalidProblem(
-                f"scale={scale!r}: a scalar scale must be finite and > 0 in {dtype.name} "
-                f"(it rounds to 0 or Inf in {dtype.name})"
-            )
-        return s
+        return scalar_scale(scale, dtype)
 
     def _int32_zero_point(self, value: Any, dtype: np.dtype) -> Operand | int | None:
         """An integer zero point: an int32 array of ``_param_shape`` or, for TensorScope, an
@@ -316,9 +329,7 @@ class OperandChecks:
         zp = self._param(value, "zero_point", dtype, allow_none=False)
         if type(zp) is Operand:
             return zp
-        if float(zp) != int(zp) or not _INT32[0] <= int(zp) <= _INT32[1]:  # type: ignore[arg-type]
-            raise InvalidProblem(f"zero_point={zp!r} must be an integer in the int32 range")
-        return int(zp)  # type: ignore[arg-type]
+        return scalar_zero_point(zp)
 
     def _broadcast_param(
         self, value: Operand | float | int, shape: tuple[int, ...], scope: Scope, dtype: np.dtype | None = None
@@ -403,12 +414,15 @@ __all__ = [
     "OperandChecks",
     "check_disjoint",
     "check_positive",
+    "dtype_name",
     "host_view",
     "is_scalar",
     "operand",
     "overlaps",
     "reference_uniform",
     "same_or_disjoint",
+    "scalar_scale",
+    "scalar_zero_point",
     "view",
     "write_back",
 ]

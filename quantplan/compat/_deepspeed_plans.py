@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from .._device import device_info, stream_device_id
 from .._families import (
@@ -67,7 +67,7 @@ from .._segments import SegmentLayoutArgs
 from ..compiler import compile_options, load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
-from ..types import HOST_ARCH, BackendKind, ElementKind, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from ..types import HOST_ARCH, BackendKind, ElementKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, Rounding
 from ..workspace import Workspace
 from . import _deepspeed_reference as dsref
 
@@ -784,21 +784,37 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
 
 class MoQFakeQuantizeDescriptor(BaseModel):
     """DeepSpeed MoQ fake quantization: ``numel`` elements in ``groups`` groups, ``num_bits`` 1 to 8,
-    ``mode``, ``stochastic`` rounding, ``element`` F16 / BF16 / F32 (in and out)."""
+    ``mode``, ``rounding`` NEAREST_EVEN or STOCHASTIC, ``element`` F16 / BF16 / F32 (in and out).
+    ``stochastic`` is True for STOCHASTIC rounding."""
 
     model_config = _FROZEN
     numel: int
     groups: int
     num_bits: int
     mode: QuantMode = QuantMode.SYMMETRIC
-    stochastic: bool = False
+    rounding: Rounding = Rounding.NEAREST_EVEN
     element: ElementKind
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stochastic_flag(cls, data: Any) -> Any:
+        """Transition: a ``stochastic`` bool (the earlier field) becomes ``rounding``."""
+        if isinstance(data, dict) and "stochastic" in data:
+            data = dict(data)
+            flag = data.pop("stochastic")
+            data.setdefault("rounding", Rounding.STOCHASTIC if flag else Rounding.NEAREST_EVEN)
+        return data
+
+    @property
+    def stochastic(self) -> bool:
+        """True for ``Rounding.STOCHASTIC`` (the kernels' template flag)."""
+        return self.rounding is Rounding.STOCHASTIC
 
 
 @dataclass(slots=True)
 class MoQFakeQuantizeArgs:
     """``input`` and ``output`` (flat, same dtype; ``output`` may be ``input``); with
-    ``stochastic``: ``rng_seed`` / ``rng_offset`` (ints in [0, 2**64), SPEC section 4 Philox)."""
+    ``Rounding.STOCHASTIC``: ``rng_seed`` / ``rng_offset`` (ints in [0, 2**64), SPEC section 4 Philox)."""
 
     input: Any
     output: Any
