@@ -16,7 +16,20 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--nvrtc-sweep",
+        action="store_true",
+        help="also compile every kernel instantiation with NVRTC (about 15 minutes on two cores; CI runs it)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--nvrtc-sweep"):
+        sweep = pytest.mark.skip(reason="the full NVRTC sweep runs with --nvrtc-sweep (a sample compiles by default)")
+        for item in items:
+            if "nvrtc_sweep" in item.keywords:
+                item.add_marker(sweep)
     if qp.cuda_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU visible (CuPy sees no device)")

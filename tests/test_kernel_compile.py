@@ -1,7 +1,12 @@
-"""CPU: NVRTC compiles every kernel instantiation for sm_80 and sm_90 (no GPU needed).
+"""CPU: NVRTC compiles the kernel instantiations for sm_80 and sm_90 (no GPU needed).
 
 Runs through the same compile layer the plans use (``quantplan.compiler``), bypassing the disk
 cache so the compiler really runs. In CI (``CI`` set) a missing CuPy / NVRTC is a failure, not a skip.
+
+The default run compiles a *sample* of every family: the fewest instantiations that together use
+every value of every template parameter of every kernel (a few seconds a family). The full sweep of
+every instantiation (about 15 minutes on two cores) is marked ``nvrtc_sweep`` and runs with
+``--nvrtc-sweep``; CI runs it as its own step.
 """
 
 from __future__ import annotations
@@ -24,7 +29,55 @@ def _nvrtc_or_skip() -> None:
         pytest.skip(f"NVRTC not available: {exc}")
 
 
-@pytest.mark.parametrize("arch", [ArchSku(8, 0), ArchSku(9, 0)], ids=lambda a: a.nvrtc_arch)
+ARCHS = [ArchSku(8, 0), ArchSku(9, 0)]
+
+
+def covering_sample(names: list[str]) -> list[str]:
+    """The fewest names (greedily) such that every (kernel, parameter position, value) of ``names``
+    appears in one of them: one instantiation per template parameter value."""
+
+    def facets(name: str) -> set[tuple[str, int, str]]:
+        kernel, _, rest = name.partition("<")
+        values = [v.strip() for v in rest.rstrip(">").split(",")] if rest else []
+        return {(kernel, -1, "")} | {(kernel, i, v) for i, v in enumerate(values)}
+
+    wanted = {name: facets(name) for name in names}
+    missing = set().union(*wanted.values()) if wanted else set()
+    chosen: list[str] = []
+    while missing:
+        best = max(wanted, key=lambda n: len(wanted[n] & missing))
+        chosen.append(best)
+        missing -= wanted.pop(best)
+    return chosen
+
+
+def test_the_sample_covers_every_parameter_value() -> None:
+    names = _families.all_instantiations("quantize")
+    sample = covering_sample(names)
+    assert len(sample) < len(names) / 4
+    for name in names:
+        kernel, _, rest = name.partition("<")
+        for i, value in enumerate(v.strip() for v in rest.rstrip(">").split(",")):
+            assert any(
+                s.startswith(kernel + "<") and s.partition("<")[2].rstrip(">").split(",")[i].strip() == value
+                for s in sample
+            ), (name, i, value)
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.nvrtc_arch)
+@pytest.mark.parametrize("family", sorted(_families.FAMILIES))
+def test_a_sample_of_every_family_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    _nvrtc_or_skip()
+    monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
+    sample = covering_sample(_families.all_instantiations(family))
+    module = compiler.compile_instantiations(family, sample, arch, use_cache=False)
+    assert set(module.lowered_names) == set(sample)
+    assert module.cubin_path.stat().st_size > 10_000
+    print(f"{family} {arch.nvrtc_arch}: {len(sample)} sampled instantiations compiled")
+
+
+@pytest.mark.nvrtc_sweep
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.nvrtc_arch)
 @pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic_range", "fake_quantize"])
 def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     _nvrtc_or_skip()
@@ -37,7 +90,8 @@ def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monk
     print(f"{family} {arch.nvrtc_arch}: {len(names)} instantiations compiled")
 
 
-@pytest.mark.parametrize("arch", [ArchSku(8, 0), ArchSku(9, 0)], ids=lambda a: a.nvrtc_arch)
+@pytest.mark.nvrtc_sweep
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.nvrtc_arch)
 @pytest.mark.parametrize("family", ["swizzled_quantize", "dequant_reduce", "deepspeed_format"])
 def test_every_qgz_unit_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """The qgZ families (and the DeepSpeed-format kernels on the same loops), unit by unit as
