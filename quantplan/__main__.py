@@ -1,35 +1,136 @@
-"""Command line: ``python -m quantplan precompile [sm_90 ...]`` fills the kernel cache ahead of use;
-``python -m quantplan info`` prints the version, backend and GPU."""
+"""Command line of quantplan.
+
+``python -m quantplan info`` prints the version, the backend, the GPU, the CuPy / NVRTC / driver
+versions and the kernel cache; ``python -m quantplan precompile [sm_90 ...]`` fills the kernel cache
+ahead of use (no GPU needed), with progress; ``--check`` recompiles every unit (a full NVRTC check).
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
+from typing import Any
 
 from . import __version__, compiler
 from ._device import cuda_available, device_info
+from ._families import FAMILIES
 from ._precompile import precompile
+from .errors import QuantPlanError
 from .types import ArchSku
 
 
-def main(argv: list[str]) -> int:
-    command = argv[0] if argv else "info"
-    if command == "precompile":
-        archs = argv[1:] or ["sm_90"]
-        for arch in archs:
-            target = ArchSku.from_compute_capability(arch.removeprefix("sm_"))
-            count = precompile(target)
-            print(f"compiled {count} units for {target.nvrtc_arch} into {compiler.cache_dir()}")
-        return 0
-    if command == "info":
-        print(f"quantplan {__version__}")
-        if cuda_available():
-            info = device_info(0)
-            print(f"backend: CUDA on device 0 ({info.arch.name}, {info.sm_count} SMs)")
-        else:
-            print("backend: REFERENCE (NumPy); no CUDA GPU visible")
-        return 0
-    print(__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m quantplan", description="quantplan: GPU quantization kernels behind a plan-based API."
+    )
+    parser.add_argument("--version", action="version", version=f"quantplan {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{info,precompile}")
+    commands.add_parser("info", help="version, backend, GPU, CuPy / NVRTC / driver versions and the kernel cache")
+    pre = commands.add_parser(
+        "precompile",
+        help="compile every kernel unit for the given architectures into the cache (no GPU needed)",
+        description="Compile every kernel unit of every family into the on-disk cache, so no select() waits for "
+        "NVRTC. Architectures as sm_80, sm_90 (or 90, 9.0); default: the visible GPU's, else sm_90.",
+    )
+    pre.add_argument("archs", nargs="*", metavar="ARCH", help="e.g. sm_80 sm_90")
+    pre.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only this family (repeatable)")
+    pre.add_argument("--jobs", type=int, default=None, help="parallel compiler processes (default: one per CPU)")
+    pre.add_argument("--check", action="store_true", help="recompile what the cache already holds (full NVRTC check)")
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"python -m quantplan: error: {message}", file=sys.stderr)
     return 2
+
+
+class _ProgressLine:
+    """Units done / total and elapsed time: a tqdm bar when tqdm is installed, else one updating line."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.start = time.perf_counter()
+        self.bar: Any = None
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped]
+
+            self.bar = tqdm(desc=label, unit="unit", file=sys.stderr)
+        except ImportError:
+            pass
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.update(done - self.bar.n)
+            return
+        elapsed = time.perf_counter() - self.start
+        end = "\n" if done == total else ""
+        print(f"\r{self.label}: {done}/{total} units, {elapsed:.0f} s", end=end, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _precompile(args: argparse.Namespace) -> int:
+    try:
+        archs = [ArchSku.parse(a) for a in args.archs]
+    except QuantPlanError as exc:
+        return _fail(str(exc))
+    if not archs:
+        archs = [device_info(0).arch] if cuda_available() else [ArchSku(9, 0)]
+    if args.jobs is not None and args.jobs < 1:
+        return _fail(f"--jobs {args.jobs}: give at least 1")
+    for arch in archs:
+        show = _ProgressLine(f"precompile {arch.nvrtc_arch}")
+        start = time.perf_counter()
+        try:
+            count = precompile(arch, args.family, args.jobs, check=args.check, progress=show)
+        finally:
+            show.close()
+        print(
+            f"compiled {count} units for {arch.nvrtc_arch} in {time.perf_counter() - start:.0f} s "
+            f"into {compiler.cache_dir()}"
+        )
+    return 0
+
+
+def _info() -> int:
+    print(f"quantplan {__version__}")
+    try:
+        import cupy
+
+        print(f"cupy {cupy.__version__}")
+    except ImportError:
+        print("cupy: not installed (the reference backend runs; pip install 'quantplan[cuda13]' or [cuda12])")
+    try:
+        major, minor = compiler.nvrtc_version()
+        print(f"nvrtc {major}.{minor}")
+    except Exception as exc:  # NVRTC missing or unloadable: say why, do not fail
+        print(f"nvrtc: not available ({type(exc).__name__}: {exc})")
+    if cuda_available():
+        from cupy.cuda import runtime
+
+        driver = runtime.driverGetVersion()
+        info = device_info(0)
+        print(f"driver: CUDA {driver // 1000}.{driver % 1000 // 10}")
+        print(f"backend: CUDA on device 0 ({info.arch.name}, {info.sm_count} SMs)")
+    else:
+        print("backend: REFERENCE (NumPy); no CUDA GPU visible")
+    cache = compiler.cache_dir()
+    files = [p for p in cache.glob("*") if p.is_file()] if cache.is_dir() else []
+    size = sum(p.stat().st_size for p in files)
+    print(f"kernel cache: {cache} ({len(files)} files, {size / 2**20:.1f} MiB)")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """Run the command line with ``argv`` (without the program name); returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "precompile":
+        return _precompile(args)
+    return _info()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -32,6 +33,11 @@ from typing import Any
 
 from .errors import KernelCompileError, Unsupported
 from .types import ArchSku
+
+#: ``logging.getLogger("quantplan")``: one INFO line per NVRTC compile (family, arch, kernels, where
+#: it is cached), so a first ``select`` that waits for the compiler says so
+#: (``logging.basicConfig(level=logging.INFO)`` shows it).
+log = logging.getLogger("quantplan")
 
 #: Options every kernel is compiled with. No fast math; no FMA contraction, so float results
 #: equal the NumPy reference's separately rounded multiply and add.
@@ -126,6 +132,13 @@ def compile_instantiations(
     if use_cache and cubin_path.is_file() and names_path.is_file():
         return CompiledModule(cubin_path, json.loads(names_path.read_text()))
 
+    log.info(
+        "compiling kernels/%s.cu for %s (%d kernels) with NVRTC; cached in %s for later runs",
+        family,
+        arch.nvrtc_arch,
+        len(names),
+        directory,
+    )
     prog = nvrtc.createProgram(source, f"{family}.cu", [], [])
     try:
         for name in names:

@@ -7,10 +7,13 @@ descriptors that hold them are hashable and can key caches.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import InvalidProblem
 
 
 class ElementKind(str, enum.Enum):
@@ -165,6 +168,22 @@ class ArchSku:
         if isinstance(cc, str):
             return cls(int(cc[:-1]), int(cc[-1]))
         return cls(int(cc[0]), int(cc[1]))
+
+    @classmethod
+    def parse(cls, text: str) -> ArchSku:
+        """An architecture as users write it: ``sm_90``, ``90`` or ``9.0`` (sm_70 to sm_129).
+
+        Raises :class:`~quantplan.InvalidProblem` naming ``text`` and the accepted forms otherwise.
+        """
+        match = re.fullmatch(r"(?:sm_)?(\d{1,2})(\d)|(\d{1,2})\.(\d)", text.strip())
+        if match:
+            major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+            if 7 <= int(major) <= 12:
+                return cls(int(major), int(minor))
+        raise InvalidProblem(
+            f"{text!r} is not a CUDA architecture quantplan compiles for; write it as sm_80, sm_90 or sm_120 "
+            f"(or 90, 9.0)"
+        )
 
     def __str__(self) -> str:
         return self.name
