@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ._device import cuda_available
+from ._device import cuda_available, device_info
 from ._launch import PreparedLaunch, stream_handle
 from .elements import param_element
 from .errors import Unsupported
 from .types import (
+    HOST_ARCH,
     BackendKind,
     ElementKind,
     KernelSku,
@@ -68,32 +69,35 @@ class Plan(Generic[ArgsT, CheckedT]):
     def __init__(
         self,
         problem: Any,
-        backend: BackendKind,
         device_id: int | None,
-        arch: str,
-        variant: str,
         element: ElementKind,
         aux_element: ElementKind,
+        variant: str = REFERENCE_VARIANT,
         *,
-        precision: MathPrecision = MathPrecision.F32,
         workspace_bytes: int = 0,
         prepared: tuple[PreparedLaunch, ...] = (),
-        empty: bool = False,
+        empty: bool | None = None,
+        backend: BackendKind | None = None,
+        arch: str | None = None,
     ) -> None:
+        """``device_id`` None: the reference backend on the host; else CUDA on that device.
+        ``empty`` (default: ``problem.numel == 0``): nothing to launch. ``problem.precision``
+        (float32 where the problem has none) is the arithmetic of the precision guarantee."""
+        cuda = device_id is not None
         self.problem = problem
-        self.backend = backend
+        self.backend = backend or (BackendKind.CUDA if cuda else BackendKind.REFERENCE)
         self.device_id = device_id
-        self._arch_name = arch
+        self._arch_name = arch or (device_info(device_id).arch.name if device_id is not None else HOST_ARCH.name)
         self._variant = variant
         self._element = element
         self._aux_element = aux_element
-        self._precision = precision
+        self._precision: MathPrecision = getattr(problem, "precision", MathPrecision.F32)
         self._workspace_bytes = workspace_bytes
         #: The kernels this plan launches (empty on REFERENCE): grid, block and function attributes.
         self._prepared = prepared
-        self._is_reference = backend is BackendKind.REFERENCE
+        self._is_reference = self.backend is BackendKind.REFERENCE
         #: Nothing to launch: ``run`` returns after the checks (CUDA backend).
-        self._empty = empty
+        self._empty = problem.numel == 0 if empty is None else empty
 
     # ---- introspection ----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
 from ._launch import launch_on, params_struct
 from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
-from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._plan import Plan, choose_backend
 from ._qgz_launch import (
     PeerSumArgs,
     QgzChecks,
@@ -292,17 +292,11 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
         device_id: int | None = None,
         launches: QgzLaunches | None = None,
     ) -> None:
-        super().__init__(
-            desc,
-            backend,
-            device_id,
-            HOST_ARCH.name if launches is None else device_info(device_id or 0).arch.name,
-            REFERENCE_VARIANT if launches is None else launches.describe,
-            desc.input_element,
-            desc.output_element,
-            prepared=() if launches is None else launches.launches,
-            empty=desc.chunk_elements == 0,
-        )
+        kinds, empty = (desc.input_element, desc.output_element), desc.chunk_elements == 0
+        if launches is None:  # the reference backend, or an empty chunk on the GPU
+            super().__init__(desc, device_id, *kinds, backend=backend, arch=HOST_ARCH.name, empty=empty)
+        else:
+            super().__init__(desc, device_id, *kinds, launches.describe, prepared=launches.launches, empty=empty)
         self.descriptor = desc
         self.q_min = q_min
         self.q_max = q_max

@@ -41,7 +41,6 @@ from .compiler import template_name
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
 from .types import (
-    HOST_ARCH,
     BackendKind,
     ElementKind,
     NibbleOrder,
@@ -251,19 +250,8 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
             zp_offset = scale_offset + _align(count * param_dtype.itemsize)
             workspace = zp_offset + (_align(count * 4) if asym else 0)
             prepared = (*passes.launches, *rows.launches)
-        super().__init__(
-            problem,
-            BackendKind.REFERENCE if device_id is None else BackendKind.CUDA,
-            device_id,
-            HOST_ARCH.name if device_id is None else device_info(device_id).arch.name,
-            variant,
-            problem.float_kind,
-            problem.float_kind,
-            precision=problem.precision,
-            workspace_bytes=workspace,
-            prepared=prepared,
-            empty=problem.numel == 0,
-        )
+        kinds = problem.float_kind, problem.float_kind
+        super().__init__(problem, device_id, *kinds, variant, workspace_bytes=workspace, prepared=prepared)
         self.descriptor = desc
         self._fused, self._passes, self._rows = fused, passes, rows
         self._scale_offset, self._zp_offset = scale_offset, zp_offset

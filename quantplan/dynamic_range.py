@@ -30,7 +30,7 @@ from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
-from .types import HOST_ARCH, BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
+from .types import BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
 from .workspace import Workspace
 
 
@@ -130,23 +130,12 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
         passes: RangePasses | None = None,
         rows: AffineRows | None = None,
     ) -> None:
-        cuda = fused is not None or passes is not None
         prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()
+        workspace = 0
         if passes is not None and rows is not None:
-            prepared = (*passes.launches, *rows.pair.launches)
-        super().__init__(
-            problem,
-            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
-            device_id,
-            device_info(device_id).arch.name if cuda and device_id is not None else HOST_ARCH.name,
-            variant,
-            problem.float_kind,
-            problem.code_kind,
-            precision=problem.precision,
-            workspace_bytes=0 if passes is None else passes.stats_bytes,
-            prepared=prepared,
-            empty=problem.numel == 0,
-        )
+            prepared, workspace = (*passes.launches, *rows.pair.launches), passes.stats_bytes
+        kinds = problem.float_kind, problem.code_kind
+        super().__init__(problem, device_id, *kinds, variant, workspace_bytes=workspace, prepared=prepared)
         self.descriptor = desc
         self._fused, self._passes, self._rows = fused, passes, rows
         self._param_shape = problem.param_shape

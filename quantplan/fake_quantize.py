@@ -40,7 +40,6 @@ from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
 from .types import (
-    HOST_ARCH,
     BackendKind,
     ElementKind,
     MathPrecision,
@@ -282,19 +281,9 @@ class _FakeQuantizePlanBase(OperandChecks, Plan[Any, _Checked]):
         workspace_bytes: int = 0,
         empty: bool | None = None,
     ) -> None:
-        cuda = device_id is not None
+        kinds = problem.float_kind, problem.float_kind
         super().__init__(
-            problem,
-            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
-            device_id,
-            device_info(device_id).arch.name if device_id is not None else HOST_ARCH.name,
-            variant,
-            problem.float_kind,
-            problem.float_kind,
-            precision=problem.precision,
-            workspace_bytes=workspace_bytes,
-            prepared=prepared,
-            empty=problem.numel == 0 if empty is None else empty,
+            problem, device_id, *kinds, variant, workspace_bytes=workspace_bytes, prepared=prepared, empty=empty
         )
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)

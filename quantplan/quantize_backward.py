@@ -49,7 +49,7 @@ from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
-from .types import HOST_ARCH, BackendKind, MathPrecision, OpCategory, PlanPreference, QuantMode, TensorScope
+from .types import BackendKind, MathPrecision, OpCategory, PlanPreference, QuantMode, TensorScope
 from .workspace import Workspace
 
 
@@ -172,19 +172,8 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
     _params: ClassVar[dict[MathPrecision, type[ctypes.Structure]]]
 
     def __init__(self, problem: AffineProblem, device_id: int | None, pair: LaunchPair | None, variant: str) -> None:
-        cuda = pair is not None
-        super().__init__(
-            problem,
-            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
-            device_id,
-            device_info(device_id).arch.name if cuda and device_id is not None else HOST_ARCH.name,
-            variant,
-            problem.float_kind,
-            problem.code_kind,
-            precision=problem.precision,
-            prepared=() if pair is None else pair.launches,
-            empty=problem.numel == 0,
-        )
+        prepared = () if pair is None else pair.launches
+        super().__init__(problem, device_id, problem.float_kind, problem.code_kind, variant, prepared=prepared)
         self._pair = pair
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)

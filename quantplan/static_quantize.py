@@ -33,12 +33,12 @@ from ._affine import (
     quantize_problem,
     storage_shape,
 )
-from ._device import device_info, stream_device_id
+from ._device import stream_device_id
 from ._operands import Operand, OperandChecks, operand, reference_uniform, view
-from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._plan import Plan, choose_backend
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
-from .types import HOST_ARCH, BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
+from .types import BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
 from .workspace import Workspace
 
 
@@ -87,22 +87,10 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
         else:
             in_shape, out_shape, in_kind, out_kind = code_shape, float_shape, codes, floats
         if rows is None:
-            backend, arch, variant = BackendKind.REFERENCE, HOST_ARCH.name, REFERENCE_VARIANT
+            super().__init__(problem, None, in_kind, out_kind)
         else:
-            backend, arch = BackendKind.CUDA, device_info(rows.device_id).arch.name
             variant = f"{problem.scope.kind}/{problem.mode.value}/{rows.layout.describe()}"
-        super().__init__(
-            problem,
-            backend,
-            device_id,
-            arch,
-            variant,
-            in_kind,
-            out_kind,
-            precision=problem.precision,
-            prepared=() if rows is None else rows.pair.launches,
-            empty=problem.numel == 0,
-        )
+            super().__init__(problem, device_id, in_kind, out_kind, variant, prepared=rows.pair.launches)
         self._rows = rows
         self._in_shape, self._out_shape = in_shape, out_shape
         self._in_info, self._out_info = ELEMENTS[in_kind], ELEMENTS[out_kind]

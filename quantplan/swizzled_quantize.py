@@ -28,7 +28,7 @@ from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
 from ._launch import launch_on
 from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
-from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._plan import Plan, choose_backend
 from ._qgz_launch import (
     QgzChecks,
     QgzKernels,
@@ -48,7 +48,7 @@ from ._segments import SegmentLayoutArgs, range_divisor_of
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
-from .types import HOST_ARCH, BackendKind, ElementKind, NibbleOrder, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from .types import BackendKind, ElementKind, NibbleOrder, OpCategory, PlanPreference, QuantizeKind, QuantMode
 from .workspace import Workspace
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -272,18 +272,11 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
         device_id: int | None = None,
         launches: QgzLaunches | None = None,
     ) -> None:
-        cuda = launches is not None
-        super().__init__(
-            desc,
-            BackendKind.CUDA if cuda else BackendKind.REFERENCE,
-            device_id,
-            device_info(device_id).arch.name if device_id is not None else HOST_ARCH.name,
-            REFERENCE_VARIANT if launches is None else launches.describe,
-            desc.input_element,
-            desc.output_element,
-            prepared=() if launches is None else launches.launches,
-            empty=desc.numel == 0,
-        )
+        kinds = desc.input_element, desc.output_element
+        if launches is None:
+            super().__init__(desc, None, *kinds)
+        else:
+            super().__init__(desc, device_id, *kinds, launches.describe, prepared=launches.launches)
         self.descriptor = desc
         self.q_min = q_min
         self.q_max = q_max

@@ -67,7 +67,7 @@ from .._segments import SegmentLayoutArgs
 from ..compiler import compile_options, load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
-from ..types import HOST_ARCH, BackendKind, ElementKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, Rounding
+from ..types import BackendKind, ElementKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, Rounding
 from ..workspace import Workspace
 from . import _deepspeed_reference as dsref
 
@@ -185,15 +185,14 @@ class _DeepSpeedPlan(QgzChecks, Plan[Any, _Checked]):
         two_pass = launches is not None and launches.fused is None and bool(launches.two_pass)
         super().__init__(
             desc,
-            backend,
             device_id,
-            HOST_ARCH.name if device_id is None else device_info(device_id).arch.name,
-            _VARIANT if launches is None else f"deepspeed-format:{launches.describe}",
             element,
             aux_element,
+            _VARIANT if launches is None else f"deepspeed-format:{launches.describe}",
             workspace_bytes=groups * WORKSPACE_BYTES_PER_GROUP if two_pass else 0,
             prepared=() if launches is None else launches.launches,
             empty=numel == 0 or launches is None,
+            backend=backend,
         )
         self.descriptor = desc
         self._launches = launches
