@@ -22,7 +22,6 @@ Nothing here imports PyTorch or CuPy before an array of theirs arrives.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._operands import dtype_name as _dtype_name
 from .errors import InvalidProblem, Unsupported
 from .types import BackendKind, PlanPreference
 from .workspace import Workspace
@@ -74,18 +74,10 @@ class ArrayWorkspace(Workspace):
 
 # ---- dtypes ------------------------------------------------------------------------------------
 
-_DTYPE_NAMES: dict[Any, str] = {}
-
 
 def dtype_name(a: Any) -> str:
     """The element type of array ``a`` as a NumPy-style name (``float16``, ``bfloat16``, ``int8``, ...)."""
-    dtype = a.dtype
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        text = str(dtype)
-        name = text[6:] if text.startswith("torch.") else np.dtype(dtype).name
-        _DTYPE_NAMES[dtype] = name
-    return name
+    return _dtype_name(a.dtype)
 
 
 #: PyTorch, imported when the first tensor arrives (None before: NumPy / CuPy users need no PyTorch).
@@ -146,6 +138,21 @@ class Target:
                     _mismatch(target, found)
         return target
 
+    @staticmethod
+    def of_torch_device(device: Any) -> Target:
+        """The target of PyTorch tensors on ``device`` (a ``torch.device``, CUDA or CPU; CUDA: the
+        current stream of that device now)."""
+        _import_torch()
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            return _cuda_target(TORCH, index, _torch_stream(index))
+        if device.type == "cpu":
+            return _torch_cpu_target()
+        raise InvalidProblem(
+            f"tensors live on a {device.type!r} device; quantplan runs CUDA tensors (CUDA backend) and CPU "
+            f"tensors (reference backend)"
+        )
+
     # ---- plans -----------------------------------------------------------------------------
 
     def plan(self, plan_cls: Any, key: Hashable, make_desc: Callable[[], Any] | None = None) -> Any:
@@ -189,12 +196,9 @@ class Target:
             return plan_cls.select(self.stream, desc, self.pref)
 
     def run(self, plan: Any, args: Any, workspace: Workspace | None = None, *, check: bool = True) -> None:
-        """``plan.run`` on this target's stream. ``check=False`` when the front-end has established
-        everything the plan's argument checks would (passed on where the plan takes it)."""
-        if check or not takes_check(type(plan)):
-            plan.run(self.handle, workspace, args)
-        else:
-            plan.run(self.handle, workspace, args, check=False)
+        """``plan.run`` on this target's stream. ``check=False`` where the front-end has established
+        everything the plan's argument checks would (the operands it made or checked itself)."""
+        plan.run(self.handle, workspace, args, check=check)
 
     def run_with_workspace(self, plan: Any, args: Any, *, check: bool = True) -> None:
         """:meth:`run` with a fresh workspace of ``plan.workspace_size()`` bytes (none when 0)."""
@@ -432,18 +436,6 @@ def clear_plan_cache() -> None:
             cache.clear()
 
 
-_TAKES_CHECK: dict[type, bool] = {}
-
-
-def takes_check(plan_cls: type) -> bool:
-    """Whether ``plan_cls.run`` has the ``check`` keyword (read once per class): only then does
-    ``Target.run(..., check=False)`` skip the plan's argument checks."""
-    found = _TAKES_CHECK.get(plan_cls)
-    if found is None:
-        found = _TAKES_CHECK[plan_cls] = "check" in inspect.signature(plan_cls.run).parameters  # type: ignore[attr-defined]
-    return found
-
-
 # ---- Philox streams ------------------------------------------------------------------------------
 
 
@@ -486,5 +478,4 @@ __all__ = [
     "dtype_name",
     "flat",
     "shaped",
-    "takes_check",
 ]

@@ -54,9 +54,9 @@ from ._frontend import (
     clear_plan_cache,
     cupy_stream,
     shaped,
-    takes_check,
 )
 from ._layout import normalize_axis, param_shape
+from ._operands import scalar_scale
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
@@ -84,6 +84,7 @@ _ELEMENTS: dict[Any, ElementKind] = {
 #: The parameters' dtype for each data element: float32, float64 for float64 data.
 _PARAM_DTYPES: dict[ElementKind, Any] = {kind: torch.float32 for kind in _ELEMENTS.values()}
 _PARAM_DTYPES[ElementKind.F64] = torch.float64
+_PARAM_NUMPY: dict[Any, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _TENSOR = TensorScope()
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
 
@@ -124,8 +125,8 @@ def _param(value: Any, name: str, pshape: tuple[int, ...], dtype: Any, x: Any) -
     """``value`` (tensor, sequence or number) as a detached C-contiguous tensor of ``dtype`` on
     ``x``'s device with the parameter count of ``pshape``: a number is broadcast, a tensor of that
     count is taken in its own shape (``(C,)`` for a channel scope, as PyTorch's per-channel ops
-    take it; :func:`_exact` gives it ``pshape`` where a plan checks it). Nothing that already fits
-    is copied."""
+    take it; unchecked runs do not read it, :func:`_exact` gives it ``pshape`` where a plan checks
+    it). Nothing that already fits is copied."""
     if _is_number(value):
         return torch.full(pshape, value, dtype=dtype, device=x.device)
     t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
@@ -177,19 +178,19 @@ def _static(
 def _static_params(
     xc: Any, scale: Any, zero_point: Any, pshape: tuple[int, ...], scope: Scope, kind: ElementKind
 ) -> tuple[Any, Any]:
-    """(scale, zero point) as tensors of ``pshape`` on ``xc``'s device, or Python numbers (TensorScope)."""
+    """(scale, zero point) as tensors of ``pshape``'s count on ``xc``'s device, or Python numbers
+    (TensorScope; a number scale checked here as the plans check it: finite and > 0)."""
     fdtype = _PARAM_DTYPES[kind]
     scalar_ok = type(scope) is TensorScope
-    s = float(scale) if scalar_ok and _is_number(scale) else _param(scale, "scale", pshape, fdtype, xc)
+    if scalar_ok and _is_number(scale):
+        # 1e-30 < scale < 1e30 is finite and > 0 in float32 and float64 alike: the plans' rule
+        # holds without asking; anything else gets the plans' own check (and its message).
+        s = float(scale) if 1e-30 < scale < 1e30 else scalar_scale(scale, _PARAM_NUMPY[fdtype])
+    else:
+        s = _param(scale, "scale", pshape, fdtype, xc)
     if zero_point is None or (scalar_ok and _is_number(zero_point)):
         return s, zero_point
     return s, _param(zero_point, "zero_point", pshape, _zero_point_dtype(zero_point, fdtype), xc)
-
-
-def _tensor_params(s: Any, z: Any) -> bool:
-    """Whether the parameters are tensors the front-end prepared (shape, dtype, device, contiguity),
-    so the plan's argument checks have nothing left to find (Python numbers: the plan checks them)."""
-    return isinstance(s, torch.Tensor) and (z is None or isinstance(z, torch.Tensor))
 
 
 # ---- static fake quantization ------------------------------------------------------------------
@@ -208,38 +209,28 @@ def _backward_plan(
     )
 
 
-def _run_forward(target: Target, xc: Any, plan: Any, s: Any, z: Any, pshape: tuple[int, ...]) -> Any:
+# The plans run unchecked below: the input is contiguous and of the plan's shape and dtype (its
+# cache key), outputs are fresh, parameters are tensors of the right count, dtype and device
+# (their shape is not read) or numbers checked as the plans check them (a number zero point the
+# plan checks even unchecked: it lies in [q_min, q_max]); autograd hands dy in y's shape, dtype
+# and device.
+
+
+def _run_forward(target: Target, xc: Any, plan: Any, s: Any, z: Any) -> Any:
     y = torch.empty_like(xc)
-    check = not _tensor_params(s, z) or not takes_check(type(plan))
-    if check:
-        s, z = _exact(s, pshape), _exact(z, pshape)
     args = FakeQuantizeArgs(target.arg(xc), target.arg(y), target.arg(s), target.arg(z))
-    target.run(plan, args, check=check)
+    target.run(plan, args, check=False)
     return y
 
 
 def _run_ste(
-    target: Target,
-    xc: Any,
-    kind: ElementKind,
-    dy: Any,
-    s: Any,
-    z: Any,
-    scope: Scope,
-    q_min: int,
-    q_max: int,
-    pshape: tuple[int, ...],
+    target: Target, xc: Any, kind: ElementKind, dy: Any, s: Any, z: Any, scope: Scope, q_min: int, q_max: int
 ) -> Any:
-    mode = _MODES[z is not None]
-    plan = _backward_plan(target, xc, kind, scope, mode, q_min, q_max, False)
+    plan = _backward_plan(target, xc, kind, scope, _MODES[z is not None], q_min, q_max, False)
     dyc = _contiguous(dy)
     dx = torch.empty_like(xc)
-    # autograd hands dy in y's (= x's) shape, dtype and device; made contiguous above.
-    check = not _tensor_params(s, z) or not takes_check(type(plan))
-    if check:
-        s, z = _exact(s, pshape), _exact(z, pshape)
     args = FakeQuantizeBackwardArgs(target.arg(xc), target.arg(dyc), target.arg(dx), target.arg(s), target.arg(z))
-    target.run(plan, args, check=check)
+    target.run(plan, args, check=False)
     return dx
 
 
@@ -267,29 +258,21 @@ class FakeQuantizeFunction(torch.autograd.Function):
         xc, kind, target = _input(x)
         static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
         s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
-        y = _run_forward(target, xc, static.plan, s, z, static.pshape)
+        y = _run_forward(target, xc, static.plan, s, z)
         s_t = s if isinstance(s, torch.Tensor) else None
         z_t = z if isinstance(z, torch.Tensor) else None
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.spec = (
-            scope,
-            q_min,
-            q_max,
-            kind,
-            static.pshape,
-            None if s_t is not None else s,
-            z if z_t is None else None,
-        )
+        ctx.spec = (scope, q_min, q_max, kind, None if s_t is not None else s, z if z_t is None else None)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max, kind, pshape, s_number, z_number = ctx.spec
+        scope, q_min, q_max, kind, s_number, z_number = ctx.spec
         s = s_number if s_t is None else s_t
         z = z_number if z_t is None else z_t
-        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, scope, q_min, q_max, pshape)
+        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, scope, q_min, q_max)
         return dx, None, None, None, None, None
 
 
@@ -394,7 +377,7 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         fdtype = _PARAM_DTYPES[kind]
         s_t = _param(scale, "scale", static.pshape, fdtype, xc)
         z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
-        y = _run_forward(target, xc, static.plan, s_t, z_t, static.pshape)
+        y = _run_forward(target, xc, static.plan, s_t, z_t)
         ctx.save_for_backward(xc, s_t, z_t)
         ctx.spec = (scope, q_min, q_max, float(grad_factor), kind, static.pshape)
         ctx.param_meta = tuple(
@@ -408,7 +391,7 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         xc, s_t, z_t = ctx.saved_tensors
         scope, q_min, q_max, grad_factor, kind, pshape = ctx.spec
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, scope, q_min, q_max, pshape)
+            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, scope, q_min, q_max)
             return dx, None, None, None, None, None, None
         dx, ds, dz = _run_lsq(xc, dy, _exact(s_t, pshape), _exact(z_t, pshape), scope, q_min, q_max, grad_factor)
 

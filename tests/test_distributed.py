@@ -28,6 +28,7 @@ if not dist.is_available():  # pragma: no cover - builds without distributed sup
 import _distributed_worker as worker  # noqa: E402  (tests/ is on sys.path under pytest)
 
 import quantplan.distributed as qpd  # noqa: E402
+import quantplan.distributed._comm as qpd_comm  # noqa: E402
 from quantplan.elements import ELEMENTS  # noqa: E402
 from quantplan.errors import InvalidProblem, Unsupported  # noqa: E402
 from quantplan.types import ElementKind, QuantMode  # noqa: E402
@@ -380,9 +381,9 @@ class _FakeComm:
 def test_cupy_all_to_all_is_grouped_send_recv_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CuPy path: one groupStart/groupEnd around a send and a recv of each peer's byte block."""
     fake = _FakeNccl()
-    monkeypatch.setattr(qpd, "_nccl_module", lambda: fake)
-    monkeypatch.setattr(qpd._CupyComm, "_stream", lambda self: 1234)
-    comm = qpd._CupyComm(_FakeComm(fake, 4, 1))
+    monkeypatch.setattr(qpd_comm, "_nccl_module", lambda: fake)
+    monkeypatch.setattr(qpd_comm._CupyComm, "_stream", lambda self: 1234)
+    comm = qpd_comm._CupyComm(_FakeComm(fake, 4, 1))
     send = torch.zeros((4, 6), dtype=torch.int32)
     recv = torch.zeros((4, 6), dtype=torch.int32)
     comm.all_to_all(send, recv)

@@ -566,7 +566,7 @@ def _moq(
         MoQFakeQuantizePlan,
         (numel, groups, bits, mode, rounding, kind),
         lambda: MoQFakeQuantizeDescriptor(
-            numel=numel, groups=groups, num_bits=bits, mode=mode, stochastic=stochastic, element=kind
+            numel=numel, groups=groups, num_bits=bits, mode=mode, rounding=rounding, element=kind
         ),
     )
     seed: int | None = None
