@@ -17,10 +17,12 @@ A subclass writes ``select`` (a classmethod ending in ``cls(...)``), ``_check``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ._device import cuda_available, device_info
 from ._launch import PreparedLaunch, stream_handle
+from ._operands import view
 from .elements import param_element
 from .errors import Unsupported
 from .types import (
@@ -65,6 +67,11 @@ class Plan(Generic[ArgsT, CheckedT]):
 
     _category: ClassVar[OpCategory]
     _op: ClassVar[QuantizeKind] = QuantizeKind.STATIC
+    #: ``run(..., check=False)``: the checked dataclass, built from the Args attributes named in
+    #: ``_extract_fields`` (in its field order; an attribute the Args lack reads as None), each
+    #: array viewed as an Operand and scalars passed as given. Empty: ``_extract`` is the plan's own.
+    _checked: ClassVar[Callable[..., Any]]
+    _extract_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -143,8 +150,8 @@ class Plan(Generic[ArgsT, CheckedT]):
         raise NotImplementedError
 
     def _extract(self, args: ArgsT) -> CheckedT:
-        """The operands of ``run(..., check=False)``: by default the checked ones."""
-        return self._check(args)
+        """The operands of ``run(..., check=False)``, read without checks (see ``_extract_fields``)."""
+        return self._checked(*[view(getattr(args, name, None), name) for name in self._extract_fields])  # type: ignore[no-any-return]
 
     # ---- execution --------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProblem, FakeRow
 from ._families import dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
-from ._operands import Operand, OperandChecks, operand, overlaps, reference_uniform, same_or_disjoint, view
+from ._operands import Operand, OperandChecks, overlaps, reference_uniform, same_or_disjoint
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .compiler import template_name
@@ -174,8 +174,8 @@ class _Checked:
     y: Operand
     scale: Operand | None
     zp: Operand | None
-    seed: Operand | int
-    offset: Operand | int
+    seed: Operand | int | None
+    offset: Operand | int | None
 
 
 class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, _Checked]):
@@ -229,6 +229,8 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
 
     _category = OpCategory.FAKE_QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
+    _checked = _Checked
+    _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
 
     def __init__(
         self,
@@ -311,16 +313,6 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
             if scale is not None and zp is not None and overlaps(scale, zp):
                 raise InvalidProblem("scale_out overlaps zero_point_out")
         return _Checked(x, y, scale, zp, seed, offset)
-
-    def _extract(self, args: DynamicRangeFakeQuantizeArgs) -> _Checked:
-        return _Checked(
-            operand(args.input, "input"),
-            operand(args.output, "output"),
-            view(args.scale_out, "scale_out"),
-            view(args.zero_point_out, "zero_point_out"),
-            view(args.rng_seed, "rng_seed") or 0,
-            view(args.rng_offset, "rng_offset") or 0,
-        )
 
     # ---- execution ----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from ._affine import AffineProblem, AffineRows, QuantizeDescriptor, quantize_pro
 from ._device import device_info, stream_device_id
 from ._families import dynamic_segments_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
-from ._operands import Operand, OperandChecks, operand, overlaps, reference_uniform, view
+from ._operands import Operand, OperandChecks, overlaps, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .elements import ELEMENTS, param_numpy_dtype
@@ -119,6 +119,8 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
 
     _category = OpCategory.QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
+    _checked = _Checked
+    _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
 
     def __init__(
         self,
@@ -202,16 +204,6 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
             if zp is not None and overlaps(zp, x):
                 raise InvalidProblem("zero_point_out overlaps input; the plan reads the input twice")
         return _Checked(x, y, scale, zp, seed, offset)
-
-    def _extract(self, args: DynamicRangeQuantizeArgs) -> _Checked:
-        return _Checked(
-            operand(args.input, "input"),
-            operand(args.output, "output"),
-            operand(args.scale_out, "scale_out"),
-            view(args.zero_point_out, "zero_point_out"),
-            view(args.rng_seed, "rng_seed"),
-            view(args.rng_offset, "rng_offset"),
-        )
 
     # ---- execution ------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from ._device import device_info, stream_device_id
 from ._families import dequantize_unit, quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
-from ._operands import Operand, OperandChecks, operand, overlaps, same_or_disjoint, view
+from ._operands import Operand, OperandChecks, overlaps, same_or_disjoint
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype, param_numpy_dtype
@@ -166,6 +166,9 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
     """Shared parts of the two gradient plans: the row kernel, its selection and checks."""
 
     _category = OpCategory.GRADIENT
+    _checked = _Checked
+    #: (DequantizeBackwardArgs has no ``input`` or ``zero_point``: they read as None.)
+    _extract_fields = ("input", "grad_output", "grad_input", "scale", "zero_point")
     _family: ClassVar[str]
     _kernel: ClassVar[str]
     #: Parameter block per precision (the kernel's arguments).
@@ -322,15 +325,6 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
             return _Checked(x, dq, dx, scale, None)
         return _Checked(x, dq, dx, scale, self._int32_zero_point(args.zero_point, np.dtype(np.int32)))
 
-    def _extract(self, args: QuantizeBackwardArgs) -> _Checked:
-        return _Checked(
-            operand(args.input, "input"),
-            operand(args.grad_output, "grad_output"),
-            operand(args.grad_input, "grad_input"),
-            view(args.scale, "scale"),
-            view(args.zero_point, "zero_point"),
-        )
-
     def _run_reference(self, a: _Checked) -> None:
         p = self.problem
         assert a.x is not None
@@ -402,12 +396,6 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
     def _check(self, args: DequantizeBackwardArgs) -> _Checked:
         dy, dq = self._grads(args.grad_output, "grad_output", args.grad_input, "grad_input")
         return _Checked(None, dy, dq, self._positive_scale(args.scale, self._param_dtype), None)
-
-    def _extract(self, args: DequantizeBackwardArgs) -> _Checked:
-        return _Checked(
-            None, operand(args.grad_output, "grad_output"), operand(args.grad_input, "grad_input"),
-            view(args.scale, "scale"), None,
-        )  # fmt: skip
 
     def _run_reference(self, a: _Checked) -> None:
         p = self.problem

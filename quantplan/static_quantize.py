@@ -34,7 +34,7 @@ from ._affine import (
     storage_shape,
 )
 from ._device import stream_device_id
-from ._operands import Operand, OperandChecks, operand, reference_uniform, view
+from ._operands import Operand, OperandChecks, reference_uniform
 from ._plan import Plan, choose_backend
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
@@ -78,6 +78,8 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
 
     #: True when the plan reads floats and writes codes (quantize), False for the reverse.
     _float_to_code: ClassVar[bool]
+    _checked = _Checked
+    _extract_fields = ("input", "output", "scale", "zero_point", "rng_seed", "rng_offset")
 
     def __init__(self, problem: AffineProblem, device_id: int | None, rows: AffineRows | None) -> None:
         float_shape, code_shape = problem.shape, problem.code_shape
@@ -122,16 +124,6 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
             zp = self._int32_zero_point(args.zero_point, self._int32)
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
         return _Checked(x, y, scale, zp, seed, offset)
-
-    def _extract(self, args: AffineArgs) -> _Checked:
-        return _Checked(
-            operand(args.input, "input"),
-            operand(args.output, "output"),
-            view(args.scale, "scale"),
-            view(args.zero_point, "zero_point"),
-            view(args.rng_seed, "rng_seed"),
-            view(args.rng_offset, "rng_offset"),
-        )
 
     # ---- execution ------------------------------------------------------------------------
 
