@@ -278,7 +278,6 @@ _TORCH_CPU: list[Target] = []
 #: (library, device index, stream handle) -> Target.
 _TARGETS: dict[tuple[str, int, int], Target] = {}
 _TARGETS_LOCK = threading.Lock()
-_LIBRARIES: dict[type, str] = {np.ndarray: NUMPY}
 
 
 def flat(a: Any) -> Any:
@@ -291,22 +290,21 @@ def shaped(a: Any, shape: tuple[int, ...]) -> Any:
     return a if a.shape == shape else a.reshape(shape)
 
 
+#: array type -> library, filled on first sight of each type; top-level module -> library.
+_LIBRARIES: dict[type, str] = {np.ndarray: NUMPY}
+_MODULES = {"numpy": NUMPY, "cupy": CUPY, "torch": TORCH}
+
+
 def _library(a: Any) -> str:
     kind = type(a)
     library = _LIBRARIES.get(kind)
-    if library is not None:
-        return library
-    module = kind.__module__
-    if isinstance(a, np.ndarray):
-        library = NUMPY
-    elif module.startswith("cupy"):
-        library = CUPY
-    elif module.startswith("torch"):
-        library = TORCH
-        _import_torch()
-    else:
-        raise InvalidProblem(f"expected a NumPy array, a CuPy array or a PyTorch tensor, got {kind.__name__}")
-    _LIBRARIES[kind] = library
+    if library is None:
+        library = NUMPY if isinstance(a, np.ndarray) else _MODULES.get(kind.__module__.partition(".")[0])
+        if library is None or library == NUMPY and not isinstance(a, np.ndarray):
+            raise InvalidProblem(f"expected a NumPy array, a CuPy array or a PyTorch tensor, got {kind.__name__}")
+        if library == TORCH:
+            _import_torch()
+        _LIBRARIES[kind] = library
     return library
 
 

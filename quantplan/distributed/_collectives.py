@@ -32,6 +32,7 @@ from ._steps import (
     _SwizzleComposed,
     _SwizzlePlanStep,
     _SwizzleStep,
+    plan_label,
 )
 
 # ---- qgZ: quantized reduce-scatter ----------------------------------------------------------------
@@ -365,10 +366,7 @@ class QuantizedAllGather:
 
     def describe(self) -> dict[str, str]:
         """The plans of the two steps (backend and kernel variant)."""
-        return {
-            "quantize": f"DynamicRangeQuantizePlan[{self._quantize.sku().backend.value}:{self._quantize.sku().variant}]",
-            "dequantize": f"DequantizePlan[{self._dequantize.sku().backend.value}:{self._dequantize.sku().variant}]",
-        }
+        return {"quantize": plan_label(self._quantize), "dequantize": plan_label(self._dequantize)}
 
     def _check(self, output: Any, input: Any) -> None:
         _check_pair(output, input)

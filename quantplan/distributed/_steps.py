@@ -174,16 +174,29 @@ def _auto(
         return composed()
 
 
-class _SwizzlePlanStep(_SwizzleStep):
-    """SwizzledQuantizePlan writing the send buffers ``(devices_per_node, nodes * slice)``."""
+def plan_label(plan: Any) -> str:
+    """``Plan[backend:variant]``, how ``describe()`` names a plan."""
+    sku = plan.sku()
+    return f"{type(plan).__name__}[{sku.backend.value}:{sku.variant}]"
 
-    def __init__(self, target: Target, desc: SwizzledQuantizeDescriptor) -> None:
+
+class _PlanStep(_Step):
+    """A step that is one plan, selected on ``target`` for ``desc``."""
+
+    def __init__(self, target: Target, plan_cls: Any, desc: Any) -> None:
         self.target = target
-        self.plan = target.select(SwizzledQuantizePlan, desc)
-        self.label = f"SwizzledQuantizePlan[{self.plan.sku().backend.value}:{self.plan.sku().variant}]"
+        self.plan = target.select(plan_cls, desc)
+        self.label = plan_label(self.plan)
 
     def workspace_size(self) -> int:
         return int(self.plan.workspace_size())
+
+
+class _SwizzlePlanStep(_PlanStep, _SwizzleStep):
+    """SwizzledQuantizePlan writing the send buffers ``(devices_per_node, nodes * slice)``."""
+
+    def __init__(self, target: Target, desc: SwizzledQuantizeDescriptor) -> None:
+        super().__init__(target, SwizzledQuantizePlan, desc)
 
     def run(self, stream: Any, ws: Workspace | None, x: torch.Tensor, send: _Buffers) -> None:
         d = self.target
@@ -235,16 +248,11 @@ class _SwizzleComposed(_SwizzleStep):
                 dst.view(self.dpn, self.nodes, -1).copy_(src.view(self.nodes, self.dpn, -1).transpose(0, 1))
 
 
-class _ReducePlanStep(_ReduceStep):
+class _ReducePlanStep(_PlanStep, _ReduceStep):
     """DequantReducePlan: ``(peers, chunk)`` codes in, a re-quantized chunk or the float result out."""
 
     def __init__(self, target: Target, desc: DequantReduceDescriptor) -> None:
-        self.target = target
-        self.plan = target.select(DequantReducePlan, desc)
-        self.label = f"DequantReducePlan[{self.plan.sku().backend.value}:{self.plan.sku().variant}]"
-
-    def workspace_size(self) -> int:
-        return int(self.plan.workspace_size())
+        super().__init__(target, DequantReducePlan, desc)
 
     def run(self, stream: Any, ws: Workspace | None, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
         d = self.target
