@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._device import device_info
 from ._families import dequantize_unit, quantize_unit, row_kernel_name
-from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct, set_rng
+from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, param_shape, row_layout
 from ._operands import Operand
 from .compiler import compile_options, load_kernels
@@ -245,10 +245,7 @@ class AffineArgs:
 
 
 _ROW_FIELDS: list[tuple[str, Any]] = [
-    ("src", ctypes.c_uint64),
-    ("dst", ctypes.c_uint64),
-    ("scale_ptr", ctypes.c_uint64),
-    ("zp_ptr", ctypes.c_uint64),
+    *fields(ctypes.c_uint64, "src", "dst", "scale_ptr", "zp_ptr"),
 ]
 #: Argument blocks of ``dequantize_rows`` (rng False) / ``quantize_rows`` (rng True) per precision.
 _ROW_KERNEL_PARAMS = {

@@ -16,7 +16,7 @@ from typing import Any
 from ._affine import ScopedProblem
 from ._device import device_info
 from ._families import FAKE_ROW_KERNELS, fake_quantize_unit
-from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, occupancy_grid, params_struct
+from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
 from ._operands import Operand
 from .compiler import compile_options, load_kernels, template_name
@@ -63,9 +63,7 @@ def _row_params(precision: MathPrecision, op: FakeOp) -> type[ctypes.Structure]:
         "FakeRowParams",
         data
         + [
-            ("out", ctypes.c_uint64),
-            ("scale_ptr", ctypes.c_uint64),
-            ("zp_ptr", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "out", "scale_ptr", "zp_ptr"),
             ("scale_value", acc_ctype(precision)),
             ("zp_value", ctypes.c_int32),
             ("layout", RowLayoutArgs),
@@ -79,16 +77,9 @@ _FLAT_PARAMS = {
     p: params_struct(
         "FakeFlatParams",
         [
-            ("x", ctypes.c_uint64),
-            ("dy", ctypes.c_uint64),
-            ("out", ctypes.c_uint64),
-            ("scale_ptr", ctypes.c_uint64),
-            ("zp_ptr", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "x", "dy", "out", "scale_ptr", "zp_ptr"),
             ("scale_value", acc_ctype(p)),
-            ("zp_value", ctypes.c_int32),
-            ("zp_source", ctypes.c_int32),
-            ("q_min", ctypes.c_int32),
-            ("q_max", ctypes.c_int32),
+            *fields(ctypes.c_int32, "zp_value", "zp_source", "q_min", "q_max"),
             ("n", ctypes.c_int64),
             ("per_thread", ctypes.c_int32),
             *RNG_FIELDS,

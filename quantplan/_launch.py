@@ -19,13 +19,16 @@ from ._device import DeviceInfo
 from ._operands import Operand
 from .errors import InvalidProblem
 
+
+def fields(ctype: Any, *names: str) -> list[tuple[str, Any]]:
+    """Argument-block fields ``names``, all of C type ``ctype``: ``fields(ctypes.c_uint64, "x", "y")``."""
+    return [(name, ctype) for name in names]
+
+
 #: The Philox seed / offset fields of a stochastic kernel's argument block (SPEC section 4): each
 #: a device pointer to a one-element int64 array, or 0 and the value itself.
 RNG_FIELDS: list[tuple[str, Any]] = [
-    ("seed_ptr", ctypes.c_uint64),
-    ("offset_ptr", ctypes.c_uint64),
-    ("seed_value", ctypes.c_uint64),
-    ("offset_value", ctypes.c_uint64),
+    *fields(ctypes.c_uint64, "seed_ptr", "offset_ptr", "seed_value", "offset_value"),
 ]
 
 
@@ -160,6 +163,7 @@ __all__ = [
     "LaunchPair",
     "PreparedLaunch",
     "device_arg",
+    "fields",
     "launch_on",
     "occupancy_grid",
     "params_struct",

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._device import DeviceInfo
 from ._families import QGZ_CODE_KINDS, QGZ_FLOAT_KINDS
-from ._launch import PreparedLaunch, occupancy_grid, vector_alignment
+from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, is_scalar
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
 from .elements import ELEMENTS
@@ -44,12 +44,8 @@ class QgzOutputArgs(ctypes.Structure):
     """``struct QgzOutputArgs`` of ``kernels/qp_qgz.cuh``."""
 
     _fields_ = [
-        ("q", ctypes.c_uint64),
-        ("scale_out", ctypes.c_uint64),
-        ("zp_out", ctypes.c_uint64),
-        ("error", ctypes.c_uint64),
-        ("beta", ctypes.c_float),
-        ("one_minus_beta", ctypes.c_float),
+        *fields(ctypes.c_uint64, "q", "scale_out", "zp_out", "error"),
+        *fields(ctypes.c_float, "beta", "one_minus_beta"),
     ]
 
 
@@ -58,10 +54,7 @@ class SwizzleMapArgs(ctypes.Structure):
 
     _fields_ = [
         ("slice_groups", ctypes.c_int64),
-        ("nodes", ctypes.c_int32),
-        ("devices_per_node", ctypes.c_int32),
-        ("pipeline", ctypes.c_int32),
-        ("pad", ctypes.c_int32),
+        *fields(ctypes.c_int32, "nodes", "devices_per_node", "pipeline", "pad"),
     ]
 
 
@@ -69,14 +62,9 @@ class PeerSumArgs(ctypes.Structure):
     """``struct PeerSumArgs`` of ``kernels/qp_qgz.cuh``."""
 
     _fields_ = [
-        ("q", ctypes.c_uint64),
-        ("scale", ctypes.c_uint64),
-        ("zp", ctypes.c_uint64),
-        ("peer_bytes", ctypes.c_int64),
-        ("peer_params", ctypes.c_int64),
-        ("in_group", ctypes.c_int64),
-        ("peers", ctypes.c_int32),
-        ("average", ctypes.c_int32),
+        *fields(ctypes.c_uint64, "q", "scale", "zp"),
+        *fields(ctypes.c_int64, "peer_bytes", "peer_params", "in_group"),
+        *fields(ctypes.c_int32, "peers", "average"),
         ("peers_f", ctypes.c_float),
         ("in_group_shift", ctypes.c_int32),
     ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ._affine import AffineProblem
 from ._device import device_info
 from ._families import dynamic_range_unit
-from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct, vector_alignment
+from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype
@@ -163,16 +163,10 @@ SEGMENT_PARAMS = {
     precision: params_struct(
         "SegmentKernelParams",
         [
-            ("x", ctypes.c_uint64),
-            ("y", ctypes.c_uint64),
-            ("scale_out", ctypes.c_uint64),
-            ("zp_out", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "x", "y", "scale_out", "zp_out"),
             ("layout", SegmentLayoutArgs),
             ("divisor", acc_ctype(precision)),
-            ("seed_ptr", ctypes.c_uint64),
-            ("offset_ptr", ctypes.c_uint64),
-            ("seed_value", ctypes.c_uint64),
-            ("offset_value", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "seed_ptr", "offset_ptr", "seed_value", "offset_value"),
         ],
     )
     for precision in MathPrecision
@@ -225,13 +219,9 @@ _PARAMS_PARAMS = {
     precision: params_struct(
         "RangeParamsParams",
         [
-            ("stats", ctypes.c_uint64),
-            ("scale_out", ctypes.c_uint64),
-            ("zp_out", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "stats", "scale_out", "zp_out"),
             ("count", ctypes.c_int64),
-            ("mode", ctypes.c_int32),
-            ("q_min", ctypes.c_int32),
-            ("q_max", ctypes.c_int32),
+            *fields(ctypes.c_int32, "mode", "q_min", "q_max"),
             ("divisor", acc_ctype(precision)),
         ],
     )

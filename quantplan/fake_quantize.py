@@ -32,7 +32,7 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_FLOAT, ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProblem, FakeRowLaunches, prepare_fake_rows
 from ._families import fake_quantize_unit
-from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
+from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
 from ._operands import Operand, OperandChecks, is_scalar, operand, overlaps, same_or_disjoint, view
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
@@ -150,8 +150,7 @@ class LsqLayoutArgs(ctypes.Structure):
     """``struct LsqLayout`` of ``kernels/fake_quantize.cu``, field for field (passed by value)."""
 
     _fields_ = [
-        ("segments", ctypes.c_int64),
-        ("items", ctypes.c_int64),
+        *fields(ctypes.c_int64, "segments", "items"),
         *(
             (name, ctypes.c_int32)
             for name in ("S", "chunk", "chunks_per_segment", "team_log2", "q_min", "q_max", "zp_source", "pad")
@@ -163,15 +162,9 @@ _LSQ_PARAMS = {
     p: params_struct(
         "LsqParams",
         [
-            ("x", ctypes.c_uint64),
-            ("dy", ctypes.c_uint64),
-            ("dx", ctypes.c_uint64),
-            ("scale_ptr", ctypes.c_uint64),
-            ("zp_ptr", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "x", "dy", "dx", "scale_ptr", "zp_ptr"),
             ("grad_factor", acc_ctype(p)),
-            ("grad_scale", ctypes.c_uint64),
-            ("grad_zp", ctypes.c_uint64),
-            ("partials", ctypes.c_uint64),
+            *fields(ctypes.c_uint64, "grad_scale", "grad_zp", "partials"),
             ("layout", LsqLayoutArgs),
         ],
     )
@@ -180,9 +173,7 @@ _LSQ_PARAMS = {
 _FINISH_PARAMS = params_struct(
     "LsqFinishParams",
     [
-        ("partials", ctypes.c_uint64),
-        ("grad_scale", ctypes.c_uint64),
-        ("grad_zp", ctypes.c_uint64),
+        *fields(ctypes.c_uint64, "partials", "grad_scale", "grad_zp"),
         ("segments", ctypes.c_int64),
         ("chunks_per_segment", ctypes.c_int32),
     ],

@@ -35,7 +35,7 @@ from .._families import (
     error_tag,
     moq_fake_quantize_unit,
 )
-from .._launch import launch_on, params_struct
+from .._launch import fields, launch_on, params_struct
 from .._operands import (
     Operand,
     check_disjoint,
@@ -93,16 +93,10 @@ class DeepSpeedOutputArgs(ctypes.Structure):
     """``struct DeepSpeedOutputArgs`` of ``kernels/qp_deepspeed_format.cuh``."""
 
     _fields_ = [
-        ("q", ctypes.c_uint64),
-        ("params", ctypes.c_uint64),
-        ("work", ctypes.c_uint64),
-        ("error", ctypes.c_uint64),
-        ("beta", ctypes.c_float),
-        ("one_minus_beta", ctypes.c_float),
-        ("seed", ctypes.c_uint64),
-        ("offset", ctypes.c_uint64),
-        ("bits", ctypes.c_int32),
-        ("asym", ctypes.c_int32),
+        *fields(ctypes.c_uint64, "q", "params", "work", "error"),
+        *fields(ctypes.c_float, "beta", "one_minus_beta"),
+        *fields(ctypes.c_uint64, "seed", "offset"),
+        *fields(ctypes.c_int32, "bits", "asym"),
     ]
 
 
