@@ -58,16 +58,23 @@ class ScopedProblem:
 
 
 @dataclass(frozen=True)
-class AffineProblem(ScopedProblem):
-    """A validated affine problem: float side, code side, scope, parameters, code range, rounding."""
+class CodeRangeProblem(ScopedProblem):
+    """A validated problem over integer codes ``[q_min, q_max]``: the float data (``float_kind``,
+    in and out for fake quantization), its scope and mode."""
 
     shape: tuple[int, ...]
     scope: Scope
     mode: QuantMode
     float_kind: ElementKind
-    code_kind: ElementKind
     q_min: int
     q_max: int
+
+
+@dataclass(frozen=True)
+class AffineProblem(CodeRangeProblem):
+    """A validated affine problem: float side, code side, scope, parameters, code range, rounding."""
+
+    code_kind: ElementKind
     nibble_order: NibbleOrder
     #: Round half to even, or Philox stochastic rounding (quantize direction only).
     rounding: Rounding = Rounding.NEAREST_EVEN
@@ -128,7 +135,7 @@ def resolve_affine_problem(
             )
         if lo > hi:
             raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
-    return AffineProblem(tuple(shape), scope, mode, float_kind, code_kind, lo, hi, nibble_order)
+    return AffineProblem(tuple(shape), scope, mode, float_kind, lo, hi, code_kind, nibble_order)
 
 
 class QuantizeDescriptor(BaseModel):
@@ -345,6 +352,7 @@ __all__ = [
     "AffineArgs",
     "AffineProblem",
     "AffineRows",
+    "CodeRangeProblem",
     "DequantizeDescriptor",
     "QuantizeDescriptor",
     "ScopedProblem",

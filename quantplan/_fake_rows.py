@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import enum
-from dataclasses import dataclass
 from typing import Any
 
-from ._affine import ScopedProblem
+from ._affine import CodeRangeProblem
 from ._device import device_info
 from ._families import FAKE_ROW_KERNELS, fake_quantize_unit
 from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
@@ -21,7 +20,7 @@ from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
 from ._operands import Operand
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype
-from .types import ElementKind, MathPrecision, QuantMode, Rounding, Scope, TensorScope
+from .types import MathPrecision, Rounding, TensorScope
 
 #: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value, an int32 array, a float array.
 ZP_VALUE, ZP_INT32, ZP_FLOAT = 0, 1, 2
@@ -44,16 +43,8 @@ class FakeOp(enum.IntEnum):
         return cls.STOCHASTIC if rounding is Rounding.STOCHASTIC else cls.NEAREST
 
 
-@dataclass(frozen=True)
-class FakeQuantizeProblem(ScopedProblem):
-    """A validated fake quantization problem (``float_kind``: the data type, in and out)."""
-
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode
-    float_kind: ElementKind
-    q_min: int
-    q_max: int
+#: A validated fake quantization problem (``float_kind``: the data type, in and out).
+FakeQuantizeProblem = CodeRangeProblem
 
 
 def _row_params(precision: MathPrecision, op: FakeOp) -> type[ctypes.Structure]:

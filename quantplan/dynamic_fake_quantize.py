@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from . import reference
 from ._affine import AffineProblem
 from ._device import device_info, stream_device_id
-from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProblem, FakeRowLaunches, prepare_fake_rows
+from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
 from ._families import dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
@@ -135,17 +135,9 @@ def dynamic_fake_quantize_problem(desc: DynamicRangeFakeQuantizeDescriptor) -> A
         raise InvalidProblem(f"element must be one of F16, BF16, F32, F64, got {desc.element.name}")
     param_shape(desc.shape, desc.scope)  # validates axis and group divisibility
     q_min, q_max = dynamic_fake_quantize_range(desc.mode, desc.bits)
-    return AffineProblem(
-        tuple(desc.shape),
-        desc.scope,
-        desc.mode,
-        desc.element,
-        ElementKind.S8 if desc.mode is QuantMode.SYMMETRIC else ElementKind.U8,
-        q_min,
-        q_max,
-        NibbleOrder.LOW_FIRST,
-        rounding=desc.rounding,
-    )
+    code_kind = ElementKind.S8 if desc.mode is QuantMode.SYMMETRIC else ElementKind.U8
+    shape, low_first = tuple(desc.shape), NibbleOrder.LOW_FIRST
+    return AffineProblem(shape, desc.scope, desc.mode, desc.element, q_min, q_max, code_kind, low_first, desc.rounding)
 
 
 def _align(n: int) -> int:
@@ -286,10 +278,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
             variant = f"{problem.scope.kind}/{problem.mode.value}/{geometries[0].describe()}"
             return cls(desc, problem, device_id, variant, fused=fused)
         passes = RangePasses.prepare(problem, device_id)
-        fake_problem = FakeQuantizeProblem(
-            problem.shape, problem.scope, problem.mode, problem.float_kind, problem.q_min, problem.q_max
-        )
-        rows, rows_variant = prepare_fake_rows(fake_problem, FakeOp.forward(problem.rounding), device_id)
+        rows, rows_variant = prepare_fake_rows(problem, FakeOp.forward(problem.rounding), device_id)
         return cls(desc, problem, device_id, f"{passes.kind}+{rows_variant}", passes=passes, rows=rows)
 
     # ---- arguments ----------------------------------------------------------------------------

@@ -143,17 +143,15 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
         uniform = reference_uniform(shape, a.seed, a.offset) if self._stochastic else None
         in_kind = self._in_info.kind
         src = self._host_view(a.x, storage_shape(shape, in_kind), self._in_info)
-        self._write_host(a.y, self._reference(src, scale_np, zp_np, shape, uniform).view(self._out_info.numpy_dtype))
-
-    def _reference(
-        self,
-        src: np.ndarray,
-        scale: np.ndarray,
-        zp: np.ndarray | int,
-        shape: tuple[int, ...],
-        uniform: np.ndarray | None,
-    ) -> np.ndarray:
-        raise NotImplementedError
+        if self._float_to_code:
+            result = reference.quantize(
+                src, scale_np, zp_np, p.code_kind, p.q_min, p.q_max, p.precision, p.nibble_order, uniform=uniform
+            )
+        else:
+            result = reference.dequantize(
+                src, scale_np, zp_np, p.code_kind, p.float_kind, shape[-1], p.precision, p.nibble_order
+            )
+        self._write_host(a.y, result.view(self._out_info.numpy_dtype))
 
 
 class QuantizePlan(StaticAffinePlan):
@@ -190,19 +188,6 @@ class QuantizePlan(StaticAffinePlan):
         """
         return cls._make(stream, quantize_problem(desc), pref)  # type: ignore[no-any-return]
 
-    def _reference(
-        self,
-        src: np.ndarray,
-        scale: np.ndarray,
-        zp: np.ndarray | int,
-        shape: tuple[int, ...],
-        uniform: np.ndarray | None,
-    ) -> np.ndarray:
-        p = self.problem
-        return reference.quantize(
-            src, scale, zp, p.code_kind, p.q_min, p.q_max, p.precision, p.nibble_order, uniform=uniform
-        )
-
 
 class DequantizePlan(StaticAffinePlan):
     """Dequantization of integer or FP8 codes to a float tensor.
@@ -231,17 +216,6 @@ class DequantizePlan(StaticAffinePlan):
     def select(cls, stream: Any, desc: DequantizeDescriptor, pref: PlanPreference | None = None) -> DequantizePlan:
         """Validate ``desc``, pick the backend and kernel variant, compile it on first use."""
         return cls._make(stream, dequantize_problem(desc), pref)  # type: ignore[no-any-return]
-
-    def _reference(
-        self,
-        src: np.ndarray,
-        scale: np.ndarray,
-        zp: np.ndarray | int,
-        shape: tuple[int, ...],
-        uniform: np.ndarray | None,
-    ) -> np.ndarray:
-        p = self.problem
-        return reference.dequantize(src, scale, zp, p.code_kind, p.float_kind, shape[-1], p.precision, p.nibble_order)
 
 
 __all__ = [
