@@ -219,8 +219,12 @@ class Target:
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         """An uninitialized array of ``shape`` and ``dtype`` (a NumPy-style name) on this target."""
-        if self.library == TORCH:
-            return torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=self.device)
+        if self.library == TORCH:  # sizes as arguments: PyTorch parses them faster than a tuple
+            return (
+                torch.empty(*shape, dtype=_TORCH_DTYPES[dtype], device=self.device)
+                if shape
+                else torch.empty((), dtype=_TORCH_DTYPES[dtype], device=self.device)
+            )
         if self.library == NUMPY:
             return np.empty(shape, dtype)
         import cupy
@@ -234,6 +238,8 @@ class Target:
         Python number) as it is."""
         if self.cuda or self.library != TORCH or not isinstance(a, torch.Tensor):
             return a
+        if a.requires_grad:
+            a = a.detach()
         if a.dtype is torch.bfloat16:
             return a.view(torch.int16).numpy().view(np.uint16)
         return a.numpy()

@@ -23,7 +23,7 @@ results bit for bit), so a model trains in a notebook without a GPU.
 Tensors: float16, bfloat16, float32 or float64. Inputs that are not C-contiguous (``.t()``,
 slices, ``channels_last``) are copied with ``.contiguous()`` first, and outputs are
 ``torch.empty_like`` of that contiguous input: always C-contiguous. Tensors that require grad
-reach the plans as ``.detach()`` views (no copy).
+reach the plans without a copy (CUDA: the tensor itself; CPU: a NumPy view of its ``.detach()``).
 
 Plans are selected once per problem -- (kind, shape, dtype, scope, mode, range, device) -- and
 kept in quantplan's per-thread front-end cache of :data:`PLAN_CACHE_SIZE` entries (shared with
@@ -93,7 +93,8 @@ _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
 
 
 def _contiguous(x: Any) -> Any:
-    x = x.detach()
+    """``x`` itself when C-contiguous, else a contiguous copy (autograd records nothing here: the
+    ops run inside their Function's forward / backward)."""
     return x if x.is_contiguous() else x.contiguous()
 
 
@@ -108,7 +109,7 @@ def _element(x: Any) -> ElementKind:
 
 
 def _input(x: Any) -> tuple[Any, ElementKind, Target]:
-    """``x`` detached and C-contiguous, its element and its target."""
+    """``x`` C-contiguous, its element and its target."""
     xc = _contiguous(x)
     kind = _element(xc)
     return xc, kind, Target.of(xc)
@@ -122,14 +123,14 @@ def _is_number(value: Any) -> bool:
 
 
 def _param(value: Any, name: str, pshape: tuple[int, ...], dtype: Any, x: Any) -> Any:
-    """``value`` (tensor, sequence or number) as a detached C-contiguous tensor of ``dtype`` on
+    """``value`` (tensor, sequence or number) as a C-contiguous tensor of ``dtype`` on
     ``x``'s device with the parameter count of ``pshape``: a number is broadcast, a tensor of that
     count is taken in its own shape (``(C,)`` for a channel scope, as PyTorch's per-channel ops
     take it; unchecked runs do not read it, :func:`_exact` gives it ``pshape`` where a plan checks
     it). Nothing that already fits is copied."""
     if _is_number(value):
         return torch.full(pshape, value, dtype=dtype, device=x.device)
-    t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     count = math.prod(pshape)
     if t.numel() != count:
         raise InvalidProblem(
@@ -153,26 +154,39 @@ def _zero_point_dtype(value: Any, float_dtype: Any) -> Any:
 
 
 class _Static:
-    """What one static problem (shape, dtype, scope, mode, range) needs on one device: the forward
-    plan and the parameters' shape (cached with the plan)."""
+    """What one static problem (shape, dtype, scope, mode, range) needs on one device, cached
+    together: the forward plan, the parameters' shape, and the straight-through backward plan
+    (selected at the first backward)."""
 
-    __slots__ = ("plan", "pshape")
+    __slots__ = ("key", "plan", "pshape", "ste")
 
-    def __init__(self, plan: Any, pshape: tuple[int, ...]) -> None:
-        self.plan, self.pshape = plan, pshape
+    def __init__(self, key: tuple[Any, ...], plan: Any, pshape: tuple[int, ...]) -> None:
+        self.key, self.plan, self.pshape, self.ste = key, plan, pshape, None
+
+    def ste_plan(self, target: Target, kind: ElementKind) -> Any:
+        """The straight-through FakeQuantizeBackwardPlan of this problem."""
+        if self.ste is None:
+            shape, _, scope, mode, q_min, q_max = self.key
+            self.ste = target.select(
+                FakeQuantizeBackwardPlan,
+                FakeQuantizeBackwardDescriptor(
+                    shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max, learnable=False
+                ),
+            )
+        return self.ste
 
 
 def _static(
     target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int
 ) -> _Static:
-    shape = tuple(xc.shape)
+    key = (tuple(xc.shape), xc.dtype, scope, mode, q_min, q_max)
 
     def build() -> _Static:
-        pshape = param_shape(shape, scope)
-        desc = FakeQuantizeDescriptor(shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
-        return _Static(target.select(FakeQuantizePlan, desc), pshape)
+        pshape = param_shape(key[0], scope)
+        desc = FakeQuantizeDescriptor(shape=key[0], scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
+        return _Static(key, target.select(FakeQuantizePlan, desc), pshape)
 
-    return target.cached((_Static, shape, xc.dtype, scope, mode, q_min, q_max), build)  # type: ignore[no-any-return]
+    return target.cached((_Static, *key), build)  # type: ignore[no-any-return]
 
 
 def _static_params(
@@ -196,15 +210,13 @@ def _static_params(
 # ---- static fake quantization ------------------------------------------------------------------
 
 
-def _backward_plan(
-    target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int, learnable: bool
-) -> Any:
+def _lsq_plan(target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int) -> Any:
     shape = tuple(xc.shape)
     return target.plan(
         FakeQuantizeBackwardPlan,
-        (shape, xc.dtype, scope, mode, q_min, q_max, learnable),
+        (shape, xc.dtype, scope, mode, q_min, q_max, True),
         lambda: FakeQuantizeBackwardDescriptor(
-            shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max, learnable=learnable
+            shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max, learnable=True
         ),
     )
 
@@ -223,10 +235,8 @@ def _run_forward(target: Target, xc: Any, plan: Any, s: Any, z: Any) -> Any:
     return y
 
 
-def _run_ste(
-    target: Target, xc: Any, kind: ElementKind, dy: Any, s: Any, z: Any, scope: Scope, q_min: int, q_max: int
-) -> Any:
-    plan = _backward_plan(target, xc, kind, scope, _MODES[z is not None], q_min, q_max, False)
+def _run_ste(target: Target, xc: Any, kind: ElementKind, dy: Any, s: Any, z: Any, static: _Static) -> Any:
+    plan = static.ste_plan(target, kind)
     dyc = _contiguous(dy)
     dx = torch.empty_like(xc)
     args = FakeQuantizeBackwardArgs(target.arg(xc), target.arg(dyc), target.arg(dx), target.arg(s), target.arg(z))
@@ -262,17 +272,17 @@ class FakeQuantizeFunction(torch.autograd.Function):
         s_t = s if isinstance(s, torch.Tensor) else None
         z_t = z if isinstance(z, torch.Tensor) else None
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.spec = (scope, q_min, q_max, kind, None if s_t is not None else s, z if z_t is None else None)
+        ctx.spec = (static, kind, None if s_t is not None else s, z if z_t is None else None)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max, kind, s_number, z_number = ctx.spec
+        static, kind, s_number, z_number = ctx.spec
         s = s_number if s_t is None else s_t
         z = z_number if z_t is None else z_t
-        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, scope, q_min, q_max)
+        dx = _run_ste(Target.of(xc), xc, kind, dy, s, z, static)
         return dx, None, None, None, None, None
 
 
@@ -333,7 +343,7 @@ def _run_lsq(
         xc, dyc = (_contiguous(t.movedim(src, dst)) for t in (xc, dyc))
         s_t = _contiguous(s_t.movedim(src, dst))
         z_t = None if z_t is None else _contiguous(z_t.movedim(src, dst))
-    plan = _backward_plan(target, xc, kind, run_scope, mode, q_min, q_max, True)
+    plan = _lsq_plan(target, xc, kind, run_scope, mode, q_min, q_max)
     dx = torch.empty_like(xc)
     ds = torch.empty_like(s_t)
     dz = None if z_t is None else torch.empty_like(z_t)
@@ -379,7 +389,7 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
         y = _run_forward(target, xc, static.plan, s_t, z_t)
         ctx.save_for_backward(xc, s_t, z_t)
-        ctx.spec = (scope, q_min, q_max, float(grad_factor), kind, static.pshape)
+        ctx.spec = (static, scope, q_min, q_max, float(grad_factor), kind)
         ctx.param_meta = tuple(
             None if not isinstance(p, torch.Tensor) else (tuple(p.shape), p.dtype) for p in (scale, zero_point)
         )
@@ -389,10 +399,11 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dy: Any) -> tuple[Any, Any, Any, None, None, None, None]:  # type: ignore[override]
         xc, s_t, z_t = ctx.saved_tensors
-        scope, q_min, q_max, grad_factor, kind, pshape = ctx.spec
+        static, scope, q_min, q_max, grad_factor, kind = ctx.spec
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, scope, q_min, q_max)
+            dx = _run_ste(Target.of(xc), xc, kind, dy, s_t, z_t, static)
             return dx, None, None, None, None, None, None
+        pshape = static.pshape
         dx, ds, dz = _run_lsq(xc, dy, _exact(s_t, pshape), _exact(z_t, pshape), scope, q_min, q_max, grad_factor)
 
         def as_param(grad: Any, meta: Any) -> Any:

@@ -383,7 +383,8 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
                 nibble_order=NibbleOrder.HIGH_FIRST,
             ),
         )
-        codes = target_.view(flat(q), "uint8" if num_bits == 4 else "int8")
+        storage = "uint8" if num_bits == 4 else "int8"
+        codes = flat(q) if dtype_name(q) == storage else target_.view(flat(q), storage)
         target_.run_with_workspace(plan, DequantizeArgs(codes, y, flat(p)), check=False)
     else:
         plan = target_.plan(
