@@ -364,8 +364,11 @@ def _cupy_stream(index: int) -> int:
     """The raw handle of CuPy's current stream of device ``index``."""
     import cupy
 
-    with cupy.cuda.Device(index):
-        return int(cupy.cuda.get_current_stream().ptr)
+    try:
+        return int(cupy.cuda.get_current_stream(index).ptr)
+    except TypeError:  # a CuPy whose get_current_stream takes no device
+        with cupy.cuda.Device(index):
+            return int(cupy.cuda.get_current_stream().ptr)
 
 
 def _mismatch(a: Target, b: Target) -> None:
