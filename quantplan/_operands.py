@@ -68,7 +68,9 @@ class Operand:
 
 
 def _numpy_operand(obj: Any) -> Operand:
-    return Operand(obj, 0, obj.shape, obj.dtype.name, obj.itemsize, obj.flags.c_contiguous, None)
+    dtype = obj.dtype
+    name = _DTYPE_NAMES.get(dtype) or dtype_name(dtype)
+    return Operand(obj, 0, obj.shape, name, obj.itemsize, obj.flags.c_contiguous, None)
 
 
 def _cupy_operand(obj: Any) -> Operand:
@@ -103,6 +105,28 @@ def _cai_operand(obj: Any) -> Operand:
     return Operand(obj, ptr, shape, cai_dtype, itemsize, contiguous, int(device_id))
 
 
+def _cupy_pointer(obj: Any) -> int:
+    return obj.data.ptr  # type: ignore[no-any-return]
+
+
+def _torch_pointer(obj: Any) -> int:
+    return obj.data_ptr() if obj.get_device() >= 0 else 0  # type: ignore[no-any-return]
+
+
+def _cai_pointer(obj: Any) -> int:
+    return int(obj.__cuda_array_interface__["data"][0])
+
+
+def _host_pointer(obj: Any) -> int:
+    return 0
+
+
+_POINTER_OF: dict[Callable[[Any], Operand], Callable[[Any], int]] = {
+    _numpy_operand: _host_pointer,
+    _cupy_operand: _cupy_pointer,
+    _torch_operand: _torch_pointer,
+    _cai_operand: _cai_pointer,
+}
 #: array type -> its reader, filled on first sight of each type.
 _READERS: dict[type, Callable[[Any], Operand]] = {np.ndarray: _numpy_operand}
 
@@ -123,6 +147,7 @@ def _reader(kind: type, obj: Any, name: str) -> Callable[[Any], Operand]:
             f"__cuda_array_interface__, got {type(obj).__name__}"
         )
     _READERS[kind] = reader
+    _POINTERS[kind] = _POINTER_OF[reader]
     return reader
 
 
@@ -307,7 +332,7 @@ class OperandChecks:
         self._check_residence(op, name)
         if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
             raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
-        if op.dtype_name != dtype.name:
+        if op.dtype_name != (_DTYPE_NAMES.get(dtype) or dtype_name(dtype)):
             raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan needs {dtype.name}")
         if not op.contiguous:
             raise MisalignedOperand(f"{name} is not C-contiguous")
@@ -364,7 +389,7 @@ class OperandChecks:
         pshape = self._param_shape
         if op.shape != pshape and not (math.prod(pshape) == 1 and op.size == 1):
             raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {pshape}")
-        if op.dtype_name != dtype.name:
+        if op.dtype_name != (_DTYPE_NAMES.get(dtype) or dtype_name(dtype)):
             raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan writes {dtype.name}")
         if not op.contiguous or op.ptr % op.itemsize:
             raise InvalidProblem(f"{name} must be C-contiguous and aligned to its {op.itemsize}-byte elements")
@@ -406,7 +431,20 @@ def view(value: Any, name: str) -> Any:
     return operand(value, name) if not is_scalar(value) else value
 
 
+def pointer_view(value: Any, name: str) -> Any:
+    """:func:`view` reading only what a launch needs: an array's object and data pointer (its
+    other :class:`Operand` fields are left empty). The unchecked path of ``run``."""
+    if value is None or type(value) in _SCALAR_TYPES:
+        return value
+    reader = _POINTERS.get(type(value))
+    if reader is None:
+        return view(value, name)
+    return Operand(value, reader(value), (), "", 1, True, None)
+
+
 _SCALAR_TYPES = frozenset({int, float})
+#: array type -> the reader of its data pointer (0 for host arrays), filled on first sight.
+_POINTERS: dict[type, Callable[[Any], int]] = {np.ndarray: _host_pointer}
 
 
 __all__ = [
@@ -419,6 +457,7 @@ __all__ = [
     "is_scalar",
     "operand",
     "overlaps",
+    "pointer_view",
     "reference_uniform",
     "same_or_disjoint",
     "scalar_scale",

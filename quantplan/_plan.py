@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from ._device import cuda_available, device_info
 from ._launch import PreparedLaunch, stream_handle
-from ._operands import view
+from ._operands import pointer_view
 from .elements import param_element
 from .errors import Unsupported
 from .types import (
@@ -151,7 +151,7 @@ class Plan(Generic[ArgsT, CheckedT]):
 
     def _extract(self, args: ArgsT) -> CheckedT:
         """The operands of ``run(..., check=False)``, read without checks (see ``_extract_fields``)."""
-        return self._checked(*[view(getattr(args, name, None), name) for name in self._extract_fields])  # type: ignore[no-any-return]
+        return self._checked(*[pointer_view(getattr(args, name, None), name) for name in self._extract_fields])  # type: ignore[no-any-return]
 
     # ---- execution --------------------------------------------------------------------------
 

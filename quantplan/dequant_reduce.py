@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -144,8 +144,7 @@ class DequantReduceArgs:
     error_beta: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one run: peers' codes and parameters, the output and its parameters, the LoCo
     buffer and ``(b, 1 - b)``."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -158,8 +158,7 @@ def _prepare_fused(
     return prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id)
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one run: input, output, optional parameter outputs, Philox seed / offset."""
 
     x: Operand

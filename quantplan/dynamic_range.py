@@ -16,7 +16,7 @@ Kernels: ``kernels/dynamic_range.cu`` (+ ``qp_range.cuh``); reference:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,8 +62,7 @@ class DynamicRangeQuantizeArgs:
     rng_offset: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one run: input, codes, parameter outputs, Philox seed / offset."""
 
     x: Operand

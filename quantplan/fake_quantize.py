@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -244,8 +244,7 @@ def _zero_fill(device_id: int, handle: int, op: Operand) -> None:
         cupy.cuda.runtime.memsetAsync(op.ptr, 0, op.size * op.itemsize, handle)
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one fake-quantization run (forward: ``dy`` None, ``dx`` the output; the
     learnable backward adds the gradient factor and the parameter gradients)."""
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -150,8 +150,7 @@ _DEQUANTIZE_BACKWARD_PARAMS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one gradient run: the data read (``x``: the forward input, or None), the
     gradient read (``dy``) and written (``dx``), the scale and the zero point."""
 

@@ -17,8 +17,7 @@ and ``tests/test_reference_static_quantize.py``. Their gradients (``quantize_bac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -42,8 +41,7 @@ from .types import BackendKind, OpCategory, PlanPreference, QuantMode, TensorSco
 from .workspace import Workspace
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one static affine run: tensors, and parameters as arrays or Python scalars."""
 
     x: Operand

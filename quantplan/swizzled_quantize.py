@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -201,8 +201,7 @@ class SwizzledQuantizeArgs:
     error_beta: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one run: input, codes, parameters, LoCo buffer and ``(b, 1 - b)``."""
 
     x: Operand

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -140,8 +140,7 @@ def _storage_bytes(elements: int, bits: int) -> int:
     return elements * bits // 8
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
+class _Checked(NamedTuple):
     """Operands of one DeepSpeed-format run: ``x`` the data read (floats or codes), ``params``
     its parameter rows (dequantize / reduce), ``y`` the output, ``params_out`` its parameter rows,
     the LoCo buffer and ``(b, 1 - b)``, and the Philox seed / offset (MoQ)."""
