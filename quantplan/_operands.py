@@ -206,6 +206,15 @@ def same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) -
 
 def check_disjoint(*named: tuple[str, Operand | None]) -> None:
     """InvalidProblem when two of the device operands share a byte (the kernels read and write them all)."""
+    spans = [(op.ptr, op.ptr + op.size * op.itemsize) for _, op in named if op is not None and op.ptr]
+    spans.sort()
+    for i in range(1, len(spans)):  # sorted by start: any overlap shows between neighbours
+        if spans[i][0] < spans[i - 1][1]:
+            _name_overlap(named)
+
+
+def _name_overlap(named: tuple[tuple[str, Operand | None], ...]) -> None:
+    """Raise for the first overlapping pair in argument order."""
     count = len(named)
     for i in range(count):
         name_a, a = named[i]

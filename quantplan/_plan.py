@@ -18,6 +18,7 @@ A subclass writes ``select`` (a classmethod ending in ``cls(...)``), ``_check``,
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ._device import cuda_available, device_info
@@ -43,6 +44,14 @@ CheckedT = TypeVar("CheckedT")
 
 #: ``variant`` of every plan on the reference backend.
 REFERENCE_VARIANT = "numpy"
+
+
+def snapshot(descriptor: Any, *derived: str) -> SimpleNamespace:
+    """A frozen descriptor's fields and the ``derived`` properties named, as plain attributes, so
+    the checks of ``run`` read them without recomputing a property (or touching pydantic)."""
+    values = dict(descriptor)
+    values.update((name, getattr(descriptor, name)) for name in derived)
+    return SimpleNamespace(**values)
 
 
 def choose_backend(pref: PlanPreference | None) -> BackendKind:
@@ -181,4 +190,4 @@ class Plan(Generic[ArgsT, CheckedT]):
         raise NotImplementedError
 
 
-__all__ = ["REFERENCE_VARIANT", "Plan", "choose_backend"]
+__all__ = ["REFERENCE_VARIANT", "Plan", "choose_backend", "snapshot"]

@@ -150,6 +150,8 @@ class QgzChecks(OperandChecks):
 
 def beta_pair(beta: float) -> tuple[float, float]:
     """LoCo's ``(b, 1 - b)`` with ``b = f32(beta)``, the difference computed in float32."""
+    if not beta:
+        return 0.0, 1.0
     b = np.float32(beta)
     return float(b), float(np.float32(1) - b)
 

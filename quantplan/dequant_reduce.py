@@ -26,7 +26,7 @@ from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
 from ._launch import launch_on, params_struct
 from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
-from ._plan import Plan, choose_backend
+from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     PeerSumArgs,
     QgzChecks,
@@ -297,6 +297,9 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
         else:
             super().__init__(desc, device_id, *kinds, launches.describe, prepared=launches.launches, empty=empty)
         self.descriptor = desc
+        self._d = snapshot(
+            desc, "input_shape", "input_param_shape", "output_shape", "param_shape", "error_shape", "float_output"
+        )
         self.q_min = q_min
         self.q_max = q_max
         self._launches = launches
@@ -358,7 +361,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
         return cls(desc, q_min, q_max, backend, device_id, prepare_dequant_reduce(desc, q_min, q_max, device_id))
 
     def _check(self, args: DequantReduceArgs) -> _Checked:
-        d = self.descriptor
+        d = self._d
         q = self._required(args.input, "input", d.input_shape, self._input_info)
         scale = self._required(args.scale, "scale", d.input_param_shape, _F32)
         y = self._required(args.output, "output", d.output_shape, self._output_info)
@@ -413,7 +416,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
         q_ptr, y_ptr = a.q.ptr, a.y.ptr
         pointers = (q_ptr, q_ptr + self._peer_bytes, y_ptr) + (() if a.err is None else (a.err.ptr,))
         launches = self._launches.chosen(pointers)
-        float_output = self.descriptor.float_output
+        float_output = self._d.float_output
         for launch in launches:
             params = launch.params
             params.input.q = q_ptr
@@ -426,7 +429,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
         launch_on(self.device_id, handle, *launches)
 
     def _run_reference(self, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         if d.chunk_elements == 0:
             return
         error_info = None if d.error_element is None else ELEMENTS[d.error_element]

@@ -145,6 +145,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
         self._int32 = np.dtype(np.int32)
         self._float_info, self._code_info = ELEMENTS[problem.float_kind], ELEMENTS[problem.code_kind]
         self._asymmetric = problem.mode is QuantMode.ASYMMETRIC
+        self._code_shape = problem.code_shape
 
     # ---- selection ------------------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
     def _check(self, args: DynamicRangeQuantizeArgs) -> _Checked:
         p = self.problem
         x = self._tensor(args.input, "input", p.shape, self._float_info)
-        y = self._tensor(args.output, "output", p.code_shape, self._code_info)
+        y = self._tensor(args.output, "output", self._code_shape, self._code_info)
         scale = self._param_output(args.scale_out, "scale_out", self._param_dtype, True)
         assert scale is not None
         zp: Operand | None = None

@@ -28,7 +28,7 @@ from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
 from ._launch import launch_on
 from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
-from ._plan import Plan, choose_backend
+from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     QgzChecks,
     QgzKernels,
@@ -277,6 +277,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
         else:
             super().__init__(desc, device_id, *kinds, launches.describe, prepared=launches.launches)
         self.descriptor = desc
+        self._d = snapshot(desc, "numel", "output_shape", "param_shape")
         self.q_min = q_min
         self.q_max = q_max
         self._launches = launches
@@ -321,7 +322,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
     # ---- arguments ------------------------------------------------------------------------
 
     def _check(self, args: SwizzledQuantizeArgs) -> _Checked:
-        d = self.descriptor
+        d = self._d
         x = self._required(args.input, "input", d.shape, self._input_info)
         y = self._required(args.output, "output", d.output_shape, self._output_info)
         scale = self._required(args.scale_out, "scale_out", d.param_shape, _F32)
@@ -360,7 +361,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
         launch_on(self.device_id, handle, *launches)
 
     def _run_reference(self, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         if d.numel == 0:
             return
         error_info = None if d.error_element is None else ELEMENTS[d.error_element]

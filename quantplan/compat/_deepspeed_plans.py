@@ -47,7 +47,7 @@ from .._operands import (
     view,
     write_back,
 )
-from .._plan import Plan, choose_backend
+from .._plan import Plan, choose_backend, snapshot
 from .._qgz_launch import (
     PeerSumArgs,
     QgzChecks,
@@ -83,6 +83,8 @@ _DS_CODES = ElementInfo(
     code_range=(-128, 127),
 )
 _F32 = ELEMENTS[ElementKind.F32]
+#: Derived sizes of the DeepSpeed-format descriptors (properties), snapshotted at select.
+_DERIVED = ("output_bytes", "input_bytes", "param_shape", "input_param_shape", "chunk_elements", "stochastic")
 _VARIANT = "numpy-deepspeed-format"
 _FAMILY = "deepspeed_format"
 #: Bytes of the two-pass workspace per group: (multiplier | scale | step, offset | min), float32.
@@ -188,6 +190,8 @@ class _DeepSpeedPlan(QgzChecks, Plan[Any, _Checked]):
             backend=backend,
         )
         self.descriptor = desc
+        #: The descriptor's fields and sizes as plain attributes (read by the checks of every run).
+        self._d = snapshot(desc, *(n for n in _DERIVED if hasattr(desc, n)))
         self._launches = launches
         self._numel = numel
 
@@ -399,7 +403,7 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
         return cls(desc, backend, desc.input_element, code, desc.numel, device_id, launches, desc.groups)
 
     def _check(self, args: DeepSpeedQuantizeArgs) -> _Checked:
-        d = self.descriptor
+        d = self._d
         x = self._required(args.input, "input", (d.numel,), ELEMENTS[d.input_element])
         y = self._codes(args.output, "output", d.output_bytes)
         p = self._required(args.params_out, "params_out", d.param_shape, _F32)
@@ -413,10 +417,10 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
 
     def _fields(self, params: Any, a: _Checked) -> None:
         params.x = a.x.ptr
-        _output_args(params.out, a, self.descriptor.num_bits, self.descriptor.mode)
+        _output_args(params.out, a, self._d.num_bits, self._d.mode)
 
     def _reference(self, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         q, params, new_err = dsref.swizzled_quantize(
             host_view(a.x, ELEMENTS[d.input_element]),
             d.groups,
@@ -538,7 +542,7 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         return cls(desc, backend, code, desc.output_element, desc.numel, device_id, launches)
 
     def _check(self, args: DeepSpeedDequantizeArgs) -> _Checked:
-        d = self.descriptor
+        d = self._d
         q = self._codes(args.input, "input", d.input_bytes)
         p = self._required(args.params, "params", d.param_shape, _F32)
         y = self._required(args.output, "output", (d.numel,), ELEMENTS[d.output_element])
@@ -557,11 +561,11 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         params.input.q = a.x.ptr
         params.input.scale = a.params.ptr
         # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-        params.input.zp = a.params.ptr if self.descriptor.mode is QuantMode.ASYMMETRIC else 0
+        params.input.zp = a.params.ptr if self._d.mode is QuantMode.ASYMMETRIC else 0
         params.y = a.y.ptr
 
     def _reference(self, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         assert a.params is not None
         values = dsref.dequantize(_bytes(a.x), host_view(a.params, _F32), d.numel, d.groups, d.num_bits, d.mode)
         out = ELEMENTS[d.output_element]
@@ -726,7 +730,7 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         return cls(desc, backend, code, code, desc.numel, device_id, launches, desc.out_groups)
 
     def _check(self, args: DeepSpeedReduceArgs) -> _Checked:
-        d = self.descriptor
+        d = self._d
         q = self._codes(args.input, "input", d.input_bytes)
         p = self._required(args.params, "params", d.input_param_shape, _F32)
         y = self._codes(args.output, "output", d.output_bytes)
@@ -740,12 +744,12 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         return _Checked(q, p, y, operand(args.params_out, "params_out"), *_extract_loco(args))
 
     def _pointers(self, a: _Checked) -> tuple[int, ...]:
-        peer_bytes = _storage_bytes(self.descriptor.chunk_elements, self.descriptor.num_bits)
+        peer_bytes = _storage_bytes(self._d.chunk_elements, self._d.num_bits)
         pointers = (a.x.ptr, a.x.ptr + peer_bytes, a.y.ptr)
         return pointers if a.err is None else (*pointers, a.err.ptr)
 
     def _fields(self, params: Any, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         assert a.params is not None
         params.input.q = a.x.ptr
         params.input.scale = a.params.ptr
@@ -754,7 +758,7 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         _output_args(params.out, a, d.num_bits, d.mode)
 
     def _reference(self, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         assert a.params is not None
         codes, params, new_err = dsref.quantized_reduction(
             _bytes(a.x),
@@ -887,7 +891,7 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
         return cls(desc, backend, desc.element, desc.element, desc.numel, device_id, launches, desc.groups)
 
     def _check(self, args: MoQFakeQuantizeArgs) -> _Checked:
-        d = self.descriptor
+        d = self._d
         info = ELEMENTS[d.element]
         x = self._required(args.input, "input", (d.numel,), info)
         y = self._required(args.output, "output", (d.numel,), info)
@@ -908,12 +912,12 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
 
     def _fields(self, params: Any, a: _Checked) -> None:
         params.x = a.x.ptr
-        _output_args(params.out, a, self.descriptor.num_bits, self.descriptor.mode)
+        _output_args(params.out, a, self._d.num_bits, self._d.mode)
         params.out.seed = a.seed or 0
         params.out.offset = a.offset or 0
 
     def _reference(self, a: _Checked) -> None:
-        d = self.descriptor
+        d = self._d
         uniform = reference_uniform((d.numel,), a.seed, a.offset) if d.stochastic else None
         info = ELEMENTS[d.element]
         write_back(a.y, info, dsref.moq_fake_quantize(host_view(a.x, info), d.groups, d.num_bits, d.mode, uniform))
