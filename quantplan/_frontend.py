@@ -127,15 +127,23 @@ class Target:
     # ---- where -----------------------------------------------------------------------------
 
     @staticmethod
-    def of(array: Any, *more: Any) -> Target:
+    def of(array: Any, *more: Any, names: tuple[str, ...] = ()) -> Target:
         """The target of a call whose array arguments are ``array`` and ``more`` (None entries
-        skipped): one library, one device (InvalidProblem otherwise)."""
-        target = _target_of(array)
-        for other in more:
-            if other is not None:
-                found = _target_of(other)
-                if found is not target:
-                    _mismatch(target, found)
+        of ``more`` skipped): one library, one device (InvalidProblem otherwise, naming the
+        argument from ``names`` where it is not an array)."""
+        try:
+            target = _target_of(array)
+            for other in more:
+                if other is not None:
+                    found = _target_of(other)
+                    if found is not target:
+                        _mismatch(target, found)
+        except _NotAnArray as exc:
+            position = next(i for i, a in enumerate((array, *more)) if a is exc.array)
+            name = names[position] if position < len(names) else "an argument"
+            raise InvalidProblem(
+                f"{name} is a {type(exc.array).__name__}; expected a NumPy array, a CuPy array or a PyTorch tensor"
+            ) from None
         return target
 
     @staticmethod
@@ -263,6 +271,10 @@ class Target:
 
         return cupy.ascontiguousarray(a)
 
+    def writable(self, a: Any) -> bool:
+        """Whether ``a`` may be written (a read-only NumPy array may not)."""
+        return self.library != NUMPY or bool(a.flags.writeable)
+
     def numel(self, a: Any) -> int:
         """The element count of ``a``."""
         return int(a.numel()) if self.library == TORCH else int(a.size)
@@ -296,6 +308,14 @@ def shaped(a: Any, shape: tuple[int, ...]) -> Any:
     return a if a.shape == shape else a.reshape(shape)
 
 
+class _NotAnArray(InvalidProblem):
+    """An argument that is no array (:meth:`Target.of` names it)."""
+
+    def __init__(self, array: Any) -> None:
+        super().__init__(f"expected a NumPy array, a CuPy array or a PyTorch tensor, got {type(array).__name__}")
+        self.array = array
+
+
 #: array type -> library, filled on first sight of each type; top-level module -> library.
 _LIBRARIES: dict[type, str] = {np.ndarray: NUMPY}
 _MODULES = {"numpy": NUMPY, "cupy": CUPY, "torch": TORCH}
@@ -307,7 +327,7 @@ def _library(a: Any) -> str:
     if library is None:
         library = NUMPY if isinstance(a, np.ndarray) else _MODULES.get(kind.__module__.partition(".")[0])
         if library is None or library == NUMPY and not isinstance(a, np.ndarray):
-            raise InvalidProblem(f"expected a NumPy array, a CuPy array or a PyTorch tensor, got {kind.__name__}")
+            raise _NotAnArray(a)
         if library == TORCH:
             _import_torch()
         _LIBRARIES[kind] = library

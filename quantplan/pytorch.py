@@ -73,7 +73,7 @@ from .fake_quantize import (
     FakeQuantizePlan,
     lsq_geometry,
 )
-from .types import ChannelScope, ElementKind, GroupScope, QuantMode, Rounding, Scope, TensorScope
+from .types import ChannelScope, ElementKind, GroupScope, QuantMode, Rounding, Scope, TensorScope, TokenScope
 
 _ELEMENTS: dict[Any, ElementKind] = {
     torch.float16: ElementKind.F16,
@@ -87,6 +87,7 @@ _PARAM_DTYPES[ElementKind.F64] = torch.float64
 _PARAM_NUMPY: dict[Any, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _TENSOR = TensorScope()
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
+_SCOPES = (TensorScope, ChannelScope, TokenScope, GroupScope)
 
 
 # ---- one call's input ------------------------------------------------------------------------------
@@ -110,6 +111,10 @@ def _element(x: Any) -> ElementKind:
 
 def _input(x: Any) -> tuple[Any, ElementKind, Target]:
     """``x`` C-contiguous, its element and its target."""
+    if not isinstance(x, torch.Tensor):
+        raise InvalidProblem(
+            f"x is a {type(x).__name__}; quantplan.pytorch takes torch tensors (convert with torch.as_tensor(x))"
+        )
     xc = _contiguous(x)
     kind = _element(xc)
     return xc, kind, Target.of(xc)
@@ -182,6 +187,10 @@ def _static(
     key = (tuple(xc.shape), xc.dtype, scope, mode, q_min, q_max)
 
     def build() -> _Static:
+        if not isinstance(scope, _SCOPES):
+            raise InvalidProblem(
+                f"scope={scope!r} must be TensorScope(), ChannelScope(axis), TokenScope() or GroupScope(axis, group_size)"
+            )
         pshape = param_shape(key[0], scope)
         desc = FakeQuantizeDescriptor(shape=key[0], scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
         return _Static(key, target.select(FakeQuantizePlan, desc), pshape)
@@ -466,6 +475,15 @@ def _dynamic_plan(
     )
 
 
+def _bits(bits: Any, mode: Any) -> int:
+    """``bits`` as an int and ``mode`` a QuantMode (InvalidProblem otherwise; the range rules are the plan's)."""
+    if not isinstance(mode, QuantMode):
+        raise InvalidProblem(f"mode={mode!r} must be QuantMode.SYMMETRIC or QuantMode.ASYMMETRIC")
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
+        raise InvalidProblem(f"bits={bits!r} must be an integer (1 to 8)")
+    return int(bits)
+
+
 def _rng_arg(value: Any, target: Target) -> Any:
     """A seed / offset as the plan takes it: a Python int as is, a tensor moved to the data's
     device (one-element int64: the plan checks it)."""
@@ -549,7 +567,7 @@ def dynamic_fake_quantize(
         raise InvalidProblem(
             "rounding=Rounding.STOCHASTIC needs rng_seed and rng_offset (ints); DynamicFakeQuantize keeps them for you"
         )
-    return DynamicFakeQuantizeFunction.apply(x, int(bits), mode, scope, rounding, rng_seed, rng_offset)
+    return DynamicFakeQuantizeFunction.apply(x, _bits(bits, mode), mode, scope, rounding, rng_seed, rng_offset)
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -765,8 +783,8 @@ class DynamicFakeQuantize(torch.nn.Module):
         super().__init__()
         if group_size is not None and scope is not None:
             raise InvalidProblem("pass group_size or scope, not both (group_size=g means GroupScope(axis=-1, g))")
-        dynamic_fake_quantize_range(mode, int(bits))  # InvalidProblem now rather than at the first call
-        self.bits = int(bits)
+        self.bits = _bits(bits, mode)
+        dynamic_fake_quantize_range(mode, self.bits)  # InvalidProblem now rather than at the first call
         self.mode = mode
         self.scope: Scope = GroupScope(axis=-1, group_size=group_size) if group_size is not None else scope or _TENSOR
         self.rounding = rounding

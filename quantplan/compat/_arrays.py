@@ -17,9 +17,10 @@ from .._frontend import PLAN_CACHE_SIZE, TORCH, DeviceStream, Target, clear_plan
 from ..errors import Unsupported
 
 
-def target(array: Any, *more: Any) -> Target:
-    """The target of a call whose array arguments are ``array`` and ``more`` (None entries skipped)."""
-    found = Target.of(array, *more)
+def target(array: Any, *more: Any, names: tuple[str, ...] = ()) -> Target:
+    """The target of a call whose array arguments are ``array`` and ``more`` (None entries of
+    ``more`` skipped; ``names`` name them in errors)."""
+    found = Target.of(array, *more, names=names)
     if found.library == TORCH and not found.cuda:
         raise Unsupported(
             "PyTorch CPU tensors are not served: pass CUDA tensors (CUDA backend) or NumPy arrays "

@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from .._frontend import PhiloxCounter, Target, check_seed, dtype_name, flat, shaped
+from .._frontend import NUMPY, PhiloxCounter, Target, check_seed, dtype_name, flat, shaped
 from ..errors import InvalidProblem, MisalignedOperand, Unsupported
 from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
 from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding
@@ -127,6 +127,20 @@ _QUANT_TYPES: dict[Any, QuantMode] = {
 }
 
 
+_QUANTIZE_NAMES = ("input_vals", "error_feedback")
+_DEQUANTIZE_NAMES = ("quantized_data", "params")
+_REDUCE_NAMES = ("input_vals", "input_scales", "error_feedback")
+_MOQ_NAMES = ("vals",)
+
+
+def _counts(**values: Any) -> None:
+    """Raise InvalidProblem unless every value is an integer (group counts, bits, partitions):
+    the slow path of a call whose counts are not all Python ints."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InvalidProblem(f"{name}={value!r} must be an integer")
+
+
 def _mode(quant_type: Any) -> QuantMode:
     mode = None if type(quant_type) is bool else _QUANT_TYPES.get(quant_type)
     if mode is None:
@@ -172,12 +186,18 @@ def _params_input(target: Target, params: Any, groups: int, mode: QuantMode, nam
     return shaped(target.contiguous(params), (groups, k))
 
 
-def _error_buffer(target: Target, error: Any, numel: int) -> tuple[Any, ElementKind]:
+def _error_buffer(target: Target, error: Any, numel: int, source: Any, source_name: str) -> tuple[Any, ElementKind]:
+    """The LoCo buffer, flat: ``numel`` elements, contiguous, writable, float16 / bfloat16 / float32,
+    sharing no memory with ``source`` (NumPy; the plans check device operands)."""
     size = target.numel(error)
     if size != numel:
         raise InvalidProblem(f"error_feedback must be an array of {numel} elements, got {size}")
     if not target.is_contiguous(error):
         raise MisalignedOperand("error_feedback must be C-contiguous: it is updated in place")
+    if not target.writable(error):
+        raise InvalidProblem("error_feedback is read-only; it is updated in place: pass a writeable array")
+    if target.library == NUMPY and np.may_share_memory(error, source):
+        raise InvalidProblem(f"error_feedback overlaps {source_name}; pass a separate buffer")
     kind = _FLOAT_DTYPES.get(dtype_name(error))
     if kind is None:
         raise InvalidProblem(f"error_feedback has dtype {dtype_name(error)}; pass float16, bfloat16 or float32")
@@ -229,12 +249,18 @@ def _quantize(
     error_feedback: Any = None,
     err_beta: float | None = None,
 ) -> tuple[Any, Any]:
-    target_ = target(input_vals, error_feedback)
+    target_ = target(input_vals, error_feedback, names=_QUANTIZE_NAMES)
     kind = _float_kind(input_vals, "input_vals")
     x = target_.contiguous(input_vals)
     mode = _mode(quant_type)
+    if not (type(groups) is int and type(num_bits) is int and type(nodes) is int):
+        _counts(groups=groups, num_bits=num_bits, nodes=nodes)
+    if not (type(devices_per_node) is int and type(pipeline_size) is int):
+        _counts(devices_per_node=devices_per_node, pipeline_size=pipeline_size)
     numel = target_.numel(x)
-    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target_, error_feedback, numel)
+    error, error_kind = (
+        (None, None) if error_feedback is None else _error_buffer(target_, error_feedback, numel, x, "input_vals")
+    )
     plan = target_.plan(
         DeepSpeedQuantizePlan,
         (numel, groups, num_bits, mode, kind, nodes, devices_per_node, pipeline_size, error_kind),
@@ -353,9 +379,11 @@ def loco_swizzle_quant(
 
 
 def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any, out: ElementKind) -> Any:
-    target_ = target(quantized_data, params)
+    target_ = target(quantized_data, params, names=_DEQUANTIZE_NAMES)
     q = _codes_input(target_, quantized_data, "quantized_data")
     mode = _mode(quant_type)
+    if not (type(groups) is int and type(num_bits) is int):
+        _counts(groups=groups, num_bits=num_bits)
     p = _params_input(target_, params, groups, mode, "params")
     if num_bits != 4 and num_bits != 8:
         raise InvalidProblem(f"num_bits={num_bits!r}: dequantize takes 8 or 4 bits")
@@ -440,9 +468,13 @@ def _reduce(
     error_feedback: Any = None,
     err_beta: float | None = None,
 ) -> tuple[Any, Any]:
-    target_ = target(input_vals, input_scales, error_feedback)
+    target_ = target(input_vals, input_scales, error_feedback, names=_REDUCE_NAMES)
     q = _codes_input(target_, input_vals, "input_vals")
     mode = _mode(quant_type)
+    if not (type(in_groups) is int and type(out_groups) is int and type(num_bits) is int):
+        _counts(in_groups=in_groups, out_groups=out_groups, num_bits=num_bits)
+    if type(devices_per_node) is not int:
+        _counts(devices_per_node=devices_per_node)
     p = _params_input(target_, input_scales, in_groups, mode, "input_scales")
     if num_bits != 4 and num_bits != 8:
         raise InvalidProblem(f"num_bits={num_bits!r}: quantized_reduction takes 8 or 4 bits")
@@ -451,7 +483,9 @@ def _reduce(
         chunk = numel // devices_per_node
     else:
         chunk = 0  # select reports the bad devices_per_node
-    error, error_kind = (None, None) if error_feedback is None else _error_buffer(target_, error_feedback, chunk)
+    error, error_kind = (
+        (None, None) if error_feedback is None else _error_buffer(target_, error_feedback, chunk, q, "input_vals")
+    )
     plan = target_.plan(
         DeepSpeedReducePlan,
         (numel, in_groups, out_groups, num_bits, mode, devices_per_node, error_kind),
@@ -557,10 +591,14 @@ def loco_quantized_reduction(
 def _moq(
     vals: Any, groups: int, bits: int, mode: QuantMode, rounding: Rounding, rng_seed: int | None, rng_offset: int | None
 ) -> Any:
-    target_ = target(vals)
+    target_ = target(vals, names=_MOQ_NAMES)
     kind = _FLOAT_DTYPES.get(dtype_name(vals))
     if kind is None:
         raise InvalidProblem(f"vals has dtype {dtype_name(vals)}; pass float16, bfloat16 or float32")
+    if not (type(groups) is int and type(bits) is int):
+        _counts(groups=groups, bits=bits)
+    if not target_.writable(vals):
+        raise InvalidProblem("vals is read-only; the MoQ quantizers update it in place: pass a writeable array")
     numel = target_.numel(vals)
     stochastic = rounding is Rounding.STOCHASTIC
     plan = target_.plan(
