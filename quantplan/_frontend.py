@@ -259,9 +259,11 @@ class Target:
         return bool(a.is_contiguous()) if self.library == TORCH else bool(a.flags.c_contiguous)
 
     def contiguous(self, a: Any) -> Any:
-        """``a`` itself (detached, for PyTorch) when C-contiguous, else a contiguous copy."""
+        """``a`` itself (detached, for a PyTorch tensor that requires grad) when C-contiguous, else
+        a contiguous copy."""
         if self.library == TORCH:
-            a = a.detach()
+            if a.requires_grad:
+                a = a.detach()
             return a if a.is_contiguous() else a.contiguous()
         if a.flags.c_contiguous:
             return a
