@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -251,6 +251,19 @@ class AffineArgs:
     rng_offset: Any = None
 
 
+class AffineOperands(NamedTuple):
+    """Operands of one affine run (static, dynamic-range and dynamic fake quantization): input,
+    output, scale and zero point (arrays, Python scalars, or None where absent), Philox seed and
+    offset (None with round-to-nearest-even)."""
+
+    x: Operand
+    y: Operand
+    scale: Any
+    zp: Any
+    seed: Operand | int | None
+    offset: Operand | int | None
+
+
 _ROW_FIELDS: list[tuple[str, Any]] = [
     *fields(ctypes.c_uint64, "src", "dst", "scale_ptr", "zp_ptr"),
 ]
@@ -350,6 +363,7 @@ class AffineRows:
 
 __all__ = [
     "AffineArgs",
+    "AffineOperands",
     "AffineProblem",
     "AffineRows",
     "CodeRangeProblem",

@@ -21,14 +21,14 @@ import ctypes
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from ._device import DeviceInfo
 from ._families import QGZ_CODE_KINDS, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
-from ._operands import Operand, OperandChecks, is_scalar
+from ._operands import Operand, OperandChecks, is_scalar, pointer_view
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
@@ -125,12 +125,52 @@ def check_beta(value: Any) -> float:
     return beta
 
 
+class QgzOperands(NamedTuple):
+    """Operands of one qgZ or DeepSpeed-format run: ``x`` the data read (floats, or the peers'
+    codes) with its parameters ``params`` / ``zp`` (None where the plan computes them), the output
+    ``y`` with its parameters ``params_out`` / ``zp_out``, the LoCo buffer ``err`` with
+    ``(b, 1 - b)``, and the Philox seed / offset (MoQ)."""
+
+    x: Operand
+    params: Operand | None
+    zp: Operand | None
+    y: Operand
+    params_out: Operand | None
+    zp_out: Operand | None
+    err: Operand | None = None
+    beta: float = 0.0
+    one_minus_beta: float = 1.0
+    seed: Any = None
+    offset: Any = None
+
+
 class QgzChecks(OperandChecks):
     """Operand checks of the qgZ and DeepSpeed-format plans: flat tensors of a given shape and
     kind (no parameter scope), and the LoCo error buffer with its beta."""
 
     _param_shape: tuple[int, ...] = ()
     _tensor_scope = False
+    #: ``check=False``: the Args attributes of the QgzOperands fields ``x`` to ``err`` (an
+    #: attribute the Args lack reads as None: SwizzledQuantizeArgs has no ``scale``); then
+    #: ``error_beta``, ``rng_seed``, ``rng_offset``.
+    _extract_fields: ClassVar[tuple[str, ...]] = (
+        "input",
+        "scale",
+        "zero_point",
+        "output",
+        "scale_out",
+        "zero_point_out",
+        "error_feedback",
+    )
+
+    def _extract(self, args: Any) -> QgzOperands:
+        x, params, zp, y, params_out, zp_out, err = (
+            pointer_view(getattr(args, name, None), name) for name in self._extract_fields
+        )
+        beta = getattr(args, "error_beta", None)
+        b, c = beta_pair(0.0 if beta is None else float(beta))
+        seed, offset = getattr(args, "rng_seed", None), getattr(args, "rng_offset", None)
+        return QgzOperands(x, params, zp, y, params_out, zp_out, err, b, c, seed, offset)
 
     def _loco(
         self, error: Any, beta: Any, shape: tuple[int, ...], kind: ElementKind | None
@@ -344,6 +384,7 @@ __all__ = [
     "QgzChecks",
     "QgzKernels",
     "QgzLaunches",
+    "QgzOperands",
     "QgzOutputArgs",
     "SwizzleMapArgs",
     "beta_pair",

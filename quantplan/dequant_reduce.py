@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -25,13 +25,14 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
 from ._launch import launch_on, params_struct
-from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
+from ._operands import Operand, check_disjoint, check_positive, host_view, write_back
 from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     PeerSumArgs,
     QgzChecks,
     QgzKernels,
     QgzLaunches,
+    QgzOperands,
     QgzOutputArgs,
     beta_pair,
     check_code_kind,
@@ -144,21 +145,6 @@ class DequantReduceArgs:
     error_beta: Any = None
 
 
-class _Checked(NamedTuple):
-    """Operands of one run: peers' codes and parameters, the output and its parameters, the LoCo
-    buffer and ``(b, 1 - b)``."""
-
-    q: Operand
-    scale: Operand
-    zp: Operand | None
-    y: Operand
-    scale_out: Operand | None
-    zp_out: Operand | None
-    err: Operand | None
-    beta: float
-    one_minus_beta: float
-
-
 _FAMILY = "dequant_reduce"
 _REDUCE_PARAMS = params_struct(
     "DequantReduceParams",
@@ -232,7 +218,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     )
 
 
-class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
+class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     """Dequantize N peers' chunks, sum them in float32, re-quantize with fresh per-group parameters.
 
     Formulas (SPEC section 4, float32; rne = round half to even):
@@ -360,7 +346,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
             return cls(desc, q_min, q_max, backend, device_id)
         return cls(desc, q_min, q_max, backend, device_id, prepare_dequant_reduce(desc, q_min, q_max, device_id))
 
-    def _check(self, args: DequantReduceArgs) -> _Checked:
+    def _check(self, args: DequantReduceArgs) -> QgzOperands:
         d = self._d
         q = self._required(args.input, "input", d.input_shape, self._input_info)
         scale = self._required(args.scale, "scale", d.input_param_shape, _F32)
@@ -394,49 +380,36 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
             ("zero_point_out", zp_out),
             ("error_feedback", err),
         )
-        return _Checked(q, scale, zp, y, scale_out, zp_out, err, *beta_pair(beta))
-
-    def _extract(self, args: DequantReduceArgs) -> _Checked:
-        beta = 0.0 if args.error_beta is None else float(args.error_beta)
-        return _Checked(
-            operand(args.input, "input"),
-            operand(args.scale, "scale"),
-            view(args.zero_point, "zero_point"),
-            operand(args.output, "output"),
-            view(args.scale_out, "scale_out"),
-            view(args.zero_point_out, "zero_point_out"),
-            view(args.error_feedback, "error_feedback"),
-            *beta_pair(beta),
-        )
+        return QgzOperands(q, scale, zp, y, scale_out, zp_out, err, *beta_pair(beta))
 
     # ---- execution ------------------------------------------------------------------------
 
-    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+    def _launch(self, handle: int, workspace: Workspace | None, a: QgzOperands) -> None:
         assert self._launches is not None and self.device_id is not None
-        q_ptr, y_ptr = a.q.ptr, a.y.ptr
+        q_ptr, y_ptr = a.x.ptr, a.y.ptr
         pointers = (q_ptr, q_ptr + self._peer_bytes, y_ptr) + (() if a.err is None else (a.err.ptr,))
         launches = self._launches.chosen(pointers)
         float_output = self._d.float_output
         for launch in launches:
             params = launch.params
             params.input.q = q_ptr
-            params.input.scale = a.scale.ptr
+            params.input.scale = a.params.ptr  # type: ignore[union-attr]
             params.input.zp = 0 if a.zp is None else a.zp.ptr
             if float_output:
                 params.y = y_ptr
             else:
-                set_output_args(params.out, a.y, a.scale_out, a.zp_out, a.err, a.beta, a.one_minus_beta)
+                set_output_args(params.out, a.y, a.params_out, a.zp_out, a.err, a.beta, a.one_minus_beta)
         launch_on(self.device_id, handle, *launches)
 
-    def _run_reference(self, a: _Checked) -> None:
+    def _run_reference(self, a: QgzOperands) -> None:
         d = self._d
         if d.chunk_elements == 0:
             return
         error_info = None if d.error_element is None else ELEMENTS[d.error_element]
         error = None if a.err is None or error_info is None else host_view(a.err, error_info)
         q_new, s_new, z_new, new_err = reference.dequant_reduce(
-            host_view(a.q, self._input_info),
-            host_view(a.scale, _F32),
+            host_view(a.x, self._input_info),
+            host_view(a.params, _F32),  # type: ignore[arg-type]
             None if a.zp is None else host_view(a.zp, _I32),
             d.input_element,
             d.input_group_size,
@@ -451,8 +424,8 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, _Checked]):
             a.beta if a.err is not None else 0.0,
         )
         write_back(a.y, self._output_info, q_new)
-        if a.scale_out is not None and s_new is not None:
-            write_back(a.scale_out, _F32, s_new)
+        if a.params_out is not None and s_new is not None:
+            write_back(a.params_out, _F32, s_new)
         if a.zp_out is not None and z_new is not None:
             write_back(a.zp_out, _I32, z_new)
         if a.err is not None and new_err is not None and error_info is not None:

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import AffineProblem
+from ._affine import AffineOperands, AffineProblem
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
 from ._families import dynamic_fake_quantize_unit
@@ -158,18 +158,7 @@ def _prepare_fused(
     return prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id)
 
 
-class _Checked(NamedTuple):
-    """Operands of one run: input, output, optional parameter outputs, Philox seed / offset."""
-
-    x: Operand
-    y: Operand
-    scale: Operand | None
-    zp: Operand | None
-    seed: Operand | int | None
-    offset: Operand | int | None
-
-
-class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, _Checked]):
+class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, AffineOperands]):
     """Fake quantization with per-segment parameters from the data, in one pass where it can.
 
     Formulas (SPEC section 4; float32 arithmetic, float64 for F64; each operation rounded once):
@@ -220,7 +209,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
 
     _category = OpCategory.FAKE_QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
-    _checked = _Checked
+    _checked = AffineOperands
     _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
 
     def __init__(
@@ -282,7 +271,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
 
     # ---- arguments ----------------------------------------------------------------------------
 
-    def _check(self, args: DynamicRangeFakeQuantizeArgs) -> _Checked:
+    def _check(self, args: DynamicRangeFakeQuantizeArgs) -> AffineOperands:
         p = self.problem
         x = self._tensor(args.input, "input", p.shape, self._info)
         y = self._tensor(args.output, "output", p.shape, self._info)
@@ -300,11 +289,11 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
                     raise InvalidProblem(f"{name} overlaps the input or output tensor")
             if scale is not None and zp is not None and overlaps(scale, zp):
                 raise InvalidProblem("scale_out overlaps zero_point_out")
-        return _Checked(x, y, scale, zp, seed, offset)
+        return AffineOperands(x, y, scale, zp, seed, offset)
 
     # ---- execution ----------------------------------------------------------------------------
 
-    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+    def _launch(self, handle: int, workspace: Workspace | None, a: AffineOperands) -> None:
         assert self.device_id is not None
         scale_ptr = 0 if a.scale is None else a.scale.ptr
         zp_ptr = 0 if a.zp is None else a.zp.ptr
@@ -336,7 +325,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
             set_rng(params, a.seed, a.offset)
         launch_on(self.device_id, handle, rows)
 
-    def _run_reference(self, a: _Checked) -> None:
+    def _run_reference(self, a: AffineOperands) -> None:
         p = self.problem
         shape = p.shape if p.shape else (1,)
         x = self._host_view(a.x, p.shape, self._info)

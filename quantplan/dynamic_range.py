@@ -16,12 +16,12 @@ Kernels: ``kernels/dynamic_range.cu`` (+ ``qp_range.cuh``); reference:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import reference
-from ._affine import AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
+from ._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
 from ._device import device_info, stream_device_id
 from ._families import dynamic_segments_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
@@ -62,18 +62,7 @@ class DynamicRangeQuantizeArgs:
     rng_offset: Any = None
 
 
-class _Checked(NamedTuple):
-    """Operands of one run: input, codes, parameter outputs, Philox seed / offset."""
-
-    x: Operand
-    y: Operand
-    scale: Operand
-    zp: Operand | None
-    seed: Operand | int | None
-    offset: Operand | int | None
-
-
-class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Checked]):
+class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, AffineOperands]):
     """Quantization with parameters computed from the tensor's runtime range, per segment of ``scope``.
 
     Formulas (SPEC section 4; arithmetic in float32, float64 for F64 input):
@@ -118,7 +107,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
 
     _category = OpCategory.QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
-    _checked = _Checked
+    _checked = AffineOperands
     _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
 
     def __init__(
@@ -184,7 +173,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
 
     # ---- arguments --------------------------------------------------------------------------
 
-    def _check(self, args: DynamicRangeQuantizeArgs) -> _Checked:
+    def _check(self, args: DynamicRangeQuantizeArgs) -> AffineOperands:
         p = self.problem
         x = self._tensor(args.input, "input", p.shape, self._float_info)
         y = self._tensor(args.output, "output", self._code_shape, self._code_info)
@@ -203,11 +192,11 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
                 raise InvalidProblem("scale_out overlaps input; the plan reads the input twice")
             if zp is not None and overlaps(zp, x):
                 raise InvalidProblem("zero_point_out overlaps input; the plan reads the input twice")
-        return _Checked(x, y, scale, zp, seed, offset)
+        return AffineOperands(x, y, scale, zp, seed, offset)
 
     # ---- execution ------------------------------------------------------------------------
 
-    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+    def _launch(self, handle: int, workspace: Workspace | None, a: AffineOperands) -> None:
         assert self.device_id is not None
         zp_ptr = 0 if a.zp is None else a.zp.ptr
         fused = self._fused
@@ -226,7 +215,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, _Ch
         self._passes.launch(self.device_id, handle, a.x.ptr, workspace.ptr, a.scale.ptr, zp_ptr)
         self._rows.launch(handle, a.x.ptr, a.y.ptr, a.scale, a.zp, a.seed, a.offset)
 
-    def _run_reference(self, a: _Checked) -> None:
+    def _run_reference(self, a: AffineOperands) -> None:
         p = self.problem
         x = self._host_view(a.x, p.shape, self._float_info).reshape(p.shape)
         uniform = reference_uniform(p.shape, a.seed, a.offset) if p.stochastic else None

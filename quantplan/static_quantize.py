@@ -17,13 +17,14 @@ and ``tests/test_reference_static_quantize.py``. Their gradients (``quantize_bac
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 
 from . import reference
 from ._affine import (
     AffineArgs,
+    AffineOperands,
     AffineProblem,
     AffineRows,
     DequantizeDescriptor,
@@ -39,17 +40,6 @@ from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
 from .workspace import Workspace
-
-
-class _Checked(NamedTuple):
-    """Operands of one static affine run: tensors, and parameters as arrays or Python scalars."""
-
-    x: Operand
-    y: Operand
-    scale: Operand | float
-    zp: Operand | int | None
-    seed: Operand | int | None
-    offset: Operand | int | None
 
 
 class QuantizeArgs(AffineArgs):
@@ -71,12 +61,12 @@ class DequantizeArgs(AffineArgs):
     __slots__ = ()
 
 
-class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
+class StaticAffinePlan(OperandChecks, Plan[AffineArgs, AffineOperands]):
     """Base of QuantizePlan and DequantizePlan: the row kernel in one direction, with its checks."""
 
     #: True when the plan reads floats and writes codes (quantize), False for the reverse.
     _float_to_code: ClassVar[bool]
-    _checked = _Checked
+    _checked = AffineOperands
     _extract_fields = ("input", "output", "scale", "zero_point", "rng_seed", "rng_offset")
 
     def __init__(self, problem: AffineProblem, device_id: int | None, rows: AffineRows | None) -> None:
@@ -110,7 +100,7 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
 
     # ---- arguments ------------------------------------------------------------------------
 
-    def _check(self, args: AffineArgs) -> _Checked:
+    def _check(self, args: AffineArgs) -> AffineOperands:
         x = self._tensor(args.input, "input", self._in_shape, self._in_info)
         y = self._tensor(args.output, "output", self._out_shape, self._out_info)
         scale = self._positive_scale(args.scale, self._param_dtype)
@@ -121,15 +111,15 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, _Checked]):
         else:
             zp = self._int32_zero_point(args.zero_point, self._int32)
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
-        return _Checked(x, y, scale, zp, seed, offset)
+        return AffineOperands(x, y, scale, zp, seed, offset)
 
     # ---- execution ------------------------------------------------------------------------
 
-    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+    def _launch(self, handle: int, workspace: Workspace | None, a: AffineOperands) -> None:
         assert self._rows is not None
         self._rows.launch(handle, a.x.ptr, a.y.ptr, a.scale, a.zp, a.seed, a.offset)
 
-    def _run_reference(self, a: _Checked) -> None:
+    def _run_reference(self, a: AffineOperands) -> None:
         p = self.problem
         shape = p.shape if p.shape else (1,)
         scale_np = self._broadcast_param(a.scale, shape, p.scope, self._param_dtype)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,12 +27,13 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
 from ._launch import launch_on
-from ._operands import Operand, check_disjoint, check_positive, host_view, operand, view, write_back
+from ._operands import Operand, check_disjoint, check_positive, host_view, write_back
 from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     QgzChecks,
     QgzKernels,
     QgzLaunches,
+    QgzOperands,
     QgzOutputArgs,
     SwizzleMapArgs,
     beta_pair,
@@ -201,19 +202,7 @@ class SwizzledQuantizeArgs:
     error_beta: Any = None
 
 
-class _Checked(NamedTuple):
-    """Operands of one run: input, codes, parameters, LoCo buffer and ``(b, 1 - b)``."""
-
-    x: Operand
-    y: Operand
-    scale: Operand
-    zp: Operand | None
-    err: Operand | None
-    beta: float
-    one_minus_beta: float
-
-
-class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
+class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     """Group quantization of a flat tensor, written in the swizzled order of a hierarchical all-to-all.
 
     Formulas (SPEC section 4, float32; rne = round half to even), per group of ``E =
@@ -321,7 +310,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
 
     # ---- arguments ------------------------------------------------------------------------
 
-    def _check(self, args: SwizzledQuantizeArgs) -> _Checked:
+    def _check(self, args: SwizzledQuantizeArgs) -> QgzOperands:
         d = self._d
         x = self._required(args.input, "input", d.shape, self._input_info)
         y = self._required(args.output, "output", d.output_shape, self._output_info)
@@ -335,32 +324,21 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
         check_disjoint(
             ("input", x), ("output", y), ("scale_out", scale), ("zero_point_out", zp), ("error_feedback", err)
         )
-        return _Checked(x, y, scale, zp, err, *beta_pair(beta))
-
-    def _extract(self, args: SwizzledQuantizeArgs) -> _Checked:
-        beta = 0.0 if args.error_beta is None else float(args.error_beta)
-        return _Checked(
-            operand(args.input, "input"),
-            operand(args.output, "output"),
-            operand(args.scale_out, "scale_out"),
-            view(args.zero_point_out, "zero_point_out"),
-            view(args.error_feedback, "error_feedback"),
-            *beta_pair(beta),
-        )
+        return QgzOperands(x, None, None, y, scale, zp, err, *beta_pair(beta))
 
     # ---- execution ------------------------------------------------------------------------
 
-    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+    def _launch(self, handle: int, workspace: Workspace | None, a: QgzOperands) -> None:
         assert self._launches is not None and self.device_id is not None
         pointers = (a.x.ptr, a.y.ptr) if a.err is None else (a.x.ptr, a.y.ptr, a.err.ptr)
         launches = self._launches.chosen(pointers)
         for launch in launches:
             params = launch.params
             params.x = a.x.ptr
-            set_output_args(params.out, a.y, a.scale, a.zp, a.err, a.beta, a.one_minus_beta)
+            set_output_args(params.out, a.y, a.params_out, a.zp_out, a.err, a.beta, a.one_minus_beta)
         launch_on(self.device_id, handle, *launches)
 
-    def _run_reference(self, a: _Checked) -> None:
+    def _run_reference(self, a: QgzOperands) -> None:
         d = self._d
         if d.numel == 0:
             return
@@ -381,9 +359,10 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, _Checked]):
             a.beta if a.err is not None else 0.0,
         )
         write_back(a.y, self._output_info, q)
-        write_back(a.scale, _F32, s)
-        if a.zp is not None and z is not None:
-            write_back(a.zp, _I32, z)
+        assert a.params_out is not None
+        write_back(a.params_out, _F32, s)
+        if a.zp_out is not None and z is not None:
+            write_back(a.zp_out, _I32, z)
         if a.err is not None and new_err is not None and error_info is not None:
             write_back(a.err, error_info, new_err)
 

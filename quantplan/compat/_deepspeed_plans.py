@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -41,10 +41,8 @@ from .._operands import (
     check_disjoint,
     check_positive,
     host_view,
-    operand,
     reference_uniform,
     same_or_disjoint,
-    view,
     write_back,
 )
 from .._plan import Plan, choose_backend, snapshot
@@ -53,6 +51,7 @@ from .._qgz_launch import (
     QgzChecks,
     QgzKernels,
     QgzLaunches,
+    QgzOperands,
     SwizzleMapArgs,
     beta_pair,
     check_error_kind,
@@ -142,27 +141,12 @@ def _storage_bytes(elements: int, bits: int) -> int:
     return elements * bits // 8
 
 
-class _Checked(NamedTuple):
-    """Operands of one DeepSpeed-format run: ``x`` the data read (floats or codes), ``params``
-    its parameter rows (dequantize / reduce), ``y`` the output, ``params_out`` its parameter rows,
-    the LoCo buffer and ``(b, 1 - b)``, and the Philox seed / offset (MoQ)."""
-
-    x: Operand
-    params: Operand | None
-    y: Operand
-    params_out: Operand | None
-    err: Operand | None = None
-    beta: float = 0.0
-    one_minus_beta: float = 1.0
-    seed: Operand | int | None = None
-    offset: Operand | int | None = None
-
-
-class _DeepSpeedPlan(QgzChecks, Plan[Any, _Checked]):
+class _DeepSpeedPlan(QgzChecks, Plan[Any, QgzOperands]):
     """What the DeepSpeed-format plans share: identity, flat code operands, the per-call writes of
     the qgZ launches (:meth:`_fields`) and the two-pass workspace (``out.work``)."""
 
     _op = QuantizeKind.DYNAMIC_RANGE
+    _extract_fields = ("input", "params", "zero_point", "output", "params_out", "zero_point_out", "error_feedback")
     #: The launches' argument block has a ``DeepSpeedOutputArgs`` field ``out``.
     _has_out: ClassVar[bool] = True
 
@@ -201,15 +185,15 @@ class _DeepSpeedPlan(QgzChecks, Plan[Any, _Checked]):
             raise InvalidProblem(f"{name} is required: a flat int8 array of {nbytes} bytes")
         return self._tensor(value, name, (nbytes,), _DS_CODES)
 
-    def _pointers(self, a: _Checked) -> tuple[int, ...]:
+    def _pointers(self, a: QgzOperands) -> tuple[int, ...]:
         """The pointers the fused pass moves in vectors, in the order of its alignments."""
         return (a.x.ptr, a.y.ptr) if a.err is None else (a.x.ptr, a.y.ptr, a.err.ptr)
 
-    def _fields(self, params: Any, a: _Checked) -> None:
+    def _fields(self, params: Any, a: QgzOperands) -> None:
         """Write the per-call fields of one launch's argument block."""
         raise NotImplementedError
 
-    def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
+    def _launch(self, handle: int, workspace: Workspace | None, a: QgzOperands) -> None:
         assert self._launches is not None and self.device_id is not None
         launches = self._launches.chosen(self._pointers(a))
         work = 0 if workspace is None or not self._workspace_bytes else workspace.ptr
@@ -220,15 +204,15 @@ class _DeepSpeedPlan(QgzChecks, Plan[Any, _Checked]):
                 params.out.work = work
         launch_on(self.device_id, handle, *launches)
 
-    def _run_reference(self, a: _Checked) -> None:
+    def _run_reference(self, a: QgzOperands) -> None:
         if self._numel:
             self._reference(a)
 
-    def _reference(self, a: _Checked) -> None:
+    def _reference(self, a: QgzOperands) -> None:
         raise NotImplementedError
 
 
-def _output_args(out: Any, a: _Checked, bits: int, mode: QuantMode) -> None:
+def _output_args(out: Any, a: QgzOperands, bits: int, mode: QuantMode) -> None:
     """The per-call fields of ``DeepSpeedOutputArgs`` (``work``: see ``_DeepSpeedPlan._launch``)."""
     out.q = a.y.ptr
     out.params = 0 if a.params_out is None else a.params_out.ptr
@@ -248,7 +232,7 @@ def _error_view(err: Operand | None, kind: ElementKind | None) -> np.ndarray | N
     return None if err is None or kind is None else host_view(err, ELEMENTS[kind])
 
 
-def _write_reference_outputs(a: _Checked, codes: np.ndarray, params: np.ndarray, new_err: np.ndarray | None,
+def _write_reference_outputs(a: QgzOperands, codes: np.ndarray, params: np.ndarray, new_err: np.ndarray | None,
                              error_kind: ElementKind | None) -> None:  # fmt: skip
     """Copy a reference result (codes, parameter rows, the LoCo buffer) into the host operands."""
     np.copyto(_bytes(a.y), codes, casting="no")
@@ -256,11 +240,6 @@ def _write_reference_outputs(a: _Checked, codes: np.ndarray, params: np.ndarray,
     write_back(a.params_out, _F32, params)
     if a.err is not None and new_err is not None and error_kind is not None:
         write_back(a.err, ELEMENTS[error_kind], new_err)
-
-
-def _extract_loco(args: Any) -> tuple[Operand | None, float, float]:
-    beta = 0.0 if args.error_beta is None else float(args.error_beta)
-    return (view(args.error_feedback, "error_feedback"), *beta_pair(beta))
 
 
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
@@ -402,24 +381,20 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
         code = deepspeed_code_kind(desc.num_bits)
         return cls(desc, backend, desc.input_element, code, desc.numel, device_id, launches, desc.groups)
 
-    def _check(self, args: DeepSpeedQuantizeArgs) -> _Checked:
+    def _check(self, args: DeepSpeedQuantizeArgs) -> QgzOperands:
         d = self._d
         x = self._required(args.input, "input", (d.numel,), ELEMENTS[d.input_element])
         y = self._codes(args.output, "output", d.output_bytes)
         p = self._required(args.params_out, "params_out", d.param_shape, _F32)
         err, beta = self._loco(args.error_feedback, args.error_beta, (d.numel,), d.error_element)
         check_disjoint(("input", x), ("output", y), ("params_out", p), ("error_feedback", err))
-        return _Checked(x, None, y, p, err, *beta_pair(beta))
+        return QgzOperands(x, None, None, y, p, None, err, *beta_pair(beta))
 
-    def _extract(self, args: DeepSpeedQuantizeArgs) -> _Checked:
-        x, y, p = operand(args.input, "input"), operand(args.output, "output"), operand(args.params_out, "params_out")
-        return _Checked(x, None, y, p, *_extract_loco(args))
-
-    def _fields(self, params: Any, a: _Checked) -> None:
+    def _fields(self, params: Any, a: QgzOperands) -> None:
         params.x = a.x.ptr
         _output_args(params.out, a, self._d.num_bits, self._d.mode)
 
-    def _reference(self, a: _Checked) -> None:
+    def _reference(self, a: QgzOperands) -> None:
         d = self._d
         q, params, new_err = dsref.swizzled_quantize(
             host_view(a.x, ELEMENTS[d.input_element]),
@@ -541,22 +516,18 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         code = deepspeed_code_kind(desc.num_bits)
         return cls(desc, backend, code, desc.output_element, desc.numel, device_id, launches)
 
-    def _check(self, args: DeepSpeedDequantizeArgs) -> _Checked:
+    def _check(self, args: DeepSpeedDequantizeArgs) -> QgzOperands:
         d = self._d
         q = self._codes(args.input, "input", d.input_bytes)
         p = self._required(args.params, "params", d.param_shape, _F32)
         y = self._required(args.output, "output", (d.numel,), ELEMENTS[d.output_element])
         check_disjoint(("input", q), ("params", p), ("output", y))
-        return _Checked(q, p, y, None)
+        return QgzOperands(q, p, None, y, None, None)
 
-    def _extract(self, args: DeepSpeedDequantizeArgs) -> _Checked:
-        q, p, y = operand(args.input, "input"), operand(args.params, "params"), operand(args.output, "output")
-        return _Checked(q, p, y, None)
-
-    def _pointers(self, a: _Checked) -> tuple[int, ...]:
+    def _pointers(self, a: QgzOperands) -> tuple[int, ...]:
         return (a.x.ptr, a.x.ptr, a.y.ptr)
 
-    def _fields(self, params: Any, a: _Checked) -> None:
+    def _fields(self, params: Any, a: QgzOperands) -> None:
         assert a.params is not None
         params.input.q = a.x.ptr
         params.input.scale = a.params.ptr
@@ -564,7 +535,7 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         params.input.zp = a.params.ptr if self._d.mode is QuantMode.ASYMMETRIC else 0
         params.y = a.y.ptr
 
-    def _reference(self, a: _Checked) -> None:
+    def _reference(self, a: QgzOperands) -> None:
         d = self._d
         assert a.params is not None
         values = dsref.dequantize(_bytes(a.x), host_view(a.params, _F32), d.numel, d.groups, d.num_bits, d.mode)
@@ -729,7 +700,7 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         code = deepspeed_code_kind(desc.num_bits)
         return cls(desc, backend, code, code, desc.numel, device_id, launches, desc.out_groups)
 
-    def _check(self, args: DeepSpeedReduceArgs) -> _Checked:
+    def _check(self, args: DeepSpeedReduceArgs) -> QgzOperands:
         d = self._d
         q = self._codes(args.input, "input", d.input_bytes)
         p = self._required(args.params, "params", d.input_param_shape, _F32)
@@ -737,18 +708,14 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         p_out = self._required(args.params_out, "params_out", d.param_shape, _F32)
         err, beta = self._loco(args.error_feedback, args.error_beta, (d.chunk_elements,), d.error_element)
         check_disjoint(("input", q), ("params", p), ("output", y), ("params_out", p_out), ("error_feedback", err))
-        return _Checked(q, p, y, p_out, err, *beta_pair(beta))
+        return QgzOperands(q, p, None, y, p_out, None, err, *beta_pair(beta))
 
-    def _extract(self, args: DeepSpeedReduceArgs) -> _Checked:
-        q, p, y = operand(args.input, "input"), operand(args.params, "params"), operand(args.output, "output")
-        return _Checked(q, p, y, operand(args.params_out, "params_out"), *_extract_loco(args))
-
-    def _pointers(self, a: _Checked) -> tuple[int, ...]:
+    def _pointers(self, a: QgzOperands) -> tuple[int, ...]:
         peer_bytes = _storage_bytes(self._d.chunk_elements, self._d.num_bits)
         pointers = (a.x.ptr, a.x.ptr + peer_bytes, a.y.ptr)
         return pointers if a.err is None else (*pointers, a.err.ptr)
 
-    def _fields(self, params: Any, a: _Checked) -> None:
+    def _fields(self, params: Any, a: QgzOperands) -> None:
         d = self._d
         assert a.params is not None
         params.input.q = a.x.ptr
@@ -757,7 +724,7 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         params.input.zp = a.params.ptr if d.mode is QuantMode.ASYMMETRIC else 0
         _output_args(params.out, a, d.num_bits, d.mode)
 
-    def _reference(self, a: _Checked) -> None:
+    def _reference(self, a: QgzOperands) -> None:
         d = self._d
         assert a.params is not None
         codes, params, new_err = dsref.quantized_reduction(
@@ -890,7 +857,7 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
         launches = None if device_id is None or desc.numel == 0 else _prepare_moq(desc, device_id)
         return cls(desc, backend, desc.element, desc.element, desc.numel, device_id, launches, desc.groups)
 
-    def _check(self, args: MoQFakeQuantizeArgs) -> _Checked:
+    def _check(self, args: MoQFakeQuantizeArgs) -> QgzOperands:
         d = self._d
         info = ELEMENTS[d.element]
         x = self._required(args.input, "input", (d.numel,), info)
@@ -904,19 +871,15 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
         elif args.rng_seed is not None or args.rng_offset is not None:
             raise InvalidProblem("rng_seed / rng_offset apply only to stochastic plans; leave them None")
         same_or_disjoint(y, "output", x, "input")
-        return _Checked(x, None, y, None, seed=seed, offset=offset)
+        return QgzOperands(x, None, None, y, None, None, seed=seed, offset=offset)
 
-    def _extract(self, args: MoQFakeQuantizeArgs) -> _Checked:
-        x, y = operand(args.input, "input"), operand(args.output, "output")
-        return _Checked(x, None, y, None, seed=args.rng_seed, offset=args.rng_offset)
-
-    def _fields(self, params: Any, a: _Checked) -> None:
+    def _fields(self, params: Any, a: QgzOperands) -> None:
         params.x = a.x.ptr
         _output_args(params.out, a, self._d.num_bits, self._d.mode)
         params.out.seed = a.seed or 0
         params.out.offset = a.offset or 0
 
-    def _reference(self, a: _Checked) -> None:
+    def _reference(self, a: QgzOperands) -> None:
         d = self._d
         uniform = reference_uniform((d.numel,), a.seed, a.offset) if d.stochastic else None
         info = ELEMENTS[d.element]
