@@ -20,7 +20,7 @@ from ._device import device_info
 from ._families import dequantize_unit, quantize_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, param_shape, row_layout
-from ._operands import Operand
+from ._operands import Operand, TensorArgs
 from .compiler import compile_options, load_kernels
 from .elements import ELEMENTS, acc_ctype
 from .errors import InvalidProblem
@@ -231,7 +231,7 @@ def dequantize_problem(desc: DequantizeDescriptor) -> AffineProblem:
 
 
 @dataclass(slots=True)
-class AffineArgs:
+class AffineArgs(TensorArgs):
     """Tensors of one static affine run: ``input``, ``output``, ``scale``, ``zero_point`` and,
     for stochastic rounding, ``rng_seed`` / ``rng_offset``.
 
@@ -243,8 +243,6 @@ class AffineArgs:
     of ``param_shape`` or, for TensorScope, a Python int or one-element array.
     """
 
-    input: Any
-    output: Any
     scale: Any
     zero_point: Any = None
     rng_seed: Any = None

@@ -204,6 +204,15 @@ def same_or_disjoint(out: Operand, out_name: str, src: Operand, src_name: str) -
         )
 
 
+@dataclass(slots=True)
+class TensorArgs:
+    """The first two arguments of every elementwise run: ``input`` (read) and ``output`` (written).
+    A plan's Args class derives from it and adds its parameters."""
+
+    input: Any
+    output: Any
+
+
 def check_disjoint(*named: tuple[str, Operand | None]) -> None:
     """InvalidProblem when two of the device operands share a byte (the kernels read and write them all)."""
     spans = [(op.ptr, op.ptr + op.size * op.itemsize) for _, op in named if op is not None and op.ptr]
@@ -459,6 +468,7 @@ _POINTERS: dict[type, Callable[[Any], int]] = {np.ndarray: _host_pointer}
 __all__ = [
     "Operand",
     "OperandChecks",
+    "TensorArgs",
     "check_disjoint",
     "check_positive",
     "dtype_name",

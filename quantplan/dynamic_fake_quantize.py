@@ -34,7 +34,7 @@ from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fak
 from ._families import dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
-from ._operands import Operand, OperandChecks, overlaps, reference_uniform, same_or_disjoint
+from ._operands import Operand, OperandChecks, TensorArgs, overlaps, reference_uniform, same_or_disjoint
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .compiler import template_name
@@ -108,7 +108,7 @@ class DynamicRangeFakeQuantizeDescriptor(BaseModel):
 
 
 @dataclass(slots=True)
-class DynamicRangeFakeQuantizeArgs:
+class DynamicRangeFakeQuantizeArgs(TensorArgs):
     """Arguments of :class:`DynamicRangeFakeQuantizePlan`.
 
     ``input`` and ``output`` (same shape and dtype; ``output`` may be ``input``: in place);
@@ -118,8 +118,6 @@ class DynamicRangeFakeQuantizeArgs:
     arrays, e.g. a counter advanced on the device).
     """
 
-    input: Any
-    output: Any
     scale_out: Any = None
     zero_point_out: Any = None
     rng_seed: Any = None

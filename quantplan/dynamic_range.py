@@ -25,7 +25,7 @@ from ._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescript
 from ._device import device_info, stream_device_id
 from ._families import dynamic_segments_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
-from ._operands import Operand, OperandChecks, overlaps, reference_uniform
+from ._operands import Operand, OperandChecks, TensorArgs, overlaps, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .elements import ELEMENTS, param_numpy_dtype
@@ -45,7 +45,7 @@ class DynamicRangeQuantizeDescriptor(QuantizeDescriptor):
 
 
 @dataclass(slots=True)
-class DynamicRangeQuantizeArgs:
+class DynamicRangeQuantizeArgs(TensorArgs):
     """Arguments of :class:`DynamicRangeQuantizePlan`.
 
     ``input`` (floats), ``output`` (codes), ``scale_out`` (float32, float64 for F64 input, of
@@ -54,8 +54,6 @@ class DynamicRangeQuantizeArgs:
     [0, 2**64) or one-element int64 device arrays).
     """
 
-    input: Any
-    output: Any
     scale_out: Any
     zero_point_out: Any = None
     rng_seed: Any = None

@@ -34,7 +34,7 @@ from ._fake_rows import ZP_FLOAT, ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProble
 from ._families import fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
-from ._operands import Operand, OperandChecks, is_scalar, operand, overlaps, same_or_disjoint, view
+from ._operands import Operand, OperandChecks, TensorArgs, is_scalar, operand, overlaps, same_or_disjoint, view
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype, param_numpy_dtype
@@ -109,7 +109,7 @@ def fake_quantize_problem(desc: FakeQuantizeDescriptor) -> FakeQuantizeProblem:
 
 
 @dataclass(slots=True)
-class FakeQuantizeArgs:
+class FakeQuantizeArgs(TensorArgs):
     """Arguments of :class:`FakeQuantizePlan`.
 
     ``input`` and ``output`` (same shape and dtype; ``output`` may be ``input`` itself: in place);
@@ -119,8 +119,6 @@ class FakeQuantizeArgs:
     ``[q_min, q_max]``), or a Python int / float for TensorScope.
     """
 
-    input: Any
-    output: Any
     scale: Any
     zero_point: Any = None
 

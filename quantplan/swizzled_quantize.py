@@ -27,7 +27,7 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
 from ._launch import launch_on
-from ._operands import Operand, check_disjoint, check_positive, host_view, write_back
+from ._operands import Operand, TensorArgs, check_disjoint, check_positive, host_view, write_back
 from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     QgzChecks,
@@ -183,7 +183,7 @@ class SwizzledQuantizeDescriptor(BaseModel):
 
 
 @dataclass(slots=True)
-class SwizzledQuantizeArgs:
+class SwizzledQuantizeArgs(TensorArgs):
     """Arguments of :class:`SwizzledQuantizePlan`.
 
     ``input`` (the descriptor's ``shape``, F16 / BF16 / F32; bfloat16 or its uint16 bits);
@@ -194,8 +194,6 @@ class SwizzledQuantizeArgs:
     input's order, not swizzled) and ``error_beta`` (a real number in [0, 1]).
     """
 
-    input: Any
-    output: Any
     scale_out: Any
     zero_point_out: Any = None
     error_feedback: Any = None
