@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -138,7 +138,43 @@ def resolve_affine_problem(
     return AffineProblem(tuple(shape), scope, mode, float_kind, lo, hi, code_kind, nibble_order)
 
 
-class QuantizeDescriptor(BaseModel):
+class ScopedDescriptor(BaseModel):
+    """The fields every scoped descriptor starts with: ``shape`` (any rank), ``scope`` (Tensor /
+    Token / Channel / GroupScope: which elements share a scale and zero point) and ``mode``
+    (SYMMETRIC: zero point 0; ASYMMETRIC: an integer zero point). Frozen, hashable, no extra fields.
+    """
+
+    model_config = _FROZEN
+    shape: tuple[int, ...]
+    scope: Scope
+    mode: QuantMode = QuantMode.SYMMETRIC
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        """Shape of the scale / zero-point tensors (SPEC section 3)."""
+        return param_shape(self.shape, self.scope)
+
+
+_Gradient = TypeVar("_Gradient", bound="GradientOf")
+
+
+class GradientOf:
+    """Mixin of a gradient descriptor: the forward descriptor's fields, built by :meth:`from_forward`."""
+
+    shape: tuple[int, ...]
+
+    @classmethod
+    def from_forward(cls: type[_Gradient], desc: BaseModel) -> _Gradient:
+        """The backward descriptor of the forward problem ``desc`` (every field copied)."""
+        return cls(**dict(desc))
+
+    @property
+    def grad_shape(self) -> tuple[int, ...]:
+        """Shape of the gradient tensors: the float shape (4-bit codes unpacked)."""
+        return self.shape
+
+
+class QuantizeDescriptor(ScopedDescriptor):
     """A static quantization problem: ``q = clamp(rne(x / scale) + zp, q_min, q_max)``.
 
     Fields: ``shape`` of the float input (any rank); ``scope`` (Tensor/Token/Channel/GroupScope);
@@ -154,10 +190,6 @@ class QuantizeDescriptor(BaseModel):
     odd rows padded with a zero nibble) and ``param_shape`` (SPEC section 3).
     """
 
-    model_config = _FROZEN
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
     input_element: ElementKind
     output_element: ElementKind
     q_min: int | None = None
@@ -170,13 +202,8 @@ class QuantizeDescriptor(BaseModel):
         """Shape of the output storage array."""
         return storage_shape(self.shape, self.output_element)
 
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale`` / ``zero_point``."""
-        return param_shape(self.shape, self.scope)
 
-
-class DequantizeDescriptor(BaseModel):
+class DequantizeDescriptor(ScopedDescriptor):
     """A dequantization problem: ``y = (q - zp) * scale`` rounded once to ``output_element``.
 
     Fields: ``shape`` of the float output (the logical element shape; 4-bit inputs are stored
@@ -184,10 +211,6 @@ class DequantizeDescriptor(BaseModel):
     FP8_E4M3 or FP8_E5M2; ``output_element`` F16, BF16, F32 or F64; ``nibble_order`` for S4 / U4.
     """
 
-    model_config = _FROZEN
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
     input_element: ElementKind
     output_element: ElementKind
     nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST
@@ -201,11 +224,6 @@ class DequantizeDescriptor(BaseModel):
     def output_shape(self) -> tuple[int, ...]:
         """Shape of the float output."""
         return self.shape
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale`` / ``zero_point``."""
-        return param_shape(self.shape, self.scope)
 
 
 def quantize_problem(desc: QuantizeDescriptor) -> AffineProblem:
@@ -365,6 +383,8 @@ __all__ = [
     "AffineProblem",
     "AffineRows",
     "CodeRangeProblem",
+    "GradientOf",
+    "ScopedDescriptor",
     "DequantizeDescriptor",
     "QuantizeDescriptor",
     "ScopedProblem",

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from . import reference
-from ._affine import AffineOperands, AffineProblem
+from ._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
 from ._families import dynamic_fake_quantize_unit
@@ -49,7 +48,6 @@ from .types import (
     QuantizeKind,
     QuantMode,
     Rounding,
-    Scope,
     TensorScope,
 )
 from .workspace import Workspace
@@ -72,7 +70,7 @@ def dynamic_fake_quantize_range(mode: QuantMode, bits: int) -> tuple[int, int]:
     return 0, (1 << bits) - 1
 
 
-class DynamicRangeFakeQuantizeDescriptor(BaseModel):
+class DynamicRangeFakeQuantizeDescriptor(ScopedDescriptor):
     """A dynamic-range fake quantization problem (see :class:`DynamicRangeFakeQuantizePlan`).
 
     Fields: ``shape`` (any rank); ``scope`` (Tensor / Token / Channel / GroupScope: the segments
@@ -83,10 +81,6 @@ class DynamicRangeFakeQuantizeDescriptor(BaseModel):
     optional ``scale_out`` / ``zero_point_out``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
     element: ElementKind
     bits: int = 8
     rounding: Rounding = Rounding.NEAREST_EVEN
@@ -100,11 +94,6 @@ class DynamicRangeFakeQuantizeDescriptor(BaseModel):
     def q_max(self) -> int:
         """Largest code: ``2**(bits-1) - 1`` (SYMMETRIC) or ``2**bits - 1`` (ASYMMETRIC)."""
         return dynamic_fake_quantize_range(self.mode, self.bits)[1]
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale_out`` / ``zero_point_out``."""
-        return param_shape(self.shape, self.scope)
 
 
 @dataclass(slots=True)

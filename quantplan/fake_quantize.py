@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from . import reference
+from ._affine import ScopedDescriptor
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_FLOAT, ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProblem, FakeRowLaunches, prepare_fake_rows
 from ._families import fake_quantize_unit
@@ -56,7 +57,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 CODE_LIMIT = 2**24
 
 
-class FakeQuantizeDescriptor(BaseModel):
+class FakeQuantizeDescriptor(ScopedDescriptor):
     """A fake quantization problem: ``y = (clamp(rne(x * inv) + zp, q_min, q_max) - zp) * scale``.
 
     Fields: ``shape`` (any rank); ``scope`` (Tensor / Token / Channel / GroupScope); ``mode``
@@ -67,18 +68,9 @@ class FakeQuantizeDescriptor(BaseModel):
     ``param_shape``: the shape of ``scale`` / ``zero_point`` (SPEC section 3).
     """
 
-    model_config = _FROZEN
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode = QuantMode.SYMMETRIC
     element: ElementKind
     q_min: int
     q_max: int
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        """Shape of ``scale`` / ``zero_point``."""
-        return param_shape(self.shape, self.scope)
 
 
 class FakeQuantizeBackwardDescriptor(FakeQuantizeDescriptor):

@@ -36,6 +36,7 @@ from . import reference
 from ._affine import (
     AffineProblem,
     DequantizeDescriptor,
+    GradientOf,
     QuantizeDescriptor,
     dequantize_problem,
     quantize_problem,
@@ -53,7 +54,7 @@ from .types import BackendKind, MathPrecision, OpCategory, PlanPreference, Quant
 from .workspace import Workspace
 
 
-class QuantizeBackwardDescriptor(QuantizeDescriptor):
+class QuantizeBackwardDescriptor(GradientOf, QuantizeDescriptor):
     """The gradient of a :class:`~quantplan.QuantizeDescriptor` problem (same fields, same meaning).
 
     ``dx = dq / scale`` where ``q_min <= rne(x / scale) + zp <= q_max`` (FP8: ``|x / scale| <= fp8_max``),
@@ -65,18 +66,8 @@ class QuantizeBackwardDescriptor(QuantizeDescriptor):
     code storage, not an operand of the backward.)
     """
 
-    @classmethod
-    def from_forward(cls, desc: QuantizeDescriptor) -> QuantizeBackwardDescriptor:
-        """The backward descriptor of the forward problem ``desc`` (every field copied)."""
-        return cls(**{name: getattr(desc, name) for name in QuantizeDescriptor.model_fields})
 
-    @property
-    def grad_shape(self) -> tuple[int, ...]:
-        """Shape of ``input``, ``grad_output`` and ``grad_input``."""
-        return self.shape
-
-
-class DequantizeBackwardDescriptor(DequantizeDescriptor):
+class DequantizeBackwardDescriptor(GradientOf, DequantizeDescriptor):
     """The gradient of a :class:`~quantplan.DequantizeDescriptor` problem w.r.t. the codes (same fields).
 
     ``dq = dy * scale``, in the forward's ``output_element`` (the float type of ``dy``); the
@@ -86,16 +77,6 @@ class DequantizeBackwardDescriptor(DequantizeDescriptor):
     Shapes it implies: ``grad_shape`` (``grad_output`` and ``grad_input``: the float shape,
     unpacked even for 4-bit codes) and ``param_shape``.
     """
-
-    @classmethod
-    def from_forward(cls, desc: DequantizeDescriptor) -> DequantizeBackwardDescriptor:
-        """The backward descriptor of the forward problem ``desc`` (every field copied)."""
-        return cls(**{name: getattr(desc, name) for name in DequantizeDescriptor.model_fields})
-
-    @property
-    def grad_shape(self) -> tuple[int, ...]:
-        """Shape of ``grad_output`` and ``grad_input``."""
-        return self.shape
 
 
 @dataclass(slots=True)
