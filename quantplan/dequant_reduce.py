@@ -8,7 +8,7 @@ output group, whose size is independent of the input groups. Optional LoCo error
 
 Kernels: ``kernels/dequant_reduce.cu`` (shared device code in ``kernels/qp_qgz.cuh``);
 reference: :func:`quantplan.reference.dequant_reduce`; tests:
-``tests/test_reference_dequant_reduce.py``, ``tests/test_swizzled_quantize_plan_errors.py``,
+``tests/test_reference_dequant_reduce.py``, ``tests/test_dequant_reduce_plan_errors.py``,
 ``tests/test_dequant_reduce_gpu.py``; benchmark: ``benchmarks/bench_zeropp.py``.
 """
 
