@@ -307,9 +307,9 @@ def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> Unit:
     ]
 
 
-def moq_fake_quantize_unit(kind: ElementKind, stochastic: bool) -> Unit:
+def moq_fake_quantize_unit(kind: ElementKind, rounding: Rounding) -> Unit:
     """The MoQ kernels of one (float, rounding)."""
-    tag = ELEMENTS[kind].cpp_tag
+    tag, stochastic = ELEMENTS[kind].cpp_tag, rounding is Rounding.STOCHASTIC
     return [
         *segment_names("moq_fake_quantize_segments", (tag, stochastic), False),
         template_name("moq_fake_quantize_group_params", tag),
@@ -324,7 +324,7 @@ def deepspeed_format_units() -> list[Unit]:
         *(deepspeed_quantize_unit(k, e, b) for k in QGZ_FLOAT_KINDS for e in errors for b in (8, 4)),
         *(deepspeed_reduce_unit(b, e) for b in (8, 4) for e in errors),
         *(deepspeed_dequantize_unit(b, k) for b in (8, 4) for k in QGZ_FLOAT_KINDS),
-        *(moq_fake_quantize_unit(k, s) for k in QGZ_FLOAT_KINDS for s in (False, True)),
+        *(moq_fake_quantize_unit(k, r) for k in QGZ_FLOAT_KINDS for r in _roundings()),
     ]
 
 

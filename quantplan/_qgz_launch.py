@@ -203,7 +203,7 @@ def qgz_geometry(
     groups: int, group_size: int, packed: bool, vec_max: int, info: DeviceInfo
 ) -> tuple[SegmentGeometry, SegmentGeometry] | None:
     """The fused pass's geometry for aligned operands and its element-I/O twin, or None (two-pass)."""
-    busy = info.sm_count * 2048
+    busy = info.busy_threads
     primary = fused_segment_geometry(groups, group_size, packed, QGZ_ELEMENTS_PER_THREAD, vec_max, busy)
     if primary is None:
         return None

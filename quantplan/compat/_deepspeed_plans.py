@@ -788,7 +788,7 @@ class MoQFakeQuantizeArgs:
 def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
     info = device_info(device_id)
-    unit = moq_fake_quantize_unit(desc.element, desc.stochastic)
+    unit = moq_fake_quantize_unit(desc.element, desc.rounding)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
     tag = ELEMENTS[desc.element].cpp_tag
     group_size = desc.numel // desc.groups
