@@ -648,7 +648,8 @@ class FakeQuantize(torch.nn.Module):
         """``x`` fake-quantized (or ``x`` itself when ``enabled`` is False)."""
         if not self.enabled:
             return x
-        return fake_quantize(x, self.scale, self.zero_point, self.q_min, self.q_max, self.scope)
+        # q_min / q_max were checked at construction: straight to the op.
+        return FakeQuantizeFunction.apply(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max)
 
     def extra_repr(self) -> str:
         mode = "symmetric" if self.zero_point is None else "asymmetric"
@@ -724,7 +725,9 @@ class LearnableFakeQuantize(torch.nn.Module):
         gf = self.grad_factor
         if gf is None:
             gf = 1.0 / math.sqrt(max(1, x.numel() * max(1, self.q_max)))
-        return fake_quantize_learnable(x, self.scale, self.zero_point, self.q_min, self.q_max, self.scope, gf)
+        return LearnableFakeQuantizeFunction.apply(
+            x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max, float(gf)
+        )
 
     def extra_repr(self) -> str:
         mode = "symmetric" if self.zero_point is None else "asymmetric"
