@@ -265,10 +265,20 @@ _UINT64_MAX = 2**64 - 1
 _INT32 = (-(2**31), 2**31 - 1)
 
 
+#: dtype -> (smallest normal, largest finite): a scale between them stays finite and > 0 when rounded.
+_SCALE_BOUNDS: dict[np.dtype, tuple[float, float]] = {}
+
+
 def scalar_scale(value: Any, dtype: np.dtype) -> float:
     """A Python-number scale as every plan takes it: finite and > 0, and still so when rounded to
     ``dtype`` (the parameter dtype: float32, float64 for F64 data); InvalidProblem otherwise."""
     s = float(value)
+    bounds = _SCALE_BOUNDS.get(dtype)
+    if bounds is None:
+        info = np.finfo(dtype)
+        bounds = _SCALE_BOUNDS[dtype] = (float(info.tiny), float(info.max))
+    if bounds[0] <= s <= bounds[1]:
+        return s
     if not (math.isfinite(s) and s > 0):
         raise InvalidProblem(f"scale={value!r}: a scalar scale must be finite and > 0 in {dtype.name}")
     with np.errstate(over="ignore", under="ignore"):
@@ -302,7 +312,8 @@ class OperandChecks:
     def _tensor(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
         """A tensor of ``shape`` and element ``info``: residence, shape, dtype, contiguity, alignment."""
         op = operand(value, name)
-        self._check_residence(op, name)
+        if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
+            self._check_residence(op, name)
         if op.shape != shape:
             raise InvalidProblem(f"{name} has shape {op.shape}, but the descriptor implies {shape}")
         if op.dtype_name not in info.dtype_names:
@@ -324,6 +335,7 @@ class OperandChecks:
         return self._tensor(value, name, shape, info)
 
     def _check_residence(self, op: Operand, name: str) -> None:
+        """Raise unless ``op`` lives where the plan runs (the callers test the common case inline)."""
         if self.backend is BackendKind.REFERENCE:
             if not isinstance(op.obj, np.ndarray):
                 raise InvalidProblem(
@@ -347,7 +359,8 @@ class OperandChecks:
                 )
             return value  # type: ignore[no-any-return]
         op = operand(value, name)
-        self._check_residence(op, name)
+        if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
+            self._check_residence(op, name)
         if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
             raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
         if op.dtype_name != (_DTYPE_NAMES.get(dtype) or dtype_name(dtype)):
@@ -403,7 +416,8 @@ class OperandChecks:
                 raise InvalidProblem(f"{name} is required: an array of shape {self._param_shape} ({dtype.name})")
             return None
         op = operand(value, name)
-        self._check_residence(op, name)
+        if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
+            self._check_residence(op, name)
         pshape = self._param_shape
         if op.shape != pshape and not (math.prod(pshape) == 1 and op.size == 1):
             raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {pshape}")
@@ -424,7 +438,8 @@ class OperandChecks:
                 raise InvalidProblem(f"{name}={value!r} must be an integer in [0, 2**64)")
             return int(value)
         op = operand(value, name)
-        self._check_residence(op, name)
+        if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
+            self._check_residence(op, name)
         if op.size != 1 or op.dtype_name != "int64":
             raise InvalidProblem(
                 f"{name} must be a Python int or a 1-element int64 array, got {op.dtype_name} {op.shape}"

@@ -224,6 +224,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         self.descriptor = desc
         self._fused, self._passes, self._rows = fused, passes, rows
         self._scale_offset, self._zp_offset = scale_offset, zp_offset
+        self._stochastic = problem.stochastic
         self._asymmetric = asym
         self._zp_source = ZP_INT32 if asym else ZP_VALUE
         self._param_shape = problem.param_shape
@@ -269,7 +270,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
             zp = self._param_output(args.zero_point_out, "zero_point_out", self._int32, required=False)
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
-        seed, offset = self._rng(p.stochastic, args.rng_seed, args.rng_offset)
+        seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
         if not self._is_reference:
             for name, out in (("scale_out", scale), ("zero_point_out", zp)):
                 if out is not None and (overlaps(out, x) or overlaps(out, y)):
@@ -284,7 +285,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         assert self.device_id is not None
         scale_ptr = 0 if a.scale is None else a.scale.ptr
         zp_ptr = 0 if a.zp is None else a.zp.ptr
-        stochastic = self.problem.stochastic
+        stochastic = self._stochastic
         if self._fused is not None:
             launch = self._fused.pick(a.x.ptr, a.y.ptr)
             params = launch.params
@@ -316,7 +317,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         p = self.problem
         shape = p.shape if p.shape else (1,)
         x = self._host_view(a.x, p.shape, self._info)
-        uniform = reference_uniform(shape, a.seed, a.offset) if p.stochastic else None
+        uniform = reference_uniform(shape, a.seed, a.offset) if self._stochastic else None
         y, scale, zp = reference.dynamic_fake_quantize(x, p.scope, p.mode, p.q_min, p.q_max, p.precision, uniform)
         self._write_host(a.y, y)
         if a.scale is not None:

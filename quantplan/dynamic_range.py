@@ -131,6 +131,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
         self._param_dtype = param_numpy_dtype(problem.precision)
         self._int32 = np.dtype(np.int32)
         self._float_info, self._code_info = ELEMENTS[problem.float_kind], ELEMENTS[problem.code_kind]
+        self._stochastic = problem.stochastic
         self._asymmetric = problem.mode is QuantMode.ASYMMETRIC
         self._code_shape = problem.code_shape
 
@@ -182,7 +183,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
             zp = self._param_output(args.zero_point_out, "zero_point_out", self._int32, True)
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
-        seed, offset = self._rng(p.stochastic, args.rng_seed, args.rng_offset)
+        seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
         if not self._is_reference:
             if overlaps(y, x):
                 raise InvalidProblem("output overlaps input; the plan reads the input twice")
@@ -205,7 +206,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
             params.y = a.y.ptr
             params.scale_out = a.scale.ptr
             params.zp_out = zp_ptr
-            if self.problem.stochastic:
+            if self._stochastic:
                 set_rng(params, a.seed, a.offset)
             launch_on(self.device_id, handle, launch)
             return
@@ -216,7 +217,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     def _run_reference(self, a: AffineOperands) -> None:
         p = self.problem
         x = self._host_view(a.x, p.shape, self._float_info).reshape(p.shape)
-        uniform = reference_uniform(p.shape, a.seed, a.offset) if p.stochastic else None
+        uniform = reference_uniform(p.shape, a.seed, a.offset) if self._stochastic else None
         q, s, z = reference.dynamic_quantize(
             x, p.scope, p.mode, p.code_kind, p.q_min, p.q_max, p.precision, p.nibble_order, uniform
         )
