@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 
 from .._device import device_info, stream_device_id
 from .._families import (
@@ -757,16 +757,6 @@ class MoQFakeQuantizeDescriptor(BaseModel):
     mode: QuantMode = QuantMode.SYMMETRIC
     rounding: Rounding = Rounding.NEAREST_EVEN
     element: ElementKind
-
-    @model_validator(mode="before")
-    @classmethod
-    def _stochastic_flag(cls, data: Any) -> Any:
-        """Transition: a ``stochastic`` bool (the earlier field) becomes ``rounding``."""
-        if isinstance(data, dict) and "stochastic" in data:
-            data = dict(data)
-            flag = data.pop("stochastic")
-            data.setdefault("rounding", Rounding.STOCHASTIC if flag else Rounding.NEAREST_EVEN)
-        return data
 
     @property
     def stochastic(self) -> bool:
