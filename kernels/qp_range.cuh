@@ -92,31 +92,28 @@ template <class Acc, class Bits> struct SegmentRange {
 
 // Packed pairs of 16-bit floats: per-half min / max in the storage format (PTX, sm_80+) and the
 // per-half unsigned max of |x| bits (one instruction on sm_90).
+// NaN-propagating forms (.NaN: a NaN in either half gives a NaN half) serve scans that need no
+// separate non-finite test (dynamic_quantize_dense).
+#define QP_HALF_PAIR_OP(name, instruction)                              \
+  static __device__ __forceinline__ u32 name(u32 a, u32 b) {            \
+    u32 d;                                                              \
+    asm(instruction " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));         \
+    return d;                                                           \
+  }
 template <class In> struct HalfPairs;
 template <> struct HalfPairs<f16> {
-  static __device__ __forceinline__ u32 min2(u32 a, u32 b) {
-    u32 d;
-    asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ u32 max2(u32 a, u32 b) {
-    u32 d;
-    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
+  QP_HALF_PAIR_OP(min2, "min.f16x2")
+  QP_HALF_PAIR_OP(max2, "max.f16x2")
+  QP_HALF_PAIR_OP(min_nan, "min.NaN.f16x2")
+  QP_HALF_PAIR_OP(max_nan, "max.NaN.f16x2")
 };
 template <> struct HalfPairs<bf16> {
-  static __device__ __forceinline__ u32 min2(u32 a, u32 b) {
-    u32 d;
-    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  static __device__ __forceinline__ u32 max2(u32 a, u32 b) {
-    u32 d;
-    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
+  QP_HALF_PAIR_OP(min2, "min.bf16x2")
+  QP_HALF_PAIR_OP(max2, "max.bf16x2")
+  QP_HALF_PAIR_OP(min_nan, "min.NaN.bf16x2")
+  QP_HALF_PAIR_OP(max_nan, "max.NaN.bf16x2")
 };
+#undef QP_HALF_PAIR_OP
 
 __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #if __CUDA_ARCH__ >= 900
