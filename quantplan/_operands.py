@@ -79,6 +79,13 @@ def _cupy_operand(obj: Any) -> Operand:
     return Operand(obj, obj.data.ptr, obj.shape, name, obj.itemsize, obj.flags.c_contiguous, obj.device.id)
 
 
+def _cupy_operand_direct(obj: Any) -> Operand:
+    """:func:`_cupy_operand` reading CuPy's contiguity flag directly (``.flags`` builds an object per call)."""
+    dtype = obj.dtype
+    name = _DTYPE_NAMES.get(dtype) or dtype_name(dtype)
+    return Operand(obj, obj.data.ptr, obj.shape, name, obj.itemsize, obj._c_contiguous, obj.device.id)
+
+
 def _torch_operand(obj: Any) -> Operand:
     dtype = obj.dtype
     name = _DTYPE_NAMES.get(dtype) or dtype_name(dtype)
@@ -124,6 +131,7 @@ def _host_pointer(obj: Any) -> int:
 _POINTER_OF: dict[Callable[[Any], Operand], Callable[[Any], int]] = {
     _numpy_operand: _host_pointer,
     _cupy_operand: _cupy_pointer,
+    _cupy_operand_direct: _cupy_pointer,
     _torch_operand: _torch_pointer,
     _cai_operand: _cai_pointer,
 }
@@ -136,7 +144,8 @@ def _reader(kind: type, obj: Any, name: str) -> Callable[[Any], Operand]:
     if issubclass(kind, np.ndarray):
         reader = _numpy_operand
     elif module.startswith("cupy"):
-        reader = _cupy_operand
+        direct = isinstance(getattr(obj, "_c_contiguous", None), bool)
+        reader = _cupy_operand_direct if direct else _cupy_operand
     elif module.startswith("torch"):
         reader = _torch_operand
     elif getattr(obj, "__cuda_array_interface__", None) is not None:
