@@ -142,12 +142,30 @@ def dynamic_range_unit(float_kind: ElementKind) -> Unit:
     return [template_name("range_stats_init", acc), *rows, *tensor, template_name("range_params", acc)]
 
 
+#: Input kinds and vectors (of 8 elements) per thread of ``dynamic_quantize_dense``, the fused pass
+#: specialised for segments of exactly ``team * 8 * nv`` 16-bit elements with nearest rounding.
+DENSE_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16)
+DENSE_NV = (1, 2, 4)
+
+
+def dense_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, nv: int) -> str:
+    """One instantiation of ``dynamic_quantize_dense`` (``nv`` vectors of 8 elements per thread)."""
+    code = ELEMENTS[code_kind]
+    return template_name(
+        "dynamic_quantize_dense", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, high_first and code.is_packed, nv
+    )
+
+
 def dynamic_segments_unit(
     float_kind: ElementKind, code_kind: ElementKind, high_first: bool, rounding: Rounding
 ) -> Unit:
     """The fused single-pass kernels of one (input, code, nibble order, rounding):
-    ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``."""
-    return row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
+    ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``;
+    F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``."""
+    unit = row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
+    if rounding is Rounding.NEAREST_EVEN and float_kind in DENSE_FLOAT_KINDS:
+        unit += [dense_kernel_name(float_kind, code_kind, high_first, nv) for nv in DENSE_NV]
+    return unit
 
 
 def dynamic_range_units() -> list[Unit]:
@@ -351,6 +369,9 @@ def all_instantiations(family: str) -> list[str]:
 
 
 __all__ = [
+    "DENSE_FLOAT_KINDS",
+    "DENSE_NV",
+    "dense_kernel_name",
     "FAMILIES",
     "QGZ_CODE_KINDS",
     "QGZ_FLOAT_KINDS",

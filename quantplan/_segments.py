@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ._affine import AffineProblem
 from ._device import device_info
-from ._families import dynamic_range_unit
+from ._families import DENSE_FLOAT_KINDS, DENSE_NV, dynamic_range_unit
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
 from .compiler import compile_options, load_kernels, template_name
@@ -143,6 +143,34 @@ def fused_geometries(problem: AffineProblem, busy_threads: int) -> tuple[Segment
     return geometry, fallback
 
 
+#: Threads per block of ``dynamic_quantize_dense``.
+DENSE_BLOCK = 256
+
+
+def dense_geometry(
+    problem: AffineProblem, geometry: SegmentGeometry, busy_threads: int
+) -> tuple[SegmentGeometry, int] | None:
+    """The launch of ``dynamic_quantize_dense`` for the fused pass ``geometry``, and its vectors
+    (of 8 elements) per thread ``nv``; None where the specialised kernel does not apply.
+
+    It serves nearest rounding of F16 / BF16 segments of exactly ``team * 8 * nv`` elements
+    (team a power of two up to one block of :data:`DENSE_BLOCK`, nv in ``DENSE_NV``) with 16-byte
+    vector I/O: the most vectors per thread, fewer (a wider team) while that leaves SMs idle.
+    F32 stays on the generic kernel, measured faster there (8192-element rows on an H200: 84%
+    against 56% of a copy's bandwidth).
+    """
+    if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
+        return None
+    for nv in sorted(DENSE_NV, reverse=True):
+        team, rem = divmod(geometry.length, 8 * nv)
+        if rem or team == 0 or team > DENSE_BLOCK or team & (team - 1):
+            continue
+        while nv > 1 and team * 2 <= DENSE_BLOCK and geometry.segments * team < busy_threads:
+            team, nv = team * 2, nv // 2
+        return SegmentGeometry(geometry.segments, geometry.length, 8, True, team, DENSE_BLOCK), nv
+    return None
+
+
 def range_divisor(problem: AffineProblem) -> float:
     """The divisor of the dynamic scale: ``fp8_max`` (FP8), ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
     code = ELEMENTS[problem.code_kind]
@@ -181,26 +209,28 @@ def prepare_segments(
     name: Callable[[SegmentGeometry], str],
     out_bits: int,
     device_id: int,
+    dense: tuple[str, SegmentGeometry] | None = None,
 ) -> LaunchPair:
     """Compile (first use) ``unit`` of ``family`` and prepare the fused pass of ``problem``
     (argument block :data:`SEGMENT_PARAMS`) for aligned operands and its element-I/O twin.
-    ``name(geometry)``: the kernel's name expression; ``out_bits``: bits per output element."""
+    ``name(geometry)``: the kernel's name expression; ``out_bits``: bits per output element;
+    ``dense``: (name, geometry) of a specialised kernel for aligned operands (one block per
+    block-full of segments, no grid-stride), same argument block."""
     info = device_info(device_id)
     functions = load_kernels(family, unit, info.arch, device_id, compile_options())
     params_type = SEGMENT_PARAMS[problem.precision]
     divisor = range_divisor(problem)
 
-    def prepare(g: SegmentGeometry) -> PreparedLaunch:
-        fn = functions[name(g)]
+    def prepare(g: SegmentGeometry, kernel: str | None = None) -> PreparedLaunch:
+        fn = functions[kernel or name(g)]
         layout = g.args(problem.q_min, problem.q_max, problem.mode)
-        return PreparedLaunch(
-            fn, occupancy_grid(fn, g.block, g.blocks(2**62), info), g.block, params_type, layout=layout, divisor=divisor
-        )
+        grid = g.blocks(2**31 - 1) if kernel else occupancy_grid(fn, g.block, g.blocks(2**62), info)
+        return PreparedLaunch(fn, grid, g.block, params_type, layout=layout, divisor=divisor)
 
     primary, fallback = geometries
     in_bits = ELEMENTS[problem.float_kind].storage_bits
     return LaunchPair(
-        prepare(primary),
+        prepare(primary) if dense is None else prepare(dense[1], dense[0]),
         prepare(fallback),
         vector_alignment(primary.vec, in_bits),
         vector_alignment(primary.vec, out_bits),
@@ -319,6 +349,8 @@ class RangePasses:
 
 
 __all__ = [
+    "DENSE_BLOCK",
+    "dense_geometry",
     "MAX_TEAM",
     "SEGMENT_PARAMS",
     "RangePasses",

@@ -23,11 +23,11 @@ import numpy as np
 from . import reference
 from ._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
 from ._device import device_info, stream_device_id
-from ._families import dynamic_segments_unit, row_kernel_name
+from ._families import dense_kernel_name, dynamic_segments_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._operands import Operand, OperandChecks, TensorArgs, overlaps, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
-from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
+from ._segments import RangePasses, SegmentGeometry, dense_geometry, fused_geometries, prepare_segments
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
@@ -163,8 +163,8 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
         prefix = f"{problem.scope.kind}/{problem.mode.value}/"
         geometries = fused_geometries(problem, info.busy_threads)
         if geometries is not None:
-            fused = _prepare_fused(problem, geometries, device_id)
-            return cls(desc, problem, device_id, prefix + geometries[0].describe(), fused=fused)
+            fused, shape_tag = _prepare_fused(problem, geometries, device_id, info.busy_threads)
+            return cls(desc, problem, device_id, prefix + shape_tag, fused=fused)
         rows = AffineRows.prepare(problem, True, device_id)
         passes = RangePasses.prepare(problem, device_id)
         variant = f"{prefix}{passes.kind}+{prefix}{rows.layout.describe()}"
@@ -228,9 +228,11 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
 
 
 def _prepare_fused(
-    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int
-) -> LaunchPair:
-    """Compile (first use) and prepare ``dynamic_quantize_segments`` for ``problem``."""
+    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, busy_threads: int
+) -> tuple[LaunchPair, str]:
+    """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
+    ``dynamic_quantize_dense`` for aligned operands where :func:`~quantplan._segments.dense_geometry`
+    applies, else ``dynamic_quantize_segments``; the element-I/O twin of the latter otherwise."""
     unit = dynamic_segments_unit(problem.float_kind, problem.code_kind, problem.high_first, problem.rounding)
 
     def name(g: SegmentGeometry) -> str:
@@ -240,7 +242,14 @@ def _prepare_fused(
         )  # fmt: skip
 
     code_bits = ELEMENTS[problem.code_kind].storage_bits
-    return prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)
+    found = dense_geometry(problem, geometries[0], busy_threads)
+    if found is None:
+        pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)
+        return pair, geometries[0].describe()
+    dense, nv = found
+    kernel = dense_kernel_name(problem.float_kind, problem.code_kind, problem.high_first, nv)
+    pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, dense))
+    return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
 
 
 __all__ = ["DynamicRangeQuantizeArgs", "DynamicRangeQuantizeDescriptor", "DynamicRangeQuantizePlan"]
