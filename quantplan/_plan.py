@@ -173,16 +173,18 @@ class Plan(Generic[ArgsT, CheckedT]):
         graph; NumPy on the reference backend. Every check runs before anything is launched or
         written. ``check=False`` skips the checks (the caller vouches for ``args`` and
         ``workspace``); a zero-size problem launches nothing."""
-        if check:
-            if self._workspace_bytes:
-                check_workspace(workspace, self._workspace_bytes)
-            checked = self._check(args)
-        else:
-            checked = self._extract(args)
+        checked = self._check_call(stream, workspace, args) if check else self._extract(args)
         if self._is_reference:
             self._run_reference(checked)
         elif not self._empty:
             self._launch(stream_handle(stream), workspace, checked)
+
+    def _check_call(self, stream: Any, workspace: Workspace | None, args: ArgsT) -> CheckedT:
+        """Every check of one call, before anything is launched or written: the workspace, then the
+        operands (``_check``). The checked ``run`` goes through here."""
+        if self._workspace_bytes:
+            check_workspace(workspace, self._workspace_bytes)
+        return self._check(args)
 
     def _run_reference(self, checked: CheckedT) -> None:
         """The NumPy reference of the op, written into the caller's arrays."""
