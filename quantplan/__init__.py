@@ -30,6 +30,7 @@ from .dynamic_fake_quantize import (
 )
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .errors import (
+    InvalidArgumentType,
     InvalidProblem,
     KernelCompileError,
     MisalignedOperand,
@@ -115,6 +116,7 @@ __all__ = [
     "FakeQuantizeDescriptor",
     "FakeQuantizePlan",
     "GroupScope",
+    "InvalidArgumentType",
     "InvalidProblem",
     "KernelCompileError",
     "KernelSku",

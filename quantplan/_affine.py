@@ -24,7 +24,7 @@ from ._operands import Operand, TensorArgs
 from .compiler import compile_options, load_kernels
 from .elements import ELEMENTS, acc_ctype
 from .errors import InvalidProblem
-from .types import ElementKind, MathPrecision, NibbleOrder, QuantMode, Rounding, Scope
+from .types import ElementKind, MathPrecision, Model, NibbleOrder, QuantMode, Rounding, Scope, Shape
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -138,14 +138,14 @@ def resolve_affine_problem(
     return AffineProblem(tuple(shape), scope, mode, float_kind, lo, hi, code_kind, nibble_order)
 
 
-class ScopedDescriptor(BaseModel):
+class ScopedDescriptor(Model):
     """The fields every scoped descriptor starts with: ``shape`` (any rank), ``scope`` (Tensor /
     Token / Channel / GroupScope: which elements share a scale and zero point) and ``mode``
     (SYMMETRIC: zero point 0; ASYMMETRIC: an integer zero point). Frozen, hashable, no extra fields.
     """
 
     model_config = _FROZEN
-    shape: tuple[int, ...]
+    shape: Shape
     scope: Scope
     mode: QuantMode = QuantMode.SYMMETRIC
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from . import reference
 from ._device import device_info, stream_device_id
@@ -50,7 +50,17 @@ from ._segments import SegmentLayoutArgs, range_divisor_of
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
-from .types import HOST_ARCH, BackendKind, ElementKind, NibbleOrder, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from .types import (
+    HOST_ARCH,
+    BackendKind,
+    ElementKind,
+    Model,
+    NibbleOrder,
+    OpCategory,
+    PlanPreference,
+    QuantizeKind,
+    QuantMode,
+)
 from .workspace import Workspace
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -61,7 +71,7 @@ def _storage(elements: int, kind: ElementKind) -> int:
     return elements // 2 if ELEMENTS[kind].is_packed else elements
 
 
-class DequantReduceDescriptor(BaseModel):
+class DequantReduceDescriptor(Model):
     """A dequantize-reduce-requantize problem (see :class:`DequantReducePlan`).
 
     Fields: ``peers`` (N >= 1 chunks to reduce); ``chunk_elements`` (elements per chunk, and of

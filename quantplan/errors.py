@@ -1,8 +1,23 @@
-"""Exception classes of quantplan.
+"""Exception classes of quantplan, and the error contract every public entry point keeps.
 
-Every error names the value received, the rule it broke and the fix. All derive from
-:class:`QuantPlanError`, so ``except qp.QuantPlanError`` catches anything this library raises
-on purpose. Errors are raised before any kernel launch; outputs are left untouched.
+The contract (descriptors, scopes, ``PlanPreference``, ``select``, ``can_implement``, ``run``,
+the functional layer, ``compat``, ``pytorch`` and ``distributed``):
+
+* every invalid input raises a :class:`QuantPlanError` subclass, so ``except qp.QuantPlanError``
+  catches anything this library raises on purpose; descriptor, scope and preference validation
+  (pydantic underneath) is raised as :class:`InvalidProblem` too;
+* :class:`InvalidProblem` (and its subclasses) is also a ``ValueError``; an argument of the wrong
+  type (an Args object of another plan, a dict, a string as workspace or stream, something that
+  is no array) raises :class:`InvalidArgumentType`, which is both an :class:`InvalidProblem` and
+  a ``TypeError``;
+* it is raised before anything is launched or written: outputs are left untouched;
+* the message names the operand or field, what was expected and how to fix it;
+* the two backends agree: the NumPy reference backend refuses exactly what the CUDA backend
+  refuses (overlap on real address ranges, alignment, read-only outputs, streams, workspaces).
+
+Not checked on the hot path: the values inside array parameters (NaN, zero or negative entries
+of a scale array, zero points outside the code range). ``PlanPreference(validate_values=True)``
+makes the checked ``run`` inspect them and raise InvalidProblem naming the first bad index.
 """
 
 from __future__ import annotations
@@ -18,6 +33,11 @@ class Unsupported(QuantPlanError):
 
 class InvalidProblem(QuantPlanError, ValueError):
     """A malformed request: bad descriptor field, or arguments that do not match the plan."""
+
+
+class InvalidArgumentType(InvalidProblem, TypeError):
+    """An argument of the wrong type (Args class, workspace, stream, descriptor, preference, array):
+    both an :class:`InvalidProblem` and a ``TypeError``."""
 
 
 class MisalignedOperand(InvalidProblem):
@@ -37,6 +57,7 @@ class KernelCompileError(QuantPlanError):
 
 
 __all__ = [
+    "InvalidArgumentType",
     "InvalidProblem",
     "KernelCompileError",
     "MisalignedOperand",

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from . import reference
 from ._device import device_info, stream_device_id
@@ -49,7 +49,17 @@ from ._segments import SegmentLayoutArgs, range_divisor_of
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
-from .types import BackendKind, ElementKind, NibbleOrder, OpCategory, PlanPreference, QuantizeKind, QuantMode
+from .types import (
+    BackendKind,
+    ElementKind,
+    Model,
+    NibbleOrder,
+    OpCategory,
+    PlanPreference,
+    QuantizeKind,
+    QuantMode,
+    Shape,
+)
 from .workspace import Workspace
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -111,7 +121,7 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
 # ---- SwizzledQuantizePlan -----------------------------------------------------------------------
 
 
-class SwizzledQuantizeDescriptor(BaseModel):
+class SwizzledQuantizeDescriptor(Model):
     """A swizzled group-quantization problem (see :class:`SwizzledQuantizePlan`).
 
     Fields: ``shape`` of the input (any rank; its flat C order defines the groups);
@@ -130,7 +140,7 @@ class SwizzledQuantizeDescriptor(BaseModel):
     """
 
     model_config = _FROZEN
-    shape: tuple[int, ...]
+    shape: Shape
     group_size: int
     nodes: int = 1
     devices_per_node: int = 1

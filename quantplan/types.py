@@ -9,9 +9,9 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InvalidProblem
 
@@ -100,21 +100,82 @@ class QuantizeKind(str, enum.Enum):
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-class TensorScope(BaseModel):
+def _validation_message(model: str, exc: ValidationError) -> str:
+    """One line per field pydantic refused: the field path, its rule and the value given."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "(model)"
+        given = f" (got {err['input']!r})" if "input" in err and err["type"] != "missing" else ""
+        parts.append(f"{where}: {err['msg']}{given}")
+    return f"{model}: " + "; ".join(parts) + f"; fix the field(s) and construct the {model} again"
+
+
+class Model(BaseModel):
+    """Base of every descriptor, scope and preference: frozen, hashable, no extra fields, and its
+    validation errors raised as :class:`~quantplan.InvalidProblem` naming the field (so
+    ``except qp.QuantPlanError`` catches them; InvalidProblem is also a ``ValueError``)."""
+
+    model_config = _FROZEN
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidProblem(_validation_message(type(self).__name__, exc)) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError:
+            raise InvalidProblem(
+                f"{type(self).__name__} is frozen: {name} cannot be assigned; build a new one "
+                f"(model_copy(update={{{name!r}: ...}}))"
+            ) from None
+
+
+#: Most elements one problem may hold: the kernels index elements with signed 64-bit offsets.
+MAX_ELEMENTS = 2**63 - 1
+
+
+def check_element_count(numel: int, what: str) -> int:
+    """``numel`` (the elements of ``what``), or InvalidProblem when it exceeds :data:`MAX_ELEMENTS`."""
+    if numel > MAX_ELEMENTS:
+        raise InvalidProblem(
+            f"{what} holds {numel} elements, more than the 2**63 - 1 that 64-bit offsets index; split the problem"
+        )
+    return numel
+
+
+def _check_extents(shape: tuple[int, ...]) -> tuple[int, ...]:
+    numel = 1
+    for extent in shape:
+        if extent < 0:
+            return shape  # refused at select, naming the negative extent
+        numel *= extent
+    check_element_count(numel, f"shape {shape}")
+    return shape
+
+
+#: A descriptor's ``shape``: integer extents whose product fits 64-bit offsets (negative extents
+#: are refused at ``select``).
+Shape = Annotated[tuple[int, ...], AfterValidator(_check_extents)]
+
+
+class TensorScope(Model):
     """One scale (and zero point) for the whole tensor. Parameter shape: all extents 1."""
 
     model_config = _FROZEN
     kind: Literal["tensor"] = "tensor"
 
 
-class TokenScope(BaseModel):
+class TokenScope(Model):
     """One parameter per row: all axes but the last. Parameter shape: input shape, last extent 1."""
 
     model_config = _FROZEN
     kind: Literal["token"] = "token"
 
 
-class ChannelScope(BaseModel):
+class ChannelScope(Model):
     """One parameter per index along ``axis`` (negative axes count from the end).
 
     Parameter shape: all extents 1 except ``axis``.
@@ -125,7 +186,7 @@ class ChannelScope(BaseModel):
     axis: int
 
 
-class GroupScope(BaseModel):
+class GroupScope(Model):
     """One parameter per contiguous run of ``group_size`` elements along ``axis``.
 
     Parameter shape: the input shape with the ``axis`` extent divided by ``group_size``
@@ -192,7 +253,7 @@ class ArchSku:
 HOST_ARCH = ArchSku(0, 0)
 
 
-class PrecisionGuarantee(BaseModel):
+class PrecisionGuarantee(Model):
     """What a plan promises about its numbers.
 
     ``math_precision``: arithmetic type. ``accumulator``: element kind of any reduction.
@@ -209,7 +270,7 @@ class PrecisionGuarantee(BaseModel):
     matches_reference: bool = True
 
 
-class KernelSku(BaseModel):
+class KernelSku(Model):
     """Identity of the kernel a plan runs: what it computes, on which types, which variant, where."""
 
     model_config = _FROZEN
@@ -223,15 +284,22 @@ class KernelSku(BaseModel):
     precision_guarantee: PrecisionGuarantee
 
 
-class PlanPreference(BaseModel):
+class PlanPreference(Model):
     """Caller's wishes for ``select``.
 
     ``backend``: None picks CUDA when a GPU is present and REFERENCE otherwise; CUDA demands the
     GPU (``Unsupported`` without one); REFERENCE forces the NumPy backend.
+
+    ``validate_values``: False (default) leaves the values inside array parameters unchecked on
+    the hot path (NaN, zero or negative entries of a scale array, zero points outside the code
+    range). True makes every checked ``run`` / ``can_implement`` of the plan copy them to the
+    host and inspect them, raising InvalidProblem naming the first bad index: for debugging,
+    not for production (a device-to-host copy per array parameter per call).
     """
 
     model_config = _FROZEN
     backend: BackendKind | None = None
+    validate_values: bool = False
 
 
 __all__ = [
@@ -242,7 +310,9 @@ __all__ = [
     "ElementKind",
     "GroupScope",
     "KernelSku",
+    "MAX_ELEMENTS",
     "MathPrecision",
+    "Model",
     "NibbleOrder",
     "OpCategory",
     "PlanPreference",
@@ -251,6 +321,8 @@ __all__ = [
     "QuantizeKind",
     "Rounding",
     "Scope",
+    "Shape",
     "TensorScope",
     "TokenScope",
+    "check_element_count",
 ]

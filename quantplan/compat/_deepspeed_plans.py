@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .._device import device_info, stream_device_id
 from .._families import (
@@ -66,7 +66,7 @@ from .._segments import SegmentLayoutArgs
 from ..compiler import compile_options, load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
-from ..types import BackendKind, ElementKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, Rounding
+from ..types import BackendKind, ElementKind, Model, OpCategory, PlanPreference, QuantizeKind, QuantMode, Rounding
 from ..workspace import Workspace
 from . import _deepspeed_reference as dsref
 
@@ -245,7 +245,7 @@ def _write_reference_outputs(a: QgzOperands, codes: np.ndarray, params: np.ndarr
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
-class DeepSpeedQuantizeDescriptor(BaseModel):
+class DeepSpeedQuantizeDescriptor(Model):
     """DeepSpeed-format group quantization, optionally swizzled and with LoCo error feedback.
 
     Fields: ``numel`` elements in ``groups`` equal contiguous groups; ``num_bits`` 8 or 4;
@@ -413,7 +413,7 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
 
 
-class DeepSpeedDequantizeDescriptor(BaseModel):
+class DeepSpeedDequantizeDescriptor(Model):
     """DeepSpeed-format dequantization: ``numel`` codes in ``groups`` groups, ``num_bits`` 8 / 4,
     ``mode``, ``output_element`` F16 / BF16 / F32."""
 
@@ -546,7 +546,7 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
 # ---- quantized_reduction / loco_quantized_reduction ----------------------------------------------
 
 
-class DeepSpeedReduceDescriptor(BaseModel):
+class DeepSpeedReduceDescriptor(Model):
     """DeepSpeed-format dequantize-reduce: ``numel`` input codes = ``devices_per_node`` chunks,
     ``in_groups`` input groups (``in_groups / dpn`` per chunk), ``out_groups`` output groups over
     the ``numel / dpn`` reduced elements; ``num_bits`` 8 / 4 (both sides); ``mode``;
@@ -745,7 +745,7 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
 # ---- MoQ fake quantization -----------------------------------------------------------------------
 
 
-class MoQFakeQuantizeDescriptor(BaseModel):
+class MoQFakeQuantizeDescriptor(Model):
     """DeepSpeed MoQ fake quantization: ``numel`` elements in ``groups`` groups, ``num_bits`` 1 to 8,
     ``mode``, ``rounding`` NEAREST_EVEN or STOCHASTIC, ``element`` F16 / BF16 / F32 (in and out).
     ``stochastic`` is True for STOCHASTIC rounding."""
