@@ -21,6 +21,7 @@ from ._families import dequantize_unit, quantize_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, param_shape, row_layout
 from ._operands import Operand, TensorArgs
+from ._plan import check_descriptor
 from .compiler import compile_options, load_kernels
 from .elements import ELEMENTS, acc_ctype
 from .errors import InvalidProblem
@@ -96,6 +97,14 @@ class AffineProblem(CodeRangeProblem):
         return ELEMENTS[self.code_kind].is_packed and self.nibble_order is NibbleOrder.HIGH_FIRST
 
 
+def _range_hint(kind: ElementKind, code_range: tuple[int, int]) -> str:
+    """An example range of ``kind``: the symmetric one of a signed kind, the full one otherwise."""
+    lo, hi = code_range
+    if lo < 0:
+        return f"e.g. symmetric {kind.name} uses q_min={-hi}, q_max={hi}"
+    return f"e.g. {kind.name} uses q_min={lo}, q_max={hi}"
+
+
 def resolve_affine_problem(
     shape: tuple[int, ...],
     scope: Scope,
@@ -131,7 +140,7 @@ def resolve_affine_problem(
         if not (code.code_range[0] <= lo <= code.code_range[1] and code.code_range[0] <= hi <= code.code_range[1]):
             raise InvalidProblem(
                 f"q_min={lo}, q_max={hi} fall outside the {code_kind.name} range {code.code_range}; "
-                f"narrow within it (e.g. symmetric int8 uses q_min=-127)"
+                f"narrow within it ({_range_hint(code_kind, code.code_range)})"
             )
         if lo > hi:
             raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
@@ -228,6 +237,7 @@ class DequantizeDescriptor(ScopedDescriptor):
 
 def quantize_problem(desc: QuantizeDescriptor) -> AffineProblem:
     """The validated problem of a quantize descriptor (also a dynamic-range one); InvalidProblem if malformed."""
+    check_descriptor(desc, QuantizeDescriptor)
     problem = resolve_affine_problem(
         desc.shape,
         desc.scope,
@@ -243,6 +253,7 @@ def quantize_problem(desc: QuantizeDescriptor) -> AffineProblem:
 
 def dequantize_problem(desc: DequantizeDescriptor) -> AffineProblem:
     """The validated problem of a dequantize descriptor (the forward's rules); InvalidProblem if malformed."""
+    check_descriptor(desc, DequantizeDescriptor)
     return resolve_affine_problem(
         desc.shape, desc.scope, desc.mode, desc.output_element, desc.input_element, None, None, desc.nibble_order
     )

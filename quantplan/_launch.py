@@ -17,7 +17,7 @@ from typing import Any
 
 from ._device import DeviceInfo
 from ._operands import Operand
-from .errors import InvalidProblem
+from .errors import InvalidArgumentType
 
 
 def fields(ctype: Any, *names: str) -> list[tuple[str, Any]]:
@@ -151,15 +151,31 @@ def stream_handle(stream: Any) -> int:
     if handle is None:
         handle = getattr(stream, "ptr", None)
     if handle is None or isinstance(stream, bool):
-        raise InvalidProblem(
+        raise InvalidArgumentType(
             f"stream of type {type(stream).__name__} is not a CUDA stream; pass a cupy.cuda.Stream, "
             "a torch.cuda.Stream, a raw cudaStream_t int, or None for the current CuPy stream"
         )
     return int(handle)
 
 
+#: Stream types :func:`check_stream` has accepted (a set lookup per call after the first).
+_STREAM_TYPES: set[type] = {int, type(None)}
+
+
+def check_stream(stream: Any) -> None:
+    """The stream rule of :func:`stream_handle`, on every backend (the reference backend takes the
+    same streams the CUDA backend does, and ignores them): InvalidArgumentType otherwise."""
+    kind = type(stream)
+    if kind in _STREAM_TYPES:
+        return
+    if getattr(stream, "cuda_stream", None) is None and getattr(stream, "ptr", None) is None or kind is bool:
+        stream_handle(stream)  # raises, naming the type
+    _STREAM_TYPES.add(kind)
+
+
 __all__ = [
     "RNG_FIELDS",
+    "check_stream",
     "LaunchPair",
     "PreparedLaunch",
     "device_arg",

@@ -25,10 +25,10 @@ from types import SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ._device import cuda_available, device_info
-from ._launch import PreparedLaunch, stream_handle
+from ._launch import PreparedLaunch, check_stream, stream_handle
 from ._operands import pointer_view
 from .elements import param_element
-from .errors import Unsupported
+from .errors import InvalidArgumentType, Unsupported
 from .types import (
     HOST_ARCH,
     BackendKind,
@@ -57,8 +57,25 @@ def snapshot(descriptor: Any, *derived: str) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
-def choose_backend(pref: PlanPreference | None) -> BackendKind:
-    """CUDA when a GPU is present (or demanded), else REFERENCE."""
+def check_descriptor(desc: Any, expected: type) -> None:
+    """InvalidArgumentType unless ``desc`` (given to ``select``) is an ``expected`` descriptor."""
+    if not isinstance(desc, expected):
+        raise InvalidArgumentType(
+            f"desc must be a {expected.__name__}, got {type(desc).__name__}; build it as "
+            f"qp.{expected.__name__}(...)"
+        )
+
+
+def choose_backend(pref: PlanPreference | None, stream: Any = None) -> BackendKind:
+    """CUDA when a GPU is present (or demanded), else REFERENCE. ``pref`` must be None or a
+    PlanPreference and ``stream`` a stream ``run`` takes (both backends: InvalidArgumentType)."""
+    if stream is not None:
+        check_stream(stream)
+    if pref is not None and not isinstance(pref, PlanPreference):
+        raise InvalidArgumentType(
+            f"pref must be None or a quantplan.PlanPreference, got {type(pref).__name__}; "
+            f"pass e.g. qp.PlanPreference(backend=qp.BackendKind.REFERENCE)"
+        )
     wanted = None if pref is None else pref.backend
     if wanted is BackendKind.REFERENCE:
         return BackendKind.REFERENCE
@@ -83,6 +100,10 @@ class Plan(Generic[ArgsT, CheckedT]):
     #: ``_extract_fields`` (in its field order; an attribute the Args lack reads as None), each
     #: array read as its pointer (``pointer_view``) and scalars passed as given.
     _checked: ClassVar[Callable[..., Any]]
+    #: The Args class ``run`` / ``can_implement`` take (a subclass instance is accepted too).
+    _args_type: ClassVar[type]
+    #: ``PlanPreference(validate_values=True)`` at select: the checked calls inspect parameter values.
+    _validate_values: bool = False
     _extract_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -154,8 +175,25 @@ class Plan(Generic[ArgsT, CheckedT]):
         """Check ``args`` against the plan (shapes, dtypes, residence, contiguity, alignment,
         overlap, parameters). Returns True, or raises InvalidProblem / MisalignedOperand naming
         the offending argument."""
-        self._check(args)
+        if type(args) is not self._args_type:
+            self._check_args_type(args)
+        checked = self._check(args)
+        if self._validate_values:
+            self._check_values(checked)
         return True
+
+    def _check_args_type(self, args: Any) -> None:
+        """InvalidArgumentType unless ``args`` is an instance of the plan's Args class."""
+        expected = self._args_type
+        if not isinstance(args, expected):
+            raise InvalidArgumentType(
+                f"args must be a {expected.__name__}, got {type(args).__name__}; build it as "
+                f"qp.{expected.__name__}(...) with this plan's fields"
+            )
+
+    def _check_values(self, checked: CheckedT) -> None:
+        """``PlanPreference(validate_values=True)``: the values of the array parameters of a checked
+        call (the plan family overrides it; the base checks nothing)."""
 
     def _check(self, args: ArgsT) -> CheckedT:
         """Every operand check; the operands the launch needs, as the plan's frozen dataclass."""
@@ -182,9 +220,16 @@ class Plan(Generic[ArgsT, CheckedT]):
     def _check_call(self, stream: Any, workspace: Workspace | None, args: ArgsT) -> CheckedT:
         """Every check of one call, before anything is launched or written: the workspace, then the
         operands (``_check``). The checked ``run`` goes through here."""
-        if self._workspace_bytes:
-            check_workspace(workspace, self._workspace_bytes)
-        return self._check(args)
+        if type(args) is not self._args_type:
+            self._check_args_type(args)
+        if workspace is not None or self._workspace_bytes:
+            check_workspace(workspace, self._workspace_bytes, not self._is_reference)
+        if stream is not None:
+            check_stream(stream)
+        checked = self._check(args)
+        if self._validate_values:
+            self._check_values(checked)
+        return checked
 
     def _run_reference(self, checked: CheckedT) -> None:
         """The NumPy reference of the op, written into the caller's arrays."""
@@ -195,4 +240,4 @@ class Plan(Generic[ArgsT, CheckedT]):
         raise NotImplementedError
 
 
-__all__ = ["REFERENCE_VARIANT", "Plan", "choose_backend", "snapshot"]
+__all__ = ["REFERENCE_VARIANT", "Plan", "check_descriptor", "choose_backend", "snapshot"]

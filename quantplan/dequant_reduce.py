@@ -275,6 +275,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     carries float32 rounding (relative 2**-24 per addition) on top of the quantization error.
     """
 
+    _args_type = DequantReduceArgs
     _category = OpCategory.COLLECTIVE
     _op = QuantizeKind.DYNAMIC_RANGE
 
@@ -348,7 +349,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
                     f"{name}={kind.name} packs two codes per byte, so chunk_elements must be even, got "
                     f"{desc.chunk_elements}"
                 )
-        backend = choose_backend(pref)
+        backend = choose_backend(pref, stream)
         if backend is BackendKind.REFERENCE:
             return cls(desc, q_min, q_max, backend)
         device_id = stream_device_id(stream)

@@ -194,6 +194,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
     range reductions; stochastic rounding reproducible from (seed, offset) on any device).
     """
 
+    _args_type = DynamicRangeFakeQuantizeArgs
     _category = OpCategory.FAKE_QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
     _checked = AffineOperands
@@ -245,7 +246,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         a group size that does not divide its axis, ...).
         """
         problem = dynamic_fake_quantize_problem(desc)
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(desc, problem)
         device_id = stream_device_id(stream)
         geometries = fused_geometries(problem, device_info(device_id).busy_threads)

@@ -103,6 +103,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     min / max).
     """
 
+    _args_type = DynamicRangeQuantizeArgs
     _category = OpCategory.QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
     _checked = AffineOperands
@@ -156,7 +157,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
                 raise InvalidProblem(
                     f"ASYMMETRIC dynamic range needs q_min < q_max, got q_min={problem.q_min}, q_max={problem.q_max}"
                 )
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(desc, problem)
         device_id = stream_device_id(stream)
         info = device_info(device_id)

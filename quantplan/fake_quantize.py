@@ -352,6 +352,7 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
     equal bit for bit to :func:`quantplan.reference.fake_quantize`; deterministic.
     """
 
+    _args_type = FakeQuantizeArgs
     _category = OpCategory.FAKE_QUANTIZE
 
     def __init__(
@@ -367,7 +368,7 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         Raises InvalidProblem for a malformed descriptor.
         """
         problem = fake_quantize_problem(desc)
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(problem, None, REFERENCE_VARIANT, None)
         device_id = stream_device_id(stream)
         launches, variant = prepare_fake_rows(problem, FakeOp.NEAREST, device_id)
@@ -495,6 +496,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
     one float32 ulp apart, plus ``n * 2**-52 * sum|terms|``).
     """
 
+    _args_type = FakeQuantizeBackwardArgs
     _category = OpCategory.GRADIENT
 
     def __init__(
@@ -538,7 +540,7 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
                 f"on shape {problem.shape} is not (use TensorScope, TokenScope, GroupScope on the last axis, or "
                 f"ChannelScope on the first non-unit axis, transposing the tensor if needed)"
             )
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(problem, desc.learnable, None, REFERENCE_VARIANT, None, None)
         device_id = stream_device_id(stream)
         if desc.learnable:

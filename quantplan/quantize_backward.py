@@ -175,7 +175,7 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
 
     @classmethod
     def _build(cls, stream: Any, problem: AffineProblem, pref: PlanPreference | None) -> Any:
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(problem, None, None, REFERENCE_VARIANT)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
@@ -263,6 +263,7 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
     payloads aside); deterministic.
     """
 
+    _args_type = QuantizeBackwardArgs
     _family = "quantize"
     _kernel = "quantize_backward_rows"
     _params = _QUANTIZE_BACKWARD_PARAMS
@@ -351,6 +352,7 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
     aside); deterministic.
     """
 
+    _args_type = DequantizeBackwardArgs
     _family = "dequantize"
     _kernel = "dequantize_backward_rows"
     _params = _DEQUANTIZE_BACKWARD_PARAMS

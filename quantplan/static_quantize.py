@@ -93,7 +93,7 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, AffineOperands]):
 
     @classmethod
     def _make(cls, stream: Any, problem: AffineProblem, pref: PlanPreference | None) -> Any:
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(problem, None, None)
         device_id = stream_device_id(stream)
         return cls(problem, device_id, AffineRows.prepare(problem, cls._float_to_code, device_id))
@@ -164,6 +164,7 @@ class QuantizePlan(StaticAffinePlan):
     even; equal bit for bit to :func:`quantplan.reference.quantize`; deterministic.
     """
 
+    _args_type = QuantizeArgs
     _category = OpCategory.QUANTIZE
     _float_to_code = True
 
@@ -197,6 +198,7 @@ class DequantizePlan(StaticAffinePlan):
     equal bit for bit to :func:`quantplan.reference.dequantize` (NaN payloads aside); deterministic.
     """
 
+    _args_type = DequantizeArgs
     _category = OpCategory.DEQUANTIZE
     _float_to_code = False
 

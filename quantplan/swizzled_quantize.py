@@ -257,6 +257,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     :func:`quantplan.reference.swizzled_quantize`; deterministic.
     """
 
+    _args_type = SwizzledQuantizeArgs
     _category = OpCategory.QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
 
@@ -311,7 +312,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
                 f"elements; each of the {desc.slices} slices holds {desc.slice_elements} (pad to "
                 f"{desc.numel + unit} elements, or use an even group_size)"
             )
-        if choose_backend(pref) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(desc, q_min, q_max)
         device_id = stream_device_id(stream)
         return cls(desc, q_min, q_max, device_id, prepare_swizzled_quantize(desc, q_min, q_max, device_id))

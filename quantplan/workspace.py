@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ._device import cuda_available
-from .errors import WorkspaceTooSmall
+from .errors import InvalidArgumentType, InvalidProblem, WorkspaceTooSmall
 
 
 class Workspace:
@@ -26,8 +26,14 @@ class Workspace:
     @classmethod
     def allocate(cls, nbytes: int, device: bool | None = None) -> Workspace | None:
         """``nbytes`` of scratch (None when 0). ``device``: None allocates on the GPU when one is present."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise InvalidArgumentType(
+                f"workspace nbytes must be an integer, got {type(nbytes).__name__} {nbytes!r}; "
+                f"pass plan.workspace_size()"
+            )
         if nbytes < 0:
-            raise ValueError(f"workspace size must be >= 0, got {nbytes}")
+            raise InvalidProblem(f"workspace nbytes must be >= 0, got {nbytes}; pass plan.workspace_size()")
+        nbytes = int(nbytes)
         if nbytes == 0:
             return None
         on_device = cuda_available() if device is None else device
@@ -44,13 +50,28 @@ class Workspace:
         return int(data.ptr) if data is not None and hasattr(data, "ptr") else 0
 
 
-def check_workspace(workspace: Workspace | None, required: int) -> None:
-    """Raise WorkspaceTooSmall unless ``workspace`` holds ``required`` bytes."""
-    have = 0 if workspace is None else workspace.nbytes
+def check_workspace(workspace: Workspace | None, required: int, on_device: bool = False) -> None:
+    """Raise unless ``workspace`` is None or a :class:`Workspace` (InvalidArgumentType) holding
+    ``required`` bytes (WorkspaceTooSmall), in device memory when ``on_device`` and bytes are needed
+    (InvalidProblem)."""
+    if workspace is None:
+        have = 0
+    elif type(workspace) is not Workspace:
+        raise InvalidArgumentType(
+            f"workspace must be None or a quantplan.Workspace, got {type(workspace).__name__}; "
+            f"allocate it with Workspace.allocate(plan.workspace_size())"
+        )
+    else:
+        have = workspace.nbytes
     if have < required:
         raise WorkspaceTooSmall(
             f"workspace of {have} bytes is smaller than the {required} bytes this plan needs; "
             f"allocate it with Workspace.allocate(plan.workspace_size())"
+        )
+    if on_device and required and isinstance(workspace.buffer, np.ndarray):  # type: ignore[union-attr]
+        raise InvalidProblem(
+            "workspace lives in host memory, but this plan runs on a GPU; allocate it with "
+            "Workspace.allocate(plan.workspace_size(), device=True)"
         )
 
 

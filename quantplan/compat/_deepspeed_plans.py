@@ -117,7 +117,7 @@ _MOQ_PARAMS = params_struct(
 
 
 def _backend(stream: Any, pref: PlanPreference | None) -> tuple[BackendKind, int | None]:
-    backend = choose_backend(pref)
+    backend = choose_backend(pref, stream)
     return backend, (None if backend is BackendKind.REFERENCE else stream_device_id(stream))
 
 
@@ -351,6 +351,7 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
     **Precision guarantee:** float32 arithmetic, deterministic, bit-exact to the reference.
     """
 
+    _args_type = DeepSpeedQuantizeArgs
     _category = OpCategory.QUANTIZE
 
     @classmethod
@@ -497,6 +498,7 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
     **Precision guarantee:** float32 arithmetic, bit-exact to the reference, deterministic.
     """
 
+    _args_type = DeepSpeedDequantizeArgs
     _category = OpCategory.DEQUANTIZE
     _op = QuantizeKind.STATIC
     _has_out = False
@@ -672,6 +674,7 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
     order, bit-exact to the reference, deterministic.
     """
 
+    _args_type = DeepSpeedReduceArgs
     _category = OpCategory.COLLECTIVE
 
     @classmethod
@@ -833,6 +836,7 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
     given seed and offset.
     """
 
+    _args_type = MoQFakeQuantizeArgs
     _category = OpCategory.FAKE_QUANTIZE
 
     @classmethod
