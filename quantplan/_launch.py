@@ -13,6 +13,7 @@ is shared); use one plan per thread.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 from ._device import DeviceInfo
@@ -117,14 +118,24 @@ def set_rng(params: Any, seed: Operand | int | None, offset: Operand | int | Non
     params.offset_ptr, params.offset_value = device_arg(offset)
 
 
+def _bind_current_device() -> int:
+    from cupy.cuda import runtime
+
+    global current_device
+    current_device = runtime.getDevice
+    return runtime.getDevice()  # type: ignore[no-any-return]
+
+
+#: The current CUDA device (CuPy's ``runtime.getDevice``, bound on first use: no import per call).
+current_device: Callable[[], int] = _bind_current_device
+
+
 def launch_on(device_id: int, handle: int, *launches: PreparedLaunch) -> None:
     """Enqueue ``launches`` in order on ``handle`` with ``device_id``'s context current.
 
     The device switch happens only when the current device differs (one runtime query otherwise).
     """
-    from cupy.cuda import runtime
-
-    if runtime.getDevice() == device_id:
+    if current_device() == device_id:
         for launch in launches:
             launch.launch(handle)
         return

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ._device import cuda_available, device_info
+from ._fast_check import CallCache
 from ._launch import PreparedLaunch, check_stream, stream_handle
 from ._operands import pointer_view
 from .elements import param_element
@@ -138,6 +139,8 @@ class Plan(Generic[ArgsT, CheckedT]):
         self._is_reference = self.backend is BackendKind.REFERENCE
         #: Nothing to launch: ``run`` returns after the checks (CUDA backend).
         self._empty = problem.numel == 0 if empty is None else empty
+        #: Signatures of the calls that passed the checks, and of unchecked calls (``run``'s fast path).
+        self._calls = CallCache()
 
     # ---- introspection ----------------------------------------------------------------------
 
@@ -211,11 +214,27 @@ class Plan(Generic[ArgsT, CheckedT]):
         graph; NumPy on the reference backend. Every check runs before anything is launched or
         written. ``check=False`` skips the checks (the caller vouches for ``args`` and
         ``workspace``); a zero-size problem launches nothing."""
-        checked = self._check_call(stream, workspace, args) if check else self._extract(args)
         if self._is_reference:
-            self._run_reference(checked)
-        elif not self._empty:
-            self._launch(stream_handle(stream), workspace, checked)
+            self._run_reference(self._check_call(stream, workspace, args) if check else self._extract(args))
+            return
+        calls = self._calls  # the fast path (_fast_check): a call equal to one that passed the checks
+        if check:
+            checked = calls.checked(stream, workspace, args)
+            if checked is None:
+                checked = self._check_call(stream, workspace, args)
+                if not self._validate_values:  # the value checks read the arrays' contents
+                    calls.remember(stream, workspace, args, checked)
+                handle = stream_handle(stream)
+            else:
+                handle = calls.handle
+        else:
+            checked = calls.unchecked(args)
+            if checked is None:
+                checked = self._extract(args)
+                calls.remember_unchecked(args, checked)
+            handle = stream_handle(stream)
+        if not self._empty:
+            self._launch(handle, workspace, checked)
 
     def _check_call(self, stream: Any, workspace: Workspace | None, args: ArgsT) -> CheckedT:
         """Every check of one call, before anything is launched or written: the workspace, then the

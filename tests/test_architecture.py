@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "_layout": MACHINERY,
     "_segments": MACHINERY,
     "_launch": MACHINERY,
+    "_fast_check": MACHINERY,
     "_plan": MACHINERY,
     "_affine": MACHINERY,
     "_qgz_launch": MACHINERY,

@@ -1,0 +1,244 @@
+"""The fast path of ``Plan.run`` (``quantplan._fast_check``) never changes a verdict.
+
+CPU only: CUDA plans are built without kernels (their launch captures the operand record), the
+arrays are fakes that expose what CuPy arrays / PyTorch tensors expose (dtype, shape, contiguity,
+device, pointer). Over many random mutations of a valid call (dtype, shape, contiguity, device,
+alignment, overlap and identity, scalar values, workspace, stream), ``run`` through the signature
+cache must raise exactly what the checks alone raise, and launch exactly the record they return.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantplan as qp
+from quantplan import _fast_check, _operands, _plan
+from quantplan._operands import Operand
+from quantplan.errors import QuantPlanError
+
+F16, F32, I8, I32, I64 = (np.dtype(n) for n in ("float16", "float32", "int8", "int32", "int64"))
+
+
+class _Mem:
+    __slots__ = ("device_id", "ptr")
+
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr, self.device_id = ptr, device_id
+
+
+class FakeCupy:
+    """What the checks read of a CuPy array."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, contiguous: bool = True, device: int = 0):
+        self.data = _Mem(ptr, device)
+        self.shape, self.dtype, self.itemsize, self._c_contiguous = shape, dtype, dtype.itemsize, contiguous
+        self.device = SimpleNamespace(id=device)
+
+
+class FakeTorch:
+    """What the checks read of a PyTorch tensor."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, contiguous: bool = True, device: int = 0):
+        self._ptr, self.shape, self.dtype, self._contiguous, self._device = ptr, shape, dtype, contiguous, device
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def get_device(self) -> int:
+        return self._device
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+
+@pytest.fixture(autouse=True)
+def _fakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(_operands._READERS, FakeCupy, _operands._cupy_operand_direct)
+    monkeypatch.setitem(_operands._READERS, FakeTorch, _operands._torch_operand)
+    monkeypatch.setitem(_operands._POINTERS, FakeCupy, _operands._cupy_pointer)
+    monkeypatch.setitem(_operands._POINTERS, FakeTorch, _operands._torch_pointer)
+    monkeypatch.setattr(_fast_check, "current_device", lambda: 0)
+    monkeypatch.setattr(_plan, "device_info", lambda device_id: SimpleNamespace(arch=SimpleNamespace(name="sm_90")))
+
+
+def _cuda_plan(cls: type, problem_args: tuple[Any, ...], **extra: Any) -> Any:
+    """A CUDA plan on device 0 without kernels: its launch records what it was given."""
+    plan = cls(*problem_args, device_id=0, variant="fake", **extra)
+    plan.launched = []
+    plan._launch = lambda handle, workspace, record: plan.launched.append((handle, _flat(record)))
+    return plan
+
+
+def _flat(record: Any) -> tuple[Any, ...]:
+    return tuple(
+        (v.ptr, tuple(v.shape), v.dtype_name, v.itemsize, v.contiguous, v.device_id) if type(v) is Operand else v
+        for v in record
+    )
+
+
+def _outcome(call: Any) -> tuple[Any, ...]:
+    try:
+        return ("ok", call())
+    except QuantPlanError as exc:
+        return ("raised", type(exc).__name__, str(exc))
+
+
+def _dynamic_plan(mode: qp.QuantMode, rounding: qp.Rounding = qp.Rounding.NEAREST_EVEN) -> Any:
+    from quantplan.dynamic_range import DynamicRangeQuantizePlan
+
+    desc = qp.DynamicRangeQuantizeDescriptor(
+        shape=(4, 64), scope=qp.TokenScope(), mode=mode, input_element=qp.ElementKind.F16,
+        output_element=qp.ElementKind.S8, rounding=rounding,
+    )  # fmt: skip
+    ref = DynamicRangeQuantizePlan.select(None, desc, qp.PlanPreference(backend=qp.BackendKind.REFERENCE))
+    return _cuda_plan(DynamicRangeQuantizePlan, (desc, ref.problem))
+
+
+def _fake_plan() -> Any:
+    from quantplan.fake_quantize import FakeQuantizePlan
+
+    desc = qp.FakeQuantizeDescriptor(
+        shape=(4, 64),
+        scope=qp.TensorScope(),
+        mode=qp.QuantMode.ASYMMETRIC,
+        element=qp.ElementKind.F16,
+        q_min=-128,
+        q_max=127,
+    )
+    ref = FakeQuantizePlan.select(None, desc, qp.PlanPreference(backend=qp.BackendKind.REFERENCE))
+    plan = FakeQuantizePlan(ref.problem, 0, "fake", None)
+    plan.launched = []
+    plan._launch = lambda handle, workspace, record: plan.launched.append((handle, _flat(record)))
+    return plan
+
+
+_BASE = 1 << 20
+
+
+def _array(rng: random.Random, kind: type, ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A valid array, or (a third of the time) one with one property mutated."""
+    contiguous, device = True, 0
+    roll = rng.random()
+    if roll < 0.33:
+        what = rng.choice(["dtype", "shape", "contiguous", "device", "align", "kind", "none", "scalar"])
+        if what == "dtype":
+            dtype = rng.choice([F16, F32, I8, I32, I64])
+        elif what == "shape":
+            shape = rng.choice([(4, 64), (4, 1), (1, 4), (256,), (4, 65), ()])
+        elif what == "contiguous":
+            contiguous = False
+        elif what == "device":
+            device = rng.choice([-1, 1])
+        elif what == "align":
+            ptr += rng.choice([1, 2, 4, 8, 16, 256])
+        elif what == "kind":
+            kind = FakeTorch if kind is FakeCupy else FakeCupy
+        elif what == "none":
+            return None
+        else:
+            return rng.choice([0, 1, -1, 0.5, -0.0, 0.0, 2**64, True, np.float32(1)])
+    return kind(ptr, shape, dtype, contiguous, device)
+
+
+def _pointers(rng: random.Random, n: int) -> list[int]:
+    """Pointers of ``n`` arrays: mostly disjoint, sometimes one equal to or inside another."""
+    ptrs = [_BASE + rng.choice([0, 1, 2, 3]) * 4096 * 16 + 4096 * 16 * 8 * i for i in range(n)]
+    if rng.random() < 0.3:
+        i, j = rng.sample(range(n), 2)
+        ptrs[i] = ptrs[j] + rng.choice([0, 0, 2, 64, 512])
+    return ptrs
+
+
+def _dynamic_args(rng: random.Random, asymmetric: bool) -> Any:
+    kind = rng.choice([FakeCupy, FakeTorch])
+    ptrs = _pointers(rng, 4)
+    x = _array(rng, kind, ptrs[0], (4, 64), F16)
+    y = _array(rng, kind, ptrs[1], (4, 64), I8)
+    scale = _array(rng, kind, ptrs[2], (4, 1), F32)
+    zp = _array(rng, kind, ptrs[3], (4, 1), I32) if asymmetric or rng.random() < 0.1 else None
+    if rng.random() < 0.1:
+        y = x  # the same object twice
+    seed = rng.choice([None] * 8 + [0, 5, 2**64 - 1, -1])
+    return qp.DynamicRangeQuantizeArgs(x, y, scale, zp, seed, rng.choice([None] * 8 + [0, 1]))
+
+
+def _fake_args(rng: random.Random) -> Any:
+    kind = rng.choice([FakeCupy, FakeTorch])
+    ptrs = _pointers(rng, 2)
+    x = _array(rng, kind, ptrs[0], (4, 64), F16)
+    y = x if rng.random() < 0.2 else _array(rng, kind, ptrs[1], (4, 64), F16)
+    scale = rng.choice([0.5, 0.25, 1e-30, 0.0, -0.0, -1.0, float("nan"), float("inf"), 1, 3e38, 1e-40])
+    zp = rng.choice([0, 3, -128, 127, 128, 1000, 0.5, 2.5, -0.0, None, True])
+    return qp.FakeQuantizeArgs(x, y, scale, zp)
+
+
+def _stream(rng: random.Random) -> Any:
+    return rng.choice([7, 7, 7, 8, SimpleNamespace(ptr=7), SimpleNamespace(cuda_stream=9), "bad", True, 1.5])
+
+
+def _check_plan(plan: Any, make_args: Any, trials: int, seed: int) -> int:
+    """Random calls through ``run`` (fast path) and through the checks alone: same verdicts, same records."""
+    rng = random.Random(seed)
+    hits = 0
+    pool = [make_args(rng) for _ in range(40)]  # calls repeat, so signatures repeat
+    for _ in range(trials):
+        args = rng.choice(pool) if rng.random() < 0.6 else make_args(rng)
+        stream = _stream(rng) if rng.random() < 0.2 else 7
+        check = rng.random() < 0.85
+        expected = _outcome(lambda s=stream, a=args: _flat(plan._check_call(s, None, a)))
+        before = len(plan.launched)
+        entries = sum(len(v) for v in plan._calls._checked.values())
+        got = _outcome(lambda s=stream, a=args, c=check: plan.run(s, None, a, check=c))
+        if not check:
+            if expected[0] == "ok" and got[0] == "ok":  # a valid call: the unchecked record launches the same pointers
+                assert [p[0] for p in plan.launched[-1][1] if isinstance(p, tuple)] == [
+                    p[0] for p in expected[1] if isinstance(p, tuple)
+                ]
+            continue
+        if got[0] == "ok":
+            got = ("ok", plan.launched[-1][1])
+            assert len(plan.launched) == before + 1
+            hits += entries == sum(len(v) for v in plan._calls._checked.values()) and entries > 0
+        assert got == expected, (args, stream)
+    return hits
+
+
+@pytest.mark.parametrize("mode", [qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC])
+def test_dynamic_range_fast_path_keeps_every_verdict(mode: qp.QuantMode) -> None:
+    plan = _dynamic_plan(mode)
+    hits = _check_plan(plan, lambda rng: _dynamic_args(rng, mode is qp.QuantMode.ASYMMETRIC), 3000, 1)
+    assert hits > 200  # the fast path was taken
+
+
+def test_stochastic_fast_path_keeps_every_verdict() -> None:
+    plan = _dynamic_plan(qp.QuantMode.SYMMETRIC, qp.Rounding.STOCHASTIC)
+    hits = _check_plan(plan, lambda rng: _dynamic_args(rng, False), 3000, 2)
+    assert hits > 20
+
+
+def test_fake_quantize_fast_path_keeps_every_verdict() -> None:
+    hits = _check_plan(_fake_plan(), _fake_args, 3000, 3)
+    assert hits > 200
+
+
+def test_fast_path_holds_no_caller_array() -> None:
+    plan = _dynamic_plan(qp.QuantMode.SYMMETRIC)
+    args = qp.DynamicRangeQuantizeArgs(
+        FakeCupy(_BASE, (4, 64), F16), FakeCupy(2 * _BASE, (4, 64), I8), FakeCupy(3 * _BASE, (4, 1), F32)
+    )
+    plan.run(7, None, args)
+    plan.run(7, None, args)
+    plan.run(7, None, args, check=False)
+    records = [
+        e.record for entries in (*plan._calls._checked.values(), *plan._calls._unchecked.values()) for e in entries
+    ]
+    assert records and all(v.obj is None for r in records for v in r if type(v) is Operand)
+    assert len(plan.launched) == 3
