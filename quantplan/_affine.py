@@ -153,7 +153,6 @@ class ScopedDescriptor(Model):
     (SYMMETRIC: zero point 0; ASYMMETRIC: an integer zero point). Frozen, hashable, no extra fields.
     """
 
-    model_config = _FROZEN
     shape: Shape
     scope: Scope
     mode: QuantMode = QuantMode.SYMMETRIC

@@ -48,7 +48,9 @@ _CAI_TYPESTR = {
 class Operand:
     """What quantplan needs of one tensor argument.
 
-    ``device_id`` is None for host (NumPy) arrays. ``ptr`` is 0 for host arrays.
+    ``device_id`` is None for host (NumPy) arrays. ``ptr`` is the address of the first element
+    (NumPy included, so overlap and alignment are judged alike on both backends; 0 for PyTorch CPU
+    tensors, which no plan takes).
     """
 
     obj: Any
@@ -70,7 +72,8 @@ class Operand:
 def _numpy_operand(obj: Any) -> Operand:
     dtype = obj.dtype
     name = _DTYPE_NAMES.get(dtype) or dtype_name(dtype)
-    return Operand(obj, 0, obj.shape, name, obj.itemsize, obj.flags.c_contiguous, None)
+    ptr = obj.__array_interface__["data"][0]
+    return Operand(obj, ptr, obj.shape, name, obj.itemsize, obj.flags.c_contiguous, None)
 
 
 def _cupy_operand(obj: Any) -> Operand:
@@ -175,7 +178,7 @@ _DTYPE_NAMES: dict[Any, str] = {}
 
 
 def overlaps(a: Operand, b: Operand) -> bool:
-    """True when two device operands share any byte (host operands, pointer 0, never do)."""
+    """True when two (contiguous) operands share any byte; an operand of pointer 0 never does."""
     if not a.ptr or not b.ptr:
         return False
     return a.ptr < b.ptr + b.size * b.itemsize and b.ptr < a.ptr + a.size * a.itemsize
@@ -220,6 +223,35 @@ class TensorArgs:
 
     input: Any
     output: Any
+
+
+def check_writeable(*named: tuple[str, Operand | None]) -> None:
+    """InvalidProblem for a read-only NumPy array among the operands a plan writes."""
+    for name, op in named:
+        if op is not None and type(op.obj) is np.ndarray and not op.obj.flags.writeable:
+            raise InvalidProblem(
+                f"{name} is a read-only NumPy array; pass a writeable array (e.g. its .copy()), the plan writes it"
+            )
+
+
+def check_outputs(
+    written: tuple[tuple[str, Operand | None], ...],
+    read: tuple[tuple[str, Any], ...] = (),
+    in_place: tuple[str, str] | None = None,
+) -> None:
+    """The outputs of a call: writeable, and sharing no byte with another output or with an input
+    (``read``; scalars are skipped), except the pair ``in_place`` (output, input) when it is the
+    same array (same first byte). InvalidProblem naming the pair otherwise."""
+    check_writeable(*written)
+    for i, (name, out) in enumerate(written):
+        if out is None:
+            continue
+        for other_name, other in (*written[i + 1 :], *read):
+            if type(other) is Operand and overlaps(out, other):
+                if in_place == (name, other_name) and out.ptr == other.ptr:
+                    continue
+                hint = " (or the same array, in place)" if in_place == (name, other_name) else ""
+                raise InvalidProblem(f"{name} overlaps {other_name}; pass disjoint arrays{hint}")
 
 
 def check_disjoint(*named: tuple[str, Operand | None]) -> None:
@@ -300,11 +332,26 @@ def scalar_scale(value: Any, dtype: np.dtype) -> float:
     return s
 
 
-def scalar_zero_point(value: Any) -> int:
-    """A Python-number integer zero point: an integer in the int32 range; InvalidProblem otherwise."""
-    if float(value) != int(value) or not _INT32[0] <= int(value) <= _INT32[1]:
-        raise InvalidProblem(f"zero_point={value!r} must be an integer in the int32 range")
+def scalar_zero_point(value: Any, lo: int = _INT32[0], hi: int = _INT32[1]) -> int:
+    """A Python-number integer zero point: an integer in [lo, hi] (default: the int32 range);
+    InvalidProblem otherwise."""
+    v = float(value)
+    if not (math.isfinite(v) and v == int(v) and lo <= int(value) <= hi):
+        where = "the int32 range" if (lo, hi) == _INT32 else f"[{lo}, {hi}] (the plan's q_min, q_max)"
+        raise InvalidProblem(f"zero_point={value!r} must be an integer in {where}; pass a zero point within it")
     return int(value)
+
+
+def _refuse_layout(op: Operand, name: str) -> None:
+    """MisalignedOperand for an operand that is not C-contiguous or not aligned to its elements."""
+    if not op.contiguous:
+        raise MisalignedOperand(
+            f"{name} is not C-contiguous; pass a contiguous array (.contiguous() / ascontiguousarray)"
+        )
+    raise MisalignedOperand(
+        f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements; pass an array that "
+        f"starts on an element boundary (a fresh allocation or a copy)"
+    )
 
 
 class OperandChecks:
@@ -329,12 +376,8 @@ class OperandChecks:
             raise InvalidProblem(
                 f"{name} has dtype {op.dtype_name}; {info.kind.name} needs one of {sorted(info.dtype_names)}"
             )
-        if not op.contiguous:
-            raise MisalignedOperand(
-                f"{name} is not C-contiguous; pass a contiguous tensor (.contiguous() / ascontiguousarray)"
-            )
-        if op.ptr % op.itemsize:
-            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+        if not op.contiguous or op.ptr % op.itemsize:
+            _refuse_layout(op, name)
         return op
 
     def _required(self, value: Any, name: str, shape: tuple[int, ...], info: ElementInfo) -> Operand:
@@ -367,17 +410,23 @@ class OperandChecks:
                     f"{name} is a scalar, which only TensorScope takes; pass an array of shape {self._param_shape}"
                 )
             return value  # type: ignore[no-any-return]
+        return self._param_array(value, name, dtype, self._tensor_scope, "needs")
+
+    def _param_array(self, value: Any, name: str, dtype: np.dtype, one_element: bool | None, verb: str) -> Operand:
+        """A parameter array: residence, ``_param_shape`` (any one-element shape when
+        ``one_element``; None: when the parameter shape has one element), ``dtype``, C-contiguous
+        and aligned. ``verb``: "needs" / "writes"."""
         op = operand(value, name)
         if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
             self._check_residence(op, name)
-        if op.shape != self._param_shape and not (self._tensor_scope and op.size == 1):
+        if op.shape != self._param_shape and not (
+            op.size == 1 and (math.prod(self._param_shape) == 1 if one_element is None else one_element)
+        ):
             raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {self._param_shape}")
         if op.dtype_name != (_DTYPE_NAMES.get(dtype) or dtype_name(dtype)):
-            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan needs {dtype.name}")
-        if not op.contiguous:
-            raise MisalignedOperand(f"{name} is not C-contiguous")
-        if op.ptr % op.itemsize:
-            raise MisalignedOperand(f"{name} pointer {op.ptr:#x} is not aligned to its {op.itemsize}-byte elements")
+            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan {verb} {dtype.name}")
+        if not op.contiguous or op.ptr % op.itemsize:
+            _refuse_layout(op, name)
         return op
 
     def _positive_scale(self, value: Any, dtype: np.dtype) -> Operand | float:
@@ -388,13 +437,15 @@ class OperandChecks:
             return scale
         return scalar_scale(scale, dtype)
 
-    def _int32_zero_point(self, value: Any, dtype: np.dtype) -> Operand | int | None:
+    def _int32_zero_point(
+        self, value: Any, dtype: np.dtype, lo: int = _INT32[0], hi: int = _INT32[1]
+    ) -> Operand | int | None:
         """An integer zero point: an int32 array of ``_param_shape`` or, for TensorScope, an
-        integer in the int32 range (``dtype``: int32)."""
+        integer in [lo, hi] (default: the int32 range; ``dtype``: int32)."""
         zp = self._param(value, "zero_point", dtype, allow_none=False)
         if type(zp) is Operand:
             return zp
-        return scalar_zero_point(zp)
+        return scalar_zero_point(zp, lo, hi)
 
     def _broadcast_param(
         self, value: Operand | float | int, shape: tuple[int, ...], scope: Scope, dtype: np.dtype | None = None
@@ -424,17 +475,7 @@ class OperandChecks:
             if required:
                 raise InvalidProblem(f"{name} is required: an array of shape {self._param_shape} ({dtype.name})")
             return None
-        op = operand(value, name)
-        if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
-            self._check_residence(op, name)
-        pshape = self._param_shape
-        if op.shape != pshape and not (math.prod(pshape) == 1 and op.size == 1):
-            raise InvalidProblem(f"{name} has shape {op.shape}, but the scope's parameter shape is {pshape}")
-        if op.dtype_name != (_DTYPE_NAMES.get(dtype) or dtype_name(dtype)):
-            raise InvalidProblem(f"{name} has dtype {op.dtype_name}; this plan writes {dtype.name}")
-        if not op.contiguous or op.ptr % op.itemsize:
-            raise InvalidProblem(f"{name} must be C-contiguous and aligned to its {op.itemsize}-byte elements")
-        return op
+        return self._param_array(value, name, dtype, None, "writes")
 
     def _rng_value(self, value: Any, name: str) -> Operand | int:
         """A seed / offset: a Python int in [0, 2**64) or a one-element int64 array on the plan's device."""
@@ -494,6 +535,8 @@ __all__ = [
     "OperandChecks",
     "TensorArgs",
     "check_disjoint",
+    "check_outputs",
+    "check_writeable",
     "check_positive",
     "dtype_name",
     "host_view",

@@ -25,7 +25,7 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
 from ._launch import launch_on, params_struct
-from ._operands import Operand, check_disjoint, check_positive, host_view, write_back
+from ._operands import Operand, check_disjoint, check_positive, check_writeable, host_view, write_back
 from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     PeerSumArgs,
@@ -60,6 +60,7 @@ from .types import (
     PlanPreference,
     QuantizeKind,
     QuantMode,
+    check_element_count,
 )
 from .workspace import Workspace
 
@@ -316,6 +317,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
         check_positive("peers", desc.peers)
         if isinstance(desc.chunk_elements, bool) or desc.chunk_elements < 0:
             raise InvalidProblem(f"chunk_elements={desc.chunk_elements!r} must be >= 0")
+        check_element_count(desc.peers * desc.chunk_elements, f"input of {desc.peers} x {desc.chunk_elements}")
         check_code_kind(desc.input_element, "input_element")
         if ELEMENTS[desc.output_element].is_float:
             check_float_kind(desc.output_element, "output_element")
@@ -382,6 +384,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
             elif args.zero_point_out is not None:
                 raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
         err, beta = self._loco(args.error_feedback, args.error_beta, d.error_shape, d.error_element)
+        check_writeable(("output", y), ("scale_out", scale_out), ("zero_point_out", zp_out), ("error_feedback", err))
         check_disjoint(
             ("input", q),
             ("scale", scale),

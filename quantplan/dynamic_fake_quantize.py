@@ -33,7 +33,7 @@ from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fak
 from ._families import dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
-from ._operands import Operand, OperandChecks, TensorArgs, overlaps, reference_uniform, same_or_disjoint
+from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .compiler import template_name
@@ -264,7 +264,6 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         p = self.problem
         x = self._tensor(args.input, "input", p.shape, self._info)
         y = self._tensor(args.output, "output", p.shape, self._info)
-        same_or_disjoint(y, "output", x, "input")
         scale = self._param_output(args.scale_out, "scale_out", self._param_dtype, required=False)
         zp: Operand | None = None
         if self._asymmetric:
@@ -272,12 +271,8 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
-        if not self._is_reference:
-            for name, out in (("scale_out", scale), ("zero_point_out", zp)):
-                if out is not None and (overlaps(out, x) or overlaps(out, y)):
-                    raise InvalidProblem(f"{name} overlaps the input or output tensor")
-            if scale is not None and zp is not None and overlaps(scale, zp):
-                raise InvalidProblem("scale_out overlaps zero_point_out")
+        written = (("output", y), ("scale_out", scale), ("zero_point_out", zp))
+        check_outputs(written, (("input", x),), in_place=("output", "input"))
         return AffineOperands(x, y, scale, zp, seed, offset)
 
     # ---- execution ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescript
 from ._device import device_info, stream_device_id
 from ._families import dense_kernel_name, dynamic_segments_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
-from ._operands import Operand, OperandChecks, TensorArgs, overlaps, reference_uniform
+from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from ._segments import RangePasses, SegmentGeometry, dense_geometry, fused_geometries, prepare_segments
 from .elements import ELEMENTS, param_numpy_dtype
@@ -185,13 +185,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
-        if not self._is_reference:
-            if overlaps(y, x):
-                raise InvalidProblem("output overlaps input; the plan reads the input twice")
-            if overlaps(scale, x):
-                raise InvalidProblem("scale_out overlaps input; the plan reads the input twice")
-            if zp is not None and overlaps(zp, x):
-                raise InvalidProblem("zero_point_out overlaps input; the plan reads the input twice")
+        check_outputs((("output", y), ("scale_out", scale), ("zero_point_out", zp)), (("input", x),))
         return AffineOperands(x, y, scale, zp, seed, offset)
 
     # ---- execution ------------------------------------------------------------------------

@@ -35,11 +35,11 @@ from ._fake_rows import ZP_FLOAT, ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProble
 from ._families import fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
-from ._operands import Operand, OperandChecks, TensorArgs, is_scalar, operand, overlaps, same_or_disjoint, view
+from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, is_scalar, operand, view
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype, param_numpy_dtype
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidArgumentType, InvalidProblem, Unsupported
 from .types import (
     BackendKind,
     ElementKind,
@@ -377,9 +377,10 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
     def _check(self, args: FakeQuantizeArgs) -> _Checked:
         x = self._data(args.input, "input")
         y = self._data(args.output, "output")
-        same_or_disjoint(y, "output", x, "input")
         scale = self._positive_scale(args.scale, self._param_dtype)
         zp, source = self._zero_point(args.zero_point)
+        read = (("input", x), ("scale", scale), ("zero_point", zp))
+        check_outputs((("output", y),), read, in_place=("output", "input"))
         return _Checked(x, None, y, scale, zp, source)
 
     def _extract(self, args: FakeQuantizeArgs) -> _Checked:
@@ -556,22 +557,26 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
         x = self._data(args.input, "input")
         dy = self._data(args.grad_output, "grad_output")
         dx = self._data(args.grad_input, "grad_input")
-        same_or_disjoint(dx, "grad_input", dy, "grad_output")
-        if not self._is_reference and overlaps(dx, x):
-            raise InvalidProblem("grad_input overlaps input; the plan reads input while writing grad_input")
         scale = self._positive_scale(args.scale, self._param_dtype)
         zp, source = self._zero_point(args.zero_point)
+        read = (("grad_output", dy), ("input", x), ("scale", scale), ("zero_point", zp))
         if not self.learnable:
             if args.grad_scale is not None or args.grad_zero_point is not None:
                 raise InvalidProblem(
                     "grad_scale / grad_zero_point are written by learnable plans only; leave them None"
                 )
+            check_outputs((("grad_input", dx),), read, in_place=("grad_input", "grad_output"))
             return _Checked(x, dy, dx, scale, zp, source)
         if not isinstance(scale, Operand) or (
             self.problem.mode is QuantMode.ASYMMETRIC and not isinstance(zp, Operand)
         ):
             raise InvalidProblem(
                 f"learnable plans take scale (and zero_point) as arrays of shape {self._param_shape}, not Python scalars"
+            )
+        if not is_scalar(args.grad_factor):
+            raise InvalidArgumentType(
+                f"grad_factor={args.grad_factor!r} must be a real number (int or float), "
+                f"got {type(args.grad_factor).__name__}"
             )
         try:
             with np.errstate(over="ignore"):
@@ -586,6 +591,8 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
             grad_zp = self._param_out(args.grad_zero_point, "grad_zero_point")
         elif args.grad_zero_point is not None:
             raise InvalidProblem("grad_zero_point must be None in SYMMETRIC mode (there is no zero point)")
+        written = (("grad_input", dx), ("grad_scale", grad_scale), ("grad_zero_point", grad_zp))
+        check_outputs(written, read, in_place=("grad_input", "grad_output"))
         return _Checked(x, dy, dx, scale, zp, source, gf, grad_scale, grad_zp)
 
     def _param_out(self, value: Any, name: str) -> Operand:

@@ -45,7 +45,7 @@ from ._device import device_info, stream_device_id
 from ._families import dequantize_unit, quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
-from ._operands import Operand, OperandChecks, overlaps, same_or_disjoint
+from ._operands import Operand, OperandChecks, check_outputs
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype, param_numpy_dtype
@@ -201,10 +201,7 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
         return self._tensor(value, name, self.problem.shape, self._info)
 
     def _grads(self, dy_value: Any, dy_name: str, dx_value: Any, dx_name: str) -> tuple[Operand, Operand]:
-        dy = self._data(dy_value, dy_name)
-        dx = self._data(dx_value, dx_name)
-        same_or_disjoint(dx, dx_name, dy, dy_name)
-        return dy, dx
+        return self._data(dy_value, dy_name), self._data(dx_value, dx_name)
 
     # ---- execution --------------------------------------------------------------------------
 
@@ -297,14 +294,16 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
     def _check(self, args: QuantizeBackwardArgs) -> _Checked:
         x = self._data(args.input, "input")
         dq, dx = self._grads(args.grad_output, "grad_output", args.grad_input, "grad_input")
-        if overlaps(dx, x):
-            raise InvalidProblem("grad_input overlaps input; the plan reads input while writing grad_input")
         scale = self._positive_scale(args.scale, self._param_dtype)
+        zp: Operand | int | None = None
         if self.problem.mode is QuantMode.SYMMETRIC:
             if args.zero_point is not None:
                 raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
-            return _Checked(x, dq, dx, scale, None)
-        return _Checked(x, dq, dx, scale, self._int32_zero_point(args.zero_point, np.dtype(np.int32)))
+        else:
+            zp = self._int32_zero_point(args.zero_point, np.dtype(np.int32))
+        read = (("grad_output", dq), ("input", x), ("scale", scale), ("zero_point", zp))
+        check_outputs((("grad_input", dx),), read, in_place=("grad_input", "grad_output"))
+        return _Checked(x, dq, dx, scale, zp)
 
     def _run_reference(self, a: _Checked) -> None:
         p = self.problem
@@ -377,7 +376,11 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
 
     def _check(self, args: DequantizeBackwardArgs) -> _Checked:
         dy, dq = self._grads(args.grad_output, "grad_output", args.grad_input, "grad_input")
-        return _Checked(None, dy, dq, self._positive_scale(args.scale, self._param_dtype), None)
+        scale = self._positive_scale(args.scale, self._param_dtype)
+        check_outputs(
+            (("grad_input", dq),), (("grad_output", dy), ("scale", scale)), in_place=("grad_input", "grad_output")
+        )
+        return _Checked(None, dy, dq, scale, None)
 
     def _run_reference(self, a: _Checked) -> None:
         p = self.problem

@@ -34,7 +34,7 @@ from ._affine import (
     storage_shape,
 )
 from ._device import stream_device_id
-from ._operands import Operand, OperandChecks, reference_uniform
+from ._operands import Operand, OperandChecks, check_outputs, reference_uniform
 from ._plan import Plan, choose_backend
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
@@ -109,8 +109,9 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, AffineOperands]):
             if args.zero_point is not None:
                 raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
         else:
-            zp = self._int32_zero_point(args.zero_point, self._int32)
+            zp = self._int32_zero_point(args.zero_point, self._int32, self.problem.q_min, self.problem.q_max)
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
+        check_outputs((("output", y),), (("input", x), ("scale", scale), ("zero_point", zp)))
         return AffineOperands(x, y, scale, zp, seed, offset)
 
     # ---- execution ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
 from ._launch import launch_on
-from ._operands import Operand, TensorArgs, check_disjoint, check_positive, host_view, write_back
+from ._operands import Operand, TensorArgs, check_disjoint, check_positive, check_writeable, host_view, write_back
 from ._plan import Plan, choose_backend, snapshot
 from ._qgz_launch import (
     QgzChecks,
@@ -330,6 +330,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         elif args.zero_point_out is not None:
             raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
         err, beta = self._loco(args.error_feedback, args.error_beta, d.shape, d.error_element)
+        check_writeable(("output", y), ("scale_out", scale), ("zero_point_out", zp), ("error_feedback", err))
         check_disjoint(
             ("input", x), ("output", y), ("scale_out", scale), ("zero_point_out", zp), ("error_feedback", err)
         )
