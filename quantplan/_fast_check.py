@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from operator import attrgetter
 from typing import Any
 
 from ._launch import stream_handle
@@ -43,136 +42,96 @@ KEEP = 4
 #: launch asks for divides it), -1 for a null pointer.
 ALIGN_CLASS = 256
 
-#: Matches one value: its pointer (0 for a value that is no array), or -1 for a miss.
-Matcher = Callable[[Any], int]
 _PLAIN = (type(None), bool, int, float, str)
-
-
-def _align(ptr: int) -> int:
-    return ptr % ALIGN_CLASS if ptr else -1
 
 
 def _array_props(value: Any) -> tuple[Any, tuple[int, ...], bool, int, int, int] | None:
     """(dtype, shape, contiguous, device, pointer, itemsize) of a CuPy / PyTorch array as the
     checks read it, or None for any other value (no fast path)."""
     reader = _READERS.get(type(value))
-    if reader is _cupy_operand_direct or reader is _cupy_operand:
+    if reader is _cupy_operand_direct or reader is _cupy_operand or reader is _torch_operand:
         op = operand(value, "")
-        return (
-            value.dtype,
-            op.shape,
-            op.contiguous,
-            op.device_id if op.device_id is not None else -1,
-            op.ptr,
-            op.itemsize,
-        )
-    if reader is _torch_operand:
-        op = operand(value, "")
-        device = value.get_device()
+        device = value.get_device() if reader is _torch_operand else -1 if op.device_id is None else op.device_id
         return value.dtype, tuple(op.shape), op.contiguous, device, op.ptr, op.itemsize
     return None
 
 
-def _cupy_matcher(kind: Any, props: tuple[Any, ...], direct: bool) -> Matcher:
-    dtype, shape, contiguous, device, ptr, _ = props
-    align = _align(ptr)
+class _Source:
+    """The source of one generated matcher: straight-line tests of one remembered call, each
+    ``return None`` on a difference, then the new pointers written into the record."""
 
-    def match(v: Any) -> int:
-        if type(v) is not kind or v.dtype is not dtype or v.shape != shape:
-            return -1
-        mem = v.data
-        p: int = mem.ptr
-        flag = v._c_contiguous if direct else v.flags.c_contiguous
-        if flag is not contiguous or mem.device_id != device or (p % ALIGN_CLASS if p else -1) != align:
-            return -1
-        return p
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, Any] = {"copysign": math.copysign}
 
-    return match
+    def const(self, value: Any) -> str:
+        """A name for ``value`` in the generated function's globals."""
+        name = f"k{len(self.names)}"
+        self.names[name] = value
+        return name
 
+    def miss_if(self, condition: str) -> None:
+        self.lines.append(f"    if {condition}: return None")
 
-def _torch_matcher(kind: Any, props: tuple[Any, ...]) -> Matcher:
-    dtype, shape, contiguous, device, ptr, _ = props
-    align = _align(ptr)
+    def scalar(self, expr: str, value: Any) -> None:
+        """An exact Python int / float (type, value, and the sign of a float zero)."""
+        test = f"type({expr}) is not {type(value).__name__} or {expr} != {self.const(value)}"
+        if type(value) is float and value == 0:
+            test += f" or copysign(1.0, {expr}) != {math.copysign(1.0, value)!r}"
+        self.miss_if(test)
 
-    def match(v: Any) -> int:
-        if type(v) is not kind or v.dtype is not dtype or v.get_device() != device or v.shape != shape:
-            return -1
-        if v.is_contiguous() is not contiguous:
-            return -1
-        p: int = v.data_ptr() if device >= 0 else 0
-        return p if (p % ALIGN_CLASS if p else -1) == align else -1
+    def array(self, expr: str, i: int, value: Any, props: tuple[Any, ...]) -> None:
+        """An array of the remembered type, dtype, shape, contiguity, device and pointer class."""
+        dtype, shape, contiguous, device, ptr, _ = props
+        v, p = f"v{i}", f"p{i}"
+        self.lines.append(f"    {v} = {expr}")
+        kind, dt = self.const(type(value)), self.const(dtype)
+        if _READERS[type(value)] is _torch_operand:
+            self.miss_if(
+                f"type({v}) is not {kind} or {v}.dtype is not {dt} or {v}.get_device() != {device!r} "
+                f"or {v}.shape != {shape!r} or {v}.is_contiguous() is not {contiguous!r}"
+            )
+            self.lines.append(f"    {p} = {v}.data_ptr()" if device >= 0 else f"    {p} = 0")
+        else:
+            flag = f"{v}._c_contiguous" if _READERS[type(value)] is _cupy_operand_direct else f"{v}.flags.c_contiguous"
+            self.miss_if(f"type({v}) is not {kind} or {v}.dtype is not {dt} or {v}.shape != {shape!r}")
+            self.lines.append(f"    m{i} = {v}.data")
+            self.lines.append(f"    {p} = m{i}.ptr")
+            self.miss_if(f"{flag} is not {contiguous!r} or m{i}.device_id != {device!r}")
+        self.miss_if(f"{p} % {ALIGN_CLASS} != {ptr % ALIGN_CLASS} or not {p}" if ptr else p)
 
-    return match
+    def pointer(self, expr: str, i: int, value: Any) -> None:
+        """Any array of the remembered type: its pointer only (``check=False``)."""
+        v, p = f"v{i}", f"p{i}"
+        self.lines.append(f"    {v} = {expr}")
+        self.miss_if(f"type({v}) is not {self.const(type(value))}")
+        if _READERS[type(value)] is _torch_operand:
+            self.lines.append(f"    {p} = {v}.data_ptr() if {v}.get_device() >= 0 else 0")
+        else:
+            self.lines.append(f"    {p} = {v}.data.ptr")
 
+    def relations(self, arrays: list[tuple[int, int, int]]) -> None:
+        """The pairwise relation of the arrays' byte ranges: same start, shared byte (``overlaps``)."""
+        for n, (i, a, size_a) in enumerate(arrays):
+            for j, b, size_b in arrays[n + 1 :]:
+                same, shared = a == b, bool(a and b and a < b + size_b and b < a + size_a)
+                pi, pj = f"p{i}", f"p{j}"
+                if a and b and not same and not shared:  # the common case: two disjoint arrays
+                    self.miss_if(f"{pi} < {pj} + {size_b} and {pj} < {pi} + {size_a} or {pi} == {pj}")
+                else:
+                    self.miss_if(
+                        f"({pi} == {pj}) is not {same} or bool({pi} and {pj} and {pi} < {pj} + {size_b} "
+                        f"and {pj} < {pi} + {size_a}) is not {shared}"
+                    )
 
-def _array_matcher(value: Any) -> tuple[Matcher, int, int] | None:
-    """(matcher, pointer, byte size) of an array value, or None when it has no fast path."""
-    props = _array_props(value)
-    if props is None:
-        return None
-    reader = _READERS[type(value)]
-    if reader is _torch_operand:
-        matcher = _torch_matcher(type(value), props)
-    else:
-        matcher = _cupy_matcher(type(value), props, reader is _cupy_operand_direct)
-    return matcher, props[4], math.prod(props[1]) * props[5]
-
-
-def _none(v: Any) -> int:
-    return 0 if v is None else -1
-
-
-def _scalar_matcher(value: Any) -> Matcher:
-    kind = type(value)
-    sign = math.copysign(1.0, value) if kind is float else 1.0
-
-    def match(v: Any) -> int:
-        if type(v) is not kind or v != value or (not v and kind is float and math.copysign(1.0, v) != sign):
-            return -1
-        return 0
-
-    return match
-
-
-def _pointer_matcher(kind: Any) -> Matcher | None:
-    """The pointer of any array of ``kind`` (``check=False``: the record carries only pointers)."""
-    reader = _READERS.get(kind)
-    if reader is _cupy_operand_direct or reader is _cupy_operand:
-
-        def cupy_ptr(v: Any) -> int:
-            return v.data.ptr if type(v) is kind else -1  # type: ignore[no-any-return]
-
-        return cupy_ptr
-    if reader is _torch_operand:
-
-        def torch_ptr(v: Any) -> int:
-            if type(v) is not kind:
-                return -1
-            return v.data_ptr() if v.get_device() >= 0 else 0  # type: ignore[no-any-return]
-
-        return torch_ptr
-    return None
-
-
-def _workspace_matcher(workspace: Any) -> tuple[Matcher, int, int] | None:
-    """A workspace: None, or the same type and ``nbytes`` with its buffer matched as an array."""
-    if workspace is None:
-        return _none, 0, -1
-    buffer = getattr(workspace, "buffer", None)
-    found = _array_matcher(buffer)
-    if found is None:
-        return None
-    inner, ptr, size = found
-    kind, nbytes = type(workspace), workspace.nbytes
-    if type(nbytes) is not int:
-        return None
-
-    def match(w: Any) -> int:
-        if type(w) is not kind or w.nbytes != nbytes:
-            return -1
-        return inner(w.buffer)
-
-    return match, ptr, size
+    def compile(self, params: str, record: Any, slots: list[tuple[Operand, int]]) -> Callable[..., Any]:
+        """The matcher: the record with the new pointers, or None."""
+        for op, field in slots:
+            self.lines.append(f"    {self.const(op)}.ptr = p{field}")
+        self.lines.append(f"    return {self.const(record)}")
+        namespace = dict(self.names)
+        exec(compile(f"def match({params}):\n" + "\n".join(self.lines), "<quantplan fast check>", "exec"), namespace)
+        return namespace["match"]  # type: ignore[no-any-return]
 
 
 def _cuda_current_device() -> int:
@@ -196,9 +155,7 @@ def _stream_key(stream: Any) -> tuple[Any, ...] | None:
     return type(stream), handle, current_device()
 
 
-def _operand_template(
-    record: Any, values: tuple[Any, ...], ptrs: list[int]
-) -> tuple[Any, list[tuple[Operand, int]]] | None:
+def _operand_template(record: Any, values: list[Any], ptrs: list[int]) -> tuple[Any, list[tuple[Operand, int]]] | None:
     """The record as a reusable template (its operands copied, without the caller's arrays) and,
     per operand, the field whose pointer it carries; None when the record holds anything else."""
     if not isinstance(record, tuple) or not hasattr(record, "_fields"):
@@ -220,81 +177,35 @@ def _operand_template(
     return type(record)(*items), slots
 
 
-class _Entry:
-    """One remembered call: the matchers of its fields, the pairwise range relations of its
-    arrays, and the operand record with the pointers to rewrite."""
-
-    __slots__ = ("active", "nones", "ptrs", "record", "relations", "slots", "stream")
-
-    def __init__(
-        self,
-        matchers: list[Matcher],
-        relations: list[tuple[int, int, int, int, bool, bool]],
-        record: Any,
-        slots: list[tuple[Operand, int]],
-        stream: tuple[Any, ...] | None,
-    ) -> None:
-        #: The fields that must be None, and the others with their matchers.
-        self.nones = tuple(i for i, m in enumerate(matchers) if m is _none)
-        self.active = tuple((i, m) for i, m in enumerate(matchers) if m is not _none)
-        self.ptrs = [0] * len(matchers)  # reused by every match (a plan runs on one thread)
-        self.relations, self.record, self.slots, self.stream = relations, record, slots, stream
-
-    def match(self, values: tuple[Any, ...]) -> Any:
-        """The record for ``values`` (pointers written in), or None for a miss."""
-        for i in self.nones:
-            if values[i] is not None:
-                return None
-        ptrs = self.ptrs
-        for i, matcher in self.active:
-            p = matcher(values[i])
-            if p < 0:
-                return None
-            ptrs[i] = p
-        for i, j, size_i, size_j, same, shared in self.relations:
-            a, b = ptrs[i], ptrs[j]
-            if (a == b) is not same or bool(a and b and a < b + size_j and b < a + size_i) is not shared:
-                return None
-        for op, field in self.slots:
-            op.ptr = ptrs[field]
-        return self.record
-
-
-def _relations(arrays: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int, bool, bool]]:
-    """(field i, field j, bytes i, bytes j, same start, shared byte) for every pair of arrays."""
-    out = []
-    for n, (i, a, size_a) in enumerate(arrays):
-        for j, b, size_b in arrays[n + 1 :]:
-            out.append((i, j, size_a, size_b, a == b, bool(a and b and a < b + size_b and b < a + size_a)))
-    return out
-
-
-def _args_getter(kind: type) -> Callable[[Any], tuple[Any, ...]] | None:
-    """A reader of every field of an Args dataclass with slots (None for any other Args type)."""
+def _args_fields(kind: type) -> list[str] | None:
+    """The fields of an Args dataclass with slots (None for any other Args type: no fast path)."""
     if not dataclasses.is_dataclass(kind) or "__dict__" in dir(kind) or not hasattr(kind, "__slots__"):
         return None
-    names = [f.name for f in dataclasses.fields(kind)]
-    if len(names) < 2:
-        return None
-    return attrgetter(*names)  # type: ignore[return-value]
+    return [f.name for f in dataclasses.fields(kind)]
+
+
+def _remember(entries: dict[type, list[Any]], kind: type, entry: Any) -> None:
+    entries[kind] = [entry, *entries.get(kind, [])][:KEEP]
 
 
 class CallCache:
     """The remembered signatures of one plan (module docstring)."""
 
-    __slots__ = ("_checked", "_getters", "_unchecked", "handle")
+    __slots__ = ("_checked", "_fields", "_unchecked", "handle")
 
     def __init__(self) -> None:
-        self._checked: dict[type, list[_Entry]] = {}
-        self._unchecked: dict[type, list[_Entry]] = {}
-        self._getters: dict[type, Callable[[Any], tuple[Any, ...]] | None] = {}
+        #: Args type -> [(stream key, matcher(args, workspace))], the newest first.
+        self._checked: dict[type, list[tuple[tuple[Any, ...], Callable[[Any, Any], Any]]]] = {}
+        #: Args type -> [matcher(args)] of ``check=False`` calls.
+        self._unchecked: dict[type, list[Callable[[Any], Any]]] = {}
+        self._fields: dict[type, list[str] | None] = {}
         #: The stream handle of the last checked hit (``run`` launches on it).
         self.handle = 0
 
-    def _getter(self, kind: type) -> Callable[[Any], tuple[Any, ...]] | None:
-        if kind not in self._getters:
-            self._getters[kind] = _args_getter(kind)
-        return self._getters[kind]
+    def _names(self, kind: type) -> list[str] | None:
+        if kind not in self._fields:
+            self._fields[kind] = _args_fields(kind)
+        return self._fields[kind]
 
     # ---- checked ------------------------------------------------------------------------------
 
@@ -304,47 +215,52 @@ class CallCache:
         if entries is None:
             return None
         key = _stream_key(stream)
-        values = (*self._getters[type(args)](args), workspace)  # type: ignore[misc]
-        for entry in entries:
-            if entry.stream == key:
-                record = entry.match(values)
+        for entry_key, match in entries:
+            if entry_key == key:
+                record = match(args, workspace)
                 if record is not None:
-                    assert key is not None
-                    self.handle = key[1]
+                    self.handle = entry_key[1]
                     return record
         return None
 
     def remember(self, stream: Any, workspace: Any, args: Any, record: Any) -> None:
         """Remember a call that passed ``_check_call`` (nothing when it has no fast path)."""
-        getter = self._getter(type(args))
+        names = self._names(type(args))
         key = _stream_key(stream)
-        if getter is None or key is None:
+        if names is None or key is None:
             return
-        values = (*getter(args), workspace)
-        matchers: list[Matcher] = []
+        exprs = [f"a.{name}" for name in names]
+        values = [getattr(args, name) for name in names]
+        if workspace is not None:  # the workspace's buffer: one more array
+            if type(getattr(workspace, "nbytes", None)) is not int:
+                return
+            exprs.append("w.buffer")
+            values.append(getattr(workspace, "buffer", None))
+        source = _Source()
+        if workspace is None:
+            source.miss_if("w is not None")
+        else:
+            source.miss_if(f"type(w) is not {source.const(type(workspace))} or w.nbytes != {workspace.nbytes!r}")
         ptrs: list[int] = []
         arrays: list[tuple[int, int, int]] = []
-        last = len(values) - 1
-        for i, value in enumerate(values):
-            if i == last:
-                found = _workspace_matcher(value)
-            elif value is None:
-                found = _none, 0, -1
+        for i, (expr, value) in enumerate(zip(exprs, values, strict=True)):
+            ptrs.append(0)
+            if value is None:
+                source.miss_if(f"{expr} is not None")
             elif type(value) is int or type(value) is float:
-                found = _scalar_matcher(value), 0, -1
+                source.scalar(expr, value)
             else:
-                found = _array_matcher(value)
-            if found is None:
-                return
-            matchers.append(found[0])
-            ptrs.append(found[1])
-            if found[2] >= 0:  # an array (the workspace's buffer included)
-                arrays.append((i, found[1], found[2]))
+                props = _array_props(value)
+                if props is None:
+                    return
+                source.array(expr, i, value, props)
+                ptrs[i] = props[4]
+                arrays.append((i, props[4], math.prod(props[1]) * props[5]))
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
-        entry = _Entry(matchers, _relations(arrays), template[0], template[1], key)
-        self._checked[type(args)] = [entry, *self._checked.get(type(args), [])][:KEEP]
+        source.relations(arrays)
+        _remember(self._checked, type(args), (key, source.compile("a, w", *template)))
 
     # ---- unchecked ----------------------------------------------------------------------------
 
@@ -353,53 +269,47 @@ class CallCache:
         entries = self._unchecked.get(type(args))
         if entries is None:
             return None
-        values = self._getters[type(args)](args)  # type: ignore[misc]
-        for entry in entries:
-            record = entry.match(values)
+        for match in entries:
+            record = match(args)
             if record is not None:
                 return record
         return None
 
     def remember_unchecked(self, args: Any, record: Any) -> None:
         """Remember the layout of an unchecked call and its ``_extract`` record."""
-        getter = self._getter(type(args))
-        if getter is None:
+        names = self._names(type(args))
+        if names is None or not isinstance(record, tuple):
             return
-        values = getter(args)
-        full = (
-            {id(item.obj) for item in record if type(item) is Operand and item.dtype_name}
-            if isinstance(record, tuple)
-            else set()
-        )
-        matchers: list[Matcher] = []
+        values = [getattr(args, name) for name in names]
+        full = {id(item.obj) for item in record if type(item) is Operand and item.dtype_name}
+        source = _Source()
         ptrs: list[int] = []
-        for value in values:
-            found: Matcher | tuple[Matcher, int, int] | None
+        arrays: list[int] = []
+        for i, (name, value) in enumerate(zip(names, values, strict=True)):
+            expr = f"a.{name}"
+            ptrs.append(0)
             if value is None:
-                found, ptr = _none, 0
-            elif type(value) is int or type(value) is float:
-                found, ptr = _scalar_matcher(value), 0
-            elif id(value) in full:  # the record carries the array's properties: match them all
-                array = _array_matcher(value)
-                if array is None:
-                    return
-                found, ptr = array[0], array[1]
-            else:
-                found = _pointer_matcher(type(value))
-                ptr = found(value) if found is not None else -1
-            if found is None or ptr < 0:
+                source.miss_if(f"{expr} is not None")
+                continue
+            if type(value) is int or type(value) is float:
+                source.scalar(expr, value)
+                continue
+            props = _array_props(value)
+            if props is None:
                 return
-            matchers.append(found)
-            ptrs.append(ptr)
+            if id(value) in full:  # the record carries the array's properties: match them all
+                source.array(expr, i, value, props)
+            else:
+                source.pointer(expr, i, value)
+            ptrs[i] = props[4]
+            for j in arrays:  # one array in two fields: the same pointer twice
+                if values[j] is value:
+                    source.miss_if(f"p{i} != p{j}")
+            arrays.append(i)
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
-        arrays = [i for i, v in enumerate(values) if v is not None and type(v) is not int and type(v) is not float]
-        same = [
-            (i, j, 0, 0, True, False) for n, i in enumerate(arrays) for j in arrays[n + 1 :] if values[i] is values[j]
-        ]
-        entry = _Entry(matchers, same, template[0], template[1], None)  # one array twice: the same pointer twice
-        self._unchecked[type(args)] = [entry, *self._unchecked.get(type(args), [])][:KEEP]
+        _remember(self._unchecked, type(args), source.compile("a", *template))
 
 
 __all__ = ["ALIGN_CLASS", "KEEP", "CallCache"]
