@@ -152,21 +152,45 @@ def stream_handle(stream: Any) -> int:
     Accepts a CuPy ``Stream`` / ``ExternalStream`` (``.ptr``), a PyTorch ``torch.cuda.Stream``
     (``.cuda_stream``), a raw handle as int, or None (CuPy's current stream).
     """
+    kind = type(stream)
+    if kind is int:
+        return stream  # type: ignore[no-any-return]
+    if kind in _PTR_STREAMS and "cuda_stream" not in stream.__dict__:  # a CuPy stream (.ptr)
+        return int(stream.ptr)
     if stream is None:
-        import cupy
-
-        return int(cupy.cuda.get_current_stream().ptr)
-    if type(stream) is int:
-        return stream
+        return int(_current_stream().ptr)
     handle = getattr(stream, "cuda_stream", None)
     if handle is None:
         handle = getattr(stream, "ptr", None)
+        if handle is not None and kind.__module__.startswith("cupy.") and _no_cuda_stream(kind):
+            _PTR_STREAMS.add(kind)
     if handle is None or isinstance(stream, bool):
         raise InvalidArgumentType(
             f"stream of type {type(stream).__name__} is not a CUDA stream; pass a cupy.cuda.Stream, "
             "a torch.cuda.Stream, a raw cudaStream_t int, or None for the current CuPy stream"
         )
     return int(handle)
+
+
+#: CuPy stream types (their handle is ``.ptr`` unless an instance was given a ``cuda_stream``).
+_PTR_STREAMS: set[type] = set()
+
+
+def _no_cuda_stream(kind: type) -> bool:
+    """True when only an instance's own ``__dict__`` could give ``kind`` a ``cuda_stream``."""
+    return not hasattr(kind, "cuda_stream") and not hasattr(kind, "__getattr__") and kind.__dictoffset__ != 0
+
+
+def _bind_current_stream() -> Any:
+    import cupy
+
+    global _current_stream
+    _current_stream = cupy.cuda.get_current_stream
+    return cupy.cuda.get_current_stream()
+
+
+#: CuPy's current stream (``cupy.cuda.get_current_stream``, bound on first use).
+_current_stream: Callable[[], Any] = _bind_current_stream
 
 
 #: Stream types :func:`check_stream` has accepted (a set lookup per call after the first).
