@@ -354,6 +354,40 @@ def _refuse_layout(op: Operand, name: str) -> None:
     )
 
 
+def host_values(op: Operand) -> np.ndarray:
+    """The elements of an array operand as a flat NumPy array (copied to the host from a GPU)."""
+    obj = op.obj
+    if type(obj) is np.ndarray:
+        return obj.reshape(-1)
+    get = getattr(obj, "get", None)  # CuPy
+    if get is not None:
+        return np.asarray(get()).reshape(-1)
+    return np.asarray(obj.detach().cpu().numpy()).reshape(-1)  # PyTorch
+
+
+def _first_bad(op: Operand, bad: np.ndarray, name: str, values: np.ndarray, rule: str) -> None:
+    if bad.any():
+        i = int(np.argmax(bad))
+        where = ", ".join(str(int(k)) for k in np.unravel_index(i, op.shape)) if op.shape else ""
+        raise InvalidProblem(
+            f"{name}[{where}] = {values[i].item()!r} {rule} (found by PlanPreference(validate_values=True)); "
+            f"fix the parameter array"
+        )
+
+
+def check_param_values(scale: Any, zero_point: Any, lo: int, hi: int, scale_name: str = "scale") -> None:
+    """``PlanPreference(validate_values=True)``: every element of a scale array finite and > 0,
+    every element of a zero-point array in [lo, hi]; InvalidProblem naming the first bad index.
+    Scalars (checked on every call anyway) and None are skipped."""
+    if type(scale) is Operand:
+        v = host_values(scale)
+        with np.errstate(invalid="ignore"):
+            _first_bad(scale, ~(np.isfinite(v) & (v > 0)), scale_name, v, "must be finite and > 0")
+    if type(zero_point) is Operand:
+        z = host_values(zero_point)
+        _first_bad(zero_point, (z < lo) | (z > hi), "zero_point", z, f"lies outside [{lo}, {hi}]")
+
+
 class OperandChecks:
     """The operand rules (module docstring) against one plan's backend, device and parameter shape.
 
@@ -536,9 +570,11 @@ __all__ = [
     "TensorArgs",
     "check_disjoint",
     "check_outputs",
+    "check_param_values",
     "check_writeable",
     "check_positive",
     "dtype_name",
+    "host_values",
     "host_view",
     "is_scalar",
     "operand",

@@ -45,6 +45,7 @@ from .workspace import Workspace, check_workspace
 
 ArgsT = TypeVar("ArgsT")
 CheckedT = TypeVar("CheckedT")
+PlanT = TypeVar("PlanT", bound="Plan[Any, Any]")
 
 #: ``variant`` of every plan on the reference backend.
 REFERENCE_VARIANT = "numpy"
@@ -62,9 +63,16 @@ def check_descriptor(desc: Any, expected: type) -> None:
     """InvalidArgumentType unless ``desc`` (given to ``select``) is an ``expected`` descriptor."""
     if not isinstance(desc, expected):
         raise InvalidArgumentType(
-            f"desc must be a {expected.__name__}, got {type(desc).__name__}; build it as "
-            f"qp.{expected.__name__}(...)"
+            f"desc must be a {expected.__name__}, got {type(desc).__name__}; build it as qp.{expected.__name__}(...)"
         )
+
+
+def preferred(plan: PlanT, pref: PlanPreference | None) -> PlanT:
+    """``plan`` (just made by ``select``) with the per-call options of ``pref`` applied:
+    ``validate_values`` (the checked calls inspect the values of array parameters)."""
+    if pref is not None and pref.validate_values:
+        plan._validate_values = True
+    return plan
 
 
 def choose_backend(pref: PlanPreference | None, stream: Any = None) -> BackendKind:
@@ -259,4 +267,4 @@ class Plan(Generic[ArgsT, CheckedT]):
         raise NotImplementedError
 
 
-__all__ = ["REFERENCE_VARIANT", "Plan", "check_descriptor", "choose_backend", "snapshot"]
+__all__ = ["REFERENCE_VARIANT", "Plan", "check_descriptor", "choose_backend", "preferred", "snapshot"]

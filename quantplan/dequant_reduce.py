@@ -25,8 +25,16 @@ from . import reference
 from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
 from ._launch import launch_on, params_struct
-from ._operands import Operand, check_disjoint, check_positive, check_writeable, host_view, write_back
-from ._plan import Plan, choose_backend, snapshot
+from ._operands import (
+    Operand,
+    check_disjoint,
+    check_param_values,
+    check_positive,
+    check_writeable,
+    host_view,
+    write_back,
+)
+from ._plan import Plan, check_descriptor, choose_backend, preferred, snapshot
 from ._qgz_launch import (
     PeerSumArgs,
     QgzChecks,
@@ -314,6 +322,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
         < 1 or not dividing the chunk, odd 4-bit chunks, bad code range, LoCo or q_min / q_max
         with a float output) and Unsupported for FP8 codes.
         """
+        check_descriptor(desc, DequantReduceDescriptor)
         check_positive("peers", desc.peers)
         if isinstance(desc.chunk_elements, bool) or desc.chunk_elements < 0:
             raise InvalidProblem(f"chunk_elements={desc.chunk_elements!r} must be >= 0")
@@ -353,11 +362,17 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
                 )
         backend = choose_backend(pref, stream)
         if backend is BackendKind.REFERENCE:
-            return cls(desc, q_min, q_max, backend)
+            return preferred(cls(desc, q_min, q_max, backend), pref)
         device_id = stream_device_id(stream)
         if desc.chunk_elements == 0:
-            return cls(desc, q_min, q_max, backend, device_id)
-        return cls(desc, q_min, q_max, backend, device_id, prepare_dequant_reduce(desc, q_min, q_max, device_id))
+            return preferred(cls(desc, q_min, q_max, backend, device_id), pref)
+        return preferred(
+            cls(desc, q_min, q_max, backend, device_id, prepare_dequant_reduce(desc, q_min, q_max, device_id)), pref
+        )
+
+    def _check_values(self, checked: QgzOperands) -> None:
+        lo, hi = ELEMENTS[self._d.input_element].code_range or (0, 0)
+        check_param_values(checked.params, checked.zp, lo, hi)
 
     def _check(self, args: DequantReduceArgs) -> QgzOperands:
         d = self._d

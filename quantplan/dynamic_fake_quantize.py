@@ -34,7 +34,7 @@ from ._families import dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
-from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend
 from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
 from .compiler import template_name
 from .elements import ELEMENTS, param_numpy_dtype
@@ -116,8 +116,7 @@ class DynamicRangeFakeQuantizeArgs(TensorArgs):
 def dynamic_fake_quantize_problem(desc: DynamicRangeFakeQuantizeDescriptor) -> AffineProblem:
     """Validate ``desc``; the problem as DynamicRangeQuantizePlan sees it (8-bit integer code kind,
     narrowed to the range of ``bits``), which the range passes and the fused geometry take."""
-    if any(e < 0 for e in desc.shape):
-        raise InvalidProblem(f"shape {desc.shape} has a negative extent")
+    check_descriptor(desc, DynamicRangeFakeQuantizeDescriptor)
     if not ELEMENTS[desc.element].is_float:
         raise InvalidProblem(f"element must be one of F16, BF16, F32, F64, got {desc.element.name}")
     param_shape(desc.shape, desc.scope)  # validates axis and group divisibility

@@ -35,8 +35,8 @@ from ._fake_rows import ZP_FLOAT, ZP_INT32, ZP_VALUE, FakeOp, FakeQuantizeProble
 from ._families import fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
-from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, is_scalar, operand, view
-from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, check_param_values, is_scalar, operand, view
+from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend, preferred
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype, param_numpy_dtype
 from .errors import InvalidArgumentType, InvalidProblem, Unsupported
@@ -86,8 +86,7 @@ class FakeQuantizeBackwardDescriptor(FakeQuantizeDescriptor):
 
 def fake_quantize_problem(desc: FakeQuantizeDescriptor) -> FakeQuantizeProblem:
     """Validate a (forward or backward) descriptor; raise InvalidProblem if malformed."""
-    if any(e < 0 for e in desc.shape):
-        raise InvalidProblem(f"shape {desc.shape} has a negative extent")
+    check_descriptor(desc, FakeQuantizeDescriptor)
     if not ELEMENTS[desc.element].is_float:
         raise InvalidProblem(f"element must be one of F16, BF16, F32, F64, got {desc.element.name}")
     param_shape(desc.shape, desc.scope)  # validates axis and group divisibility
@@ -307,6 +306,9 @@ class _FakeQuantizePlanBase(OperandChecks, Plan[Any, _Checked]):
     def _data(self, value: Any, name: str) -> Operand:
         return self._tensor(value, name, self.problem.shape, self._info)
 
+    def _check_values(self, checked: _Checked) -> None:
+        check_param_values(checked.scale, checked.zp, self.problem.q_min, self.problem.q_max)
+
     def _extract_params(self, value: Any) -> tuple[Any, int]:
         """An unchecked zero point and its ZeroPointSource (``check=False``)."""
         zp = view(value, "zero_point")
@@ -369,10 +371,10 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         """
         problem = fake_quantize_problem(desc)
         if choose_backend(pref, stream) is BackendKind.REFERENCE:
-            return cls(problem, None, REFERENCE_VARIANT, None)
+            return preferred(cls(problem, None, REFERENCE_VARIANT, None), pref)
         device_id = stream_device_id(stream)
         launches, variant = prepare_fake_rows(problem, FakeOp.NEAREST, device_id)
-        return cls(problem, device_id, variant, launches)
+        return preferred(cls(problem, device_id, variant, launches), pref)
 
     def _check(self, args: FakeQuantizeArgs) -> _Checked:
         x = self._data(args.input, "input")
@@ -542,16 +544,16 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
                 f"ChannelScope on the first non-unit axis, transposing the tensor if needed)"
             )
         if choose_backend(pref, stream) is BackendKind.REFERENCE:
-            return cls(problem, desc.learnable, None, REFERENCE_VARIANT, None, None)
+            return preferred(cls(problem, desc.learnable, None, REFERENCE_VARIANT, None, None), pref)
         device_id = stream_device_id(stream)
         if desc.learnable:
             if geometry is None:  # empty tensor: nothing to launch
-                return cls(problem, True, device_id, "empty", None, None)
+                return preferred(cls(problem, True, device_id, "empty", None, None), pref)
             lsq = _prepare_lsq(problem, geometry, device_id)
             variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
-            return cls(problem, True, device_id, variant, None, lsq)
+            return preferred(cls(problem, True, device_id, variant, None, lsq), pref)
         rows, variant = prepare_fake_rows(problem, FakeOp.STE, device_id)
-        return cls(problem, False, device_id, variant, rows, None)
+        return preferred(cls(problem, False, device_id, variant, rows, None), pref)
 
     def _check(self, args: FakeQuantizeBackwardArgs) -> _Checked:
         x = self._data(args.input, "input")

@@ -45,8 +45,8 @@ from ._device import device_info, stream_device_id
 from ._families import dequantize_unit, quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
-from ._operands import Operand, OperandChecks, check_outputs
-from ._plan import REFERENCE_VARIANT, Plan, choose_backend
+from ._operands import Operand, OperandChecks, check_outputs, check_param_values
+from ._plan import REFERENCE_VARIANT, Plan, choose_backend, preferred
 from .compiler import compile_options, load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype, param_numpy_dtype
 from .errors import InvalidProblem, Unsupported
@@ -203,6 +203,9 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
     def _grads(self, dy_value: Any, dy_name: str, dx_value: Any, dx_name: str) -> tuple[Operand, Operand]:
         return self._data(dy_value, dy_name), self._data(dx_value, dx_name)
 
+    def _check_values(self, checked: _Checked) -> None:
+        check_param_values(checked.scale, checked.zp, self.problem.q_min, self.problem.q_max)
+
     # ---- execution --------------------------------------------------------------------------
 
     def _launch(self, handle: int, workspace: Workspace | None, a: _Checked) -> None:
@@ -289,7 +292,7 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
                 "QuantizeBackwardPlan needs rounding=NEAREST_EVEN: the mask of a stochastically rounded "
                 "forward depends on its random draws; take the nearest-even mask or use FakeQuantizeBackwardPlan"
             )
-        return cls._build(stream, problem, pref)  # type: ignore[no-any-return]
+        return preferred(cls._build(stream, problem, pref), pref)  # type: ignore[no-any-return]
 
     def _check(self, args: QuantizeBackwardArgs) -> _Checked:
         x = self._data(args.input, "input")
@@ -372,7 +375,7 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
         :class:`~quantplan.DequantizeDescriptor`), pick the backend and kernel variant, compile
         it on first use (one module with the forward's kernels). Raises InvalidProblem for a
         malformed descriptor (the forward's rules)."""
-        return cls._build(stream, dequantize_problem(desc), pref)  # type: ignore[no-any-return]
+        return preferred(cls._build(stream, dequantize_problem(desc), pref), pref)  # type: ignore[no-any-return]
 
     def _check(self, args: DequantizeBackwardArgs) -> _Checked:
         dy, dq = self._grads(args.grad_output, "grad_output", args.grad_input, "grad_input")

@@ -34,8 +34,8 @@ from ._affine import (
     storage_shape,
 )
 from ._device import stream_device_id
-from ._operands import Operand, OperandChecks, check_outputs, reference_uniform
-from ._plan import Plan, choose_backend
+from ._operands import Operand, OperandChecks, check_outputs, check_param_values, reference_uniform
+from ._plan import Plan, choose_backend, preferred
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
@@ -114,6 +114,9 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, AffineOperands]):
         check_outputs((("output", y),), (("input", x), ("scale", scale), ("zero_point", zp)))
         return AffineOperands(x, y, scale, zp, seed, offset)
 
+    def _check_values(self, checked: AffineOperands) -> None:
+        check_param_values(checked.scale, checked.zp, self.problem.q_min, self.problem.q_max)
+
     # ---- execution ------------------------------------------------------------------------
 
     def _launch(self, handle: int, workspace: Workspace | None, a: AffineOperands) -> None:
@@ -176,7 +179,7 @@ class QuantizePlan(StaticAffinePlan):
         ``stream`` decides the device (None: CuPy's current device). Raises InvalidProblem for a
         malformed descriptor and Unsupported for a valid one this library does not serve.
         """
-        return cls._make(stream, quantize_problem(desc), pref)  # type: ignore[no-any-return]
+        return preferred(cls._make(stream, quantize_problem(desc), pref), pref)  # type: ignore[no-any-return]
 
 
 class DequantizePlan(StaticAffinePlan):
@@ -206,7 +209,7 @@ class DequantizePlan(StaticAffinePlan):
     @classmethod
     def select(cls, stream: Any, desc: DequantizeDescriptor, pref: PlanPreference | None = None) -> DequantizePlan:
         """Validate ``desc``, pick the backend and kernel variant, compile it on first use."""
-        return cls._make(stream, dequantize_problem(desc), pref)  # type: ignore[no-any-return]
+        return preferred(cls._make(stream, dequantize_problem(desc), pref), pref)  # type: ignore[no-any-return]
 
 
 __all__ = [

@@ -28,7 +28,7 @@ from ._device import device_info, stream_device_id
 from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
 from ._launch import launch_on
 from ._operands import Operand, TensorArgs, check_disjoint, check_positive, check_writeable, host_view, write_back
-from ._plan import Plan, choose_backend, snapshot
+from ._plan import Plan, check_descriptor, choose_backend, snapshot
 from ._qgz_launch import (
     QgzChecks,
     QgzKernels,
@@ -291,8 +291,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         counts < 1, a size that does not split into whole groups per slice, odd 4-bit slices,
         bad code range) and Unsupported for F64 input or FP8 output.
         """
-        if any(e < 0 for e in desc.shape):
-            raise InvalidProblem(f"shape {desc.shape} has a negative extent")
+        check_descriptor(desc, SwizzledQuantizeDescriptor)
         for name in ("group_size", "nodes", "devices_per_node", "pipeline"):
             check_positive(name, getattr(desc, name))
         check_float_kind(desc.input_element, "input_element")

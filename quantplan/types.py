@@ -150,14 +150,13 @@ def _check_extents(shape: tuple[int, ...]) -> tuple[int, ...]:
     numel = 1
     for extent in shape:
         if extent < 0:
-            return shape  # refused at select, naming the negative extent
+            raise ValueError(f"shape {shape} has a negative extent; every extent must be >= 0")
         numel *= extent
     check_element_count(numel, f"shape {shape}")
     return shape
 
 
-#: A descriptor's ``shape``: integer extents whose product fits 64-bit offsets (negative extents
-#: are refused at ``select``).
+#: A descriptor's ``shape``: integer extents >= 0 whose product fits 64-bit offsets.
 Shape = Annotated[tuple[int, ...], AfterValidator(_check_extents)]
 
 
