@@ -52,9 +52,7 @@ def _dequantize(validate: bool, scale: np.ndarray, zp: np.ndarray) -> tuple[Any,
 
 
 def _quantize_backward(validate: bool, scale: np.ndarray, zp: np.ndarray) -> tuple[Any, Any, np.ndarray]:
-    d = qp.QuantizeBackwardDescriptor(
-        shape=SHAPE, scope=TOKEN, input_element=EK.F32, output_element=EK.U8, mode=ASYM
-    )
+    d = qp.QuantizeBackwardDescriptor(shape=SHAPE, scope=TOKEN, input_element=EK.F32, output_element=EK.U8, mode=ASYM)
     out = np.full(SHAPE, 77.0, np.float32)
     args = qp.QuantizeBackwardArgs(_floats(), _floats(), out, scale, zp)
     return qp.QuantizeBackwardPlan.select(None, d, _pref(validate)), args, out
