@@ -27,7 +27,7 @@ import numpy as np
 
 from ._layout import expand_params
 from .elements import ElementInfo
-from .errors import InvalidProblem, MisalignedOperand
+from .errors import InvalidArgumentType, InvalidProblem, MisalignedOperand
 from .philox import uniform_for_elements
 from .types import BackendKind, Scope
 
@@ -154,7 +154,7 @@ def _reader(kind: type, obj: Any, name: str) -> Callable[[Any], Operand]:
     elif getattr(obj, "__cuda_array_interface__", None) is not None:
         reader = _cai_operand
     else:
-        raise InvalidProblem(
+        raise InvalidArgumentType(
             f"{name}: expected a NumPy array, a CuPy array, a PyTorch tensor or an object with "
             f"__cuda_array_interface__, got {type(obj).__name__}"
         )
