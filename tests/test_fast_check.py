@@ -10,6 +10,7 @@ cache must raise exactly what the checks alone raise, and launch exactly the rec
 from __future__ import annotations
 
 import random
+import zlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,7 +22,7 @@ from quantplan import _fast_check, _operands, _plan
 from quantplan._operands import Operand
 from quantplan.errors import QuantPlanError
 
-F16, F32, I8, I32, I64 = (np.dtype(n) for n in ("float16", "float32", "int8", "int32", "int64"))
+F16, F32, I8, I32, I64, U8 = (np.dtype(n) for n in ("float16", "float32", "int8", "int32", "int64", "uint8"))
 
 
 class _Mem:
@@ -184,9 +185,6 @@ def _stream(rng: random.Random) -> Any:
     return rng.choice([7, 7, 7, 8, SimpleNamespace(ptr=7), SimpleNamespace(cuda_stream=9), "bad", True, 1.5])
 
 
-U8 = np.dtype("uint8")
-
-
 def _workspace(rng: random.Random) -> Any:
     """None, or a workspace of 64 / 32 bytes on the device or the host, or no workspace at all."""
     ptr = rng.choice([_BASE, 64 * _BASE, 64 * _BASE + 8])
@@ -270,3 +268,90 @@ def test_fast_path_holds_no_caller_array() -> None:
     assert len(records) == 2 and all(v.obj is None for r in records for v in r if type(v) is Operand)
     assert not any(isinstance(v, FakeCupy) for v in held)
     assert len(plan.launched) == 3
+
+
+# ---- every plan configuration of the bad-input table -------------------------------------------
+
+
+def _bases() -> dict[str, Any]:
+    try:
+        import test_bad_inputs
+    except Exception:  # the table is not importable in this checkout: nothing to run over
+        return {}
+    return dict(test_bad_inputs.BASES)
+
+
+def _as_cuda(plan: Any) -> Any:
+    """A plan selected on the reference backend, switched to CUDA device 0 with a captured launch."""
+    plan.backend, plan._is_reference, plan.device_id, plan._empty = qp.BackendKind.CUDA, False, 0, False
+    plan.launched = []
+    plan._launch = lambda handle, workspace, record: plan.launched.append((handle, _flat(record)))
+    return plan
+
+
+def _mutant(rng: random.Random, host: dict[str, Any], ptrs: dict[str, int]) -> Any:
+    """The valid fields as fake device arrays (fresh pointers), some of them mutated."""
+    names = list(host)
+    values: dict[str, Any] = {}
+    for name in names:
+        value = host[name]
+        if isinstance(value, np.ndarray):
+            kind = FakeCupy if rng.random() < 0.5 else FakeTorch
+            values[name] = kind(ptrs[name], value.shape, value.dtype)
+        else:
+            values[name] = value
+    for _ in range(rng.choice([0, 0, 1, 1, 2])):
+        name = rng.choice(names)
+        value = values[name]
+        what = rng.choice(["dtype", "shape", "contiguous", "device", "align", "overlap", "same", "none", "scalar"])
+        if isinstance(value, (FakeCupy, FakeTorch)):
+            kind = type(value)
+            ptr = value.data.ptr if kind is FakeCupy else value.data_ptr()
+            shape, dtype = value.shape, value.dtype
+            contiguous, device = True, 0
+            if what == "dtype":
+                dtype = rng.choice([F16, F32, I8, I32, I64, U8])
+            elif what == "shape":
+                shape = rng.choice([(*shape, 1), shape[:-1], tuple(s + 1 for s in shape), (1,)])
+            elif what == "contiguous":
+                contiguous = False
+            elif what == "device":
+                device = rng.choice([-1, 1])
+            elif what == "align":
+                ptr += rng.choice([1, 2, 4, 8, 16, 512])
+            elif what in ("overlap", "same"):
+                other = rng.choice(names)
+                if isinstance(values[other], (FakeCupy, FakeTorch)):
+                    if what == "same":
+                        values[name] = values[other]
+                        continue
+                    ptr = ptrs[other] + rng.choice([0, 2, 64])
+            if what == "none":
+                values[name] = None
+            elif what == "scalar":
+                values[name] = rng.choice([0.5, 1, -1, 0, 0.0, True, 2**64, 1e-40])
+            else:
+                values[name] = kind(ptr, shape, dtype, contiguous, device)
+        else:
+            values[name] = rng.choice([None, 0.5, 1, -1, 0, -0.0, 2**64, 1234, 5, value])
+    return values
+
+
+@pytest.mark.parametrize("base", sorted(_bases()) or ["(bad-input table not importable)"])
+def test_every_plan_configuration_keeps_every_verdict(base: str) -> None:
+    bases = _bases()
+    if base not in bases:
+        pytest.skip("the bad-input table is not importable")
+    import test_bad_inputs
+
+    setup = test_bad_inputs.make_setup(base, np.random.default_rng(0))
+    ref = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
+    plan = _as_cuda(setup.plan_cls.select(None, setup.desc, ref))
+    host = dict(setup.host)
+    ptrs = {name: _BASE * (4 + 4 * i) for i, name in enumerate(host)}
+
+    def make_args(rng: random.Random) -> Any:
+        return setup.args_cls(**_mutant(rng, host, ptrs))
+
+    hits = _check_plan(plan, make_args, 600, zlib.crc32(base.encode()))
+    assert hits > 5, base
