@@ -38,6 +38,10 @@ from ._operands import _READERS, Operand, _cupy_operand, _cupy_operand_direct, _
 
 #: Signatures kept per Args type and mode.
 KEEP = 4
+#: Signatures remembered per Args type and mode over a plan's life (each costs a code generation,
+#: a few hundred microseconds): calls whose scalars change every time (a Philox offset counting
+#: up) stop being remembered after these and take the checks, at no extra cost.
+REMEMBER_LIMIT = 8
 #: The pointer class of an array: its pointer mod ALIGN_CLASS (every alignment a check or a
 #: launch asks for divides it), -1 for a null pointer.
 ALIGN_CLASS = 256
@@ -52,7 +56,10 @@ def _array_props(value: Any) -> tuple[Any, tuple[int, ...], bool, int, int, int]
     if reader is _cupy_operand_direct or reader is _cupy_operand or reader is _torch_operand:
         op = operand(value, "")
         device = value.get_device() if reader is _torch_operand else -1 if op.device_id is None else op.device_id
-        return value.dtype, tuple(op.shape), op.contiguous, device, op.ptr, op.itemsize
+        shape = tuple(op.shape)
+        exact = type(op.contiguous) is bool and type(device) is int and type(op.ptr) is int
+        if exact and all(type(extent) is int for extent in shape):  # written into the matcher as literals
+            return value.dtype, shape, op.contiguous, device, op.ptr, op.itemsize
     return None
 
 
@@ -184,14 +191,10 @@ def _args_fields(kind: type) -> list[str] | None:
     return [f.name for f in dataclasses.fields(kind)]
 
 
-def _remember(entries: dict[type, list[Any]], kind: type, entry: Any) -> None:
-    entries[kind] = [entry, *entries.get(kind, [])][:KEEP]
-
-
 class CallCache:
     """The remembered signatures of one plan (module docstring)."""
 
-    __slots__ = ("_checked", "_fields", "_unchecked", "handle")
+    __slots__ = ("_checked", "_count", "_fields", "_unchecked", "handle")
 
     def __init__(self) -> None:
         #: Args type -> [(stream key, matcher(args, workspace))], the newest first.
@@ -199,13 +202,22 @@ class CallCache:
         #: Args type -> [matcher(args)] of ``check=False`` calls.
         self._unchecked: dict[type, list[Callable[[Any], Any]]] = {}
         self._fields: dict[type, list[str] | None] = {}
+        #: (checked, Args type) -> signatures remembered so far (at most REMEMBER_LIMIT).
+        self._count: dict[tuple[bool, type], int] = {}
         #: The stream handle of the last checked hit (``run`` launches on it).
         self.handle = 0
 
-    def _names(self, kind: type) -> list[str] | None:
+    def _names(self, checked: bool, kind: type) -> list[str] | None:
+        """The Args fields to remember a call by, or None (no fast path, or no more room)."""
+        if self._count.get((checked, kind), 0) >= REMEMBER_LIMIT:
+            return None
         if kind not in self._fields:
             self._fields[kind] = _args_fields(kind)
         return self._fields[kind]
+
+    def _add(self, entries: dict[type, list[Any]], checked: bool, kind: type, entry: Any) -> None:
+        entries[kind] = [entry, *entries.get(kind, [])][:KEEP]
+        self._count[checked, kind] = self._count.get((checked, kind), 0) + 1
 
     # ---- checked ------------------------------------------------------------------------------
 
@@ -225,7 +237,7 @@ class CallCache:
 
     def remember(self, stream: Any, workspace: Any, args: Any, record: Any) -> None:
         """Remember a call that passed ``_check_call`` (nothing when it has no fast path)."""
-        names = self._names(type(args))
+        names = self._names(True, type(args))
         key = _stream_key(stream)
         if names is None or key is None:
             return
@@ -260,7 +272,7 @@ class CallCache:
         if template is None:
             return
         source.relations(arrays)
-        _remember(self._checked, type(args), (key, source.compile("a, w", *template)))
+        self._add(self._checked, True, type(args), (key, source.compile("a, w", *template)))
 
     # ---- unchecked ----------------------------------------------------------------------------
 
@@ -277,7 +289,7 @@ class CallCache:
 
     def remember_unchecked(self, args: Any, record: Any) -> None:
         """Remember the layout of an unchecked call and its ``_extract`` record."""
-        names = self._names(type(args))
+        names = self._names(False, type(args))
         if names is None or not isinstance(record, tuple):
             return
         values = [getattr(args, name) for name in names]
@@ -309,7 +321,7 @@ class CallCache:
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
-        _remember(self._unchecked, type(args), source.compile("a", *template))
+        self._add(self._unchecked, False, type(args), source.compile("a", *template))
 
 
-__all__ = ["ALIGN_CLASS", "KEEP", "CallCache"]
+__all__ = ["ALIGN_CLASS", "KEEP", "REMEMBER_LIMIT", "CallCache"]

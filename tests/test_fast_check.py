@@ -355,3 +355,15 @@ def test_every_plan_configuration_keeps_every_verdict(base: str) -> None:
 
     hits = _check_plan(plan, make_args, 600, zlib.crc32(base.encode()))
     assert hits > 5, base
+
+
+def test_changing_scalars_stop_being_remembered() -> None:
+    """A Philox offset counting up never repeats a signature: after REMEMBER_LIMIT signatures the
+    calls take the checks alone (no code generation per call), and still launch what they check."""
+    plan = _dynamic_plan(qp.QuantMode.SYMMETRIC, qp.Rounding.STOCHASTIC)
+    x, y, scale = FakeCupy(_BASE, (4, 64), F16), FakeCupy(2 * _BASE, (4, 64), I8), FakeCupy(3 * _BASE, (4, 1), F32)
+    for offset in range(3 * _fast_check.REMEMBER_LIMIT):
+        args = qp.DynamicRangeQuantizeArgs(x, y, scale, None, 7, offset)
+        plan.run(7, None, args)
+        assert plan.launched[-1][1] == _flat(plan._check_call(7, None, args))
+    assert plan._calls._count[True, qp.DynamicRangeQuantizeArgs] == _fast_check.REMEMBER_LIMIT
