@@ -124,29 +124,36 @@ def _fake_plan() -> Any:
 _BASE = 1 << 20
 
 
+def _mutate(
+    rng: random.Random, what: str, ptr: int, shape: tuple[int, ...], dtype: np.dtype, shapes: list[tuple[int, ...]]
+) -> tuple[int, tuple[int, ...], np.dtype, bool, int]:
+    """(pointer, shape, dtype, contiguous, device) of an array with property ``what`` mutated."""
+    contiguous, device = True, 0
+    if what == "dtype":
+        dtype = rng.choice([F16, F32, I8, I32, I64, U8])
+    elif what == "shape":
+        shape = rng.choice(shapes)
+    elif what == "contiguous":
+        contiguous = False
+    elif what == "device":
+        device = rng.choice([-1, 1])
+    elif what == "align":
+        ptr += rng.choice([1, 2, 4, 8, 16, 256, 512])
+    return ptr, shape, dtype, contiguous, device
+
+
 def _array(rng: random.Random, kind: type, ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """A valid array, or (a third of the time) one with one property mutated."""
-    contiguous, device = True, 0
-    roll = rng.random()
-    if roll < 0.33:
-        what = rng.choice(["dtype", "shape", "contiguous", "device", "align", "kind", "none", "scalar"])
-        if what == "dtype":
-            dtype = rng.choice([F16, F32, I8, I32, I64])
-        elif what == "shape":
-            shape = rng.choice([(4, 64), (4, 1), (1, 4), (256,), (4, 65), ()])
-        elif what == "contiguous":
-            contiguous = False
-        elif what == "device":
-            device = rng.choice([-1, 1])
-        elif what == "align":
-            ptr += rng.choice([1, 2, 4, 8, 16, 256])
-        elif what == "kind":
-            kind = FakeTorch if kind is FakeCupy else FakeCupy
-        elif what == "none":
-            return None
-        else:
-            return rng.choice([0, 1, -1, 0.5, -0.0, 0.0, 2**64, True, np.float32(1)])
-    return kind(ptr, shape, dtype, contiguous, device)
+    if rng.random() >= 0.33:
+        return kind(ptr, shape, dtype)
+    what = rng.choice(["dtype", "shape", "contiguous", "device", "align", "kind", "none", "scalar"])
+    if what == "none":
+        return None
+    if what == "scalar":
+        return rng.choice([0, 1, -1, 0.5, -0.0, 0.0, 2**64, True, np.float32(1)])
+    if what == "kind":
+        kind = FakeTorch if kind is FakeCupy else FakeCupy
+    return kind(*_mutate(rng, what, ptr, shape, dtype, [(4, 64), (4, 1), (1, 4), (256,), (4, 65), ()]))
 
 
 def _pointers(rng: random.Random, n: int) -> list[int]:
@@ -307,19 +314,9 @@ def _mutant(rng: random.Random, host: dict[str, Any], ptrs: dict[str, int]) -> A
         if isinstance(value, (FakeCupy, FakeTorch)):
             kind = type(value)
             ptr = value.data.ptr if kind is FakeCupy else value.data_ptr()
-            shape, dtype = value.shape, value.dtype
-            contiguous, device = True, 0
-            if what == "dtype":
-                dtype = rng.choice([F16, F32, I8, I32, I64, U8])
-            elif what == "shape":
-                shape = rng.choice([(*shape, 1), shape[:-1], tuple(s + 1 for s in shape), (1,)])
-            elif what == "contiguous":
-                contiguous = False
-            elif what == "device":
-                device = rng.choice([-1, 1])
-            elif what == "align":
-                ptr += rng.choice([1, 2, 4, 8, 16, 512])
-            elif what in ("overlap", "same"):
+            shapes = [(*value.shape, 1), value.shape[:-1], tuple(e + 1 for e in value.shape), (1,)]
+            ptr, shape, dtype, contiguous, device = _mutate(rng, what, ptr, value.shape, value.dtype, shapes)
+            if what in ("overlap", "same"):
                 other = rng.choice(names)
                 if isinstance(values[other], (FakeCupy, FakeTorch)):
                     if what == "same":
