@@ -38,9 +38,10 @@ from ._operands import _READERS, Operand, _cupy_operand, _cupy_operand_direct, _
 
 #: Signatures kept per Args type and mode.
 KEEP = 4
-#: Signatures remembered per Args type and mode over a plan's life (each costs a code generation,
-#: a few hundred microseconds): calls whose scalars change every time (a Philox offset counting
-#: up) stop being remembered after these and take the checks, at no extra cost.
+#: Signatures a plan tries to remember per Args type and mode over its life (each costs a code
+#: generation, a few hundred microseconds): calls whose scalars change every time (a Philox offset
+#: counting up), or that hold a value without a fast path (a NumPy scalar), stop being remembered
+#: after these and take the checks, at no extra cost.
 REMEMBER_LIMIT = 8
 #: The pointer class of an array: its pointer mod ALIGN_CLASS (every alignment a check or a
 #: launch asks for divides it), -1 for a null pointer.
@@ -202,22 +203,25 @@ class CallCache:
         #: Args type -> [matcher(args)] of ``check=False`` calls.
         self._unchecked: dict[type, list[Callable[[Any], Any]]] = {}
         self._fields: dict[type, list[str] | None] = {}
-        #: (checked, Args type) -> signatures remembered so far (at most REMEMBER_LIMIT).
+        #: (checked, Args type) -> attempts to remember a call so far (at most REMEMBER_LIMIT).
         self._count: dict[tuple[bool, type], int] = {}
         #: The stream handle of the last checked hit (``run`` launches on it).
         self.handle = 0
 
     def _names(self, checked: bool, kind: type) -> list[str] | None:
-        """The Args fields to remember a call by, or None (no fast path, or no more room)."""
-        if self._count.get((checked, kind), 0) >= REMEMBER_LIMIT:
+        """The Args fields to remember a call by, or None (no fast path, or no attempt left: every
+        attempt counts, also one that finds a value without a fast path)."""
+        attempts = self._count.get((checked, kind), 0)
+        if attempts >= REMEMBER_LIMIT:
             return None
+        self._count[checked, kind] = attempts + 1
         if kind not in self._fields:
             self._fields[kind] = _args_fields(kind)
         return self._fields[kind]
 
-    def _add(self, entries: dict[type, list[Any]], checked: bool, kind: type, entry: Any) -> None:
+    @staticmethod
+    def _add(entries: dict[type, list[Any]], kind: type, entry: Any) -> None:
         entries[kind] = [entry, *entries.get(kind, [])][:KEEP]
-        self._count[checked, kind] = self._count.get((checked, kind), 0) + 1
 
     # ---- checked ------------------------------------------------------------------------------
 
@@ -272,7 +276,7 @@ class CallCache:
         if template is None:
             return
         source.relations(arrays)
-        self._add(self._checked, True, type(args), (key, source.compile("a, w", *template)))
+        self._add(self._checked, type(args), (key, source.compile("a, w", *template)))
 
     # ---- unchecked ----------------------------------------------------------------------------
 
@@ -321,7 +325,7 @@ class CallCache:
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
-        self._add(self._unchecked, False, type(args), source.compile("a", *template))
+        self._add(self._unchecked, type(args), source.compile("a", *template))
 
 
 __all__ = ["ALIGN_CLASS", "KEEP", "REMEMBER_LIMIT", "CallCache"]
