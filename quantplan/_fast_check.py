@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import _launch
 from ._launch import stream_handle
 from ._operands import _READERS, Operand, _cupy_operand, _cupy_operand_direct, _torch_operand, operand
 
@@ -80,6 +82,20 @@ class _Source:
 
     def miss_if(self, condition: str) -> None:
         self.lines.append(f"    if {condition}: return None")
+
+    def stream(self, stream: Any, key: tuple[Any, ...]) -> None:
+        """The stream: same type and handle (read as ``stream_handle`` reads it), same current device."""
+        kind, handle, device = key
+        if kind is int:
+            self.miss_if(f"type(s) is not int or s != {handle!r}")
+        elif kind in _launch._PTR_STREAMS:  # a CuPy stream: its .ptr
+            self.miss_if(f"type(s) is not {self.const(kind)} or 'cuda_stream' in s.__dict__ or s.ptr != {handle!r}")
+        elif kind.__module__.startswith("torch.") and type(getattr(stream, "cuda_stream", None)) is int:
+            self.miss_if(f"type(s) is not {self.const(kind)} or s.cuda_stream != {handle!r}")
+        else:  # None (CuPy's current stream) and any other stream: read as the checks would
+            self.miss_if(f"{self.const(_stream_key)}(s) != {self.const(key)}")
+            return
+        self.miss_if(f"{self.const(sys.modules[__name__])}.current_device() != {device!r}")
 
     def scalar(self, expr: str, value: Any) -> None:
         """An exact Python int / float (type, value, and the sign of a float zero)."""
@@ -198,8 +214,8 @@ class CallCache:
     __slots__ = ("_checked", "_count", "_fields", "_unchecked", "handle")
 
     def __init__(self) -> None:
-        #: Args type -> [(stream key, matcher(args, workspace))], the newest first.
-        self._checked: dict[type, list[tuple[tuple[Any, ...], Callable[[Any, Any], Any]]]] = {}
+        #: Args type -> [(stream handle, matcher(args, workspace, stream))], the newest first.
+        self._checked: dict[type, list[tuple[int, Callable[[Any, Any, Any], Any]]]] = {}
         #: Args type -> [matcher(args)] of ``check=False`` calls.
         self._unchecked: dict[type, list[Callable[[Any], Any]]] = {}
         self._fields: dict[type, list[str] | None] = {}
@@ -230,13 +246,11 @@ class CallCache:
         entries = self._checked.get(type(args))
         if entries is None:
             return None
-        key = _stream_key(stream)
-        for entry_key, match in entries:
-            if entry_key == key:
-                record = match(args, workspace)
-                if record is not None:
-                    self.handle = entry_key[1]
-                    return record
+        for handle, match in entries:
+            record = match(args, workspace, stream)
+            if record is not None:
+                self.handle = handle
+                return record
         return None
 
     def remember(self, stream: Any, workspace: Any, args: Any, record: Any) -> None:
@@ -253,6 +267,7 @@ class CallCache:
             exprs.append("w.buffer")
             values.append(getattr(workspace, "buffer", None))
         source = _Source()
+        source.stream(stream, key)
         if workspace is None:
             source.miss_if("w is not None")
         else:
@@ -276,7 +291,7 @@ class CallCache:
         if template is None:
             return
         source.relations(arrays)
-        self._add(self._checked, type(args), (key, source.compile("a, w", *template)))
+        self._add(self._checked, type(args), (key[1], source.compile("a, w, s", *template)))
 
     # ---- unchecked ----------------------------------------------------------------------------
 

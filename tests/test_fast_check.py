@@ -19,6 +19,7 @@ import pytest
 
 import quantplan as qp
 from quantplan import _fast_check, _operands, _plan
+from quantplan._launch import stream_handle
 from quantplan._operands import Operand
 from quantplan.errors import QuantPlanError
 
@@ -188,8 +189,35 @@ def _fake_args(rng: random.Random) -> Any:
     return qp.FakeQuantizeArgs(x, y, scale, zp)
 
 
+class FakeCupyStream:
+    """A CuPy stream: its handle is ``.ptr`` (unless an instance was given a ``cuda_stream``)."""
+
+    __module__ = "cupy.cuda.stream"
+
+    def __init__(self, ptr: int, **extra: Any) -> None:
+        self.ptr = ptr
+        self.__dict__.update(extra)
+
+
+class FakeTorchStream:
+    """A PyTorch stream: its handle is ``.cuda_stream``."""
+
+    __module__ = "torch.cuda.streams"
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    @property
+    def cuda_stream(self) -> Any:
+        return self._handle
+
+
 def _stream(rng: random.Random) -> Any:
-    return rng.choice([7, 7, 7, 8, SimpleNamespace(ptr=7), SimpleNamespace(cuda_stream=9), "bad", True, 1.5])
+    return rng.choice(
+        [7, 7, 7, 8, SimpleNamespace(ptr=7), SimpleNamespace(cuda_stream=9), "bad", True, 1.5,
+         FakeCupyStream(7), FakeCupyStream(8), FakeCupyStream(7, cuda_stream=9), FakeTorchStream(7),
+         FakeTorchStream(None), FakeTorchStream(9)]
+    )  # fmt: skip
 
 
 def _workspace(rng: random.Random) -> Any:
@@ -218,10 +246,11 @@ def _check_plan(plan: Any, make_args: Any, trials: int, seed: int, workspaces: b
     pool = [(make_args(rng), _workspace(rng) if workspaces else None) for _ in range(40)]  # calls repeat
     for _ in range(trials):
         args, ws = rng.choice(pool) if rng.random() < 0.6 else (make_args(rng), _workspace(rng) if workspaces else None)
-        stream = _stream(rng) if rng.random() < 0.2 else 7
+        stream = _stream(rng) if rng.random() < 0.4 else 7
         check = rng.random() < 0.85
         if check:
-            expected = _outcome(lambda s=stream, w=ws, a=args: _flat(slow_check(s, w, a)))
+            # run without a fast path: the checks, then the stream's handle for the launch
+            expected = _outcome(lambda s=stream, w=ws, a=args: (_flat(slow_check(s, w, a)), stream_handle(s))[0])
         else:
             expected = _outcome(lambda a=args: _flat(slow_extract(a)))
         before, slow_before = len(plan.launched), slow_calls[0]
