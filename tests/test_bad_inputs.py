@@ -112,6 +112,8 @@ class Ops:
         if module.startswith("cupy"):
             import cupy
 
+            if a.flags.c_contiguous:  # as raw bytes: a misaligned element view faults in CuPy's own copy kernel
+                return bytes(cupy.asnumpy(cupy.ndarray((a.nbytes,), cupy.uint8, a.data)).tobytes())
             return bytes(cupy.asnumpy(cupy.ascontiguousarray(a)).tobytes())
         import torch
 
@@ -143,7 +145,11 @@ class Ops:
         elif self.name == "cupy":
             import cupy
 
-            view[...] = cupy.asarray(_raw_view(np.ascontiguousarray(data)))
+            if view.flags.c_contiguous:  # byte for byte: CuPy's element copy faults on a misaligned view
+                raw = cupy.ndarray((view.nbytes,), cupy.uint8, view.data)
+                raw[...] = cupy.asarray(np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8))
+            else:
+                view[...] = cupy.asarray(_raw_view(np.ascontiguousarray(data)))
         else:
             view.copy_(self.asarray(data))
 
