@@ -56,7 +56,7 @@ def check_workspace(workspace: Workspace | None, required: int, on_device: bool 
     (InvalidProblem)."""
     if workspace is None:
         have = 0
-    elif type(workspace) is not Workspace:
+    elif not isinstance(workspace, Workspace):
         raise InvalidArgumentType(
             f"workspace must be None or a quantplan.Workspace, got {type(workspace).__name__}; "
             f"allocate it with Workspace.allocate(plan.workspace_size())"

@@ -324,7 +324,7 @@ def test_kernel_resources_report() -> None:
     """Record registers and local memory of the main variants (no spills expected)."""
     desc = qp.QuantizeDescriptor(shape=(64, 8192), scope=qp.TokenScope(), input_element=EK.BF16, output_element=EK.S8)
     plan = qp.QuantizePlan.select(None, desc)
-    fn_ptr = plan._primary.function_ptr  # type: ignore[union-attr]
+    fn_ptr = plan._prepared[0].function_ptr
     import cupy
 
     attrs = cupy.cuda.driver.funcGetAttribute
