@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ._launch import make_context_current
 from ._operands import dtype_name as _dtype_name
 from .errors import InvalidProblem, Unsupported
 from .types import BackendKind, PlanPreference
@@ -201,6 +202,7 @@ class Target:
         import cupy
 
         with cupy.cuda.Device(self.index):
+            make_context_current(self.index)  # e.g. in autograd's backward thread, which may have none
             return plan_cls.select(self.stream, desc, self.pref)
 
     def run(self, plan: Any, args: Any, workspace: Workspace | None = None, *, check: bool = True) -> None:

@@ -136,14 +136,34 @@ def launch_on(device_id: int, handle: int, *launches: PreparedLaunch) -> None:
     The device switch happens only when the current device differs (one runtime query otherwise).
     """
     if current_device() == device_id:
-        for launch in launches:
-            launch.launch(handle)
+        try:
+            for launch in launches:
+                launch.launch(handle)
+        except Exception as exc:  # a thread with no current context (e.g. autograd's backward thread)
+            if "CUDA_ERROR_INVALID_CONTEXT" not in str(exc) or launch is not launches[0]:
+                raise
+            make_context_current(device_id)
+            for launch in launches:
+                launch.launch(handle)
         return
     import cupy
 
     with cupy.cuda.Device(device_id):
+        make_context_current(device_id)
         for launch in launches:
             launch.launch(handle)
+
+
+def make_context_current(device_id: int) -> None:
+    """Make ``device_id``'s primary context current on this thread.
+
+    ``cudaSetDevice`` does that since CUDA 12; a thread that has only asked for the current device
+    (a fresh thread, e.g. PyTorch's autograd worker, reports device 0 without any context) has none,
+    and driver calls (module loads, ``cuLaunchKernel``) then fail with CUDA_ERROR_INVALID_CONTEXT.
+    """
+    from cupy.cuda import runtime
+
+    runtime.setDevice(device_id)
 
 
 def stream_handle(stream: Any) -> int:
@@ -209,6 +229,7 @@ def check_stream(stream: Any) -> None:
 
 
 __all__ = [
+    "make_context_current",
     "RNG_FIELDS",
     "check_stream",
     "LaunchPair",
