@@ -201,6 +201,7 @@ class Target:
             return plan_cls.select(None, desc, self.pref)
         import cupy
 
+        assert self.index is not None
         with cupy.cuda.Device(self.index):
             make_context_current(self.index)  # e.g. in autograd's backward thread, which may have none
             return plan_cls.select(self.stream, desc, self.pref)
