@@ -1111,7 +1111,8 @@ def _functional(spec: Spec) -> Callable[[Arrays], Any] | None:
         return None
     if spec.code != "S8" or spec.asym:
         return None
-    return lambda a: fn(a["x"], "int8", scope=qp.TokenScope())
+    scope = qp.TokenScope()  # built once, as a loop would hold it: the row times quantplan, not pydantic
+    return lambda a: fn(a["x"], "int8", scope=scope)
 
 
 def measure(spec: Spec, opt: Options) -> list[Result]:
