@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import REFERENCE
+from test_dequant_reduce_plan_errors import dr_desc
 
 import quantplan as qp
 import quantplan._affine
@@ -19,14 +20,6 @@ def sq_desc(**kw: object) -> qp.SwizzledQuantizeDescriptor:
     )
     base.update(kw)
     return qp.SwizzledQuantizeDescriptor(**base)  # type: ignore[arg-type]
-
-
-def dr_desc(**kw: object) -> qp.DequantReduceDescriptor:
-    base: dict[str, object] = dict(
-        peers=2, chunk_elements=12, input_group_size=4, output_group_size=6, input_element=EK.S8, output_element=EK.S8
-    )
-    base.update(kw)
-    return qp.DequantReduceDescriptor(**base)  # type: ignore[arg-type]
 
 
 # ---- descriptors -------------------------------------------------------------------------------
