@@ -1111,8 +1111,7 @@ def _functional(spec: Spec) -> Callable[[Arrays], Any] | None:
         return None
     if spec.code != "S8" or spec.asym:
         return None
-    scope = qp.TokenScope()  # built once, as a loop would hold it: the row times quantplan, not pydantic
-    return lambda a: fn(a["x"], "int8", scope=scope)
+    return lambda a: fn(a["x"], "int8", scope=qp.TokenScope())
 
 
 def measure(spec: Spec, opt: Options) -> list[Result]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,10 +143,10 @@ class _Quantizer:
 
 
 def _quantizer(
-    target: Target, key: tuple[Any, ...], desc_cls: Any, plan_cls: Any, fields: Callable[[], dict[str, Any]]
+    target: Target, key: tuple[Any, ...], desc_cls: Any, plan_cls: Any, fields: dict[str, Any]
 ) -> _Quantizer:
     def build() -> _Quantizer:
-        desc = desc_cls(**fields())
+        desc = desc_cls(**fields)
         plan = target.select(plan_cls, desc)
         info = ELEMENTS[desc.output_element]
         codes_dtype = "uint8" if info.is_packed or info.is_fp8 else info.numpy_dtype.name
@@ -261,20 +260,17 @@ def quantize(
     rng_seed, rng_offset = _rng(rounding, seed, offset)
     shape = tuple(x.shape)
     key = (dynamic, shape, float_kind, code_kind, chosen, mode, q_min, q_max, rounding, nibble_order)
-
-    def fields() -> dict[str, Any]:  # the descriptor's fields, on a cache miss only
-        return dict(
-            shape=shape,
-            scope=chosen,
-            mode=mode,
-            input_element=float_kind,
-            output_element=code_kind,
-            q_min=q_min,
-            q_max=q_max,
-            nibble_order=nibble_order,
-            rounding=rounding,
-        )
-
+    fields = dict(
+        shape=shape,
+        scope=chosen,
+        mode=mode,
+        input_element=float_kind,
+        output_element=code_kind,
+        q_min=q_min,
+        q_max=q_max,
+        nibble_order=nibble_order,
+        rounding=rounding,
+    )
     arg = target.arg
     if dynamic:
         job = _quantizer(target, key, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan, fields)
@@ -282,9 +278,7 @@ def quantize(
         scale_out = target.empty(job.param_shape, job.param_dtype)
         zp_out = target.empty(job.param_shape, "int32") if mode is QuantMode.ASYMMETRIC else None
         args: Any = DynamicRangeQuantizeArgs(arg(x), arg(codes), arg(scale_out), arg(zp_out), rng_seed, rng_offset)
-        # Every operand is x itself (contiguous, its own shape and dtype) or made here for it: the plan's
-        # checks would only re-establish that. Philox seeds come from the caller and stay checked.
-        target.run_with_workspace(job.plan, args, check=rng_seed is not None)
+        target.run_with_workspace(job.plan, args)
         return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, job.dequantize)
     job = _quantizer(target, key, QuantizeDescriptor, QuantizePlan, fields)
     codes = target.empty(job.codes_shape, job.codes_dtype)
