@@ -47,54 +47,78 @@ class _Function:
         self.ptr = next(self._next)
 
 
-def simulate_gpu() -> None:
-    """Patch CuPy (and the package's kernel loader) so the CUDA path runs without a GPU."""
+class _Device:
+    """``cupy.cuda.Device`` of the simulated GPU: a context manager that switches nothing."""
+
+    def __init__(self, device: int = 0) -> None:
+        self.id = device
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def gpu_patches(launch: Callable[..., Any] = lambda *a: None, compile_kernels: bool = True) -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, value) of every patch that makes the CUDA path run without a GPU:
+    CuPy's runtime and driver entry points, ``cupy.cuda.Device``, and the package's kernel loader
+    (NVRTC compiles when ``compile_kernels``; the functions are stand-ins). ``launch`` receives
+    ``cuLaunchKernel``'s arguments."""
     import cupy
-    import numpy as np  # noqa: F401
-    from cupy.cuda import driver, memory, runtime
+    from cupy.cuda import driver, runtime
 
-    runtime.getDeviceCount = lambda: 1
-    runtime.getDevice = lambda: 0
-    runtime.setDevice = lambda device: None
-    runtime.getDeviceProperties = lambda device: {"major": 9, "minor": 0, "multiProcessorCount": 132}
+    import quantplan.compiler as compiler
+
     null = cupy.cuda.Stream.null
-    cupy.cuda.get_current_stream = lambda *a: null
-    driver.occupancyMaxActiveBlocksPerMultiprocessor = lambda fn, block, smem: 8
-    driver.launchKernel = lambda *a: None
 
-    class Device:
-        def __init__(self, device: int = 0) -> None:
-            self.id = device
+    def load_kernels(family: str, names: Any, arch: Any, device_id: int, options: Any = ()) -> dict[str, Any]:
+        if compile_kernels:
+            compiler.compile_instantiations(family, names, arch, options)
+        return {name: _Function() for name in names}
 
-        def __enter__(self) -> Device:
-            return self
+    patches: list[tuple[Any, str, Any]] = [
+        (runtime, "getDeviceCount", lambda: 1),
+        (runtime, "getDevice", lambda: 0),
+        (runtime, "setDevice", lambda device: None),
+        (runtime, "getDeviceProperties", lambda device: {"major": 9, "minor": 0, "multiProcessorCount": 132}),
+        (cupy.cuda, "get_current_stream", lambda *a: null),
+        (cupy.cuda, "Device", _Device),
+        (driver, "occupancyMaxActiveBlocksPerMultiprocessor", lambda fn, block, smem: 8),
+        (driver, "launchKernel", launch),
+    ]
+    for name, module in list(sys.modules.items()):
+        if name.startswith("quantplan") and getattr(module, "load_kernels", None) is not None:
+            patches.append((module, "load_kernels", load_kernels))
+    return patches
 
-        def __exit__(self, *exc: object) -> None:
-            return None
 
-    cupy.cuda.Device = Device
+def device_array(ptr: int, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A CuPy array of ``shape`` and ``dtype`` at device address ``ptr`` of the simulated GPU."""
+    import cupy
+    import numpy as np
+    from cupy.cuda import memory
 
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return cupy.ndarray(shape, dtype, memory.MemoryPointer(memory.UnownedMemory(ptr, nbytes, None, device_id=0), 0))
+
+
+def simulate_gpu() -> None:
+    """Apply :func:`gpu_patches` for the life of the process, and a bump allocator behind ``cupy.empty``."""
+    import cupy
+
+    import quantplan._device as device
+
+    for owner, name, value in gpu_patches():
+        setattr(owner, name, value)
     base = [0x7F00_0000_0000]
 
     def alloc(size: int) -> Any:
         ptr = base[0]
         base[0] += (size + 511) // 256 * 256
-        return memory.MemoryPointer(memory.UnownedMemory(ptr, max(size, 1), None, device_id=0), 0)
+        return device_array(ptr, (max(size, 1),), "uint8").data
 
     cupy.cuda.set_allocator(alloc)
-
-    import quantplan.compiler as compiler
-
-    def load_kernels(family: str, names: Any, arch: Any, device_id: int, options: Any = ()) -> dict[str, Any]:
-        compiler.compile_instantiations(family, names, arch, options)  # NVRTC as usual (cached)
-        return {name: _Function() for name in names}
-
-    compiler.load_kernels = load_kernels
-    for name, module in list(sys.modules.items()):
-        if name.startswith("quantplan") and getattr(module, "load_kernels", None) is not None:
-            module.load_kernels = load_kernels  # type: ignore[attr-defined]
-    import quantplan._device as device
-
     device.cuda_available.cache_clear()
 
 

@@ -1,6 +1,11 @@
-"""The fast path of ``Plan.run`` on CUDA: a per-plan cache of call signatures that passed the checks.
+"""The fast path of ``Plan.run`` on CUDA: one generated function per remembered call signature.
 
-A checked call that passes ``Plan._check_call`` leaves its *signature* here:
+A call that passes ``Plan._check_call`` (or, with ``check=False``, goes through ``_extract``)
+leaves its *signature* here, and a function is generated for it that, on a later call with an
+equal signature, does everything ``run`` would do, in straight-line Python: compare the
+signature, write the new pointers into the prepared argument blocks, and call the driver.
+
+The checked signature:
 
 * per Args field (every dataclass field, in order): None; a Python ``int`` / ``float`` (its type
   and exact value, the sign of zero included); or an array (its type, dtype object, shape,
@@ -11,23 +16,34 @@ A checked call that passes ``Plan._check_call`` leaves its *signature* here:
 * the stream (type and handle) and the current device.
 
 The checks read nothing else (they are pure functions of these), so a later call with an equal
-signature gets the same verdict and the same operand record, but for the pointers: the record is
-the remembered one with the new pointers written into its operands. Anything else (another
-dtype, shape, device, alignment, overlap, scalar, a NumPy scalar, a list...) is a miss: the call
-goes through ``_check_call`` again, which raises the detailed error or passes and is remembered.
-A few signatures per Args type are kept, the newest first.
+signature gets the same verdict and the same operand record, but for the pointers. Anything else
+(another dtype, shape, device, alignment, overlap, scalar, a NumPy scalar, a list...) is a miss:
+the call goes through ``_check_call`` again, which raises the detailed error or passes and is
+remembered. ``check=False`` has its own signatures, keyed on the layout of the call (which fields
+are None, scalars and their values, array types, pointer class; the full array properties where
+``_extract``'s record carries them) and the current device.
 
-``check=False`` has its own cache, keyed on the layout of the call (which fields are None,
-scalars and their values, array types; the full array properties where ``_extract``'s record
-carries them), filled from ``_extract``; a hit writes only the pointers.
+**What the generated function launches.** ``Plan._launch`` turns the record into stores into the
+plan's prepared argument blocks (:class:`~quantplan._launch.PreparedLaunch`) and driver launches.
+For one signature, which kernels launch and the value of every field stored are functions of the
+record's pointers alone, each field either constant or one pointer plus a constant. The learner
+finds them by *tracing* ``_launch`` three times on probe records (the remembered pointers moved
+by multiples of 2**40, which keeps every alignment class and null pointer): the argument blocks
+filled with a poison byte first (a field that keeps the poison was not written) and the driver
+replaced by a recorder of each launch and of its argument block's bytes at that moment. Two
+traces with the same probe and different poison give the fields written and their values, a third
+with one offset per operand tells which pointer a field follows. The argument blocks are restored
+afterwards. A plan whose ``_launch`` does more than stores and launches (``_launch_traceable``
+False), an instance whose ``_launch`` was replaced, or a trace that does not resolve, keeps the
+generic tail: the remembered record with the new pointers written into it, passed to ``_launch``.
 
-The remembered records hold no reference to the caller's arrays (``Operand.obj`` is None): the
-CUDA launches read pointers and sizes only. A plan is not for concurrent ``run`` from several
-threads (see :mod:`quantplan._launch`); the records are reused across calls.
+The generated functions hold no reference to the caller's arrays. A plan is not for concurrent
+``run`` from several threads (see :mod:`quantplan._launch`); the argument blocks are shared.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import sys
@@ -35,21 +51,24 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _launch
-from ._launch import stream_handle
+from ._launch import PreparedLaunch, stream_handle
 from ._operands import _READERS, Operand, _cupy_operand, _cupy_operand_direct, _torch_operand, operand
 
-#: Signatures kept per Args type and mode.
+#: Signatures kept per mode (checked / unchecked).
 KEEP = 4
 #: Signatures a plan tries to remember per Args type and mode over its life (each costs a code
-#: generation, a few hundred microseconds): calls whose scalars change every time (a Philox offset
-#: counting up), or that hold a value without a fast path (a NumPy scalar), stop being remembered
-#: after these and take the checks, at no extra cost.
+#: generation and a trace, a few hundred microseconds): calls whose scalars change every time (a
+#: Philox offset counting up), or that hold a value without a fast path (a NumPy scalar), stop
+#: being remembered after these and take the checks, at no extra cost.
 REMEMBER_LIMIT = 8
 #: The pointer class of an array: its pointer mod ALIGN_CLASS (every alignment a check or a
 #: launch asks for divides it), -1 for a null pointer.
 ALIGN_CLASS = 256
 
 _PLAIN = (type(None), bool, int, float, str)
+
+#: A fast function: ``fast(args, workspace, stream) -> bool`` (True: the call is done).
+FastCall = Callable[[Any, Any, Any], bool]
 
 
 def _array_props(value: Any) -> tuple[Any, tuple[int, ...], bool, int, int, int] | None:
@@ -66,9 +85,14 @@ def _array_props(value: Any) -> tuple[Any, tuple[int, ...], bool, int, int, int]
     return None
 
 
+def _pointer_class(ptr: int) -> str:
+    """The test that a pointer variable keeps the class of ``ptr`` (null, or its residue)."""
+    return f"% {ALIGN_CLASS} != {ptr % ALIGN_CLASS} or not " if ptr else ""
+
+
 class _Source:
-    """The source of one generated matcher: straight-line tests of one remembered call, each
-    ``return None`` on a difference, then the new pointers written into the record."""
+    """The source of one generated function: straight-line tests of one remembered call, each
+    ``return False`` on a difference, then the tail that launches."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -81,7 +105,7 @@ class _Source:
         return name
 
     def miss_if(self, condition: str) -> None:
-        self.lines.append(f"    if {condition}: return None")
+        self.lines.append(f"    if {condition}: return False")
 
     def stream(self, stream: Any, key: tuple[Any, ...]) -> None:
         """The stream: same type and handle (read as ``stream_handle`` reads it), same current device."""
@@ -92,10 +116,32 @@ class _Source:
             self.miss_if(f"type(s) is not {self.const(kind)} or 'cuda_stream' in s.__dict__ or s.ptr != {handle!r}")
         elif kind.__module__.startswith("torch.") and type(getattr(stream, "cuda_stream", None)) is int:
             self.miss_if(f"type(s) is not {self.const(kind)} or s.cuda_stream != {handle!r}")
-        else:  # None (CuPy's current stream) and any other stream: read as the checks would
+        elif stream is None:  # CuPy's current stream
+            self.miss_if(f"s is not None or {self.const(_launch)}._current_stream().ptr != {handle!r}")
+        else:  # any other stream: read as the checks would
             self.miss_if(f"{self.const(_stream_key)}(s) != {self.const(key)}")
             return
+        self.device(device)
+
+    def device(self, device: int) -> None:
+        """The current device is ``device``."""
         self.miss_if(f"{self.const(sys.modules[__name__])}.current_device() != {device!r}")
+
+    def handle(self, stream: Any) -> None:
+        """``h``: the stream's raw handle (``check=False``: read per call, as ``stream_handle`` does)."""
+        kind = type(stream)
+        general = self.const(stream_handle)
+        if kind is int:
+            self.lines.append(f"    h = s if type(s) is int else {general}(s)")
+        elif kind in _launch._PTR_STREAMS:
+            test = f"type(s) is {self.const(kind)} and 'cuda_stream' not in s.__dict__"
+            self.lines.append(f"    h = s.ptr if {test} else {general}(s)")
+        elif kind.__module__.startswith("torch.") and type(getattr(stream, "cuda_stream", None)) is int:
+            self.lines.append(f"    h = s.cuda_stream if type(s) is {self.const(kind)} else {general}(s)")
+        elif stream is None:
+            self.lines.append(f"    h = {self.const(_launch)}._current_stream().ptr if s is None else {general}(s)")
+        else:
+            self.lines.append(f"    h = {general}(s)")
 
     def scalar(self, expr: str, value: Any) -> None:
         """An exact Python int / float (type, value, and the sign of a float zero)."""
@@ -122,10 +168,10 @@ class _Source:
             self.lines.append(f"    m{i} = {v}.data")
             self.lines.append(f"    {p} = m{i}.ptr")
             self.miss_if(f"{flag} is not {contiguous!r} or m{i}.device_id != {device!r}")
-        self.miss_if(f"{p} % {ALIGN_CLASS} != {ptr % ALIGN_CLASS} or not {p}" if ptr else p)
+        self.miss_if(f"{p} {_pointer_class(ptr)}{p}" if ptr else p)
 
-    def pointer(self, expr: str, i: int, value: Any) -> None:
-        """Any array of the remembered type: its pointer only (``check=False``)."""
+    def pointer(self, expr: str, i: int, value: Any, ptr: int) -> None:
+        """Any array of the remembered type and pointer class: its pointer only (``check=False``)."""
         v, p = f"v{i}", f"p{i}"
         self.lines.append(f"    {v} = {expr}")
         self.miss_if(f"type({v}) is not {self.const(type(value))}")
@@ -133,6 +179,7 @@ class _Source:
             self.lines.append(f"    {p} = {v}.data_ptr() if {v}.get_device() >= 0 else 0")
         else:
             self.lines.append(f"    {p} = {v}.data.ptr")
+        self.miss_if(f"{p} {_pointer_class(ptr)}{p}" if ptr else p)
 
     def relations(self, arrays: list[tuple[int, int, int]]) -> None:
         """The pairwise relation of the arrays' byte ranges: same start, shared byte (``overlaps``)."""
@@ -148,14 +195,14 @@ class _Source:
                         f"and {pj} < {pi} + {size_a}) is not {shared}"
                     )
 
-    def compile(self, params: str, record: Any, slots: list[tuple[Operand, int]]) -> Callable[..., Any]:
-        """The matcher: the record with the new pointers, or None."""
-        for op, field in slots:
-            self.lines.append(f"    {self.const(op)}.ptr = p{field}")
-        self.lines.append(f"    return {self.const(record)}")
+    def compile(self, params: str, traced: bool) -> FastCall:
+        """The generated function (its ``traced``: whether it launches by itself, without ``_launch``)."""
+        self.lines.append("    return True")
         namespace = dict(self.names)
-        exec(compile(f"def match({params}):\n" + "\n".join(self.lines), "<quantplan fast check>", "exec"), namespace)
-        return namespace["match"]  # type: ignore[no-any-return]
+        exec(compile(f"def fast({params}):\n" + "\n".join(self.lines), "<quantplan fast path>", "exec"), namespace)
+        fast = namespace["fast"]
+        fast.traced = traced
+        return fast  # type: ignore[no-any-return]
 
 
 def _cuda_current_device() -> int:
@@ -208,21 +255,221 @@ def _args_fields(kind: type) -> list[str] | None:
     return [f.name for f in dataclasses.fields(kind)]
 
 
-class CallCache:
-    """The remembered signatures of one plan (module docstring)."""
+# ---- tracing a plan's _launch ----------------------------------------------------------------------
 
-    __slots__ = ("_checked", "_count", "_fields", "_unchecked", "handle")
+#: The probe's shift of every pointer (trace 1 and 2) and the unit of the per-operand shifts (trace 3).
+_SHIFT = 1 << 44
+_UNIT = 1 << 40
+#: The stream handle the traces pass (a launch on any other handle does not resolve).
+_PROBE_HANDLE = 0x5EED_0000_0000
+_INTEGER_FIELDS = {ctypes.sizeof(ctypes.c_uint64): (ctypes.c_uint64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t)}
+
+
+class _ProbeWorkspace:
+    """The workspace a trace passes: only its pointer (a ``_launch`` reading more does not resolve)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+def _leaf_fields(struct_type: type, base: int = 0, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], int, Any]]:
+    """(path, byte offset, ctype) of every scalar field of a ``ctypes.Structure``, nested ones
+    flattened; TypeError for a field of any other kind (an array: none today)."""
+    leaves: list[tuple[tuple[str, ...], int, Any]] = []
+    for name, ctype, *bits in struct_type._fields_:  # type: ignore[attr-defined]
+        offset = base + getattr(struct_type, name).offset
+        if isinstance(ctype, type) and issubclass(ctype, ctypes.Structure):
+            leaves += _leaf_fields(ctype, offset, (*path, name))
+        elif bits or not (isinstance(ctype, type) and issubclass(ctype, ctypes._SimpleCData)):
+            raise TypeError(f"argument field {name} is neither a scalar nor a structure")
+        else:
+            leaves.append(((*path, name), offset, ctype))
+    return leaves
+
+
+class _Trace:
+    """One traced ``_launch``: the launches it made, each with its argument block's bytes."""
+
+    def __init__(self, plan: Any, record: Any, workspace: Any, poison: int) -> None:
+        self.events: list[tuple[PreparedLaunch, tuple[int, ...], bytes]] = []
+        by_params = {launch._kernel_params: launch for launch in plan._prepared}
+
+        def recorder(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, *rest: int) -> None:
+            smem, handle, params, extra = rest
+            launch = by_params[params]
+            blob = ctypes.string_at(ctypes.addressof(launch.params), ctypes.sizeof(launch.params))
+            self.events.append((launch, (fn, gx, gy, gz, bx, by, bz, smem, handle, extra), blob))
+
+        for launch in plan._prepared:
+            ctypes.memset(ctypes.addressof(launch.params), poison, ctypes.sizeof(launch.params))
+            launch._driver_launch = recorder
+        from cupy.cuda import runtime
+
+        memset = runtime.memsetAsync
+
+        def refuse(*args: Any) -> None:  # an enqueue besides the prepared launches: no traced tail
+            raise _Untraceable
+
+        runtime.memsetAsync = refuse
+        try:
+            plan._launch(_PROBE_HANDLE, workspace, record)
+        finally:
+            runtime.memsetAsync = memset
+            for launch in plan._prepared:
+                launch._driver_launch = _driver_launch(launch)
+
+
+class _Untraceable(Exception):
+    """A traced ``_launch`` did something the fast path cannot replay."""
+
+
+def _driver_launch(launch: PreparedLaunch) -> Any:
+    from cupy.cuda import driver
+
+    return driver.launchKernel
+
+
+def _probe(record: Any, slots: list[tuple[Operand, int]], shift: Callable[[int, int], int]) -> Any:
+    """``record`` with each operand's pointer moved by ``shift(field, ptr)`` (null pointers stay)."""
+    moved = {
+        id(op): Operand(None, shift(field, op.ptr), op.shape, op.dtype_name, op.itemsize, op.contiguous, op.device_id)
+        for op, field in slots
+        if op.ptr
+    }
+    return type(record)(*(moved.get(id(item), item) if type(item) is Operand else item for item in record))
+
+
+def _launch_tail(
+    plan: Any, source: _Source, template: Any, slots: list[tuple[Operand, int]], workspace_ptr: int | None, handle: str
+) -> bool:
+    """Append to ``source`` the stores and launches of ``plan._launch`` for this signature
+    (pointers in ``p<field>``, the workspace's in ``pw``); False when the trace does not resolve."""
+    if not getattr(plan, "_launch_traceable", False) or "_launch" in getattr(plan, "__dict__", {}):
+        return False
+    prepared = plan._prepared
+    saved = [ctypes.string_at(ctypes.addressof(lp.params), ctypes.sizeof(lp.params)) for lp in prepared]
+    fields = sorted({field for _, field in slots})
+    index = {field: n + 1 for n, field in enumerate(fields)}
+    ws_index = len(fields) + 1
+
+    def common(field: int, ptr: int) -> int:
+        return ptr + _SHIFT
+
+    def apart(field: int, ptr: int) -> int:
+        return ptr + _UNIT * index[field]
+
+    def workspace(shift: Callable[[int, int], int]) -> Any:
+        return None if workspace_ptr is None else _ProbeWorkspace(shift(-1, workspace_ptr) if workspace_ptr else 0)
+
+    index[-1] = ws_index
+    try:
+        traces = [
+            _Trace(plan, _probe(template, slots, common), workspace(common), 0xA5),
+            _Trace(plan, _probe(template, slots, common), workspace(common), 0x5A),
+            _Trace(plan, _probe(template, slots, apart), workspace(apart), 0xA5),
+        ]
+    except Exception:  # a _launch reading more than the record's pointers: the generic tail
+        return False
+    finally:
+        for launch, blob in zip(prepared, saved, strict=True):
+            ctypes.memmove(ctypes.addressof(launch.params), blob, len(blob))
+    first, second, third = (t.events for t in traces)
+    if not first or len(first) != len(second) or len(first) != len(third):
+        return False
+    pointers = {n: f"p{field}" for field, n in index.items() if field >= 0}
+    pointers[ws_index] = "pw"
+    bases = {n: ptr for op, field in slots for n in [index[field]] if (ptr := op.ptr)}
+    if workspace_ptr:
+        bases[ws_index] = workspace_ptr
+    stored: dict[tuple[int, tuple[str, ...]], str] = {}
+    views: dict[tuple[int, tuple[str, ...]], str] = {}
+    launcher = source.const(_driver_launch(first[0][0]))
+    #: Stores of constants, made only when another call wrote the blocks since (see ``Plan._tail_owner``),
+    #: where every kernel launches once; else every store is made every time.
+    once = len({id(event[0]) for event in first}) == len(first)
+    constants: list[str] = []
+    body: list[str] = []
+    for number, ((launch, call, one), (launch2, call2, two), (launch3, call3, three)) in enumerate(
+        zip(first, second, third, strict=True)
+    ):
+        if launch is not launch2 or launch is not launch3 or call != call2 or call != call3:
+            return False
+        fn, gx, gy, gz, bx, by, bz, smem, probe_handle, extra = call
+        if probe_handle != _PROBE_HANDLE:
+            return False
+        try:
+            leaves = _leaf_fields(type(launch.params))
+        except TypeError:
+            return False
+        for path, offset, ctype in leaves:
+            size = ctypes.sizeof(ctype)
+            b1, b2, b3 = one[offset : offset + size], two[offset : offset + size], three[offset : offset + size]
+            if b1 == bytes([0xA5]) * size and b2 == bytes([0x5A]) * size:
+                continue  # not written: the value fixed at select
+            if b1 != b2:
+                return False  # a value that depends on the field's earlier content
+            expr = _field_value(ctype, b1, b3, bases, pointers, source)
+            if expr is None:
+                return False
+            key = (id(launch), path)
+            if stored.get(key) == expr:
+                continue
+            stored[key] = expr
+            target = views.get(key[:1] + (path[:-1],))
+            if target is None:
+                view: Any = launch.params
+                for name in path[:-1]:
+                    view = getattr(view, name)
+                target = views[key[:1] + (path[:-1],)] = source.const(view)
+            store = f"    {target}.{path[-1]} = {expr}"
+            (constants if once and b1 == b3 else body).append(store)
+        arguments = f"{fn}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, {handle}, {launch._kernel_params}, {extra}"
+        if number == 0:  # a thread without a context fails here, before anything is enqueued: slow path
+            body += ["    try:", f"        {launcher}({arguments})", "    except Exception:", "        return False"]
+        else:
+            body.append(f"    {launcher}({arguments})")
+    if constants:
+        cell, token = source.const(plan._tail_owner), source.const(object())
+        source.lines.append(f"    if {cell}[0] is not {token}:")
+        source.lines += ["    " + line for line in constants]
+        source.lines.append(f"        {cell}[0] = {token}")
+    source.lines += body
+    return True
+
+
+def _field_value(
+    ctype: Any, b1: bytes, b3: bytes, bases: dict[int, int], pointers: dict[int, str], source: _Source
+) -> str | None:
+    """The expression of one written field: a constant, or a pointer variable plus a constant."""
+    if b1 == b3:
+        value = ctype.from_buffer_copy(b1).value
+        if isinstance(value, float) and not math.isfinite(value) or value is None:
+            return source.const(value)
+        return repr(value)
+    if ctype not in _INTEGER_FIELDS.get(len(b1), ()):
+        return None
+    v1, v3 = int.from_bytes(b1, "little"), int.from_bytes(b3, "little")
+    for n, base in bases.items():
+        if v3 - v1 == _UNIT * n - _SHIFT:
+            delta = v1 - _SHIFT - base
+            return pointers[n] if delta == 0 else f"{pointers[n]} + {delta}" if delta > 0 else f"{pointers[n]} - {-delta}"
+    return None
+
+
+class CallCache:
+    """The remembered signatures of one plan (module docstring): ``fast[check]`` is the list of
+    generated functions ``run`` tries, the newest first."""
+
+    __slots__ = ("_count", "_fields", "fast")
 
     def __init__(self) -> None:
-        #: Args type -> [(stream handle, matcher(args, workspace, stream))], the newest first.
-        self._checked: dict[type, list[tuple[int, Callable[[Any, Any, Any], Any]]]] = {}
-        #: Args type -> [matcher(args)] of ``check=False`` calls.
-        self._unchecked: dict[type, list[Callable[[Any], Any]]] = {}
+        #: [unchecked functions, checked functions]: ``fast(args, workspace, stream) -> bool``.
+        self.fast: tuple[list[FastCall], list[FastCall]] = ([], [])
         self._fields: dict[type, list[str] | None] = {}
         #: (checked, Args type) -> attempts to remember a call so far (at most REMEMBER_LIMIT).
         self._count: dict[tuple[bool, type], int] = {}
-        #: The stream handle of the last checked hit (``run`` launches on it).
-        self.handle = 0
 
     def _names(self, checked: bool, kind: type) -> list[str] | None:
         """The Args fields to remember a call by, or None (no fast path, or no attempt left: every
@@ -235,25 +482,12 @@ class CallCache:
             self._fields[kind] = _args_fields(kind)
         return self._fields[kind]
 
-    @staticmethod
-    def _add(entries: dict[type, list[Any]], kind: type, entry: Any) -> None:
-        entries[kind] = [entry, *entries.get(kind, [])][:KEEP]
+    def _add(self, checked: bool, fast: FastCall) -> None:
+        entries = self.fast[checked]
+        entries.insert(0, fast)
+        del entries[KEEP:]
 
-    # ---- checked ------------------------------------------------------------------------------
-
-    def checked(self, stream: Any, workspace: Any, args: Any) -> Any:
-        """The record of a call equal to a remembered one (``handle`` set), or None."""
-        entries = self._checked.get(type(args))
-        if entries is None:
-            return None
-        for handle, match in entries:
-            record = match(args, workspace, stream)
-            if record is not None:
-                self.handle = handle
-                return record
-        return None
-
-    def remember(self, stream: Any, workspace: Any, args: Any, record: Any) -> None:
+    def remember(self, plan: Any, stream: Any, workspace: Any, args: Any, record: Any) -> None:
         """Remember a call that passed ``_check_call`` (nothing when it has no fast path)."""
         names = self._names(True, type(args))
         key = _stream_key(stream)
@@ -267,6 +501,7 @@ class CallCache:
             exprs.append("w.buffer")
             values.append(getattr(workspace, "buffer", None))
         source = _Source()
+        source.miss_if(f"type(a) is not {source.const(type(args))}")
         source.stream(stream, key)
         if workspace is None:
             source.miss_if("w is not None")
@@ -291,29 +526,22 @@ class CallCache:
         if template is None:
             return
         source.relations(arrays)
-        self._add(self._checked, type(args), (key[1], source.compile("a, w, s", *template)))
+        traced = self._tail(plan, source, template, workspace, repr(key[1]))
+        self._add(True, source.compile("a, w, s", traced))
 
-    # ---- unchecked ----------------------------------------------------------------------------
-
-    def unchecked(self, args: Any) -> Any:
-        """The ``_extract`` record of a call laid out as a remembered one, or None."""
-        entries = self._unchecked.get(type(args))
-        if entries is None:
-            return None
-        for match in entries:
-            record = match(args)
-            if record is not None:
-                return record
-        return None
-
-    def remember_unchecked(self, args: Any, record: Any) -> None:
+    def remember_unchecked(self, plan: Any, stream: Any, workspace: Any, args: Any, record: Any) -> None:
         """Remember the layout of an unchecked call and its ``_extract`` record."""
         names = self._names(False, type(args))
-        if names is None or not isinstance(record, tuple):
+        if names is None or not isinstance(record, tuple) or plan.device_id is None:
+            return
+        try:
+            stream_handle(stream)
+        except Exception:  # a bad stream: run raises it every time
             return
         values = [getattr(args, name) for name in names]
         full = {id(item.obj) for item in record if type(item) is Operand and item.dtype_name}
         source = _Source()
+        source.miss_if(f"type(a) is not {source.const(type(args))}")
         ptrs: list[int] = []
         arrays: list[int] = []
         for i, (name, value) in enumerate(zip(names, values, strict=True)):
@@ -331,7 +559,7 @@ class CallCache:
             if id(value) in full:  # the record carries the array's properties: match them all
                 source.array(expr, i, value, props)
             else:
-                source.pointer(expr, i, value)
+                source.pointer(expr, i, value, props[4])
             ptrs[i] = props[4]
             for j in arrays:  # one array in two fields: the same pointer twice
                 if values[j] is value:
@@ -340,7 +568,29 @@ class CallCache:
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
-        self._add(self._unchecked, type(args), source.compile("a", *template))
+        source.device(plan.device_id)
+        source.handle(stream)
+        traced = self._tail(plan, source, template, workspace, "h")
+        self._add(False, source.compile("a, w, s", traced))
+
+    @staticmethod
+    def _tail(plan: Any, source: _Source, template: tuple[Any, list[tuple[Operand, int]]], workspace: Any, handle: str) -> bool:
+        """The launch: traced stores and driver calls (True), else the record passed to ``_launch``."""
+        if plan._empty:
+            return True
+        record, slots = template
+        ws_ptr = None if workspace is None else int(getattr(workspace, "ptr", 0) or 0)
+        lines = len(source.lines)
+        if ws_ptr is not None:
+            source.lines.append("    if w is None: return False")
+            source.lines.append("    pw = w.ptr")
+        if _launch_tail(plan, source, record, slots, ws_ptr, handle):
+            return True
+        del source.lines[lines:]
+        for op, field in slots:
+            source.lines.append(f"    {source.const(op)}.ptr = p{field}")
+        source.lines.append(f"    {source.const(plan._launch)}({handle}, w, {source.const(record)})")
+        return False
 
 
-__all__ = ["ALIGN_CLASS", "KEEP", "REMEMBER_LIMIT", "CallCache"]
+__all__ = ["ALIGN_CLASS", "KEEP", "REMEMBER_LIMIT", "CallCache", "FastCall"]

@@ -114,6 +114,9 @@ class Plan(Generic[ArgsT, CheckedT]):
     #: ``PlanPreference(validate_values=True)`` at select: the checked calls inspect parameter values.
     _validate_values: bool = False
     _extract_fields: ClassVar[tuple[str, ...]] = ()
+    #: ``_launch`` only stores into the prepared argument blocks and launches them (through
+    #: ``launch_on``): the fast path may replay it as traced stores (:mod:`quantplan._fast_check`).
+    _launch_traceable: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -147,8 +150,13 @@ class Plan(Generic[ArgsT, CheckedT]):
         self._is_reference = self.backend is BackendKind.REFERENCE
         #: Nothing to launch: ``run`` returns after the checks (CUDA backend).
         self._empty = problem.numel == 0 if empty is None else empty
-        #: Signatures of the calls that passed the checks, and of unchecked calls (``run``'s fast path).
+        #: Signatures of the calls that passed the checks, and of unchecked calls (``run``'s fast path):
+        #: ``_fast[check]`` lists the generated functions ``run`` tries first.
         self._calls = CallCache()
+        self._fast = self._calls.fast
+        #: Which generated function last wrote the argument blocks (None: ``_launch`` did): a fast
+        #: function skips its stores of constants when it did.
+        self._tail_owner: list[object | None] = [None]
 
     # ---- introspection ----------------------------------------------------------------------
 
@@ -222,27 +230,27 @@ class Plan(Generic[ArgsT, CheckedT]):
         graph; NumPy on the reference backend. Every check runs before anything is launched or
         written. ``check=False`` skips the checks (the caller vouches for ``args`` and
         ``workspace``); a zero-size problem launches nothing."""
+        for fast in self._fast[check]:  # a call like a remembered one (_fast_check): done in one function
+            if fast(args, workspace, stream):
+                return
+        self._run_slow(stream, workspace, args, check)
+
+    def _run_slow(self, stream: Any, workspace: Workspace | None, args: ArgsT, check: bool) -> None:
+        """``run`` without a remembered signature: the checks (or ``_extract``), the launch, and the
+        call remembered for the fast path (CUDA; not with value checks, which read the arrays)."""
         if self._is_reference:
             self._run_reference(self._check_call(stream, workspace, args) if check else self._extract(args))
             return
-        calls = self._calls  # the fast path (_fast_check): a call equal to one that passed the checks
-        if check:
-            checked = calls.checked(stream, workspace, args)
-            if checked is None:
-                checked = self._check_call(stream, workspace, args)
-                if not self._validate_values:  # the value checks read the arrays' contents
-                    calls.remember(stream, workspace, args, checked)
-                handle = stream_handle(stream)
-            else:
-                handle = calls.handle
-        else:
-            checked = calls.unchecked(args)
-            if checked is None:
-                checked = self._extract(args)
-                calls.remember_unchecked(args, checked)
-            handle = stream_handle(stream)
+        checked = self._check_call(stream, workspace, args) if check else self._extract(args)
+        handle = stream_handle(stream)
         if not self._empty:
+            self._tail_owner[0] = None
             self._launch(handle, workspace, checked)
+        if check:
+            if not self._validate_values:
+                self._calls.remember(self, stream, workspace, args, checked)
+        else:
+            self._calls.remember_unchecked(self, stream, workspace, args, checked)
 
     def _check_call(self, stream: Any, workspace: Workspace | None, args: ArgsT) -> CheckedT:
         """Every check of one call, before anything is launched or written: the workspace, then the

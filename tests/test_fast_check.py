@@ -297,8 +297,7 @@ def test_fast_path_holds_no_caller_array() -> None:
     plan.run(7, None, args)
     plan.run(7, None, args)
     plan.run(7, None, args, check=False)
-    matchers = [m for v in plan._calls._checked.values() for _, m in v]
-    matchers += [m for v in plan._calls._unchecked.values() for m in v]
+    matchers = [*plan._calls.fast[False], *plan._calls.fast[True]]
     held = [v for m in matchers for v in m.__globals__.values()]
     records = [v for v in held if isinstance(v, tuple) and hasattr(v, "_fields")]
     assert len(records) == 2 and all(v.obj is None for r in records for v in r if type(v) is Operand)

@@ -1,0 +1,148 @@
+"""The fast path launches exactly what ``_launch`` launches, byte for byte (CPU, simulated GPU).
+
+Every plan configuration of the bad-input table is selected on a simulated GPU
+(``benchmarks/host_sim.py``: CuPy's runtime answers one sm_90 device, kernels are stand-ins, the
+driver's launch is recorded). Two plans of the same descriptor see the same random sequence of
+valid calls: new and repeated pointers, misaligned ones (the element-I/O twins), in-place calls,
+scalars that change, checked and unchecked, several streams. One plan runs them through ``run``
+(its generated functions, after the first call of each signature); the other through the checks
+and ``_launch`` alone. Each call must launch the same kernels (by their position in the plan's
+prepared launches), with the same grid, block and stream, and argument blocks equal byte for byte
+at the moment of each launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantplan as qp
+from quantplan import _device, _fast_check, _launch
+
+pytest.importorskip("cupy")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import host_sim  # noqa: E402
+
+Event = tuple[int, tuple[int, ...], bytes]
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Every driver launch of the simulated GPU, as (function, grid, block, smem, stream, params)."""
+    calls: list[tuple[int, ...]] = []
+
+    def launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, *rest: int) -> None:
+        smem, stream, params, _ = rest
+        calls.append((fn, gx, gy, gz, bx, by, bz, smem, stream, params))
+
+    for owner, name, value in host_sim.gpu_patches(launch, compile_kernels=False):
+        monkeypatch.setattr(owner, name, value)
+    for module, name in ((_launch, "current_device"), (_launch, "_current_stream"), (_fast_check, "current_device")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # bound on first use: restored afterwards
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+    yield calls
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+
+
+def _bases() -> dict[str, Any]:
+    try:
+        import test_bad_inputs
+    except Exception:  # the table is not importable in this checkout
+        return {}
+    return dict(test_bad_inputs.BASES)
+
+
+class _Calls:
+    """A plan's launches of one call: (position in its prepared launches, launch config, block bytes)."""
+
+    def __init__(self, plan: Any, recorded: list[tuple[int, ...]]) -> None:
+        self.plan, self.recorded = plan, recorded
+        self.index = {launch._kernel_params: n for n, launch in enumerate(plan._prepared)}
+        self.launches = {launch._kernel_params: launch for launch in plan._prepared}
+
+    def events(self, start: int) -> list[Event]:
+        out = []
+        for call in self.recorded[start:]:
+            params = call[-1]
+            if params not in self.index:
+                continue
+            launch = self.launches[params]
+            blob = ctypes.string_at(ctypes.addressof(launch.params), ctypes.sizeof(launch.params))
+            out.append((self.index[params], (call[1], call[4], call[7], call[8]), blob))
+        return out
+
+
+def _device_args(
+    rng: random.Random, setup: Any, host: dict[str, Any], slots: dict[str, int], repeat: dict[str, Any]
+) -> dict[str, Any]:
+    """The valid fields as arrays of the simulated GPU: the same pointers as last time, new ones,
+    or misaligned ones; an output in place of an input of the same size now and then."""
+    fields: dict[str, Any] = {}
+    for name, value in host.items():
+        if not isinstance(value, np.ndarray):
+            fields[name] = value
+            continue
+        if name in repeat and rng.random() < 0.6:
+            fields[name] = repeat[name]
+            continue
+        ptr = slots[name] + rng.choice([0, 0, 0, 256, 4096]) + (rng.choice([2, 4, 8]) if rng.random() < 0.15 else 0)
+        if ptr % value.dtype.itemsize:
+            ptr -= ptr % value.dtype.itemsize
+        fields[name] = host_sim.device_array(ptr, value.shape, value.dtype)
+    return fields
+
+
+@pytest.mark.parametrize("base", sorted(_bases()) or ["(bad-input table not importable)"])
+def test_fast_path_launches_what_launch_launches(base: str, recorder: list[tuple[int, ...]]) -> None:
+    bases = _bases()
+    if base not in bases:
+        pytest.skip("the bad-input table is not importable")
+    import test_bad_inputs
+
+    setup = test_bad_inputs.make_setup(base, np.random.default_rng(0))
+    fast = setup.plan_cls.select(None, setup.desc)
+    slow = setup.plan_cls.select(None, setup.desc)
+    assert fast.backend is qp.BackendKind.CUDA and fast._prepared
+    host = dict(setup.host)
+    for name in setup.outputs:  # outputs of the same size as an input may take its place (in place)
+        host.setdefault(name, None)
+    slots = {name: (1 << 32) * (2 + i) for i, name in enumerate(host)}
+    nbytes = fast.workspace_size()
+    workspaces = [None] if not nbytes else [
+        qp.Workspace(host_sim.device_array((1 << 32) * 60 + k * 4096, (nbytes,), "uint8"), nbytes) for k in range(2)
+    ]  # fmt: skip
+    rng = random.Random(zlib.crc32(base.encode()))
+    fast_calls, slow_calls = _Calls(fast, recorder), _Calls(slow, recorder)
+    repeat: dict[str, Any] = {}
+    traced = 0
+    for _ in range(150):
+        fields = _device_args(rng, setup, host, slots, repeat)
+        repeat = {k: v for k, v in fields.items() if v is not None and not isinstance(v, (int, float))}
+        args = setup.args_cls(**fields)
+        stream = rng.choice([None, 0, 7, 7, 7])
+        workspace = rng.choice(workspaces)
+        check = rng.random() < 0.7
+        start = len(recorder)
+        slow_record = slow._check_call(stream, workspace, args) if check else slow._extract(args)
+        slow._launch(_launch.stream_handle(stream), workspace, slow_record)
+        expected = slow_calls.events(start)
+        start = len(recorder)
+        took_fast = any(f(args, workspace, stream) for f in fast._fast[check])
+        if not took_fast:
+            fast._run_slow(stream, workspace, args, check)
+        traced += took_fast
+        got = fast_calls.events(start)
+        assert got == expected, (base, check, stream)
+    assert traced > 25, traced
+    assert any(f.traced for mode in fast._fast for f in mode), "no traced tail was generated"
