@@ -60,7 +60,9 @@ class _Device:
         return None
 
 
-def gpu_patches(launch: Callable[..., Any] = lambda *a: None, compile_kernels: bool = True) -> list[tuple[Any, str, Any]]:
+def gpu_patches(
+    launch: Callable[..., Any] = lambda *a: None, compile_kernels: bool = True
+) -> list[tuple[Any, str, Any]]:
     """(owner, attribute, value) of every patch that makes the CUDA path run without a GPU:
     CuPy's runtime and driver entry points, ``cupy.cuda.Device``, and the package's kernel loader
     (NVRTC compiles when ``compile_kernels``; the functions are stand-ins). ``launch`` receives
@@ -106,6 +108,7 @@ def device_array(ptr: int, shape: tuple[int, ...], dtype: Any) -> Any:
 def simulate_gpu() -> None:
     """Apply :func:`gpu_patches` for the life of the process, and a bump allocator behind ``cupy.empty``."""
     import cupy
+    from cupy.cuda import memory
 
     import quantplan._device as device
 
@@ -116,7 +119,7 @@ def simulate_gpu() -> None:
     def alloc(size: int) -> Any:
         ptr = base[0]
         base[0] += (size + 511) // 256 * 256
-        return device_array(ptr, (max(size, 1),), "uint8").data
+        return memory.MemoryPointer(memory.UnownedMemory(ptr, max(size, 1), None, device_id=0), 0)
 
     cupy.cuda.set_allocator(alloc)
     device.cuda_available.cache_clear()

@@ -274,7 +274,9 @@ class _ProbeWorkspace:
         self.ptr = ptr
 
 
-def _leaf_fields(struct_type: type, base: int = 0, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], int, Any]]:
+def _leaf_fields(
+    struct_type: type, base: int = 0, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], int, Any]]:
     """(path, byte offset, ctype) of every scalar field of a ``ctypes.Structure``, nested ones
     flattened; TypeError for a field of any other kind (an array: none today)."""
     leaves: list[tuple[tuple[str, ...], int, Any]] = []
@@ -454,7 +456,9 @@ def _field_value(
     for n, base in bases.items():
         if v3 - v1 == _UNIT * n - _SHIFT:
             delta = v1 - _SHIFT - base
-            return pointers[n] if delta == 0 else f"{pointers[n]} + {delta}" if delta > 0 else f"{pointers[n]} - {-delta}"
+            return (
+                pointers[n] if delta == 0 else f"{pointers[n]} + {delta}" if delta > 0 else f"{pointers[n]} - {-delta}"
+            )
     return None
 
 
@@ -574,7 +578,9 @@ class CallCache:
         self._add(False, source.compile("a, w, s", traced))
 
     @staticmethod
-    def _tail(plan: Any, source: _Source, template: tuple[Any, list[tuple[Operand, int]]], workspace: Any, handle: str) -> bool:
+    def _tail(
+        plan: Any, source: _Source, template: tuple[Any, list[tuple[Operand, int]]], workspace: Any, handle: str
+    ) -> bool:
         """The launch: traced stores and driver calls (True), else the record passed to ``_launch``."""
         if plan._empty:
             return True
@@ -593,4 +599,39 @@ class CallCache:
         return False
 
 
-__all__ = ["ALIGN_CLASS", "KEEP", "REMEMBER_LIMIT", "CallCache", "FastCall"]
+def pointer_launcher(plan: Any, args: Any) -> Callable[..., bool] | None:
+    """``launch(h, p0, p1, ...) -> bool`` for a front-end that makes or vouches for every operand:
+    the launches of ``plan.run(h, None, args, check=False)`` with the arrays of ``args`` (its
+    array fields, in field order) at pointers ``p0, p1, ...`` on raw stream ``h``; scalars and
+    None fields as in ``args``. False (nothing launched) when a pointer is of another alignment
+    class or null-ness than in ``args``, or the current device is not the plan's. None when the
+    plan has no traced tail for this call (a workspace, an untraceable ``_launch``, the reference
+    backend, an empty problem)."""
+    names = _args_fields(type(args))
+    if names is None or plan.device_id is None or plan._empty or plan._workspace_bytes or plan._is_reference:
+        return None
+    values = [getattr(args, name) for name in names]
+    record = plan._extract(args)
+    source = _Source()
+    ptrs: list[int] = []
+    params: list[str] = []
+    for i, value in enumerate(values):
+        ptrs.append(0)
+        if value is None or type(value) in _PLAIN:
+            continue
+        props = _array_props(value)
+        if props is None:
+            return None
+        ptrs[i] = props[4]
+        params.append(f"p{i}")
+        source.miss_if(f"p{i} {_pointer_class(props[4])}p{i}" if props[4] else f"p{i}")
+    template = _operand_template(record, values, ptrs)
+    if template is None:
+        return None
+    source.device(plan.device_id)
+    if not _launch_tail(plan, source, template[0], template[1], None, "h"):
+        return None
+    return source.compile(", ".join(["h", *params]), True)
+
+
+__all__ = ["ALIGN_CLASS", "KEEP", "REMEMBER_LIMIT", "CallCache", "FastCall", "pointer_launcher"]

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ._fast_check import pointer_launcher
 from ._launch import make_context_current
 from ._operands import dtype_name as _dtype_name
 from .errors import InvalidProblem, Unsupported
@@ -495,7 +496,89 @@ class PhiloxCounter:
         return self.seed, offset
 
 
+def replay(
+    target: Target,
+    plan: Any,
+    args: Any,
+    inputs: int,
+    outputs: Sequence[tuple[tuple[int, ...], str]],
+    finish: Callable[..., Any],
+    order: Sequence[str] | None = None,
+) -> Callable[..., Any] | None:
+    """A front-end call of one signature, replayed: ``fast(*arrays)`` for the ``inputs`` first
+    array fields of ``args`` (the caller's arrays, of the dtypes and shapes of this call: the
+    caller keys the replay on them) checks each is C-contiguous on the target's device, allocates
+    ``outputs`` ((shape, NumPy-style dtype) each, the remaining array fields of ``args``, in
+    order) on it, launches ``plan`` on the library's current stream through
+    :func:`quantplan._fast_check.pointer_launcher`, and returns ``finish(*outputs)``. It returns
+    None when a check fails or the launch is refused (nothing launched: the caller takes its full
+    path). None instead of a replay where the call has none (not CUDA, no traced launch).
+    ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
+    they are not the inputs then the outputs."""
+    if not target.cuda or target.index is None:
+        return None
+    launcher = pointer_launcher(plan, args)
+    if launcher is None:
+        return None
+    index = target.index
+    names: dict[str, Any] = {"launch": launcher, "finish": finish, "index": index}
+    xs = [f"x{i}" for i in range(inputs)]
+    lines = [f"def fast({', '.join(xs)}):"]
+    if target.library == TORCH:
+        names.update(empty=torch.empty, device=target.device, stream=_RAW_STREAM[0] if _RAW_STREAM else None)
+        if names["stream"] is None:
+            return None
+        for x in xs:
+            lines.append(f"    if {x}.get_device() != index or not {x}.is_contiguous(): return None")
+        for n, (shape, dtype) in enumerate(outputs):
+            names[f"t{n}"] = _TORCH_DTYPES[dtype]
+            sizes = "".join(f"{extent}, " for extent in shape) if shape else "(), "
+            lines.append(f"    o{n} = empty({sizes}dtype=t{n}, device=device)")
+        pointer = "{}.data_ptr()"
+        lines.append(f"    if not launch(stream(index), {_ordered(pointer, inputs, len(outputs), order)}): return None")
+    else:
+        import cupy
+
+        names.update(empty=cupy.empty, current=cupy.cuda.get_current_stream, Device=cupy.cuda.Device)
+        for x in xs:
+            lines.append(f"    if {x}.device.id != index or not {x}.flags.c_contiguous: return None")
+        lines.append("    with Device(index):")
+        for n, (shape, dtype) in enumerate(outputs):
+            lines.append(f"        o{n} = empty({shape!r}, {dtype!r})")
+        pointer = "{}.data.ptr"
+        lines.append(
+            f"        if not launch(current().ptr, {_ordered(pointer, inputs, len(outputs), order)}): return None"
+        )
+    lines.append(f"    return finish({', '.join(f'o{n}' for n in range(len(outputs)))})")
+    exec(compile("\n".join(lines), "<quantplan front-end replay>", "exec"), names)
+    return names["fast"]  # type: ignore[no-any-return]
+
+
+def _ordered(pointer: str, inputs: int, outputs: int, order: Sequence[str] | None) -> str:
+    """The launcher's pointer arguments: ``pointer`` of each array name, in ``order``."""
+    names = list(order) if order is not None else [f"x{i}" for i in range(inputs)] + [f"o{n}" for n in range(outputs)]
+    return ", ".join(pointer.format(name) for name in names)
+
+
+def replay_of(key: Hashable) -> Callable[..., Any] | None:
+    """The replay this thread remembered under ``key`` (in the front-ends' plan cache), or None."""
+    cache = _LOCAL.plans
+    return None if cache is None else cache.get(key)
+
+
+def remember_replay(key: Hashable, fast: Callable[..., Any] | None) -> None:
+    """Keep ``fast`` under ``key`` in this thread's plan cache (nothing when None). ``key`` should
+    start with the front-end function it replays, so it cannot meet a plan's key."""
+    if fast is None:
+        return
+    cache = _LOCAL.plans
+    _store(_new_cache() if cache is None else cache, key, fast)
+
+
 __all__ = [
+    "remember_replay",
+    "replay",
+    "replay_of",
     "CUPY",
     "NUMPY",
     "PLAN_CACHE_SIZE",
