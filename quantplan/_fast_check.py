@@ -534,7 +534,9 @@ class CallCache:
         self._add(True, source.compile("a, w, s", traced))
 
     def remember_unchecked(self, plan: Any, stream: Any, workspace: Any, args: Any, record: Any) -> None:
-        """Remember the layout of an unchecked call and its ``_extract`` record."""
+        """Remember the layout of an unchecked call and its ``_extract`` record. Where the launch is
+        traced, arrays are matched by type and pointer class alone (the caller vouches for the rest,
+        as ``check=False`` says); else also by the properties the record carries."""
         names = self._names(False, type(args))
         if names is None or not isinstance(record, tuple) or plan.device_id is None:
             return
@@ -544,6 +546,28 @@ class CallCache:
             return
         values = [getattr(args, name) for name in names]
         full = {id(item.obj) for item in record if type(item) is Operand and item.dtype_name}
+        for pointers_only in (True, False):
+            made = self._unchecked_source(plan, stream, workspace, args, record, names, values, full, pointers_only)
+            if made is None:
+                return
+            source, traced = made
+            if traced or not pointers_only:
+                self._add(False, source.compile("a, w, s", traced))
+                return
+
+    def _unchecked_source(
+        self,
+        plan: Any,
+        stream: Any,
+        workspace: Any,
+        args: Any,
+        record: Any,
+        names: list[str],
+        values: list[Any],
+        full: set[int],
+        pointers_only: bool,
+    ) -> tuple[_Source, bool] | None:
+        """The generated function of an unchecked call, and whether its launch is traced."""
         source = _Source()
         source.miss_if(f"type(a) is not {source.const(type(args))}")
         ptrs: list[int] = []
@@ -559,8 +583,8 @@ class CallCache:
                 continue
             props = _array_props(value)
             if props is None:
-                return
-            if id(value) in full:  # the record carries the array's properties: match them all
+                return None
+            if id(value) in full and not pointers_only:  # the record carries the array's properties
                 source.array(expr, i, value, props)
             else:
                 source.pointer(expr, i, value, props[4])
@@ -571,11 +595,10 @@ class CallCache:
             arrays.append(i)
         template = _operand_template(record, values, ptrs)
         if template is None:
-            return
+            return None
         source.device(plan.device_id)
         source.handle(stream)
-        traced = self._tail(plan, source, template, workspace, "h")
-        self._add(False, source.compile("a, w, s", traced))
+        return source, self._tail(plan, source, template, workspace, "h")
 
     @staticmethod
     def _tail(

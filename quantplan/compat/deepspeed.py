@@ -223,7 +223,7 @@ def _run_coded(
     nbytes: int,
     numel: int,
     args: Callable[..., Any],
-    learn: tuple[Hashable, int, Callable[..., Any]] | None = None,
+    learn: tuple[Hashable, int, Callable[..., Any], tuple[int, ...]] | None = None,
 ) -> tuple[Any, Any]:
     """Run a plan writing codes and parameter rows: allocates the flat int8 codes (``nbytes``)
     and the float32 ``[groups, 1|2]`` rows, ``args(codes, params)`` builds the plan's arguments;
@@ -242,9 +242,9 @@ def _run_coded(
         params[:, 0] = 1
     a = args(out, params)
     target.run_with_workspace(plan, a, check=a.error_feedback is not None)
-    if learn is not None and numel and a.error_feedback is None:
-        key, inputs, finish = learn
-        remember_replay(key, replay(target, plan, a, inputs, [((nbytes,), "int8"), (param_shape, "float32")], finish))
+    if learn is not None and numel and a.error_feedback is None:  # replayed with the codes in their final shape
+        key, inputs, finish, codes_shape = learn
+        remember_replay(key, replay(target, plan, a, inputs, [(codes_shape, "int8"), (param_shape, "float32")], finish))
     return out, params
 
 
@@ -281,7 +281,7 @@ def _quantize(
     pipeline_size: int = 1,
     error_feedback: Any = None,
     err_beta: float | None = None,
-    learn: tuple[Hashable, int, Callable[..., Any]] | None = None,
+    learn: tuple[Hashable, int, Callable[..., Any], tuple[int, ...]] | None = None,
 ) -> tuple[Any, Any]:
     target_ = target(input_vals, error_feedback, names=_QUANTIZE_NAMES)
     kind = _float_kind(input_vals, "input_vals")
@@ -350,15 +350,14 @@ def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tu
     result = _replayed(key, input_vals)
     if result is not None:
         return result  # type: ignore[no-any-return]
-    packed: list[tuple[int, ...]] = []  # known once the call is validated
+    shape = tuple(getattr(input_vals, "shape", ()))
+    packed = _packed_shape(shape, num_bits, math.prod(shape)) if type(num_bits) is int else shape
 
     def finish(q: Any, params: Any) -> tuple[Any, Any]:
-        return shaped(q, packed[0]), params
+        return q, params
 
-    q, params = _quantize(input_vals, groups, num_bits, quant_type, learn=(key, 1, finish))
-    shape = tuple(input_vals.shape)
-    packed.append(_packed_shape(shape, num_bits, math.prod(shape)))
-    return finish(q, params)
+    q, params = _quantize(input_vals, groups, num_bits, quant_type, learn=(key, 1, finish, packed))
+    return shaped(q, packed), params
 
 
 def swizzle_quant(
