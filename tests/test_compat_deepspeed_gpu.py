@@ -553,3 +553,34 @@ def test_outputs_stay_on_the_input_device(rng: np.random.Generator) -> None:
         v = cupy.asarray(x)
     assert ds.ds_quantize_fp16(v, 8, 8) is v
     assert_same_bits(v, ds.ds_quantize_fp16(x.copy(), 8, 8), "ds_quantize_fp16 on device 1")
+
+
+# ---- replayed calls ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits,shape,groups", [case(8, (16, 1000), 16), case(4, (6, 512), 12), case(4, (6, 77), 3)])
+@QUANT_TYPES
+def test_replayed_calls_match_numpy(
+    rng: np.random.Generator, bits: int, shape: tuple, groups: int, quant_type: int
+) -> None:
+    """A call like an earlier one is replayed (outputs allocated, kernels launched on the pointers,
+    no front-end Python): every repetition on fresh data, and one on a misaligned view (the replay
+    declines it), gives NumPy's bits."""
+    from quantplan import _frontend
+
+    for trial in range(4):
+        x = random_floats(rng, shape, EK.F16)
+        if trial == 3:  # a view one element in: another alignment class than the remembered calls
+            wide = random_floats(rng, (int(np.prod(shape)) + 1,), EK.F16)
+            x_dev = to_cupy(wide)[1:].reshape(shape)
+            x = wide[1:].reshape(shape)
+        else:
+            x_dev = to_cupy(x)
+        got = ds.quantize(x_dev, groups, bits, quant_type)
+        expected = ds.quantize(x, groups, bits, quant_type)
+        assert_outputs(got, expected, x_dev, "quantize")
+        q, params = expected
+        y = ds.dequantize(to_cupy(q), to_cupy(params), groups, bits, quant_type)
+        assert_same_bits(y, ds.dequantize(q, params, groups, bits, quant_type), "dequantize")
+    key = (ds.quantize, type(x_dev), x_dev.dtype, x_dev.shape, groups, bits, quant_type)
+    assert _frontend.replay_of(key) is not None

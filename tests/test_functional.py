@@ -110,34 +110,35 @@ def test_dynamic_quantize_round_trip_equals_the_plans(
     library: str, dtype: Any, kw: dict[str, Any], float_kind: EK, shape: tuple[int, ...], rng: np.random.Generator
 ) -> None:
     to_lib, to_np = converters(library)
-    x = random_floats(rng, shape, float_kind)
-    qt = qp.quantize(to_lib(x), dtype, **kw)
-    assert isinstance(qt, qp.QuantizedTensor) and qt.shape == shape
-    code_kind = qt.descriptor.input_element
-    scope = kw.get("scope") or (
-        qp.GroupScope(axis=-1, group_size=kw["group_size"])
-        if "group_size" in kw
-        else qp.ChannelScope(axis=kw["axis"])
-        if "axis" in kw
-        else qp.TensorScope()
-    )
-    mode = qp.QuantMode.ASYMMETRIC if kw.get("asymmetric") else qp.QuantMode.SYMMETRIC
-    desc = qp.DynamicRangeQuantizeDescriptor(
-        shape=shape, scope=scope, mode=mode, input_element=float_kind, output_element=code_kind
-    )
-    q, s, z = reference_dynamic(x, desc)
-    assert np.array_equal(raw(to_np(qt.codes)), raw(q))
-    assert np.array_equal(raw(to_np(qt.scale)), raw(s))
-    if z is None:
-        assert qt.zero_point is None
-    else:
-        assert np.array_equal(to_np(qt.zero_point), z)
-    # dequantize: the DequantizePlan's bits
-    y = qt.dequantize()
-    ref = np.zeros(shape, ELEMENTS[float_kind].numpy_dtype)
-    deq = qp.DequantizePlan.select(None, qt.descriptor, REFERENCE)
-    deq.run(None, None, qp.DequantizeArgs(q, ref, s, z))
-    assert_same_floats(to_np(y), ref)
+    for _ in range(3):  # the later calls are replayed (qp.quantize remembers the signature)
+        x = random_floats(rng, shape, float_kind)
+        qt = qp.quantize(to_lib(x), dtype, **kw)
+        assert isinstance(qt, qp.QuantizedTensor) and qt.shape == shape
+        code_kind = qt.descriptor.input_element
+        scope = kw.get("scope") or (
+            qp.GroupScope(axis=-1, group_size=kw["group_size"])
+            if "group_size" in kw
+            else qp.ChannelScope(axis=kw["axis"])
+            if "axis" in kw
+            else qp.TensorScope()
+        )
+        mode = qp.QuantMode.ASYMMETRIC if kw.get("asymmetric") else qp.QuantMode.SYMMETRIC
+        desc = qp.DynamicRangeQuantizeDescriptor(
+            shape=shape, scope=scope, mode=mode, input_element=float_kind, output_element=code_kind
+        )
+        q, s, z = reference_dynamic(x, desc)
+        assert np.array_equal(raw(to_np(qt.codes)), raw(q))
+        assert np.array_equal(raw(to_np(qt.scale)), raw(s))
+        if z is None:
+            assert qt.zero_point is None
+        else:
+            assert np.array_equal(to_np(qt.zero_point), z)
+        # dequantize: the DequantizePlan's bits
+        y = qt.dequantize()
+        ref = np.zeros(shape, ELEMENTS[float_kind].numpy_dtype)
+        deq = qp.DequantizePlan.select(None, qt.descriptor, REFERENCE)
+        deq.run(None, None, qp.DequantizeArgs(q, ref, s, z))
+        assert_same_floats(to_np(y), ref)
     y32 = qp.dequantize(qt, "float32")
     assert to_np(y32).dtype == np.float32 and to_np(y32).shape == shape
     assert qt.nbytes >= q.nbytes + s.nbytes
