@@ -231,12 +231,14 @@ def copy_time(nbytes_read: int, nbytes_written: int, *, warmup: int = 10, reps: 
 def host_overhead_us(fn: Thunk, n: int = 2000, *, batch: int = 100) -> float:
     """Host time of one call of ``fn`` in µs (e.g. ``plan.run``), averaged over ``n`` calls.
 
-    The device is synchronized before and after each batch of ``batch`` calls, outside the timed
-    region, so the launch queue never fills and the figure is the Python/driver cost alone.
+    After a warm-up of up to 200 calls, the device is synchronized before and after each batch of
+    ``batch`` calls, outside the timed region, so the launch queue never fills and the figure is
+    the Python/driver cost alone.
     """
     import torch
 
-    fn()
+    for _ in range(min(n, 200)):  # warm up: caches, the allocator, the CPU's clock
+        fn()
     torch.cuda.synchronize()
     total = 0.0
     left = n
