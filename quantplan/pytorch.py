@@ -181,12 +181,21 @@ class _Static:
         return self.ste
 
 
+def _scope_key(scope: Any) -> Any:
+    """A cheap hashable stand-in for ``scope`` in cache keys: its type and field values (hashing
+    the frozen pydantic model itself costs a microsecond per call)."""
+    if scope is _TENSOR:
+        return TensorScope
+    if not isinstance(scope, _SCOPES):
+        return object()  # no cache entry: the build reports the bad scope
+    return (type(scope), *scope.__dict__.values())
+
+
 def _static(
     target: Target, xc: Any, kind: ElementKind, scope: Scope, mode: QuantMode, q_min: int, q_max: int
 ) -> _Static:
-    key = (tuple(xc.shape), xc.dtype, scope, mode, q_min, q_max)
-
     def build() -> _Static:
+        key = (tuple(xc.shape), xc.dtype, scope, mode, q_min, q_max)
         if not isinstance(scope, _SCOPES):
             raise InvalidProblem(
                 f"scope={scope!r} must be TensorScope(), ChannelScope(axis), TokenScope() or GroupScope(axis, group_size)"
@@ -195,7 +204,7 @@ def _static(
         desc = FakeQuantizeDescriptor(shape=key[0], scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
         return _Static(key, target.select(FakeQuantizePlan, desc), pshape)
 
-    return target.cached((_Static, *key), build)  # type: ignore[no-any-return]
+    return target.cached((_Static, xc.shape, xc.dtype, _scope_key(scope), mode, q_min, q_max), build)  # type: ignore[no-any-return]
 
 
 def _static_params(

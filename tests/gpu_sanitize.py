@@ -6,7 +6,7 @@ Usage (on a GPU machine, from the repository root)::
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/gpu_sanitize.py
 
 Each configuration of the bad-input table (``tests/test_bad_inputs.py``: every plan, scope, mode,
-rounding and LoCo variant) runs on CuPy operands at its own small shape and at the extra shapes
+rounding and LoCo variant) runs on PyTorch CUDA operands at its own small shape and at the extra shapes
 below (the dense / vector kernels of larger rows, ragged rows and groups), twice: operands at
 aligned addresses, and carved one element into a buffer (the element-I/O twins). Each output is
 compared bit for bit with the reference backend's, so a kernel that reads or writes out of bounds
@@ -99,7 +99,7 @@ def _run(setup: Any, ops: Any, offset_elements: int) -> tuple[dict[str, Any], An
 def main() -> int:
     """Run every configuration; ``--dry``: both sides on the reference backend (no GPU: checks the script)."""
     dry = "--dry" in sys.argv
-    gpu, ref = table.Ops("numpy" if dry else "cupy"), table.Ops("numpy")
+    gpu, ref = table.Ops("numpy" if dry else "torch"), table.Ops("numpy")  # PyTorch: bfloat16 too
     sync = (lambda: None) if dry else _sync
     failures = runs = 0
     for base in sorted(table.BASES):
@@ -215,9 +215,9 @@ def _retyped(setup: Any) -> Any:
 
 
 def _sync() -> None:
-    import cupy
+    import torch
 
-    cupy.cuda.runtime.deviceSynchronize()
+    torch.cuda.synchronize()
 
 
 def _nan_equal(got: Any, want: np.ndarray) -> bool:
@@ -225,9 +225,7 @@ def _nan_equal(got: Any, want: np.ndarray) -> bool:
     if isinstance(got, np.ndarray):
         g = got
     else:
-        import cupy
-
-        g = cupy.asnumpy(cupy.ascontiguousarray(got)).reshape(want.shape)
+        g = np.frombuffer(table.Ops("torch").snapshot(got), want.dtype).reshape(want.shape)
     if want.dtype.kind != "f" or g.dtype != want.dtype:
         return False
     nan = np.isnan(want)
