@@ -510,11 +510,11 @@ def replay(
     caller keys the replay on them) checks each is C-contiguous on the target's device, allocates
     ``outputs`` ((shape, NumPy-style dtype) each, the remaining array fields of ``args``, in
     order) on it, launches ``plan`` on the library's current stream through
-    :func:`quantplan._fast_check.pointer_launcher`, and returns ``finish(*outputs)``. It returns
+    :func:`quantplan._fast_check.pointer_launcher`, and returns ``finish(*arrays, *outputs)``. It returns
     None when a check fails or the launch is refused (nothing launched: the caller takes its full
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
-    they are not the inputs then the outputs."""
+    they are not the inputs then the outputs (an array updated in place: an input named twice)."""
     if not target.cuda or target.index is None:
         return None
     launcher = pointer_launcher(plan, args)
@@ -549,7 +549,7 @@ def replay(
         lines.append(
             f"        if not launch(current().ptr, {_ordered(pointer, inputs, len(outputs), order)}): return None"
         )
-    lines.append(f"    return finish({', '.join(f'o{n}' for n in range(len(outputs)))})")
+    lines.append(f"    return finish({', '.join([*xs, *(f'o{n}' for n in range(len(outputs)))])})")
     exec(compile("\n".join(lines), "<quantplan front-end replay>", "exec"), names)
     return names["fast"]  # type: ignore[no-any-return]
 

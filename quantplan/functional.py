@@ -299,7 +299,7 @@ def quantize(
             if zp_out is not None:
                 outputs.append((job.param_shape, "int32"))
 
-            def finish(codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
+            def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
                 return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
 
             remember_replay(replay_key, replay(target, job.plan, args, 1, outputs, finish))

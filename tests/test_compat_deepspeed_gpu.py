@@ -584,3 +584,21 @@ def test_replayed_calls_match_numpy(
         assert_same_bits(y, ds.dequantize(q, params, groups, bits, quant_type), "dequantize")
     key = (ds.quantize, type(x_dev), x_dev.dtype, x_dev.shape, groups, bits, quant_type)
     assert _frontend.replay_of(key) is not None
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_replayed_swizzle_reduction_and_moq_match_numpy(rng: np.random.Generator, bits: int) -> None:
+    """swizzle_quant, quantized_reduction and the MoQ quantizer (in place) replayed on fresh data."""
+    for _ in range(4):
+        x = random_floats(rng, (8, 1024), EK.F16)
+        got = ds.swizzle_quant(to_cupy(x), 32, bits, ds.Symmetric, 1, 1, 4)
+        want = ds.swizzle_quant(x, 32, bits, ds.Symmetric, 1, 1, 4)
+        assert_outputs(got, want, to_cupy(x), "swizzle_quant")
+        q, p = want
+        got = ds.quantized_reduction(to_cupy(q), to_cupy(p), 32, 8, bits, ds.Symmetric, 4)
+        red = ds.quantized_reduction(q, p, 32, 8, bits, ds.Symmetric, 4)
+        assert_outputs(got, red, to_cupy(q), "quantized_reduction")
+        v = random_floats(rng, (12, 500), EK.F16)
+        dev = to_cupy(v)
+        assert ds.ds_quantize_fp16(dev, 12, bits) is dev
+        assert_same_bits(dev, ds.ds_quantize_fp16(v.copy(), 12, bits), "ds_quantize_fp16")

@@ -248,6 +248,11 @@ def _run_coded(
     return out, params
 
 
+def _codes_and_params(*arrays: Any) -> tuple[Any, Any]:
+    """A replayed quantize's result: its two outputs (the arrays after its inputs)."""
+    return arrays[-2], arrays[-1]
+
+
 def _replayed(key: tuple[Any, ...], *arrays: Any) -> Any:
     """The result of the call remembered under ``key`` replayed on ``arrays`` (see
     :func:`quantplan._frontend.replay`), or None: no such call, an unhashable argument, or the
@@ -353,10 +358,7 @@ def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tu
     shape = tuple(getattr(input_vals, "shape", ()))
     packed = _packed_shape(shape, num_bits, math.prod(shape)) if type(num_bits) is int else shape
 
-    def finish(q: Any, params: Any) -> tuple[Any, Any]:
-        return q, params
-
-    q, params = _quantize(input_vals, groups, num_bits, quant_type, learn=(key, 1, finish, packed))
+    q, params = _quantize(input_vals, groups, num_bits, quant_type, learn=(key, 1, _codes_and_params, packed))
     return shaped(q, packed), params
 
 
@@ -386,7 +388,15 @@ def swizzle_quant(
 
     **Precision guarantee:** float32 arithmetic, deterministic.
     """
-    return _quantize(input_vals, groups, num_bits, quant_type, nodes, devices_per_node, pipeline_size)
+    key: tuple[Any, ...] = (swizzle_quant, type(input_vals), getattr(input_vals, "dtype", None))
+    key += (getattr(input_vals, "shape", None), groups, num_bits, quant_type, pipeline_size, nodes, devices_per_node)
+    result = _replayed(key, input_vals)
+    if result is not None:
+        return result  # type: ignore[no-any-return]
+    shape = tuple(getattr(input_vals, "shape", ()))
+    numel = math.prod(shape)
+    learn = (key, 1, _codes_and_params, (numel if num_bits == 8 else numel // 2,))
+    return _quantize(input_vals, groups, num_bits, quant_type, nodes, devices_per_node, pipeline_size, learn=learn)
 
 
 def loco_swizzle_quant(
@@ -478,7 +488,7 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
     target_.run_with_workspace(plan, args, check=False)
     if q is quantized_data and p is params:  # replayed on the caller's arrays as they are
 
-        def finish(y: Any) -> Any:
+        def finish(q: Any, p: Any, y: Any) -> Any:
             return shaped(y, shape)
 
         outputs = [((numel,), "float16" if out is ElementKind.F16 else "float32")]
@@ -527,6 +537,7 @@ def _reduce(
     devices_per_node: int,
     error_feedback: Any = None,
     err_beta: float | None = None,
+    key: tuple[Any, ...] | None = None,
 ) -> tuple[Any, Any]:
     target_ = target(input_vals, input_scales, error_feedback, names=_REDUCE_NAMES)
     q = _codes_input(target_, input_vals, "input_vals")
@@ -559,19 +570,23 @@ def _reduce(
             error_element=error_kind,
         ),
     )
+    nbytes = chunk if num_bits == 8 else chunk // 2
+    shape = tuple(q.shape)
+    out_shape = (*shape[:-1], shape[-1] // devices_per_node) if shape and shape[-1] % devices_per_node == 0 else None
+    learn = None
+    if key is not None and q is input_vals and p is input_scales:  # replayed on the caller's arrays as they are
+        learn = (key, 2, _codes_and_params, out_shape or (nbytes,))
     out, params = _run_coded(
         target_,
         plan,
         int(out_groups),
         mode,
-        chunk if num_bits == 8 else chunk // 2,
+        nbytes,
         numel,
         lambda out, params: DeepSpeedReduceArgs(flat(q), p, out, params, error, err_beta),
+        learn,
     )
-    shape = tuple(q.shape)
-    if shape and shape[-1] % devices_per_node == 0:
-        return shaped(out, (*shape[:-1], shape[-1] // devices_per_node)), params
-    return out, params
+    return (out, params) if out_shape is None else (shaped(out, out_shape), params)
 
 
 def quantized_reduction(
@@ -604,7 +619,13 @@ def quantized_reduction(
 
     **Precision guarantee:** float32 dequantization and summation in a fixed order; deterministic.
     """
-    return _reduce(input_vals, input_scales, in_groups, out_groups, num_bits, quant_type, devices_per_node)
+    key: tuple[Any, ...] = (quantized_reduction, type(input_vals), getattr(input_vals, "dtype", None))
+    key += (getattr(input_vals, "shape", None), type(input_scales), getattr(input_scales, "dtype", None))
+    key += (getattr(input_scales, "shape", None), in_groups, out_groups, num_bits, quant_type, devices_per_node)
+    result = _replayed(key, input_vals, input_scales)
+    if result is not None:
+        return result  # type: ignore[no-any-return]
+    return _reduce(input_vals, input_scales, in_groups, out_groups, num_bits, quant_type, devices_per_node, key=key)
 
 
 def loco_quantized_reduction(
@@ -649,7 +670,14 @@ def loco_quantized_reduction(
 
 
 def _moq(
-    vals: Any, groups: int, bits: int, mode: QuantMode, rounding: Rounding, rng_seed: int | None, rng_offset: int | None
+    vals: Any,
+    groups: int,
+    bits: int,
+    mode: QuantMode,
+    rounding: Rounding,
+    rng_seed: int | None,
+    rng_offset: int | None,
+    key: tuple[Any, ...] | None = None,
 ) -> Any:
     target_ = target(vals, names=_MOQ_NAMES)
     kind = _FLOAT_DTYPES.get(dtype_name(vals))
@@ -678,9 +706,17 @@ def _moq(
     # In place on a contiguous buffer of vals' own dtype and size, seeds checked: unchecked run.
     work = target_.contiguous(vals)
     buffer = flat(work)
-    target_.run_with_workspace(plan, MoQFakeQuantizeArgs(buffer, buffer, seed, offset), check=False)
+    args = MoQFakeQuantizeArgs(buffer, buffer, seed, offset)
+    target_.run_with_workspace(plan, args, check=False)
     if work is not vals and not target_.is_contiguous(vals):
         target_.copy_into(vals, work)
+    elif key is not None and numel:  # nearest rounding: replayed in place on the caller's array
+        remember_replay(key, replay(target_, plan, args, 1, [], _first, ("x0", "x0")))
+    return vals
+
+
+def _first(vals: Any) -> Any:
+    """A replayed in-place call's result: the array it updated."""
     return vals
 
 
@@ -728,7 +764,13 @@ def _moq_function(name: str, mode: QuantMode, rounding: Rounding, fixed: str) ->
     def moq(vals: Any, groups: int, bits: int, *, rng_seed: int | None = None, rng_offset: int | None = None) -> Any:
         if not stochastic and (rng_seed is not None or rng_offset is not None):
             raise InvalidProblem(f"{name} rounds to nearest; rng_seed / rng_offset apply only to ds_sr_* functions")
-        return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset)
+        if stochastic:  # every call draws new Philox numbers: no replay
+            return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset)
+        key = (moq, type(vals), getattr(vals, "dtype", None), getattr(vals, "shape", None), groups, bits)
+        result = _replayed(key, vals)
+        if result is not None:
+            return result
+        return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset, key)
 
     moq.__name__ = moq.__qualname__ = name
     moq.__doc__ = "\n\n    ".join(sections) + "\n    "
