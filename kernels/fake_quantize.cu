@@ -4,10 +4,14 @@
 //   fake_quantize_rows          y = (clamp(rne(x * inv) + zp, q_min, q_max) - zp) * scale
 //   fake_quantize_ste_rows      dx = dy * mask                (straight-through estimator)
 //   fake_quantize_stochastic_rows  y as fake_quantize_rows with stochastic rounding (Philox)
+//   fake_quantize{,_ste,_stochastic}_dense_rows   the three on the hot row layouts (contiguous
+//                               rows, parameters per row or per whole vector; see below)
 //   fake_quantize_flat          any of the three with one parameter for the whole tensor
 //                               (TensorScope): a flat walk over vectors, one tile per block
 //   dynamic_fake_quantize_segments  range -> parameters -> fake quantization of contiguous
 //                               segments in one pass (DynamicRangeFakeQuantizePlan)
+//   dynamic_fake_quantize_dense     the same for 16-bit segments of team x 8 x NV elements,
+//                               staged in shared memory (32 registers; see below)
 //   fake_quantize_lsq_segments  dx, and dscale / dzp per segment (learnable parameters, LSQ),
 //                               reduced in a fixed order (deterministic), one chunk per team
 //   fake_quantize_lsq_finish    chunk partial sums -> per-segment gradients, in chunk order
@@ -23,6 +27,7 @@
 #include "qp_fake_quantize.cuh"
 #include "qp_philox.cuh"
 #include "qp_row_layout.cuh"
+#include "qp_stage.cuh"
 #include "qp_team.cuh"
 #include "qp_vector_io.cuh"
 
@@ -182,6 +187,129 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
   qp::for_each_row_vector<VEC, qp::kFakeUnroll>(lay, body);
 }
 
+// ---- the hot row layouts ----
+// The row kernels specialised for contiguous rows of L elements (L % VEC == 0, 16-byte vectors,
+// aligned operands) whose parameter index is row * lay.Co + (col / gc) * cs, with cs == 0 (one
+// parameter per row: per-token, a leading channel axis) or gc % VEC == 0 (a vector never
+// straddles a group). quantplan/_fake_rows.py (dense_row_layout) decides when a layout
+// qualifies and fills lay.Co with the row coefficient; lay.M, A, Ca, Cm, g_rows and seg_log2 are
+// not read. One (row, chunk) item per block at a time (chunk_cols = blockDim.x * VEC * unroll
+// columns, unroll <= fake_dense_unroll<OP>(); vector u of thread t at chunk * chunk_cols +
+// (u * blockDim.x + t) * VEC; `unroll` may be below the kernel's U), grid-stride over items (fewer than 2^31). No 64-bit index
+// arithmetic per element: one row base per item, 32-bit columns; the parameter of a row is
+// loaded once per item. Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
+// divisions per item) these hold 32 (forward) / 40 (straight-through: two inputs; stochastic)
+// registers.
+#ifndef QP_FAKE_DENSE_ROWS_MIN_BLOCKS
+#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 8
+#endif
+
+namespace qp {
+
+// Vectors per thread and item (at most; _DENSE_UNROLL in quantplan/_fake_rows.py): 2, so the
+// forward keeps 32 registers with no spill (4 spills). 32 bytes per input in flight per thread,
+// 64 KiB per SM at full occupancy: more than an H200's bandwidth-latency product per SM.
+template <int OP> __host__ __device__ constexpr int fake_dense_unroll() { return 2; }
+
+template <class In, int VEC, int OP>
+__device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>::storage* x,
+                                                const typename FloatElement<In>::storage* dy,
+                                                typename FloatElement<In>::storage* out,
+                                                const typename FloatElement<In>::acc* __restrict__ scale_ptr,
+                                                const void* __restrict__ zp_ptr,
+                                                typename FloatElement<In>::acc scale_value, int zp_value,
+                                                const RowLayout& lay, u64 seed, u64 offset) {
+  typedef FloatElement<In> FE;
+  typedef typename FE::storage in_t;
+  typedef typename FE::acc acc_t;
+  typedef FakeQuantParam<acc_t> Param;
+  constexpr int U = fake_dense_unroll<OP>();
+  constexpr bool ste = OP == kFakeSte;
+  const int step = (int)blockDim.x * VEC;
+  for (u32 item = blockIdx.x; item < (u32)lay.items; item += gridDim.x) {
+    u32 row = item;
+    int start = 0;
+    if (lay.chunks_per_row != 1) {
+      row = item / (u32)lay.chunks_per_row;
+      start = (int)(item - row * (u32)lay.chunks_per_row) * lay.chunk_cols;
+    }
+    const i64 base = (i64)row * lay.L;
+    const int end = min(lay.L, start + lay.chunk_cols);  // the plan may give fewer than U vectors per thread
+    const int col0 = start + (int)threadIdx.x * VEC;
+    ElementVector<in_t, VEC> xv[U], gv[ste ? U : 1];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        xv[u].template load<true>(x + base + col, VEC);
+        if constexpr (ste) gv[u].template load<true>(dy + base + col, VEC);
+      }
+    }
+    const i64 pbase = (i64)row * lay.Co;
+    // Compute and store every vector, with param_of(col) the parameter of the vector at col.
+    auto finish = [&](auto param_of) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int col = col0 + u * step;
+        if (col < end) {
+          const Param p = param_of(col);
+          float uni[VEC];
+          fake_uniforms<VEC, OP>((u64)(base + col), seed, offset, uni);
+          acc_t vals[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[ste ? u : 0], uni, k, vals);
+          vector_from_acc<In, VEC>(vals).template store<true>(out + base + col, VEC);
+        }
+      }
+    };
+    if (lay.cs == 0) {  // one parameter per row, loaded once per item
+      const Param rp = Param::load(scale_ptr, zp_ptr, lay.flags, scale_value, zp_value, pbase, lay.q_min, lay.q_max);
+      finish([&](int) { return rp; });
+    } else {  // one per vector (gc % VEC == 0)
+      finish([&](int col) {
+        return Param::load(scale_ptr, zp_ptr, lay.flags, scale_value, zp_value,
+                           pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs, lay.q_min, lay.q_max);
+      });
+    }
+  }
+}
+
+}  // namespace qp
+
+template <class In, int VEC>
+__global__ void __launch_bounds__(256, QP_FAKE_DENSE_ROWS_MIN_BLOCKS)
+fake_quantize_dense_rows(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
+                         const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr,
+                         const void* __restrict__ zp_ptr, typename qp::FloatElement<In>::acc scale_value,
+                         int zp_value, const qp::RowLayout lay) {
+  qp::fake_dense_rows<In, VEC, qp::kFakeNearest>(x, nullptr, y, scale_ptr, zp_ptr, scale_value, zp_value, lay, 0, 0);
+}
+
+template <class In, int VEC>
+__global__ void __launch_bounds__(256, 6)
+fake_quantize_ste_dense_rows(const typename qp::FloatElement<In>::storage* x,
+                             const typename qp::FloatElement<In>::storage* dy,
+                             typename qp::FloatElement<In>::storage* dx,
+                             const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr,
+                             const void* __restrict__ zp_ptr, typename qp::FloatElement<In>::acc scale_value,
+                             int zp_value, const qp::RowLayout lay) {
+  qp::fake_dense_rows<In, VEC, qp::kFakeSte>(x, dy, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay, 0, 0);
+}
+
+template <class In, int VEC>
+__global__ void __launch_bounds__(256, 6)
+fake_quantize_stochastic_dense_rows(const typename qp::FloatElement<In>::storage* x,
+                                    typename qp::FloatElement<In>::storage* y,
+                                    const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr,
+                                    const void* __restrict__ zp_ptr, typename qp::FloatElement<In>::acc scale_value,
+                                    int zp_value, const qp::RowLayout lay, const qp::i64* __restrict__ seed_ptr,
+                                    const qp::i64* __restrict__ offset_ptr, qp::u64 seed_value,
+                                    qp::u64 offset_value) {
+  qp::fake_dense_rows<In, VEC, qp::kFakeStochastic>(x, nullptr, y, scale_ptr, zp_ptr, scale_value, zp_value, lay,
+                                                   qp::rng_word(seed_ptr, seed_value),
+                                                   qp::rng_word(offset_ptr, offset_value));
+}
+
 // TensorScope (OP a FakeOp): one parameter; the tensor is n elements, walked as vectors of VEC,
 // `per_thread` (1 to kFakeUnroll) per thread and tile of blockDim.x * per_thread vectors
 // (grid-stride past the grid); the last vector may be partial (element I/O). Few registers and
@@ -301,6 +429,143 @@ dynamic_fake_quantize_segments(const typename qp::FloatElement<In>::storage* x,
           }
         }
       });
+}
+
+// ---- DynamicRangeFakeQuantizePlan's fused pass on the hot layouts ----
+// dynamic_fake_quantize_dense: the same results as dynamic_fake_quantize_segments for
+// contiguous segments of S = team * 8 * NV 16-bit elements (a team of 1 << seg_log2 threads per
+// segment, team <= 256, each thread NV vectors of 8 elements, all of them data), 16-byte aligned
+// operands, blocks of 256 threads, one segment per team and loop trip (grid-stride beyond).
+//  * staging: the thread's share of the segment goes global -> shared memory by cp.async
+//    (qp_stage.cuh), so no data register lives across the range reduction, and is read back
+//    from there to fake-quantize (in place is safe: every element is staged before it is written,
+//    by the thread that writes it);
+//  * addressing: one 64-bit segment base per segment, 32-bit columns, no bounds tests;
+//  * arithmetic: DynamicFakeParam (the zero point folded into the clamp bounds, rne and floor
+//    by two additions); stochastic rounding draws one Philox call per 4 elements from a
+//    PhiloxStream (round 0's offset product hoisted);
+//  * a segment whose inv is +Inf (scale below 2^-128: bf16 data below about 2^-121) takes the
+//    general per-element path, out of line.
+// 32 registers (8 blocks per SM) for nearest rounding; 40 for stochastic.
+#ifndef QP_FAKE_DENSE_MIN_BLOCKS
+#define QP_FAKE_DENSE_MIN_BLOCKS 8
+#endif
+#ifndef QP_FAKE_DENSE_SR_MIN_BLOCKS
+#define QP_FAKE_DENSE_SR_MIN_BLOCKS 6
+#endif
+
+namespace qp {
+
+static const int kFakeDenseBlock = 256;  // threads of a dynamic_fake_quantize_dense block
+
+// A staged vector of 8 16-bit elements (slot u of this thread).
+__device__ __forceinline__ ElementVector<u16, 8> staged_vector(const uint4* stage, int u) {
+  ElementVector<u16, 8> v;
+  v.bytes.w[0] = stage[u * kFakeDenseBlock + threadIdx.x];
+  return v;
+}
+
+// The rare path of dynamic_fake_quantize_dense (inv = +Inf): FakeQuantParam's general formulas,
+// from the staged vectors, out of line so that the hot loop keeps its registers.
+template <class In, int NV, bool STOCHASTIC>
+__device__ __noinline__ void dense_fake_general(const uint4* stage, u16* ys, i64 first, int lane, int team,
+                                                float scale, int zp, int q_min, int q_max, PhiloxStream rng) {
+  FakeQuantParam<float> p;
+  p.set(scale, (float)zp, q_min, q_max);
+  for (int u = 0; u < NV; ++u) {
+    const int col = (lane + u * team) * 8;
+    const ElementVector<u16, 8> xv = staged_vector(stage, u);
+    float vals[8];
+    for (int k = 0; k < 8; ++k) {
+      const float v = FloatElement<In>::to_acc(xv.v[k]);
+      if constexpr (STOCHASTIC) {
+        const Philox4 w = rng((u64)(first + col + k) >> 2);
+        vals[k] = p.fake_stochastic(v, philox_uniform(w.v[k & 3]));
+      } else {
+        vals[k] = p.fake(v);
+      }
+    }
+    vector_from_acc<In, 8>(vals).template store<true>(ys + col, 8);
+  }
+}
+
+}  // namespace qp
+
+template <class In, int NV, bool STOCHASTIC>
+__global__ void __launch_bounds__(qp::kFakeDenseBlock, STOCHASTIC ? QP_FAKE_DENSE_SR_MIN_BLOCKS : QP_FAKE_DENSE_MIN_BLOCKS)
+dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
+                            float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
+                            float divisor, const qp::i64* __restrict__ seed_ptr,
+                            const qp::i64* __restrict__ offset_ptr, qp::u64 seed_value, qp::u64 offset_value) {
+  typedef qp::FloatElement<In> FE;
+  typedef qp::u16 in_t;
+  typedef qp::SegmentRange<float, qp::u32> Range;
+  static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
+  constexpr int VEC = 8;
+  __shared__ uint4 stage[NV * qp::kFakeDenseBlock];
+  __shared__ Range team_slots[qp::kFakeDenseBlock / 32];
+  const qp::PhiloxStream rng(STOCHASTIC ? qp::rng_word(seed_ptr, seed_value) : 0,
+                             STOCHASTIC ? qp::rng_word(offset_ptr, offset_value) : 0);
+  const int team_log2 = lay.seg_log2;
+  const int team = 1 << team_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const int teams_per_block = qp::kFakeDenseBlock >> team_log2;
+  const bool asym = lay.mode != 0;
+  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments;
+       base += (qp::i64)gridDim.x * teams_per_block) {
+    const qp::i64 seg = base + (threadIdx.x >> team_log2);
+    const bool active = seg < lay.segments;
+    const qp::i64 first = seg * lay.S;
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u)
+        qp::stage_16(&stage[u * qp::kFakeDenseBlock + threadIdx.x], x + first + (lane + u * team) * VEC);
+    }
+    qp::stage_wait();
+    qp::RangeScan<In> scan;
+    scan.reset();
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) scan.add(qp::staged_vector(stage, u), asym);
+    }
+    Range range = scan.result();
+    qp::team_reduce_range(range, asym, team_log2, team_slots);
+    if (!active) continue;
+    int zp;
+    const float scale = qp::segment_params<float>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
+                                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min,
+                                                  lay.q_max, divisor, zp);
+    if (lane == 0) {
+      if (scale_out) scale_out[seg] = scale;
+      if (zp_out) zp_out[seg] = zp;
+    }
+    qp::DynamicFakeParam<float> p;
+    p.set(scale, zp, lay.q_min, lay.q_max);
+    in_t* ys = y + first;
+    if (!p.short_path()) {
+      qp::dense_fake_general<In, NV, STOCHASTIC>(stage, ys, first, lane, team, scale, zp, lay.q_min, lay.q_max, rng);
+      continue;
+    }
+#pragma unroll 1
+    for (int u = 0; u < NV; ++u) {
+      const int col = (lane + u * team) * VEC;
+      const qp::ElementVector<in_t, VEC> xv = qp::staged_vector(stage, u);
+      float vals[VEC];
+      if constexpr (STOCHASTIC) {
+        const qp::u64 j = (qp::u64)(first + col) >> 2;  // first + col is a multiple of 8
+#pragma unroll
+        for (int h = 0; h < VEC; h += 4) {
+          const qp::Philox4 w = rng(j + (h >> 2));
+#pragma unroll
+          for (int t = 0; t < 4; ++t) vals[h + t] = p.stochastic(FE::to_acc(xv.v[h + t]), qp::philox_uniform(w.v[t]));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
+      }
+      qp::vector_from_acc<In, VEC>(vals).template store<true>(ys + col, VEC);
+    }
+  }
 }
 
 // Learnable backward, pass 1. Each team takes one (segment, chunk) item at a time (the loop is

@@ -49,6 +49,13 @@ __device__ __forceinline__ double acc_rint_small(double t) {
   return __dsub_rn(__dadd_rn(t, 6755399441055744.0), 6755399441055744.0);
 }
 
+// floor(t) for |t| < 2^22 (2^51 for double), and NaN: the same two additions with the first
+// rounded down (to -Inf), so the sum is floor(t) + 1.5 * 2^23 exactly. A zero result is +0.
+__device__ __forceinline__ float acc_floor_small(float t) { return __fsub_rn(__fadd_rd(t, 12582912.0f), 12582912.0f); }
+__device__ __forceinline__ double acc_floor_small(double t) {
+  return __dsub_rn(__dadd_rd(t, 6755399441055744.0), 6755399441055744.0);
+}
+
 // Where the zero point comes from (a runtime choice, uniform across the launch).
 enum ZeroPointSource { kZpValue = 0, kZpInt32 = 1, kZpFloat = 2 };
 
@@ -105,8 +112,7 @@ template <class Acc> struct FakeQuantParam {
   }
   __device__ __forceinline__ Acc fake_stochastic_small(Acc x, float u) const {
     const Acc v = acc_mul(x, inv);
-    const Acc r = acc_rint_small(v);
-    const Acc f = r > v ? acc_sub(r, (Acc)1) : r;  // floor(v) (a -0 / +0 difference cancels in + zp)
+    const Acc f = acc_floor_small(v);  // floor(v) (a -0 / +0 difference cancels in + zp)
     return dequantized(acc_add((Acc)u < acc_sub(v, f) ? acc_add(f, (Acc)1) : f, zp));
   }
 
@@ -115,11 +121,15 @@ template <class Acc> struct FakeQuantParam {
   // (clamp(q) - zp) * scale
   __device__ __forceinline__ Acc dequantized(Acc q) const { return acc_mul(acc_sub(fmin(fmax(q, lo), hi), zp), scale); }
 
-  __device__ __forceinline__ Acc fake(Acc x) const { return dequantized(code(x)); }
+  // The clamp's fmax maps a NaN q to q_min, as code()'s q_min - 1 does (no NaN test needed).
+  __device__ __forceinline__ Acc fake(Acc x) const { return dequantized(acc_add(acc_rint_fast(acc_mul(x, inv)), zp)); }
   __device__ __forceinline__ Acc fake_stochastic(Acc x, float u) const { return dequantized(stochastic_code(x, u)); }
 
   // The straight-through gradient: dy * (mask ? 1 : 0) (a negative dy outside gives -0, NaN stays NaN).
-  __device__ __forceinline__ Acc ste(Acc x, Acc dy) const { return acc_mul(dy, inside(code(x)) ? (Acc)1 : (Acc)0); }
+  // A NaN q compares false in inside(), as code()'s q_min - 1 does (no NaN test needed).
+  __device__ __forceinline__ Acc ste(Acc x, Acc dy) const {
+    return acc_mul(dy, inside(acc_add(acc_rint_fast(acc_mul(x, inv)), zp)) ? (Acc)1 : (Acc)0);
+  }
 
   // dx, and this element's contributions to dscale and dzp (LSQ; header comment).
   __device__ __forceinline__ Acc learnable_grads(Acc x, Acc dy, Acc grad_factor, Acc& dscale, Acc& dzp) const {
@@ -132,6 +142,36 @@ template <class Acc> struct FakeQuantParam {
     dscale = acc_mul(acc_mul(acc_mul(dy, acc_sub(dequantized(q), x)), inv), grad_factor);
     dzp = (Acc)0;
     return dy;
+  }
+};
+
+// The parameters of dynamic-range fake quantization (the fused passes), where every code and
+// zero point is an integer of at most 8 bits: (clamp(q + zp, q_min, q_max) - zp) * scale is
+// clamp(q, q_min - zp, q_max - zp) * scale exactly (q, zp and the bounds are small integers, so
+// every sum is exact; a NaN q still gives the lower bound; q is never -0), two operations fewer
+// per element. |x * inv| < 2^22 or NaN (a finite inv: the caller checks `short_path()`).
+template <class Acc> struct DynamicFakeParam {
+  Acc scale, inv, lo, hi;  // lo / hi: q_min - zp, q_max - zp
+
+  __device__ __forceinline__ void set(Acc s, int zp, int q_min, int q_max) {
+    scale = s;
+    inv = acc_rcp(s);
+    lo = (Acc)(q_min - zp);
+    hi = (Acc)(q_max - zp);
+  }
+
+  // A finite inv bounds |x * inv| by about q_max - q_min (NaN: a non-finite segment); an inv of
+  // +Inf (a scale below 2^-128) needs FakeQuantParam's general path.
+  __device__ __forceinline__ bool short_path() const { return !(isinf(inv)); }
+
+  __device__ __forceinline__ Acc nearest(Acc x) const {
+    return acc_mul(fmin(fmax(acc_rint_small(acc_mul(x, inv)), lo), hi), scale);
+  }
+  __device__ __forceinline__ Acc stochastic(Acc x, float u) const {
+    const Acc v = acc_mul(x, inv);
+    const Acc f = acc_floor_small(v);
+    const Acc q = (Acc)u < acc_sub(v, f) ? acc_add(f, (Acc)1) : f;
+    return acc_mul(fmin(fmax(q, lo), hi), scale);
   }
 };
 

@@ -3,18 +3,20 @@ and DynamicRangeFakeQuantizePlan's multi-pass path (``kernels/fake_quantize.cu``
 
 :class:`FakeRowLaunches` is one elementwise kernel (forward with either rounding, or the
 straight-through backward) for aligned operands and its element-I/O twin: the row kernels for
-Token / Channel / GroupScope, ``fake_quantize_flat`` for TensorScope.
+Token / Channel / GroupScope (``*_dense_rows`` on the hot layouts, :func:`dense_rows`),
+``fake_quantize_flat`` for TensorScope.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 from ._affine import CodeRangeProblem
 from ._device import device_info
-from ._families import FAKE_ROW_KERNELS, fake_quantize_unit
+from ._families import FAKE_DENSE_ROW_KERNELS, FAKE_ROW_KERNELS, fake_quantize_unit
 from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
 from ._operands import Operand
@@ -28,6 +30,11 @@ ZP_VALUE, ZP_INT32, ZP_FLOAT = 0, 1, 2
 _FLAT_UNROLL = 4
 #: Most blocks of one ``fake_quantize_flat`` launch (grid-stride beyond).
 _FLAT_MAX_BLOCKS = 1 << 20
+#: Most threads of a dense-rows block (``__launch_bounds__`` of the kernels), fewest, and the
+#: shortest row the dense kernels take (32 vectors: a warp's worth).
+_DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = 256, 64, 32
+#: Vectors per thread and item of the dense-rows kernels (fake_dense_unroll in the kernel).
+_DENSE_UNROLL = 2
 
 
 class FakeOp(enum.IntEnum):
@@ -101,6 +108,89 @@ class FakeRowLaunches(LaunchPair):
             params.layout.flags = zp_source
 
 
+@dataclass(frozen=True)
+class DenseRows:
+    """Geometry of the ``*_dense_rows`` kernels (``kernels/fake_quantize.cu``): ``rows`` contiguous
+    rows of ``L`` elements, parameter index ``row * row_coef + (col // gc) * cs``; one (row, chunk)
+    item per block of ``block`` threads, ``unroll`` vectors of ``vec`` per thread and item."""
+
+    rows: int
+    L: int
+    vec: int
+    row_coef: int
+    gc: int
+    cs: int
+    block: int
+    unroll: int
+
+    @property
+    def chunk_cols(self) -> int:
+        return self.block * self.vec * self.unroll
+
+    @property
+    def chunks_per_row(self) -> int:
+        return -(-self.L // self.chunk_cols)
+
+    @property
+    def items(self) -> int:
+        return self.rows * self.chunks_per_row
+
+    def args(self, q_min: int, q_max: int) -> RowLayoutArgs:
+        """The kernels' by-value ``RowLayout`` (the fields they read; ``Co`` holds the row coefficient)."""
+        a = RowLayoutArgs()
+        a.rows, a.items, a.chunks_per_row, a.L, a.chunk_cols = (
+            self.rows, self.items, self.chunks_per_row, self.L, self.chunk_cols
+        )  # fmt: skip
+        a.M = a.A = a.g_rows = 1
+        a.Co, a.gc, a.cs, a.q_min, a.q_max = self.row_coef, self.gc, self.cs, q_min, q_max
+        return a
+
+    def describe(self) -> str:
+        """Short variant tag for KernelSku.variant."""
+        return f"dense-rows[{self.block}t-per-item,vec{self.vec},unroll{self.unroll},chunks{self.chunks_per_row}]"
+
+
+def dense_rows(layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int) -> DenseRows | None:
+    """The dense-rows geometry of ``layout``, or None where the kernels do not apply.
+
+    They apply to aligned vector I/O at the widest vector (``L % vec_max == 0``, rows of at least
+    32 vectors) when the parameter index is ``row * c + (col // gc) * cs`` for every row (no outer
+    or inner axis around a channel / group axis) and a vector never straddles a group (``cs == 0``
+    or ``gc % vec == 0``). Blocks of 256 threads with ``unroll_max`` vectors each (at most the
+    kernels' 2), narrowed to the
+    row; fewer vectors per thread, then smaller blocks (down to 64 threads) while the grid has
+    fewer than two blocks per SM.
+    """
+    vec, L = layout.vec, layout.L
+    if not layout.vector_io or vec != vec_max or L % vec or L < _DENSE_MIN_VECTORS * vec or layout.rows == 0:
+        return None
+    if layout.M != 1:
+        return None
+    if layout.A == 1:
+        row_coef = layout.Co
+    elif layout.g_rows == 1 and layout.A == layout.rows:  # a leading channel axis: row // A == 0
+        row_coef = layout.Ca
+    else:
+        return None
+    if layout.cs and layout.gc % vec:
+        return None
+    block, unroll = _DENSE_BLOCK, unroll_max
+    while block > _DENSE_MIN_VECTORS and block * vec > L:
+        block //= 2
+    while unroll > 1 and block * vec * unroll >= 2 * L:
+        unroll //= 2
+
+    def blocks(b: int, u: int) -> int:
+        return layout.rows * -(-L // (b * vec * u))
+
+    while unroll > 1 and blocks(block, unroll) < 2 * sm_count:
+        unroll //= 2
+    while block > _DENSE_MIN_BLOCK and blocks(block, unroll) < 2 * sm_count:
+        block //= 2
+    geometry = DenseRows(layout.rows, L, vec, row_coef, layout.gc, layout.cs, block, unroll)
+    return geometry if geometry.items < 2**31 else None
+
+
 def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
     """``(block threads, vectors per thread)`` of ``fake_quantize_flat``: 256 x 4 for large
     tensors; for small ones fewer vectors per thread, then smaller blocks, until the grid has
@@ -151,17 +241,28 @@ def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) 
 
     primary = row_layout(problem.shape, problem.scope, vec, False, info.busy_threads)
     fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
-    launches = FakeRowLaunches(rows(primary), rows(fallback), min(16, primary.vec * in_bytes), False)
-    return launches, f"{problem.scope.kind}/{problem.mode.value}/{primary.describe()}"
+    align = min(16, primary.vec * in_bytes)
+    dense = dense_rows(primary, vec, _DENSE_UNROLL, info.sm_count)
+    prefix = f"{problem.scope.kind}/{problem.mode.value}/"
+    if dense is not None:
+        fn = functions[template_name(FAKE_DENSE_ROW_KERNELS[op], tag, vec)]
+        launch = PreparedLaunch(
+            fn, dense.items, dense.block, params_type, layout=dense.args(problem.q_min, problem.q_max)
+        )
+        return FakeRowLaunches(launch, rows(fallback), align, False), prefix + dense.describe()
+    launches = FakeRowLaunches(rows(primary), rows(fallback), align, False)
+    return launches, prefix + primary.describe()
 
 
 __all__ = [
+    "DenseRows",
     "ZP_FLOAT",
     "ZP_INT32",
     "ZP_VALUE",
     "FakeOp",
     "FakeQuantizeProblem",
     "FakeRowLaunches",
+    "dense_rows",
     "flat_geometry",
     "prepare_fake_rows",
 ]

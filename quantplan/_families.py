@@ -187,29 +187,46 @@ def dynamic_range_units() -> list[Unit]:
 #: The row kernel of each elementwise fake-quantization op (``FakeOp`` of ``kernels/fake_quantize.cu``,
 #: in its order: nearest, straight-through backward, stochastic).
 FAKE_ROW_KERNELS = ("fake_quantize_rows", "fake_quantize_ste_rows", "fake_quantize_stochastic_rows")
+#: The row kernels of the hot layouts (contiguous rows, one parameter per row or per whole vector),
+#: in the same order; instantiated at the widest vector only.
+FAKE_DENSE_ROW_KERNELS = (
+    "fake_quantize_dense_rows",
+    "fake_quantize_ste_dense_rows",
+    "fake_quantize_stochastic_dense_rows",
+)
 
 
 def fake_quantize_unit(element: ElementKind) -> Unit:
     """The elementwise and learnable kernels of one data type: the row kernel of every fake op at
-    each vector width, the flat TensorScope kernel of every op (widest vector, and 1), the
+    each vector width and its dense-rows twin at the widest, the flat TensorScope kernel of every op (widest vector, and 1), the
     learnable backward at each width with vector and element I/O, and its finishing sum."""
     info = ELEMENTS[element]
     tag, widths = info.cpp_tag, info.widths
     rows = [template_name(k, tag, v, True) for k in FAKE_ROW_KERNELS for v in widths]
+    dense = [template_name(k, tag, widths[0]) for k in FAKE_DENSE_ROW_KERNELS]
     flat = [template_name("fake_quantize_flat", tag, v, op) for v in (widths[0], 1) for op in range(3)]
     lsq = [template_name("fake_quantize_lsq_segments", tag, v, io) for v in widths for io in (True, False)]
-    return [*rows, *flat, *lsq, template_name("fake_quantize_lsq_finish", acc_cpp(info.math_precision))]
+    return [*rows, *dense, *flat, *lsq, template_name("fake_quantize_lsq_finish", acc_cpp(info.math_precision))]
+
+
+def dynamic_fake_dense_name(element: ElementKind, nv: int, stochastic: bool) -> str:
+    """One instantiation of ``dynamic_fake_quantize_dense`` (``nv`` vectors of 8 elements per thread)."""
+    return template_name("dynamic_fake_quantize_dense", ELEMENTS[element].cpp_tag, nv, stochastic)
 
 
 def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
-    (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic."""
+    (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic; F16 /
+    BF16 add ``dynamic_fake_quantize_dense`` at every ``DENSE_NV``, both roundings."""
     info = ELEMENTS[element]
-    return [
+    unit = [
         template_name("dynamic_fake_quantize_segments", info.cpp_tag, v, True, stochastic)
         for v in info.widths
         for stochastic in (False, True)
     ]
+    if element in DENSE_FLOAT_KINDS:
+        unit += [dynamic_fake_dense_name(element, nv, s) for nv in DENSE_NV for s in (False, True)]
+    return unit
 
 
 def fake_quantize_units() -> list[Unit]:
@@ -381,6 +398,8 @@ __all__ = [
     "deepspeed_code_kind",
     "dequant_reduce_unit",
     "dequantize_unit",
+    "FAKE_DENSE_ROW_KERNELS",
+    "dynamic_fake_dense_name",
     "dynamic_fake_quantize_unit",
     "dynamic_range_unit",
     "dynamic_segments_unit",

@@ -12,7 +12,8 @@ The quantization-aware-training counterpart of :class:`~quantplan.DynamicRangeQu
   ``y = (clamp(q, q_min, q_max) - zp) * scale``, rounded to the data type.
 
 Kernels: ``dynamic_fake_quantize_segments`` in ``kernels/fake_quantize.cu`` (fused single pass,
-shared segment loop in ``qp_dynamic_segments.cuh``), or the range passes of
+shared segment loop in ``qp_dynamic_segments.cuh``; ``dynamic_fake_quantize_dense`` on 16-bit
+segments of team x 8 x nv elements), or the range passes of
 ``kernels/dynamic_range.cu`` followed by ``fake_quantize_{,stochastic_}rows`` / ``fake_quantize_flat``;
 reference: :func:`quantplan.reference.dynamic_fake_quantize`; tests:
 ``tests/test_dynamic_fake_quantize_*.py``.
@@ -21,7 +22,7 @@ reference: :func:`quantplan.reference.dynamic_fake_quantize`; tests:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,12 +31,12 @@ from . import reference
 from ._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
-from ._families import dynamic_fake_quantize_unit
+from ._families import dynamic_fake_dense_name, dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend
-from ._segments import RangePasses, SegmentGeometry, fused_geometries, prepare_segments
+from ._segments import RangePasses, SegmentGeometry, dense_geometry, fused_geometries, prepare_segments
 from .compiler import template_name
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
@@ -132,8 +133,12 @@ def _align(n: int) -> int:
 
 def _prepare_fused(
     problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int
-) -> LaunchPair:
-    """Compile (first use) and prepare ``dynamic_fake_quantize_segments`` for ``problem``."""
+) -> tuple[LaunchPair, str]:
+    """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
+    ``dynamic_fake_quantize_dense`` for aligned operands where
+    :func:`~quantplan._segments.dense_geometry` applies (16-bit segments of team x 8 x nv elements;
+    both roundings), else ``dynamic_fake_quantize_segments``; the latter's element-I/O geometry
+    serves misaligned operands."""
     tag = ELEMENTS[problem.float_kind].cpp_tag
 
     def name(g: SegmentGeometry) -> str:
@@ -141,7 +146,16 @@ def _prepare_fused(
 
     unit = dynamic_fake_quantize_unit(problem.float_kind)
     bits = ELEMENTS[problem.float_kind].storage_bits
-    return prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id)
+    busy = device_info(device_id).busy_threads
+    # dense_geometry serves nearest rounding of the quantize kernels; the fake kernel takes both.
+    found = dense_geometry(replace(problem, rounding=Rounding.NEAREST_EVEN), geometries[0], busy)
+    if found is None:
+        pair = prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id)
+        return pair, geometries[0].describe()
+    dense, nv = found
+    kernel = dynamic_fake_dense_name(problem.float_kind, nv, problem.stochastic)
+    pair = prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, dense))
+    return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
 
 
 class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, AffineOperands]):
@@ -250,8 +264,8 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         device_id = stream_device_id(stream)
         geometries = fused_geometries(problem, device_info(device_id).busy_threads)
         if geometries is not None:
-            fused = _prepare_fused(problem, geometries, device_id)
-            variant = f"{problem.scope.kind}/{problem.mode.value}/{geometries[0].describe()}"
+            fused, kind = _prepare_fused(problem, geometries, device_id)
+            variant = f"{problem.scope.kind}/{problem.mode.value}/{kind}"
             return cls(desc, problem, device_id, variant, fused=fused)
         passes = RangePasses.prepare(problem, device_id)
         rows, rows_variant = prepare_fake_rows(problem, FakeOp.forward(problem.rounding), device_id)
