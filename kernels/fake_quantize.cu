@@ -194,7 +194,7 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // straddles a group). quantplan/_fake_rows.py (dense_row_layout) decides when a layout
 // qualifies and fills lay.Co with the row coefficient; lay.M, A, Ca, Cm, g_rows and seg_log2 are
 // not read. One (row, chunk) item per block at a time (chunk_cols = blockDim.x * VEC * unroll
-// columns, unroll <= fake_dense_unroll<OP>(); vector u of thread t at chunk * chunk_cols +
+// columns, unroll <= fake_dense_unroll(); vector u of thread t at chunk * chunk_cols +
 // (u * blockDim.x + t) * VEC; `unroll` may be below the kernel's U), grid-stride over items (fewer than 2^31). No 64-bit index
 // arithmetic per element: one row base per item, 32-bit columns; the parameter of a row is
 // loaded once per item. Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
@@ -206,10 +206,13 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 
 namespace qp {
 
-// Vectors per thread and item (at most; _DENSE_UNROLL in quantplan/_fake_rows.py): 2, so the
-// forward keeps 32 registers with no spill (4 spills). 32 bytes per input in flight per thread,
-// 64 KiB per SM at full occupancy: more than an H200's bandwidth-latency product per SM.
-template <int OP> __host__ __device__ constexpr int fake_dense_unroll() { return 2; }
+// Vectors per thread and item (at most; dense_unroll in quantplan/_fake_rows.py): 32 bytes of
+// each input (two 16-byte vectors, or one of 32), so the forward keeps 32 registers with no
+// spill (four 16-byte vectors spill). 64 KiB in flight per SM at full occupancy: more than an
+// H200's bandwidth-latency product per SM.
+template <class T, int VEC> __host__ __device__ constexpr int fake_dense_unroll() {
+  return sizeof(T) * VEC >= 32 ? 1 : 32 / (int)(sizeof(T) * VEC);
+}
 
 template <class In, int VEC, int OP>
 __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>::storage* x,
@@ -223,7 +226,7 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
   typedef FakeQuantParam<acc_t> Param;
-  constexpr int U = fake_dense_unroll<OP>();
+  constexpr int U = fake_dense_unroll<in_t, VEC>();
   constexpr bool ste = OP == kFakeSte;
   const int step = (int)blockDim.x * VEC;
   for (u32 item = blockIdx.x; item < (u32)lay.items; item += gridDim.x) {

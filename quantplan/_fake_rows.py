@@ -33,8 +33,14 @@ _FLAT_MAX_BLOCKS = 1 << 20
 #: Most threads of a dense-rows block (``__launch_bounds__`` of the kernels), fewest, and the
 #: shortest row the dense kernels take (32 vectors: a warp's worth).
 _DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = 256, 64, 32
-#: Vectors per thread and item of the dense-rows kernels (fake_dense_unroll in the kernel).
-_DENSE_UNROLL = 2
+#: Bytes of each input one thread of a dense-rows kernel takes per item (fake_dense_unroll).
+_DENSE_THREAD_BYTES = 32
+
+
+def dense_unroll(vec: int, element_bytes: int) -> int:
+    """Vectors per thread and item of the dense-rows kernels (``fake_dense_unroll`` in the kernel):
+    32 bytes of each input, at least one vector."""
+    return max(1, _DENSE_THREAD_BYTES // (vec * element_bytes))
 
 
 class FakeOp(enum.IntEnum):
@@ -156,8 +162,8 @@ def dense_rows(layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int) 
     They apply to aligned vector I/O at the widest vector (``L % vec_max == 0``, rows of at least
     32 vectors) when the parameter index is ``row * c + (col // gc) * cs`` for every row (no outer
     or inner axis around a channel / group axis) and a vector never straddles a group (``cs == 0``
-    or ``gc % vec == 0``). Blocks of 256 threads with ``unroll_max`` vectors each (at most the
-    kernels' 2), narrowed to the
+    or ``gc % vec == 0``). Blocks of 256 threads with ``unroll_max`` vectors each (at most
+    :func:`dense_unroll`), narrowed to the
     row; fewer vectors per thread, then smaller blocks (down to 64 threads) while the grid has
     fewer than two blocks per SM.
     """
@@ -242,7 +248,7 @@ def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) 
     primary = row_layout(problem.shape, problem.scope, vec, False, info.busy_threads)
     fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
     align = min(16, primary.vec * in_bytes)
-    dense = dense_rows(primary, vec, _DENSE_UNROLL, info.sm_count)
+    dense = dense_rows(primary, vec, dense_unroll(vec, in_bytes), info.sm_count)
     prefix = f"{problem.scope.kind}/{problem.mode.value}/"
     if dense is not None:
         fn = functions[template_name(FAKE_DENSE_ROW_KERNELS[op], tag, vec)]
@@ -263,6 +269,7 @@ __all__ = [
     "FakeQuantizeProblem",
     "FakeRowLaunches",
     "dense_rows",
+    "dense_unroll",
     "flat_geometry",
     "prepare_fake_rows",
 ]
