@@ -214,32 +214,27 @@ template <class T, int VEC> __host__ __device__ constexpr int fake_dense_unroll(
   return sizeof(T) * VEC >= 32 ? 1 : 32 / (int)(sizeof(T) * VEC);
 }
 
+// One (row, chunk) item of the dense-rows kernels: its vectors (loaded first), then computed and
+// stored with one parameter per row (PER_VECTOR false: `rp`) or one per vector (loaded there).
 template <class In, int VEC, int OP>
-__device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>::storage* x,
-                                                const typename FloatElement<In>::storage* dy,
-                                                typename FloatElement<In>::storage* out,
-                                                const typename FloatElement<In>::acc* __restrict__ scale_ptr,
-                                                const void* __restrict__ zp_ptr,
-                                                typename FloatElement<In>::acc scale_value, int zp_value,
-                                                const RowLayout& lay, u64 seed, u64 offset) {
+struct FakeDenseItem {
   typedef FloatElement<In> FE;
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
   typedef FakeQuantParam<acc_t> Param;
-  constexpr int U = fake_dense_unroll<in_t, VEC>();
-  constexpr bool ste = OP == kFakeSte;
-  const int step = (int)blockDim.x * VEC;
-  for (u32 item = blockIdx.x; item < (u32)lay.items; item += gridDim.x) {
-    u32 row = item;
-    int start = 0;
-    if (lay.chunks_per_row != 1) {
-      row = item / (u32)lay.chunks_per_row;
-      start = (int)(item - row * (u32)lay.chunks_per_row) * lay.chunk_cols;
-    }
-    const i64 base = (i64)row * lay.L;
-    const int end = min(lay.L, start + lay.chunk_cols);  // the plan may give fewer than U vectors per thread
-    const int col0 = start + (int)threadIdx.x * VEC;
-    ElementVector<in_t, VEC> xv[U], gv[ste ? U : 1];
+  static constexpr int U = fake_dense_unroll<in_t, VEC>();
+  static constexpr bool ste = OP == kFakeSte;
+
+  const acc_t* scale_ptr;
+  const void* zp_ptr;
+  acc_t scale_value;
+  int zp_value;
+  const RowLayout& lay;
+  i64 base, pbase;
+  int col0, end, step;
+  ElementVector<in_t, VEC> xv[U], gv[ste ? U : 1];
+
+  __device__ __forceinline__ void load(const in_t* x, const in_t* dy) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
@@ -248,31 +243,55 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
         if constexpr (ste) gv[u].template load<true>(dy + base + col, VEC);
       }
     }
-    const i64 pbase = (i64)row * lay.Co;
-    // Compute and store every vector, with param_of(col) the parameter of the vector at col.
-    auto finish = [&](auto param_of) {
+  }
+
+  __device__ __forceinline__ Param param(i64 index) const {
+    return Param::load(scale_ptr, zp_ptr, lay.flags, scale_value, zp_value, index, lay.q_min, lay.q_max);
+  }
+
+  template <bool PER_VECTOR>
+  __device__ __forceinline__ void finish(const Param& rp, in_t* out, u64 seed, u64 offset) const {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int col = col0 + u * step;
-        if (col < end) {
-          const Param p = param_of(col);
-          float uni[VEC];
-          fake_uniforms<VEC, OP>((u64)(base + col), seed, offset, uni);
-          acc_t vals[VEC];
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        const Param p = PER_VECTOR ? param(pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs) : rp;
+        float uni[VEC];
+        fake_uniforms<VEC, OP>((u64)(base + col), seed, offset, uni);
+        acc_t vals[VEC];
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[ste ? u : 0], uni, k, vals);
-          vector_from_acc<In, VEC>(vals).template store<true>(out + base + col, VEC);
-        }
+        for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[ste ? u : 0], uni, k, vals);
+        vector_from_acc<In, VEC>(vals).template store<true>(out + base + col, VEC);
       }
-    };
+    }
+  }
+};
+
+template <class In, int VEC, int OP>
+__device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>::storage* x,
+                                                const typename FloatElement<In>::storage* dy,
+                                                typename FloatElement<In>::storage* out,
+                                                const typename FloatElement<In>::acc* __restrict__ scale_ptr,
+                                                const void* __restrict__ zp_ptr,
+                                                typename FloatElement<In>::acc scale_value, int zp_value,
+                                                const RowLayout& lay, u64 seed, u64 offset) {
+  typedef FakeDenseItem<In, VEC, OP> Item;
+  const int step = (int)blockDim.x * VEC;
+  for (u32 item = blockIdx.x; item < (u32)lay.items; item += gridDim.x) {
+    u32 row = item;
+    int start = 0;
+    if (lay.chunks_per_row != 1) {
+      row = item / (u32)lay.chunks_per_row;
+      start = (int)(item - row * (u32)lay.chunks_per_row) * lay.chunk_cols;
+    }
+    // end: the plan may give fewer than U vectors per thread
+    Item it{scale_ptr, zp_ptr, scale_value, zp_value, lay, (i64)row * lay.L, (i64)row * lay.Co,
+            start + (int)threadIdx.x * VEC, min(lay.L, start + lay.chunk_cols), step};
+    it.load(x, dy);
     if (lay.cs == 0) {  // one parameter per row, loaded once per item
-      const Param rp = Param::load(scale_ptr, zp_ptr, lay.flags, scale_value, zp_value, pbase, lay.q_min, lay.q_max);
-      finish([&](int) { return rp; });
+      it.template finish<false>(it.param(it.pbase), out, seed, offset);
     } else {  // one per vector (gc % VEC == 0)
-      finish([&](int col) {
-        return Param::load(scale_ptr, zp_ptr, lay.flags, scale_value, zp_value,
-                           pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs, lay.q_min, lay.q_max);
-      });
+      it.template finish<true>(typename Item::Param(), out, seed, offset);
     }
   }
 }
@@ -438,23 +457,24 @@ dynamic_fake_quantize_segments(const typename qp::FloatElement<In>::storage* x,
 // dynamic_fake_quantize_dense: the same results as dynamic_fake_quantize_segments for
 // contiguous segments of S = team * 8 * NV 16-bit elements (a team of 1 << seg_log2 threads per
 // segment, team <= 256, each thread NV vectors of 8 elements, all of them data), 16-byte aligned
-// operands, blocks of 256 threads, one segment per team and loop trip (grid-stride beyond).
+// operands, blocks of 256 threads, one segment per team and loop trip (grid-stride).
 //  * staging: the thread's share of the segment goes global -> shared memory by cp.async
 //    (qp_stage.cuh), so no data register lives across the range reduction, and is read back
 //    from there to fake-quantize (in place is safe: every element is staged before it is written,
-//    by the thread that writes it);
+//    by the thread that writes it, and the prefetch reads other segments);
 //  * addressing: one 64-bit segment base per segment, 32-bit columns, no bounds tests;
 //  * arithmetic: DynamicFakeParam (the zero point folded into the clamp bounds, rne and floor
 //    by two additions); stochastic rounding draws one Philox call per 4 elements from a
 //    PhiloxStream (round 0's offset product hoisted);
 //  * a segment whose inv is +Inf (scale below 2^-128: bf16 data below about 2^-121) takes the
 //    general per-element path, out of line.
-// 32 registers (8 blocks per SM) for nearest rounding; 40 for stochastic.
+//  * pipelining: a persistent grid (the plan sizes it to the resident blocks) double-buffers the
+//    staging: the next segment's copies are issued before this one is scanned, so every SM keeps
+//    its loads in flight through the reduction and the writes (measured on H200, 8192 x 8192
+//    f16: one segment per block and no prefetch ran at 56% of DRAM bandwidth);
+// 6 blocks per SM (two 16 KiB buffers each at NV = 4), 40 registers.
 #ifndef QP_FAKE_DENSE_MIN_BLOCKS
-#define QP_FAKE_DENSE_MIN_BLOCKS 8
-#endif
-#ifndef QP_FAKE_DENSE_SR_MIN_BLOCKS
-#define QP_FAKE_DENSE_SR_MIN_BLOCKS 6
+#define QP_FAKE_DENSE_MIN_BLOCKS 6
 #endif
 
 namespace qp {
@@ -495,7 +515,7 @@ __device__ __noinline__ void dense_fake_general(const uint4* stage, u16* ys, i64
 }  // namespace qp
 
 template <class In, int NV, bool STOCHASTIC>
-__global__ void __launch_bounds__(qp::kFakeDenseBlock, STOCHASTIC ? QP_FAKE_DENSE_SR_MIN_BLOCKS : QP_FAKE_DENSE_MIN_BLOCKS)
+__global__ void __launch_bounds__(qp::kFakeDenseBlock, QP_FAKE_DENSE_MIN_BLOCKS)
 dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
                             float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
                             float divisor, const qp::i64* __restrict__ seed_ptr,
@@ -505,7 +525,8 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
   typedef qp::SegmentRange<float, qp::u32> Range;
   static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
   constexpr int VEC = 8;
-  __shared__ uint4 stage[NV * qp::kFakeDenseBlock];
+  constexpr int SLOTS = NV * qp::kFakeDenseBlock;  // 16-byte words of one buffer
+  __shared__ uint4 stage[2 * SLOTS];
   __shared__ Range team_slots[qp::kFakeDenseBlock / 32];
   const qp::PhiloxStream rng(STOCHASTIC ? qp::rng_word(seed_ptr, seed_value) : 0,
                              STOCHASTIC ? qp::rng_word(offset_ptr, offset_value) : 0);
@@ -514,25 +535,33 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
   const int lane = threadIdx.x & (team - 1);
   const int teams_per_block = qp::kFakeDenseBlock >> team_log2;
   const bool asym = lay.mode != 0;
-  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments;
-       base += (qp::i64)gridDim.x * teams_per_block) {
-    const qp::i64 seg = base + (threadIdx.x >> team_log2);
-    const bool active = seg < lay.segments;
-    const qp::i64 first = seg * lay.S;
-    if (active) {
+  const qp::i64 stride = (qp::i64)gridDim.x * teams_per_block;
+  // The thread's share of segment s -> buffer b (one commit group; empty past the end).
+  auto prefetch = [&](qp::i64 s, int b) {
+    if (s < lay.segments) {
+      const in_t* xs = x + s * lay.S + lane * VEC;
 #pragma unroll
-      for (int u = 0; u < NV; ++u)
-        qp::stage_16(&stage[u * qp::kFakeDenseBlock + threadIdx.x], x + first + (lane + u * team) * VEC);
+      for (int u = 0; u < NV; ++u) qp::stage_16(&stage[b * SLOTS + u * qp::kFakeDenseBlock + threadIdx.x], xs + u * team * VEC);
     }
-    qp::stage_wait();
+    qp::stage_commit();
+  };
+  qp::i64 seg = (qp::i64)blockIdx.x * teams_per_block + (threadIdx.x >> team_log2);
+  prefetch(seg, 0);
+  int buf = 0;
+  for (qp::i64 base = (qp::i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride, seg += stride) {
+    prefetch(seg + stride, buf ^ 1);  // the next segment streams in while this one is processed
+    qp::stage_wait_prior<1>();        // this segment's copies have landed
+    const bool active = seg < lay.segments;
+    const uint4* staged = stage + buf * SLOTS;
     qp::RangeScan<In> scan;
     scan.reset();
     if (active) {
 #pragma unroll
-      for (int u = 0; u < NV; ++u) scan.add(qp::staged_vector(stage, u), asym);
+      for (int u = 0; u < NV; ++u) scan.add(qp::staged_vector(staged, u), asym);
     }
     Range range = scan.result();
     qp::team_reduce_range(range, asym, team_log2, team_slots);
+    buf ^= 1;
     if (!active) continue;
     int zp;
     const float scale = qp::segment_params<float>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
@@ -544,15 +573,16 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
     }
     qp::DynamicFakeParam<float> p;
     p.set(scale, zp, lay.q_min, lay.q_max);
+    const qp::i64 first = seg * lay.S;
     in_t* ys = y + first;
     if (!p.short_path()) {
-      qp::dense_fake_general<In, NV, STOCHASTIC>(stage, ys, first, lane, team, scale, zp, lay.q_min, lay.q_max, rng);
+      qp::dense_fake_general<In, NV, STOCHASTIC>(staged, ys, first, lane, team, scale, zp, lay.q_min, lay.q_max, rng);
       continue;
     }
 #pragma unroll 1
     for (int u = 0; u < NV; ++u) {
       const int col = (lane + u * team) * VEC;
-      const qp::ElementVector<in_t, VEC> xv = qp::staged_vector(stage, u);
+      const qp::ElementVector<in_t, VEC> xv = qp::staged_vector(staged, u);
       float vals[VEC];
       if constexpr (STOCHASTIC) {
         const qp::u64 j = (qp::u64)(first + col) >> 2;  // first + col is a multiple of 8
@@ -569,6 +599,7 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
       qp::vector_from_acc<In, VEC>(vals).template store<true>(ys + col, VEC);
     }
   }
+  qp::stage_wait();  // no copy outlives the block
 }
 
 // Learnable backward, pass 1. Each team takes one (segment, chunk) item at a time (the loop is

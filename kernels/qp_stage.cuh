@@ -17,4 +17,13 @@ __device__ __forceinline__ void stage_16(void* smem, const void* gmem) {
 // Wait for every copy this thread issued (after it, the thread may read its staged words).
 __device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Close the group of copies issued since the last commit (an empty group is allowed).
+__device__ __forceinline__ void stage_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight (the older ones
+// have landed): with two buffers, stage_wait_prior<1>() waits for the current one only.
+template <int N> __device__ __forceinline__ void stage_wait_prior() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace qp

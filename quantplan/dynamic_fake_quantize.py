@@ -155,7 +155,18 @@ def _prepare_fused(
     dense, nv = found
     kernel = dynamic_fake_dense_name(problem.float_kind, nv, problem.stochastic)
     pair = prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, dense))
-    return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
+    # A persistent grid: the kernel double-buffers each team's next segment (grid-stride).
+    pair.primary.grid = _resident_grid(pair.primary, device_id)
+    return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread,prefetch]"
+
+
+def _resident_grid(launch: PreparedLaunch, device_id: int) -> int:
+    """``launch``'s grid, at most the blocks every SM holds at once."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(launch.function_ptr, launch.block, 0)
+    return max(1, min(launch.grid, max(1, per_sm) * device_info(device_id).sm_count))
 
 
 class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, AffineOperands]):

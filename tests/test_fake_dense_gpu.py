@@ -83,6 +83,24 @@ def test_dynamic_dense_matches_reference(rng, rows, length, kind, mode, bits, ro
     assert "fused-single-pass[dense" in variant, variant
 
 
+@pytest.mark.parametrize(
+    ("shape", "kind", "mode", "rounding", "in_place"),
+    [
+        ((30000, 64), EK.F16, ASYM, STOCHASTIC, False),  # teams of 8, 32 per block: 938 blocks
+        ((30000, 64), EK.BF16, SYM, NEAREST, True),
+        ((900, 8192), EK.F16, SYM, NEAREST, False),  # one team per block: 900 blocks
+        ((900, 8192), EK.BF16, ASYM, STOCHASTIC, True),
+    ],
+)
+def test_dynamic_dense_grid_stride(rng, shape, kind, mode, rounding, in_place) -> None:
+    """More blocks of teams than an H200 holds at once (6 x 132): the persistent grid strides and
+    prefetches each team's next segment."""
+    desc = qp.DynamicRangeFakeQuantizeDescriptor(
+        shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=8, rounding=rounding
+    )
+    assert "dense" in _dynamic(desc, _segments_data(rng, shape, kind), in_place=in_place)
+
+
 @pytest.mark.parametrize("rounding", [NEAREST, STOCHASTIC], ids=["nearest", "stochastic"])
 def test_dynamic_dense_groups_and_in_place(rng, rounding) -> None:
     shape = (24, 4096)
