@@ -197,19 +197,18 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // columns, unroll <= fake_dense_unroll(); vector u of thread t at chunk * chunk_cols +
 // (u * blockDim.x + t) * VEC; `unroll` may be below the kernel's U), grid-stride over items (fewer than 2^31). No 64-bit index
 // arithmetic per element: one row base per item, 32-bit columns; the parameter of a row is
-// loaded once per item. Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
-// divisions per item) these hold 32 (forward) / 40 (straight-through: two inputs; stochastic)
-// registers.
+// loaded once per item; parameters with 8-bit-like ranges take FakeShortParam's forms (six
+// operations per element forward). Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
+// divisions per item) these hold 40 registers (6 blocks of 256 per SM).
 #ifndef QP_FAKE_DENSE_ROWS_MIN_BLOCKS
-#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 8
+#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 40 registers: no spill with both forms inlined (8: 24 bytes)
 #endif
 
 namespace qp {
 
 // Vectors per thread and item (at most; dense_unroll in quantplan/_fake_rows.py): 32 bytes of
-// each input (two 16-byte vectors, or one of 32), so the forward keeps 32 registers with no
-// spill (four 16-byte vectors spill). 64 KiB in flight per SM at full occupancy: more than an
-// H200's bandwidth-latency product per SM.
+// each input (two 16-byte vectors, or one of 32; four spill). 48 KiB in flight per SM at 6
+// blocks: more than an H200's bandwidth-latency product per SM.
 template <class T, int VEC> __host__ __device__ constexpr int fake_dense_unroll() {
   return sizeof(T) * VEC >= 32 ? 1 : 32 / (int)(sizeof(T) * VEC);
 }
@@ -249,18 +248,31 @@ struct FakeDenseItem {
     return Param::load(scale_ptr, zp_ptr, lay.flags, scale_value, zp_value, index, lay.q_min, lay.q_max);
   }
 
+  // The short forms when the parameter allows them (FakeShortParam::ok), else the general ones
+  // with the parameter loaded again (rare: the short form holds fewer registers).
   template <bool PER_VECTOR>
-  __device__ __forceinline__ void finish(const Param& rp, in_t* out, u64 seed, u64 offset) const {
+  __device__ __forceinline__ void finish(const FakeShortParam<acc_t>& row_sp, in_t* out, u64 seed, u64 offset) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        const Param p = PER_VECTOR ? param(pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs) : rp;
-        float uni[VEC];
-        fake_uniforms<VEC, OP>((u64)(base + col), seed, offset, uni);
+        const i64 index = PER_VECTOR ? pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs : pbase;
+        FakeShortParam<acc_t> sp = row_sp;
+        if (PER_VECTOR) sp.set(param(index));
         acc_t vals[VEC];
+        if (OP != kFakeStochastic && sp.ok) {  // the usual ranges
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[ste ? u : 0], uni, k, vals);
+          for (int k = 0; k < VEC; ++k) {
+            const acc_t v = FE::to_acc(xv[u].v[k]);
+            vals[k] = ste ? sp.ste(v, FE::to_acc(gv[ste ? u : 0].v[k])) : sp.fake(v);
+          }
+        } else {
+          const Param p = param(index);
+          float uni[VEC];
+          fake_uniforms<VEC, OP>((u64)(base + col), seed, offset, uni);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[ste ? u : 0], uni, k, vals);
+        }
         vector_from_acc<In, VEC>(vals).template store<true>(out + base + col, VEC);
       }
     }
@@ -288,10 +300,12 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
     Item it{scale_ptr, zp_ptr, scale_value, zp_value, lay, (i64)row * lay.L, (i64)row * lay.Co,
             start + (int)threadIdx.x * VEC, min(lay.L, start + lay.chunk_cols), step};
     it.load(x, dy);
+    FakeShortParam<typename Item::acc_t> sp;
     if (lay.cs == 0) {  // one parameter per row, loaded once per item
-      it.template finish<false>(it.param(it.pbase), out, seed, offset);
+      sp.set(it.param(it.pbase));
+      it.template finish<false>(sp, out, seed, offset);
     } else {  // one per vector (gc % VEC == 0)
-      it.template finish<true>(typename Item::Param(), out, seed, offset);
+      it.template finish<true>(sp, out, seed, offset);
     }
   }
 }

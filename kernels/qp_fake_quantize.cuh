@@ -145,6 +145,39 @@ template <class Acc> struct FakeQuantParam {
   }
 };
 
+// FakeQuantParam's fake() and ste() in fewer operations, for a parameter whose shifted bounds
+// l = q_min - zp and h = q_max - zp lie within +-2^21 and whose q_min, q_max lie within +-2^23
+// (`ok`; every 8-bit range with its zero point inside). Then
+//   (clamp(rne(t) + zp, q_min, q_max) - zp) = clamp(rne(t), l, h) = rne(clamp(t, l - 1/4, h + 1/4))
+// exactly: rne(t) + zp is exact wherever it lies inside [q_min, q_max] and rounds monotonically
+// outside; l - 1/4 and h + 1/4 are exact and round to l and h; t below l - 1/4 gives rne(t) <= l
+// (likewise above); a NaN t takes the lower bound through fmax, as the clamp of a NaN q does.
+// The mask: q_min <= rne(t) + zp <= q_max  <=>  l <= rne(t) <= h (|q_min|, |q_max| < 2^24: no
+// rounding of rne(t) + zp can reach a bound from outside). Both keep every result bit.
+template <class Acc> struct FakeShortParam {
+  Acc scale, inv, l, h;
+  bool ok;
+
+  __device__ __forceinline__ void set(const FakeQuantParam<Acc>& p) {
+    scale = p.scale;
+    inv = p.inv;
+    l = acc_sub(p.lo, p.zp);
+    h = acc_sub(p.hi, p.zp);
+    ok = fabs(l) <= (Acc)2097152 && fabs(h) <= (Acc)2097152 && fabs(p.lo) <= (Acc)8388608 &&
+         fabs(p.hi) <= (Acc)8388608;
+  }
+
+  __device__ __forceinline__ Acc fake(Acc x) const {
+    const Acc c = fmin(fmax(acc_mul(x, inv), acc_sub(l, (Acc)0.25)), acc_add(h, (Acc)0.25));
+    return acc_mul(acc_rint_small(c), scale);
+  }
+
+  __device__ __forceinline__ Acc ste(Acc x, Acc dy) const {
+    const Acc r = acc_rint_fast(acc_mul(x, inv));
+    return acc_mul(dy, r >= l && r <= h ? (Acc)1 : (Acc)0);
+  }
+};
+
 // The parameters of dynamic-range fake quantization (the fused passes), where every code and
 // zero point is an integer of at most 8 bits: (clamp(q + zp, q_min, q_max) - zp) * scale is
 // clamp(q, q_min - zp, q_max - zp) * scale exactly (q, zp and the bounds are small integers, so

@@ -155,7 +155,9 @@ def _prepare_fused(
     dense, nv = found
     kernel = dynamic_fake_dense_name(problem.float_kind, nv, problem.stochastic)
     pair = prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, dense))
-    # A persistent grid: the kernel double-buffers each team's next segment (grid-stride).
+    if problem.stochastic:  # compute-bound: one segment per team and block balances the SMs best
+        return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
+    # Nearest: a persistent grid, each team's next segment in flight while it works (grid-stride).
     pair.primary.grid = _resident_grid(pair.primary, device_id)
     return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread,prefetch]"
 

@@ -223,3 +223,45 @@ def test_dynamic_multi_pass_takes_the_dense_rows(rng, rounding) -> None:
     plan.run(None, qp.Workspace.allocate(plan.workspace_size()), qp.DynamicRangeFakeQuantizeArgs(to_device(x), y, **kw))
     got = y.get().view(x.dtype)
     assert float_bits_equal(got, y_ref), first_mismatch(got, y_ref)
+
+
+@pytest.mark.parametrize(
+    ("q_min", "q_max", "mode"),
+    [
+        (-(2**21), 2**21, SYM),  # the short forms' limit, exactly
+        (-(2**21) - 1, 2**21 + 1, SYM),  # just past it: the general forms
+        (0, 2**24, ASYM),  # zero points up to 2**24: both forms by row
+        (-(2**24), 2**24, SYM),  # the widest range (rounding of q + zp near the bounds)
+    ],
+)
+@pytest.mark.parametrize("kind", [EK.F16, EK.F32], ids=lambda k: k.name)
+def test_dense_rows_wide_code_ranges(rng, q_min, q_max, mode, kind) -> None:
+    """Ranges at and past the short forms' limits (FakeShortParam::ok), forward and mask."""
+    import cupy
+
+    shape = (16, 1024)
+    fields = dict(shape=shape, scope=qp.ChannelScope(axis=0), mode=mode, element=kind, q_min=q_min, q_max=q_max)
+    desc, bdesc = qp.FakeQuantizeDescriptor(**fields), qp.FakeQuantizeBackwardDescriptor(**fields)
+    x = _with_specials(rng, random_floats(rng, shape, kind))
+    dy = random_floats(rng, shape, kind, specials=False)
+    amax = np.nanmax(np.abs(np.where(np.isfinite(x.astype(np.float64)), x.astype(np.float64), 0)), axis=1)
+    # codes spanning the range and beyond it (some clamp)
+    scale = (np.maximum(amax, 1e-3) / (0.8 * max(abs(q_min), q_max))).reshape(16, 1).astype(np.float32)
+    zp = None if mode is SYM else rng.integers(q_min, q_max + 1, size=(16, 1)).astype(np.int32)
+    if zp is not None:
+        zp[:4, 0] = [q_min, q_max, 2**21, 2**23 + 1]
+    y_ref, dx_ref = np.zeros_like(x), np.zeros_like(dy)
+    qp.FakeQuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.FakeQuantizeArgs(x, y_ref, scale, zp))
+    qp.FakeQuantizeBackwardPlan.select(None, bdesc, REFERENCE).run(
+        None, None, qp.FakeQuantizeBackwardArgs(x, dy, dx_ref, scale, zp)
+    )
+    plan, bplan = qp.FakeQuantizePlan.select(None, desc), qp.FakeQuantizeBackwardPlan.select(None, bdesc)
+    assert "dense-rows" in plan.sku().variant
+    sd, zd, xd = to_device(scale), None if zp is None else to_device(zp), to_device(x)
+    y, dx = cupy.full_like(xd, 7), cupy.full_like(xd, 7)
+    plan.run(None, None, qp.FakeQuantizeArgs(xd, y, sd, zd))
+    bplan.run(None, None, qp.FakeQuantizeBackwardArgs(xd, to_device(dy), dx, sd, zd))
+    got = y.get().view(x.dtype).reshape(shape)
+    assert float_bits_equal(got, y_ref), first_mismatch(got, y_ref)
+    got = dx.get().view(dy.dtype).reshape(shape)
+    assert float_bits_equal(got, dx_ref), first_mismatch(got, dx_ref)
