@@ -154,3 +154,147 @@ dequantize_backward_rows(const typename qp::FloatElement<Out>::storage* dy, type
   qp::DequantizeBackwardBody<Out, VEC> body{dy, dq, scale_ptr, scale_value, lay};
   qp::for_each_row_vector<VEC, qp::kDequantizeUnroll>(lay, body);
 }
+
+// ---- the hot layouts, specialised ----
+// dequantize_dense: dequantize_rows on a dense row layout (qp_row_layout.cuh,
+// for_each_dense_item), 16-bit float outputs: 16-element vectors (one 16-byte load of 8-bit
+// codes or one 8-byte load of 4-bit codes, two 16-byte stores), at most two per thread and item,
+// each vector's parameter loaded beside its codes. FP8 codes widen exactly to half precision
+// (sm_89+: two per cvt; e5m2 is the high byte of a half) before the product. Same parameters as
+// dequantize_rows. 256-thread blocks at most, 32 registers.
+// dequantize_backward_dense: dequantize_backward_rows on a dense layout, 8-element vectors.
+#ifndef QP_DENSE_ROWS_MIN_BLOCKS
+#define QP_DENSE_ROWS_MIN_BLOCKS 8
+#endif
+
+namespace qp {
+
+// Vectors per thread of dequantize_dense / dequantize_backward_dense (quantplan/_layout.py
+// DENSE_ROW_SHAPES mirrors them).
+#ifndef QP_DENSE_DEQUANTIZE_UNROLL
+#define QP_DENSE_DEQUANTIZE_UNROLL 2
+#endif
+#ifndef QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL
+#define QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL 2
+#endif
+static const int kDenseDequantizeUnroll = QP_DENSE_DEQUANTIZE_UNROLL;
+static const int kDenseDequantizeBackwardUnroll = QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL;
+
+// Two FP8 codes (byte 0: element 2i) as exact floats.
+template <class Fp8> struct Fp8Pair;
+template <> struct Fp8Pair<e4m3> {
+  static __device__ __forceinline__ void to_f32(u16 pair, float& lo, float& hi) {
+#if __CUDA_ARCH__ >= 890
+    u32 halves;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
+    lo = FloatElement<f16>::to_acc((u16)(halves & 0xFFFFu));
+    hi = FloatElement<f16>::to_acc((u16)(halves >> 16));
+#else
+    lo = Fp8Element<e4m3>::to_f32((u8)(pair & 0xFFu));
+    hi = Fp8Element<e4m3>::to_f32((u8)(pair >> 8));
+#endif
+  }
+};
+template <> struct Fp8Pair<e5m2> {
+  static __device__ __forceinline__ void to_f32(u16 pair, float& lo, float& hi) {
+    lo = FloatElement<f16>::to_acc((u16)(pair << 8));
+    hi = FloatElement<f16>::to_acc((u16)(pair & 0xFF00u));
+  }
+};
+
+}  // namespace qp
+
+template <class In, class Out, bool HIGH_FIRST>
+__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::storage* __restrict__ y,
+                 const float* __restrict__ scale_ptr, const int* __restrict__ zp_ptr, float scale_value, int zp_value,
+                 const qp::RowLayout lay) {
+  constexpr int VEC = 16;
+  constexpr int U = qp::kDenseDequantizeUnroll;
+  constexpr int kind = qp::QuantElement<In>::kind;
+  constexpr bool is_signed = qp::QuantElement<In>::is_signed;
+  constexpr bool packed = kind == 1;
+  constexpr int in_bytes = packed ? VEC / 2 : VEC;
+  typedef typename qp::FloatElement<Out>::storage out_t;
+  static_assert(sizeof(out_t) == 2, "16-bit floats");
+  const int step = (int)blockDim.x * VEC;
+  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
+    const qp::u8* qr = q + row * (packed ? lay.L / 2 : lay.L);
+    out_t* yr = y + row * lay.L;
+    const qp::i64 pbase = row * lay.Co;
+    qp::ElementVector<qp::u8, in_bytes> qv[U];
+    float s[U];
+    int z[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        qv[u].template load<true>(qr + (packed ? col / 2 : col), in_bytes);
+        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
+        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
+        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        float vals[VEC];
+        if constexpr (kind == 2) {
+#pragma unroll
+          for (int k = 0; k < VEC; k += 2) {
+            qp::Fp8Pair<In>::to_f32((qp::u16)(qv[u].v[k] | (qv[u].v[k + 1] << 8)), vals[k], vals[k + 1]);
+            vals[k] *= s[u];
+            vals[k + 1] *= s[u];
+          }
+        } else {
+          qp::DequantParam<float> p;
+          p.set(s[u], z[u]);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const int code = packed ? qp::unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1)
+                                    : (is_signed ? (int)(qp::i8)qv[u].v[k] : (int)qv[u].v[k]);
+            vals[k] = qp::centered_code(code, p) * p.scale;
+          }
+        }
+        qp::vector_from_acc<Out, VEC>(vals).template store<true>(yr + col, VEC);
+      }
+    }
+  });
+}
+
+template <class Out>
+__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typename qp::FloatElement<Out>::storage* dq,
+                          const float* __restrict__ scale_ptr, float scale_value, const qp::RowLayout lay) {
+  constexpr int VEC = 8;
+  constexpr int U = qp::kDenseDequantizeBackwardUnroll;
+  typedef qp::FloatElement<Out> FE;
+  typedef typename FE::storage out_t;
+  static_assert(sizeof(out_t) == 2, "16-bit floats");
+  const int step = (int)blockDim.x * VEC;
+  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
+    const qp::i64 base = row * lay.L;
+    const qp::i64 pbase = row * lay.Co;
+    qp::ElementVector<out_t, VEC> gv[U];
+    float s[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        gv[u].template load<true>(dy + base + col, VEC);
+        s[u] = scale_ptr ? scale_ptr[qp::dense_param_index(lay, pbase, col)] : scale_value;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        float vals[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s[u];
+        qp::vector_from_acc<Out, VEC>(vals).template store<true>(dq + base + col, VEC);
+      }
+    }
+  });
+}

@@ -75,6 +75,49 @@ struct VectorQuantizer {
     }
   }
 
+  // The division-free half of `codes` alone (float accumulators): true when every code of the
+  // vector is final, false when the vector must take `codes` (its codes are then meaningless).
+  // Callers keep the exact path out of line (the dense row kernels re-read the vector there).
+  static __device__ __forceinline__ bool fast_codes(const vector_t& xv, const IntQuantParam<float>& p, int q_min,
+                                                    int q_max, int (&c)[VEC]) {
+    bool ok = p.fast;
+    if constexpr (kind == 2) {
+#if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
+      float qv[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) qv[k] = quotient_fast(FE::to_acc(xv.v[k]), p, ok);
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) {
+        const u16 pair = Fp8Element<Out>::pair_from_f32(qv[k], k + 1 < VEC ? qv[k + 1] : 0.0f);
+        c[k] = pair & 0xFFu;
+        if (k + 1 < VEC) c[k + 1] = pair >> 8;
+      }
+#else
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) c[k] = quantize_fp8_code_fast<Out>(FE::to_acc(xv.v[k]), p, ok);
+#endif
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) c[k] = quantize_int_code_fast(FE::to_acc(xv.v[k]), p, q_min, q_max, ok);
+    }
+    return ok;
+  }
+
+  // The division-free half of `inside_mask` alone, as fast_codes.
+  static __device__ __forceinline__ bool fast_inside_mask(const vector_t& xv, const IntQuantParam<float>& p,
+                                                          int q_min, int q_max, bool (&m)[VEC]) {
+    bool ok = p.fast;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      if constexpr (kind == 2) {
+        m[k] = quantize_fp8_inside_fast<Out>(FE::to_acc(xv.v[k]), p, ok);
+      } else {
+        m[k] = quantize_int_inside_fast(FE::to_acc(xv.v[k]), p, q_min, q_max, ok);
+      }
+    }
+    return ok;
+  }
+
   // The straight-through mask of one element (quantize backward): the pre-clamp code of `code`
   // inside [q_min, q_max], FP8: |v / scale| <= max; NaN and +-Inf outside (qp_rounding.cuh).
   static __device__ __forceinline__ bool inside(acc_t v, const IntQuantParam<acc_t>& p, int q_min, int q_max) {

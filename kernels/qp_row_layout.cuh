@@ -91,4 +91,31 @@ __device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 
   }
 }
 
+// ---- dense rows: the hot layouts, specialised (quantize_dense, dequantize_dense, ...) ----
+// Contiguous rows of L elements whose parameter index is row * Co + (col / gc) * cs (Co: the
+// row coefficient; cs == 0: one parameter per row), with L % VEC == 0, every operand aligned for
+// VEC-element vectors, and cs == 0 or gc % VEC == 0 (a vector never straddles a group);
+// quantplan/_layout.py (dense_row_layout) decides when a layout qualifies and fills Co. Block b
+// takes item b, the (row, chunk) pair b = row * chunks_per_row + chunk, of chunk_cols =
+// blockDim.x * VEC * UNROLL columns (the grid is exactly `items` blocks, below 2^31): fn(row, col,
+// end) with the thread's first column col = chunk start + threadIdx.x * VEC; its vectors are col,
+// col + blockDim.x * VEC, ... below end. No loop state and no 64-bit arithmetic per element: one
+// row base per block, 32-bit columns.
+template <class Fn>
+__device__ __forceinline__ void dense_item(const RowLayout& lay, int vec, Fn fn) {
+  const u32 item = blockIdx.x;
+  u32 row = item, chunk = 0;
+  if (lay.chunks_per_row != 1) {
+    row = item / (u32)lay.chunks_per_row;
+    chunk = item - row * (u32)lay.chunks_per_row;
+  }
+  const int start = (int)chunk * lay.chunk_cols;
+  fn((i64)row, start + (int)threadIdx.x * vec, start + min(lay.chunk_cols, lay.L - start));
+}
+
+// The parameter index of the vector at column `col` of a dense row whose index base is `pbase`.
+__device__ __forceinline__ i64 dense_param_index(const RowLayout& lay, i64 pbase, int col) {
+  return lay.cs == 0 ? pbase : pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs;
+}
+
 }  // namespace qp

@@ -203,3 +203,161 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
   qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay};
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }
+
+// ---- the hot layouts, specialised ----
+// quantize_dense: quantize_rows's codes (nearest rounding, 16-bit floats) on a dense row layout
+// (qp_row_layout.cuh, for_each_dense_item): 16-element vectors (two 16-byte loads of floats; one
+// 16-byte store of 8-bit codes, one 8-byte store of 4-bit codes), at most two per thread and
+// item; the parameters of every vector are loaded beside its data (their latency overlaps the
+// data loads) and turned into IntQuantParam once per vector; the division-free codes of the
+// whole vector are checked once; a vector they do not cover (a quotient of 2^21 or more, NaN,
+// Inf, a scale outside [2^-60, 2^100], a NaN scale with flags bit 0) is redone out of line from
+// memory by VectorQuantizer::codes, the generic kernel's own path. Same parameters as
+// quantize_rows (the seed and offset are not read). 256-thread blocks at most, 32 registers.
+// quantize_backward_dense: quantize_backward_rows on a dense layout, 8-element vectors.
+#ifndef QP_DENSE_ROWS_MIN_BLOCKS
+#define QP_DENSE_ROWS_MIN_BLOCKS 8
+#endif
+
+namespace qp {
+
+#ifndef QP_DENSE_QUANTIZE_UNROLL
+#define QP_DENSE_QUANTIZE_UNROLL 1
+#endif
+#ifndef QP_DENSE_QUANTIZE_BACKWARD_UNROLL
+#define QP_DENSE_QUANTIZE_BACKWARD_UNROLL 1
+#endif
+// Vectors per thread of quantize_dense / quantize_backward_dense (quantplan/_layout.py DENSE_ROW_SHAPES
+// mirrors them).
+static const int kDenseQuantizeUnroll = QP_DENSE_QUANTIZE_UNROLL;
+static const int kDenseQuantizeBackwardUnroll = QP_DENSE_QUANTIZE_BACKWARD_UNROLL;
+
+template <class In, class Out, int VEC, bool HIGH_FIRST>
+__device__ __noinline__ void quantize_vector_exact(const typename FloatElement<In>::storage* xs, u8* qs, float scale,
+                                                   int zp, int q_min, int q_max, bool zero_fp8) {
+  typedef VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
+  typename VQ::vector_t xv;
+  xv.template load<true>(xs, VEC);
+  IntQuantParam<float> p;
+  p.set(scale, zp);
+  int codes[VEC];
+  VQ::codes(xv, p, q_min, q_max, zero_fp8, codes);
+  VQ::template store<true>(qs, VEC, codes);
+}
+
+template <class In, class Code, int VEC>
+__device__ __noinline__ void quantize_backward_vector_exact(const typename FloatElement<In>::storage* xs,
+                                                            const typename FloatElement<In>::storage* gs,
+                                                            typename FloatElement<In>::storage* ds, float scale,
+                                                            int zp, int q_min, int q_max) {
+  typedef VectorQuantizer<In, Code, VEC, false> VQ;
+  typename VQ::vector_t xv, gv;
+  xv.template load<true>(xs, VEC);
+  gv.template load<true>(gs, VEC);
+  IntQuantParam<float> p;
+  p.set(scale, zp);
+  bool mask[VEC];
+  VQ::inside_mask(xv, p, q_min, q_max, mask);
+  float vals[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) vals[k] = mask[k] ? acc_div(VQ::FE::to_acc(gv.v[k]), scale) : 0.0f;
+  vector_from_acc<In, VEC>(vals).template store<true>(ds, VEC);
+}
+
+}  // namespace qp
+
+template <class In, class Out, bool HIGH_FIRST>
+__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
+               const float* __restrict__ scale_ptr, const int* __restrict__ zp_ptr, float scale_value, int zp_value,
+               const qp::RowLayout lay, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+  constexpr int VEC = 16;
+  constexpr int U = qp::kDenseQuantizeUnroll;
+  typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
+  typedef typename VQ::in_t in_t;
+  static_assert(sizeof(in_t) == 2, "16-bit floats");
+  const int step = (int)blockDim.x * VEC;
+  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
+    const in_t* xr = x + row * lay.L;
+    qp::u8* qr = q + row * (VQ::packed ? lay.L / 2 : lay.L);
+    const qp::i64 pbase = row * lay.Co;
+    typename VQ::vector_t xv[U];
+    float s[U];
+    int z[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        xv[u].template load<true>(xr + col, VEC);
+        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
+        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
+        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        qp::IntQuantParam<float> p;
+        p.set(s[u], z[u]);
+        int codes[VEC];
+        qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
+        if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
+          VQ::template store<true>(qs, VEC, codes);
+        } else {
+          const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
+          qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max, zero_fp8);
+        }
+      }
+    }
+  });
+}
+
+template <class In, class Code>
+__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const typename qp::FloatElement<In>::storage* dq,
+                        typename qp::FloatElement<In>::storage* dx, const float* __restrict__ scale_ptr,
+                        const int* __restrict__ zp_ptr, float scale_value, int zp_value, const qp::RowLayout lay) {
+  constexpr int VEC = 8;
+  constexpr int U = qp::kDenseQuantizeBackwardUnroll;
+  typedef qp::VectorQuantizer<In, Code, VEC, false> VQ;
+  typedef typename VQ::in_t in_t;
+  static_assert(sizeof(in_t) == 2, "16-bit floats");
+  const int step = (int)blockDim.x * VEC;
+  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
+    const qp::i64 base = row * lay.L;
+    const qp::i64 pbase = row * lay.Co;
+    typename VQ::vector_t xv[U], gv[U];
+    float s[U];
+    int z[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        xv[u].template load<true>(x + base + col, VEC);
+        gv[u].template load<true>(dq + base + col, VEC);
+        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
+        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
+        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) {
+        qp::IntQuantParam<float> p;
+        p.set(s[u], z[u]);
+        bool mask[VEC];
+        if (VQ::fast_inside_mask(xv[u], p, lay.q_min, lay.q_max, mask)) {
+          float vals[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) vals[k] = mask[k] ? qp::acc_div(VQ::FE::to_acc(gv[u].v[k]), s[u]) : 0.0f;
+          qp::vector_from_acc<In, VEC>(vals).template store<true>(dx + base + col, VEC);
+        } else {
+          qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
+                                                            z[u], lay.q_min, lay.q_max);
+        }
+      }
+    }
+  });
+}

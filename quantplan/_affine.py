@@ -17,9 +17,9 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from ._device import device_info
-from ._families import dequantize_unit, quantize_unit, row_kernel_name
+from ._families import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, param_shape, row_layout
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, param_shape, row_layout
 from ._operands import Operand, TensorArgs
 from ._plan import check_descriptor
 from .compiler import compile_options, load_kernels
@@ -356,12 +356,25 @@ class AffineRows:
 
         primary = row_layout(problem.shape, problem.scope, float_info.vec_max, packed, info.busy_threads)
         fallback = row_layout(problem.shape, problem.scope, 1, packed, info.busy_threads)
+        primary_launch: PreparedLaunch | None = None
+        dense_kernel = "quantize_dense" if float_to_code else "dequantize_dense"
+        if problem.float_kind in ROW_DENSE_FLOAT_KINDS and rounding is not Rounding.STOCHASTIC:
+            dense = dense_row_layout(problem.shape, problem.scope, dense_kernel, packed, info.sm_count)
+            if dense is not None:
+                # The hot layouts: one (row, chunk) item per block (kernels/qp_row_layout.cuh, dense_item).
+                primary = dense
+                fn = functions[dense_row_kernel_name(dense_kernel, problem.float_kind, problem.code_kind, high_first)]
+                args = dense.args(problem.q_min, problem.q_max, problem.layout_flags)
+                primary_launch = PreparedLaunch(fn, dense.items, dense.threads, params_type, layout=args)
         in_bits, out_bits = float_info.storage_bits, code_info.storage_bits
         if not float_to_code:
             in_bits, out_bits = out_bits, in_bits
         v = primary.vec
         pair = LaunchPair(
-            prepare(primary), prepare(fallback), min(16, v * in_bits // 8), min(16, max(1, v * out_bits // 8))
+            primary_launch or prepare(primary),
+            prepare(fallback),
+            min(16, v * in_bits // 8),
+            min(16, max(1, v * out_bits // 8)),
         )
         return cls(pair, primary, device_id, float_to_code and problem.stochastic)
 

@@ -82,16 +82,42 @@ def row_kernel_unit(
     ]
 
 
+#: Float kinds the dense row kernels serve (``quantize_dense`` and friends: 16-bit floats).
+ROW_DENSE_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16)
+
+
+def dense_row_kernel_name(kernel: str, float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> str:
+    """One instantiation of a dense row kernel (``kernels/qp_row_layout.cuh``, ``dense_item``):
+    ``quantize_dense<float, code, high_first>``, ``dequantize_dense<code, float, high_first>``,
+    ``quantize_backward_dense<float, code>`` or ``dequantize_backward_dense<float>``."""
+    f_tag, code = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind]
+    order = high_first and code.is_packed
+    if kernel == "quantize_dense":
+        return template_name(kernel, f_tag, code.cpp_tag, order)
+    if kernel == "dequantize_dense":
+        return template_name(kernel, code.cpp_tag, f_tag, order)
+    if kernel == "quantize_backward_dense":
+        return template_name(kernel, f_tag, code.cpp_tag)
+    assert kernel == "dequantize_backward_dense", kernel
+    return template_name(kernel, f_tag)
+
+
 def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> Unit:
     """``quantize_backward_rows`` (QuantizeBackwardPlan) of one (float, code) pair at every vector width."""
     f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
-    return [template_name("quantize_backward_rows", f_tag, c_tag, v) for v in ELEMENTS[float_kind].widths]
+    names = [template_name("quantize_backward_rows", f_tag, c_tag, v) for v in ELEMENTS[float_kind].widths]
+    if float_kind in ROW_DENSE_FLOAT_KINDS:
+        names.append(dense_row_kernel_name("quantize_backward_dense", float_kind, code_kind, False))
+    return names
 
 
 def dequantize_backward_names(float_kind: ElementKind) -> Unit:
     """``dequantize_backward_rows`` (DequantizeBackwardPlan) of one float kind at every vector width."""
     tag = ELEMENTS[float_kind].cpp_tag
-    return [template_name("dequantize_backward_rows", tag, v) for v in ELEMENTS[float_kind].widths]
+    names = [template_name("dequantize_backward_rows", tag, v) for v in ELEMENTS[float_kind].widths]
+    if float_kind in ROW_DENSE_FLOAT_KINDS:
+        names.append(dense_row_kernel_name("dequantize_backward_dense", float_kind, float_kind, False))
+    return names
 
 
 def quantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, rounding: Rounding) -> Unit:
@@ -101,15 +127,18 @@ def quantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: b
     names = row_kernel_unit("quantize_rows", True, float_kind, code_kind, high_first, rounding)
     if rounding is Rounding.STOCHASTIC:
         return names
+    if float_kind in ROW_DENSE_FLOAT_KINDS:
+        names.append(dense_row_kernel_name("quantize_dense", float_kind, code_kind, high_first))
     return names + quantize_backward_names(float_kind, code_kind)
 
 
 def dequantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> Unit:
     """The compile unit of one (code, float, nibble order): ``dequantize_rows`` and
     ``dequantize_backward_rows`` of the float kind (shared by DequantizePlan and DequantizeBackwardPlan)."""
-    return row_kernel_unit("dequantize_rows", False, float_kind, code_kind, high_first) + dequantize_backward_names(
-        float_kind
-    )
+    names = row_kernel_unit("dequantize_rows", False, float_kind, code_kind, high_first)
+    if float_kind in ROW_DENSE_FLOAT_KINDS:
+        names.append(dense_row_kernel_name("dequantize_dense", float_kind, code_kind, high_first))
+    return names + dequantize_backward_names(float_kind)
 
 
 def quantize_units() -> list[Unit]:
@@ -389,6 +418,8 @@ __all__ = [
     "DENSE_FLOAT_KINDS",
     "DENSE_NV",
     "dense_kernel_name",
+    "dense_row_kernel_name",
+    "ROW_DENSE_FLOAT_KINDS",
     "FAMILIES",
     "QGZ_CODE_KINDS",
     "QGZ_FLOAT_KINDS",

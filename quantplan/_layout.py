@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,6 +95,9 @@ class RowLayout:
     seg_log2: int
     chunks_per_row: int
     chunk_cols: int
+    #: A dense layout (:func:`dense_row_layout`): one (row, chunk) item per block of
+    #: ``1 << seg_log2`` threads, parameter index ``row * Co + (col // gc) * cs``.
+    dense: bool = False
 
     @property
     def items(self) -> int:
@@ -122,6 +125,11 @@ class RowLayout:
             flags,
         )
 
+    @property
+    def threads(self) -> int:
+        """Threads of a segment (a dense layout: of a block)."""
+        return 1 << self.seg_log2
+
     def blocks(self, max_blocks: int) -> int:
         """Grid size: enough blocks for every item, at most ``max_blocks`` (grid-stride beyond)."""
         segs = BLOCK_THREADS >> self.seg_log2
@@ -130,6 +138,9 @@ class RowLayout:
     def describe(self) -> str:
         """Short variant tag for KernelSku.variant."""
         threads = 1 << self.seg_log2
+        if self.dense:
+            unroll = self.chunk_cols // (threads * self.vec)
+            return f"rows[dense,{threads}t-per-block,vec{self.vec},unroll{unroll},chunks{self.chunks_per_row}]"
         unit = "block" if threads == BLOCK_THREADS else f"{threads}t"
         io = "" if self.vector_io else ",scalar-io"
         unroll = self.chunk_cols // (threads * self.vec)
@@ -224,6 +235,61 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
     )
 
 
+#: (elements per vector, vectors per thread) of each dense row kernel; mirrors the kernels'
+#: constants (kernels/quantize.cu, kernels/dequantize.cu: kDense*Unroll).
+DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
+    "quantize_dense": (16, 1),
+    "quantize_backward_dense": (8, 1),
+    "dequantize_dense": (16, 2),
+    "dequantize_backward_dense": (8, 2),
+}
+#: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
+_DENSE_MIN_THREADS = 64
+
+
+def dense_row_layout(
+    shape: tuple[int, ...], scope: Scope, kernel: str, packed: bool, sm_count: int
+) -> RowLayout | None:
+    """The dense layout of ``kernels/qp_row_layout.cuh`` (``dense_item``) for ``kernel``, or None
+    when the problem is not one: contiguous rows whose parameter index is ``row * Co + (col //
+    gc) * cs`` (tensor, token and last-axis group scopes; a channel scope over whole rows), rows a
+    multiple of the kernel's vector, groups of whole vectors, fewer than 2**31 blocks.
+
+    Blocks: 256 threads with each thread taking the kernel's vectors per thread; a row shorter
+    than that takes fewer threads; a problem of fewer blocks than ``sm_count`` halves the threads
+    (down to 64) so that more multiprocessors share it.
+    """
+    vec, unroll = DENSE_ROW_SHAPES[kernel]
+    base = row_layout(shape, scope, vec, packed)
+    if base.vec != vec or not base.vector_io or base.M != 1 or base.rows == 0 or base.L == 0:
+        return None
+    if base.A == 1:
+        coefficient = base.Co
+    elif base.g_rows == 1 and base.rows <= base.A:  # channel(axis) over whole rows: parameter = row
+        coefficient = base.Ca
+    else:
+        return None
+    if base.cs != 0 and base.gc % vec:
+        return None
+    vectors = base.L // vec
+    threads = BLOCK_THREADS
+    while threads > 32 and (threads // 2) * unroll >= vectors:
+        threads //= 2
+
+    def blocks(t: int) -> int:
+        return base.rows * -(-vectors // (t * unroll))
+
+    while threads > _DENSE_MIN_THREADS and blocks(threads) < sm_count:
+        threads //= 2
+    chunk_cols = threads * vec * unroll
+    chunks = -(-base.L // chunk_cols)
+    if base.rows * chunks > _MAX_ROW:
+        return None
+    return replace(
+        base, Co=coefficient, seg_log2=int(math.log2(threads)), chunks_per_row=chunks, chunk_cols=chunk_cols, dense=True
+    )
+
+
 def contiguous_segment_length(shape: tuple[int, ...], scope: Scope) -> int | None:
     """Elements per segment when ``scope``'s segments are contiguous runs of the flattened tensor
     taken in parameter order (segment ``i`` is elements ``[i S, (i + 1) S)`` and has parameter
@@ -252,7 +318,9 @@ __all__ = [
     "BLOCK_THREADS",
     "RowLayout",
     "RowLayoutArgs",
+    "DENSE_ROW_SHAPES",
     "contiguous_segment_length",
+    "dense_row_layout",
     "expand_params",
     "normalize_axis",
     "param_shape",

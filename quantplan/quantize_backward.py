@@ -42,9 +42,9 @@ from ._affine import (
     quantize_problem,
 )
 from ._device import device_info, stream_device_id
-from ._families import dequantize_unit, quantize_unit
+from ._families import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, row_layout
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, row_layout
 from ._operands import Operand, OperandChecks, check_outputs, check_param_values
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend, preferred
 from .compiler import compile_options, load_kernels, template_name
@@ -151,6 +151,8 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
     _extract_fields = ("input", "grad_output", "grad_input", "scale", "zero_point")
     _family: ClassVar[str]
     _kernel: ClassVar[str]
+    #: The dense row kernel (``kernels/qp_row_layout.cuh``, ``dense_item``) of the hot layouts.
+    _dense_kernel: ClassVar[str]
     #: Parameter block per precision (the kernel's arguments).
     _params: ClassVar[dict[MathPrecision, type[ctypes.Structure]]]
 
@@ -190,8 +192,18 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
         float_info = ELEMENTS[problem.float_kind]
         primary = row_layout(problem.shape, problem.scope, float_info.vec_max, False, info.busy_threads)
         fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
+        primary_launch: PreparedLaunch | None = None
+        if problem.float_kind in ROW_DENSE_FLOAT_KINDS:
+            dense = dense_row_layout(problem.shape, problem.scope, cls._dense_kernel, False, info.sm_count)
+            if dense is not None:
+                primary = dense
+                name = dense_row_kernel_name(cls._dense_kernel, problem.float_kind, problem.code_kind, False)
+                args = dense.args(problem.q_min, problem.q_max)
+                primary_launch = PreparedLaunch(
+                    functions[name], dense.items, dense.threads, cls._params[problem.precision], layout=args
+                )
         align = min(16, primary.vec * float_info.storage_bits // 8)
-        pair = LaunchPair(prepare(primary), prepare(fallback), align)
+        pair = LaunchPair(primary_launch or prepare(primary), prepare(fallback), align)
         variant = f"{problem.scope.kind}/{problem.mode.value}/{primary.describe()}"
         return cls(problem, device_id, pair, variant)
 
@@ -266,6 +278,7 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
     _args_type = QuantizeBackwardArgs
     _family = "quantize"
     _kernel = "quantize_backward_rows"
+    _dense_kernel = "quantize_backward_dense"
     _params = _QUANTIZE_BACKWARD_PARAMS
 
     @classmethod
@@ -357,6 +370,7 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
     _args_type = DequantizeBackwardArgs
     _family = "dequantize"
     _kernel = "dequantize_backward_rows"
+    _dense_kernel = "dequantize_backward_dense"
     _params = _DEQUANTIZE_BACKWARD_PARAMS
 
     @classmethod
