@@ -172,10 +172,10 @@ namespace qp {
 // Vectors per thread of dequantize_dense / dequantize_backward_dense (quantplan/_layout.py
 // DENSE_ROW_SHAPES mirrors them).
 #ifndef QP_DENSE_DEQUANTIZE_UNROLL
-#define QP_DENSE_DEQUANTIZE_UNROLL 2
+#define QP_DENSE_DEQUANTIZE_UNROLL 1
 #endif
 #ifndef QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL
-#define QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL 2
+#define QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL 1
 #endif
 static const int kDenseDequantizeUnroll = QP_DENSE_DEQUANTIZE_UNROLL;
 static const int kDenseDequantizeBackwardUnroll = QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL;
@@ -204,12 +204,11 @@ template <> struct Fp8Pair<e5m2> {
 
 }  // namespace qp
 
-template <class In, class Out, bool HIGH_FIRST>
+template <class In, class Out, bool HIGH_FIRST, int VEC>
 __global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
 dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::storage* __restrict__ y,
                  const float* __restrict__ scale_ptr, const int* __restrict__ zp_ptr, float scale_value, int zp_value,
                  const qp::RowLayout lay) {
-  constexpr int VEC = 16;
   constexpr int U = qp::kDenseDequantizeUnroll;
   constexpr int kind = qp::QuantElement<In>::kind;
   constexpr bool is_signed = qp::QuantElement<In>::is_signed;
@@ -263,11 +262,10 @@ dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::s
   });
 }
 
-template <class Out>
+template <class Out, int VEC>
 __global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
 dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typename qp::FloatElement<Out>::storage* dq,
                           const float* __restrict__ scale_ptr, float scale_value, const qp::RowLayout lay) {
-  constexpr int VEC = 8;
   constexpr int U = qp::kDenseDequantizeBackwardUnroll;
   typedef qp::FloatElement<Out> FE;
   typedef typename FE::storage out_t;

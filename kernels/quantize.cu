@@ -232,46 +232,53 @@ namespace qp {
 static const int kDenseQuantizeUnroll = QP_DENSE_QUANTIZE_UNROLL;
 static const int kDenseQuantizeBackwardUnroll = QP_DENSE_QUANTIZE_BACKWARD_UNROLL;
 
+// The exact path of one vector, out of line and element by element (VectorQuantizer::code: the
+// division-free quotient where it holds, the division elsewhere), reading the vector again: no
+// array lives on its stack and nothing of the caller's fast path stays live across the call.
 template <class In, class Out, int VEC, bool HIGH_FIRST>
 __device__ __noinline__ void quantize_vector_exact(const typename FloatElement<In>::storage* xs, u8* qs, float scale,
                                                    int zp, int q_min, int q_max, bool zero_fp8) {
-  typedef VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
-  typename VQ::vector_t xv;
-  xv.template load<true>(xs, VEC);
+  typedef VectorQuantizer<In, Out, 2, HIGH_FIRST> VQ;
   IntQuantParam<float> p;
   p.set(scale, zp);
-  int codes[VEC];
-  VQ::codes(xv, p, q_min, q_max, zero_fp8, codes);
-  VQ::template store<true>(qs, VEC, codes);
+#pragma unroll 1
+  for (int k = 0; k < VEC; k += 2) {
+    const int c0 = VQ::code(VQ::FE::to_acc(xs[k]), p, q_min, q_max, zero_fp8);
+    const int c1 = VQ::code(VQ::FE::to_acc(xs[k + 1]), p, q_min, q_max, zero_fp8);
+    if constexpr (VQ::packed) {
+      qs[k / 2] = pack_nibbles<HIGH_FIRST>(c0, c1);
+    } else {
+      qs[k] = (u8)c0;
+      qs[k + 1] = (u8)c1;
+    }
+  }
 }
 
+// The exact path of one vector of the quantize backward (VectorQuantizer::inside, then the
+// division), as above; each element is read before it is written (dq may be dx).
 template <class In, class Code, int VEC>
 __device__ __noinline__ void quantize_backward_vector_exact(const typename FloatElement<In>::storage* xs,
                                                             const typename FloatElement<In>::storage* gs,
                                                             typename FloatElement<In>::storage* ds, float scale,
                                                             int zp, int q_min, int q_max) {
-  typedef VectorQuantizer<In, Code, VEC, false> VQ;
-  typename VQ::vector_t xv, gv;
-  xv.template load<true>(xs, VEC);
-  gv.template load<true>(gs, VEC);
+  typedef VectorQuantizer<In, Code, 1, false> VQ;
   IntQuantParam<float> p;
   p.set(scale, zp);
-  bool mask[VEC];
-  VQ::inside_mask(xv, p, q_min, q_max, mask);
-  float vals[VEC];
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) vals[k] = mask[k] ? acc_div(VQ::FE::to_acc(gv.v[k]), scale) : 0.0f;
-  vector_from_acc<In, VEC>(vals).template store<true>(ds, VEC);
+#pragma unroll 1
+  for (int k = 0; k < VEC; ++k) {
+    const bool inside = VQ::inside(VQ::FE::to_acc(xs[k]), p, q_min, q_max);
+    const float g = VQ::FE::to_acc(gs[k]);
+    ds[k] = VQ::FE::from_acc(inside ? acc_div(g, scale) : 0.0f);
+  }
 }
 
 }  // namespace qp
 
-template <class In, class Out, bool HIGH_FIRST>
+template <class In, class Out, bool HIGH_FIRST, int VEC>
 __global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
 quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                const float* __restrict__ scale_ptr, const int* __restrict__ zp_ptr, float scale_value, int zp_value,
                const qp::RowLayout lay, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
-  constexpr int VEC = 16;
   constexpr int U = qp::kDenseQuantizeUnroll;
   typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::in_t in_t;
@@ -313,12 +320,11 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
   });
 }
 
-template <class In, class Code>
+template <class In, class Code, int VEC>
 __global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
 quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const typename qp::FloatElement<In>::storage* dq,
                         typename qp::FloatElement<In>::storage* dx, const float* __restrict__ scale_ptr,
                         const int* __restrict__ zp_ptr, float scale_value, int zp_value, const qp::RowLayout lay) {
-  constexpr int VEC = 8;
   constexpr int U = qp::kDenseQuantizeBackwardUnroll;
   typedef qp::VectorQuantizer<In, Code, VEC, false> VQ;
   typedef typename VQ::in_t in_t;

@@ -363,7 +363,9 @@ class AffineRows:
             if dense is not None:
                 # The hot layouts: one (row, chunk) item per block (kernels/qp_row_layout.cuh, dense_item).
                 primary = dense
-                fn = functions[dense_row_kernel_name(dense_kernel, problem.float_kind, problem.code_kind, high_first)]
+                fn = functions[
+                    dense_row_kernel_name(dense_kernel, problem.float_kind, problem.code_kind, high_first, dense.vec)
+                ]
                 args = dense.args(problem.q_min, problem.q_max, problem.layout_flags)
                 primary_launch = PreparedLaunch(fn, dense.items, dense.threads, params_type, layout=args)
         in_bits, out_bits = float_info.storage_bits, code_info.storage_bits

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ._layout import dense_row_widths
 from .compiler import template_name
 from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, acc_cpp
 from .types import ElementKind, Rounding
@@ -86,20 +87,27 @@ def row_kernel_unit(
 ROW_DENSE_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16)
 
 
-def dense_row_kernel_name(kernel: str, float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> str:
+def dense_row_kernel_name(
+    kernel: str, float_kind: ElementKind, code_kind: ElementKind, high_first: bool, vec: int
+) -> str:
     """One instantiation of a dense row kernel (``kernels/qp_row_layout.cuh``, ``dense_item``):
-    ``quantize_dense<float, code, high_first>``, ``dequantize_dense<code, float, high_first>``,
-    ``quantize_backward_dense<float, code>`` or ``dequantize_backward_dense<float>``."""
+    ``quantize_dense<float, code, high_first, vec>``, ``dequantize_dense<code, float, high_first,
+    vec>``, ``quantize_backward_dense<float, code, vec>`` or ``dequantize_backward_dense<float, vec>``."""
     f_tag, code = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind]
     order = high_first and code.is_packed
     if kernel == "quantize_dense":
-        return template_name(kernel, f_tag, code.cpp_tag, order)
+        return template_name(kernel, f_tag, code.cpp_tag, order, vec)
     if kernel == "dequantize_dense":
-        return template_name(kernel, code.cpp_tag, f_tag, order)
+        return template_name(kernel, code.cpp_tag, f_tag, order, vec)
     if kernel == "quantize_backward_dense":
-        return template_name(kernel, f_tag, code.cpp_tag)
+        return template_name(kernel, f_tag, code.cpp_tag, vec)
     assert kernel == "dequantize_backward_dense", kernel
-    return template_name(kernel, f_tag)
+    return template_name(kernel, f_tag, vec)
+
+
+def dense_row_kernel_names(kernel: str, float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> Unit:
+    """``kernel`` at each of its vector widths (:data:`quantplan._layout.DENSE_ROW_SHAPES`)."""
+    return [dense_row_kernel_name(kernel, float_kind, code_kind, high_first, v) for v in dense_row_widths(kernel)]
 
 
 def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> Unit:
@@ -107,7 +115,7 @@ def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> 
     f_tag, c_tag = ELEMENTS[float_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag
     names = [template_name("quantize_backward_rows", f_tag, c_tag, v) for v in ELEMENTS[float_kind].widths]
     if float_kind in ROW_DENSE_FLOAT_KINDS:
-        names.append(dense_row_kernel_name("quantize_backward_dense", float_kind, code_kind, False))
+        names += dense_row_kernel_names("quantize_backward_dense", float_kind, code_kind, False)
     return names
 
 
@@ -116,7 +124,7 @@ def dequantize_backward_names(float_kind: ElementKind) -> Unit:
     tag = ELEMENTS[float_kind].cpp_tag
     names = [template_name("dequantize_backward_rows", tag, v) for v in ELEMENTS[float_kind].widths]
     if float_kind in ROW_DENSE_FLOAT_KINDS:
-        names.append(dense_row_kernel_name("dequantize_backward_dense", float_kind, float_kind, False))
+        names += dense_row_kernel_names("dequantize_backward_dense", float_kind, float_kind, False)
     return names
 
 
@@ -128,7 +136,7 @@ def quantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first: b
     if rounding is Rounding.STOCHASTIC:
         return names
     if float_kind in ROW_DENSE_FLOAT_KINDS:
-        names.append(dense_row_kernel_name("quantize_dense", float_kind, code_kind, high_first))
+        names += dense_row_kernel_names("quantize_dense", float_kind, code_kind, high_first)
     return names + quantize_backward_names(float_kind, code_kind)
 
 
@@ -137,7 +145,7 @@ def dequantize_unit(float_kind: ElementKind, code_kind: ElementKind, high_first:
     ``dequantize_backward_rows`` of the float kind (shared by DequantizePlan and DequantizeBackwardPlan)."""
     names = row_kernel_unit("dequantize_rows", False, float_kind, code_kind, high_first)
     if float_kind in ROW_DENSE_FLOAT_KINDS:
-        names.append(dense_row_kernel_name("dequantize_dense", float_kind, code_kind, high_first))
+        names += dense_row_kernel_names("dequantize_dense", float_kind, code_kind, high_first)
     return names + dequantize_backward_names(float_kind)
 
 
@@ -419,6 +427,7 @@ __all__ = [
     "DENSE_NV",
     "dense_kernel_name",
     "dense_row_kernel_name",
+    "dense_row_kernel_names",
     "ROW_DENSE_FLOAT_KINDS",
     "FAMILIES",
     "QGZ_CODE_KINDS",

@@ -240,11 +240,19 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
 DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
     "quantize_dense": (16, 1),
     "quantize_backward_dense": (8, 1),
-    "dequantize_dense": (16, 2),
-    "dequantize_backward_dense": (8, 2),
+    "dequantize_dense": (16, 1),
+    "dequantize_backward_dense": (8, 1),
 }
+#: Elements per vector of the dense kernels on small problems (fewer elements than one 256-thread
+#: block of full vectors per SM): more threads, less serial work per thread.
+DENSE_SMALL_VEC = 4
 #: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
 _DENSE_MIN_THREADS = 64
+
+
+def dense_row_widths(kernel: str) -> tuple[int, ...]:
+    """The vector widths ``kernel`` is instantiated at: its own, and the small problems' one."""
+    return (DENSE_ROW_SHAPES[kernel][0], DENSE_SMALL_VEC)
 
 
 def dense_row_layout(
@@ -253,13 +261,16 @@ def dense_row_layout(
     """The dense layout of ``kernels/qp_row_layout.cuh`` (``dense_item``) for ``kernel``, or None
     when the problem is not one: contiguous rows whose parameter index is ``row * Co + (col //
     gc) * cs`` (tensor, token and last-axis group scopes; a channel scope over whole rows), rows a
-    multiple of the kernel's vector, groups of whole vectors, fewer than 2**31 blocks.
+    multiple of the vector, groups of whole vectors, fewer than 2**31 blocks.
 
-    Blocks: 256 threads with each thread taking the kernel's vectors per thread; a row shorter
-    than that takes fewer threads; a problem of fewer blocks than ``sm_count`` halves the threads
-    (down to 64) so that more multiprocessors share it.
+    Vectors: the kernel's width, or :data:`DENSE_SMALL_VEC` for a problem of fewer elements than
+    ``sm_count`` blocks of 256 full-width vectors. Blocks: 256 threads, each taking the kernel's
+    vectors per thread; a row shorter than that takes fewer threads; a problem of fewer blocks
+    than ``sm_count`` halves the threads (down to 64) so that more multiprocessors share it.
     """
     vec, unroll = DENSE_ROW_SHAPES[kernel]
+    if math.prod(shape) < sm_count * BLOCK_THREADS * vec:
+        vec = DENSE_SMALL_VEC
     base = row_layout(shape, scope, vec, packed)
     if base.vec != vec or not base.vector_io or base.M != 1 or base.rows == 0 or base.L == 0:
         return None
@@ -321,6 +332,7 @@ __all__ = [
     "DENSE_ROW_SHAPES",
     "contiguous_segment_length",
     "dense_row_layout",
+    "dense_row_widths",
     "expand_params",
     "normalize_axis",
     "param_shape",

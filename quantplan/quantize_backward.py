@@ -197,7 +197,7 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
             dense = dense_row_layout(problem.shape, problem.scope, cls._dense_kernel, False, info.sm_count)
             if dense is not None:
                 primary = dense
-                name = dense_row_kernel_name(cls._dense_kernel, problem.float_kind, problem.code_kind, False)
+                name = dense_row_kernel_name(cls._dense_kernel, problem.float_kind, problem.code_kind, False, dense.vec)
                 args = dense.args(problem.q_min, problem.q_max)
                 primary_launch = PreparedLaunch(
                     functions[name], dense.items, dense.threads, cls._params[problem.precision], layout=args

@@ -6,8 +6,9 @@ row's length a multiple of the vector, groups of whole vectors; ``quantplan._lay
 The shapes here select them (the variant says ``dense``) and sit at their edges: one block per row,
 several chunks per row with a partial last one, short merged rows, a row shorter than a block, a
 small problem spread over small blocks, channel(axis 0) rows, groups of 16 / 48 / 128; data with
-NaN, +-Inf, -0 and quotients past 2**21 (the exact path); every code kind, both modes, both nibble
-orders; in place for the gradients; misaligned operands (the element-I/O twin).
+NaN, +-Inf, -0 and quotients past 2**21 (the exact path); full vectors and the small problems'
+vectors; every code kind, both modes, both nibble orders; in place for the gradients; misaligned
+operands (the element-I/O twin).
 """
 
 from __future__ import annotations
@@ -26,17 +27,21 @@ pytestmark = pytest.mark.gpu
 
 SYM, ASYM = qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC
 DENSE_FLOATS = [EK.F16, EK.BF16]
-#: (scope, shape): every one is a dense layout for vectors of 16 (and so of 8).
+#: (scope, shape): every one is a dense layout. Past about 540k elements (132 SMs) the kernels take
+#: their full vectors (16 elements; 8 for the gradients), below it the small problems' 4.
 CASES = [
-    (qp.TokenScope(), (37, 256)),  # a row shorter than a 256-thread block
-    (qp.TokenScope(), (3, 5, 1040)),  # short rows merged (group-like parameters), partial last chunk
-    (qp.TokenScope(), (16, 8192)),  # a small problem: 64-thread blocks
-    (qp.TokenScope(), (2, 70000)),  # many chunks per row, partial last one
-    (qp.TensorScope(), (24, 4096)),
-    (qp.ChannelScope(axis=0), (40, 2080)),
+    (qp.TokenScope(), (70, 8208)),  # several chunks per row, partial last one
+    (qp.TokenScope(), (600, 1040)),  # short rows merged (group-like parameters)
+    (qp.TensorScope(), (160, 4096)),
+    (qp.ChannelScope(axis=0), (300, 2080)),
+    (qp.GroupScope(axis=-1, group_size=16), (2100, 272)),
+    (qp.GroupScope(axis=-1, group_size=48), (200, 3072)),
+    (qp.GroupScope(axis=-1, group_size=128), (136, 4096)),
+    (qp.TokenScope(), (37, 256)),  # small: a row shorter than a 256-thread block
+    (qp.TokenScope(), (3, 5, 1040)),  # small, merged rows
+    (qp.TokenScope(), (16, 8192)),  # small: 64-thread blocks
+    (qp.TokenScope(), (2, 70000)),  # small, many chunks per row
     (qp.GroupScope(axis=-1, group_size=16), (9, 272)),
-    (qp.GroupScope(axis=-1, group_size=48), (7, 3072)),
-    (qp.GroupScope(axis=-1, group_size=128), (33, 4096)),
 ]
 
 
@@ -182,8 +187,8 @@ def test_dense_shapes_with_misaligned_pointers_use_the_twin(rng, code_kind) -> N
     scale, _ = _params(rng, desc, code_kind)
     q_ref = np.zeros(desc.output_shape, ELEMENTS[code_kind].numpy_dtype)
     qp.QuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeArgs(x, q_ref, scale))
-    x_buf = cupy.zeros(x.size + 1, cupy.uint16)
-    x_buf[1:] = cupy.asarray(x.view(np.uint16).reshape(-1))
+    x_buf = cupy.zeros(x.size + 1, cupy.float16)
+    x_buf[1:] = cupy.asarray(x.reshape(-1))
     n_out = int(np.prod(desc.output_shape))
     q_buf = cupy.zeros(n_out + 3, cupy.uint8)
     q_view = q_buf[3:].reshape(desc.output_shape)
