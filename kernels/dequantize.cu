@@ -156,13 +156,14 @@ dequantize_backward_rows(const typename qp::FloatElement<Out>::storage* dy, type
 }
 
 // ---- the hot layouts, specialised ----
-// dequantize_dense: dequantize_rows on a dense row layout (qp_row_layout.cuh,
-// for_each_dense_item), 16-bit float outputs: 16-element vectors (one 16-byte load of 8-bit
-// codes or one 8-byte load of 4-bit codes, two 16-byte stores), at most two per thread and item,
-// each vector's parameter loaded beside its codes. FP8 codes widen exactly to half precision
-// (sm_89+: two per cvt; e5m2 is the high byte of a half) before the product. Same parameters as
-// dequantize_rows. 256-thread blocks at most, 32 registers.
-// dequantize_backward_dense: dequantize_backward_rows on a dense layout, 8-element vectors.
+// dequantize_dense: dequantize_rows on a dense row layout (qp_row_layout.cuh, dense_item), 16-bit
+// float outputs: one (row, chunk) item per block, VEC-element vectors (8: an 8-byte load of 8-bit
+// codes or a 4-byte load of 4-bit codes, a 16-byte store, every warp access contiguous; 4 on small
+// problems), kDenseDequantizeUnroll per thread, each vector's parameter loaded beside its codes.
+// FP8 codes widen exactly to half precision (sm_89+: two per cvt; e5m2 is the high byte of a
+// half) before the product. Same parameters as dequantize_rows. 256-thread blocks at most, 32
+// registers.
+// dequantize_backward_dense: dequantize_backward_rows on a dense layout (VEC 8, or 4).
 #ifndef QP_DENSE_ROWS_MIN_BLOCKS
 #define QP_DENSE_ROWS_MIN_BLOCKS 8
 #endif
@@ -172,7 +173,7 @@ namespace qp {
 // Vectors per thread of dequantize_dense / dequantize_backward_dense (quantplan/_layout.py
 // DENSE_ROW_SHAPES mirrors them).
 #ifndef QP_DENSE_DEQUANTIZE_UNROLL
-#define QP_DENSE_DEQUANTIZE_UNROLL 1
+#define QP_DENSE_DEQUANTIZE_UNROLL 2
 #endif
 #ifndef QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL
 #define QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL 1

@@ -22,6 +22,9 @@ struct RowLayout {
   i64 rows, items, chunks_per_row, M, A, Co, Ca, Cm;
   int L, chunk_cols, seg_log2, g_rows, gc, cs, q_min, q_max;
   int flags;  // family-specific options (quantize.cu: bit 0, NaN scale -> FP8 code 0)
+  // n / chunks_per_row and n / gc for 0 <= n < 2^31 without a division: (umulhi(n, magic) >> shift)
+  // (divisors above 1; quantplan/_layout.py division_magic). Read by the dense kernels.
+  u32 chunk_magic, chunk_shift, gc_magic, gc_shift;
 
   __device__ __forceinline__ i64 row_param_base(i64 row) const {
     if (M == 1 && A == 1) return row * Co;
@@ -106,7 +109,7 @@ __device__ __forceinline__ void dense_item(const RowLayout& lay, int vec, Fn fn)
   const u32 item = blockIdx.x;
   u32 row = item, chunk = 0;
   if (lay.chunks_per_row != 1) {
-    row = item / (u32)lay.chunks_per_row;
+    row = __umulhi(item, lay.chunk_magic) >> lay.chunk_shift;
     chunk = item - row * (u32)lay.chunks_per_row;
   }
   const int start = (int)chunk * lay.chunk_cols;
@@ -115,7 +118,7 @@ __device__ __forceinline__ void dense_item(const RowLayout& lay, int vec, Fn fn)
 
 // The parameter index of the vector at column `col` of a dense row whose index base is `pbase`.
 __device__ __forceinline__ i64 dense_param_index(const RowLayout& lay, i64 pbase, int col) {
-  return lay.cs == 0 ? pbase : pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs;
+  return lay.cs == 0 ? pbase : pbase + (i64)(__umulhi((u32)col, lay.gc_magic) >> lay.gc_shift) * lay.cs;
 }
 
 }  // namespace qp

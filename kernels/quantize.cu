@@ -206,15 +206,29 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 
 // ---- the hot layouts, specialised ----
 // quantize_dense: quantize_rows's codes (nearest rounding, 16-bit floats) on a dense row layout
-// (qp_row_layout.cuh, for_each_dense_item): 16-element vectors (two 16-byte loads of floats; one
-// 16-byte store of 8-bit codes, one 8-byte store of 4-bit codes), at most two per thread and
-// item; the parameters of every vector are loaded beside its data (their latency overlaps the
-// data loads) and turned into IntQuantParam once per vector; the division-free codes of the
-// whole vector are checked once; a vector they do not cover (a quotient of 2^21 or more, NaN,
-// Inf, a scale outside [2^-60, 2^100], a NaN scale with flags bit 0) is redone out of line from
-// memory by VectorQuantizer::codes, the generic kernel's own path. Same parameters as
-// quantize_rows (the seed and offset are not read). 256-thread blocks at most, 32 registers.
-// quantize_backward_dense: quantize_backward_rows on a dense layout, 8-element vectors.
+// (qp_row_layout.cuh, dense_item): one (row, chunk) item per block, VEC-element vectors (16:
+// two 16-byte loads of floats, a 16-byte store of 8-bit codes or an 8-byte store of 4-bit codes;
+// 4 on small problems), kDenseQuantizeUnroll per thread. The parameter of every vector is loaded
+// beside its data (the latencies overlap) and prepared once per vector (dense_param: the
+// reciprocal without its out-of-line slow path); the division-free codes of the whole vector are
+// checked once; a vector they do not cover (a quotient of 2^21 or more, NaN, Inf, a scale outside
+// [2^-60, 2^100], a NaN scale with flags bit 0) is redone out of line, element by element, by
+// VectorQuantizer::code, the generic kernel's own path. Same parameters as quantize_rows (the
+// seed and offset are not read). 256-thread blocks at most, 32 registers, no stack.
+//
+// quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 8, or 4). The mask and
+// the gradient take the division-free quotient of qp_rounding.cuh (exact: Markstein's
+// correction, inv = rn(1 / scale), scale in [2^-60, 2^100], |x| and |quotient| >= 2^-100 or
+// x = 0, quotient below 2^21):
+//   integer codes: q_min <= rne(q) + zp <= q_max  <=>  lo <= q <= hi with the float bounds
+//     lo = (q_min - zp) - 1/2, hi = (q_max - zp) + 1/2, each moved one float inwards when its
+//     integer is odd (a tie rounds to the even neighbour, outside the range); exact for
+//     |q_min - zp|, |q_max - zp| < 2^22;
+//   FP8 codes: -max <= q <= max;
+//   dx = rn(dq / scale) where inside, else +0: the quotient's conditions hold for every 16-bit
+//     dq when scale <= 2^75 and |dq| >= 2^-25 or dq = 0 (always, for f16).
+// A vector outside those conditions is redone out of line, element by element, by the generic
+// kernel's mask and IEEE division.
 #ifndef QP_DENSE_ROWS_MIN_BLOCKS
 #define QP_DENSE_ROWS_MIN_BLOCKS 8
 #endif
@@ -227,10 +241,56 @@ namespace qp {
 #ifndef QP_DENSE_QUANTIZE_BACKWARD_UNROLL
 #define QP_DENSE_QUANTIZE_BACKWARD_UNROLL 1
 #endif
-// Vectors per thread of quantize_dense / quantize_backward_dense (quantplan/_layout.py DENSE_ROW_SHAPES
-// mirrors them).
+// Vectors per thread of quantize_dense / quantize_backward_dense (quantplan/_layout.py
+// DENSE_ROW_SHAPES mirrors them).
 static const int kDenseQuantizeUnroll = QP_DENSE_QUANTIZE_UNROLL;
 static const int kDenseQuantizeBackwardUnroll = QP_DENSE_QUANTIZE_BACKWARD_UNROLL;
+
+template <class T> struct IsHalf { static const bool value = false; };
+template <> struct IsHalf<f16> { static const bool value = true; };
+
+// IntQuantParam<float>::set without the reciprocal's out-of-line slow path: for a scale in the
+// `fast` range the correctly rounded reciprocal is exactly this sequence (the compiler's own
+// fast path of __frcp_rn: MUFU.RCP and one Newton step); outside it `inv` is never used.
+__device__ __forceinline__ IntQuantParam<float> dense_param(float s, int z) {
+  IntQuantParam<float> p;
+  p.scale = s;
+  p.zp = z;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  p.inv = __fmaf_rn(r, -__fmaf_rn(r, s, -1.0f), r);
+  p.fast = s >= 8.673617379884035e-19f && s <= 1.2676506002282294e+30f && z >= -(1 << 30) && z <= (1 << 30);
+  return p;
+}
+
+// The float bounds of the straight-through mask (above); `ok` false where they are not exact.
+struct DenseMaskBounds {
+  float lo, hi;
+  bool ok;
+};
+
+__device__ __forceinline__ float half_integer_inwards(float v, bool up) {
+  // v = k + 1/2 (or k - 1/2), never 0: the next float towards +Inf (up) or -Inf.
+  return __int_as_float(__float_as_int(v) + (((v > 0.0f) == up) ? 1 : -1));
+}
+
+template <class Code>
+__device__ __forceinline__ DenseMaskBounds dense_mask_bounds(int q_min, int q_max, int zp) {
+  DenseMaskBounds b;
+  if constexpr (QuantElement<Code>::kind == 2) {
+    b.hi = (float)Fp8Format<Code>::max;
+    b.lo = -b.hi;
+    b.ok = true;
+  } else {
+    const i64 lo = (i64)q_min - zp, hi = (i64)q_max - zp;
+    b.ok = lo > -(1 << 22) && lo < (1 << 22) && hi > -(1 << 22) && hi < (1 << 22);
+    b.lo = (float)(int)lo - 0.5f;
+    b.hi = (float)(int)hi + 0.5f;
+    if (lo & 1) b.lo = half_integer_inwards(b.lo, true);
+    if (hi & 1) b.hi = half_integer_inwards(b.hi, false);
+  }
+  return b;
+}
 
 // The exact path of one vector, out of line and element by element (VectorQuantizer::code: the
 // division-free quotient where it holds, the division elsewhere), reading the vector again: no
@@ -254,8 +314,9 @@ __device__ __noinline__ void quantize_vector_exact(const typename FloatElement<I
   }
 }
 
-// The exact path of one vector of the quantize backward (VectorQuantizer::inside, then the
-// division), as above; each element is read before it is written (dq may be dx).
+// The exact path of one vector of the quantize backward (VectorQuantizer::inside, then the IEEE
+// division: quantize_backward_rows's arithmetic), as above; each element is read before it is
+// written (dq may be dx).
 template <class In, class Code, int VEC>
 __device__ __noinline__ void quantize_backward_vector_exact(const typename FloatElement<In>::storage* xs,
                                                             const typename FloatElement<In>::storage* gs,
@@ -305,8 +366,7 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        qp::IntQuantParam<float> p;
-        p.set(s[u], z[u]);
+        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
         int codes[VEC];
         qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
         if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
@@ -326,14 +386,14 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
                         typename qp::FloatElement<In>::storage* dx, const float* __restrict__ scale_ptr,
                         const int* __restrict__ zp_ptr, float scale_value, int zp_value, const qp::RowLayout lay) {
   constexpr int U = qp::kDenseQuantizeBackwardUnroll;
-  typedef qp::VectorQuantizer<In, Code, VEC, false> VQ;
-  typedef typename VQ::in_t in_t;
+  typedef qp::FloatElement<In> FE;
+  typedef typename FE::storage in_t;
   static_assert(sizeof(in_t) == 2, "16-bit floats");
   const int step = (int)blockDim.x * VEC;
   qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
     const qp::i64 base = row * lay.L;
     const qp::i64 pbase = row * lay.Co;
-    typename VQ::vector_t xv[U], gv[U];
+    qp::ElementVector<in_t, VEC> xv[U], gv[U];
     float s[U];
     int z[U];
 #pragma unroll
@@ -351,13 +411,19 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        qp::IntQuantParam<float> p;
-        p.set(s[u], z[u]);
-        bool mask[VEC];
-        if (VQ::fast_inside_mask(xv[u], p, lay.q_min, lay.q_max, mask)) {
-          float vals[VEC];
+        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+        const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
+        bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
+        float vals[VEC];
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) vals[k] = mask[k] ? qp::acc_div(VQ::FE::to_acc(gv[u].v[k]), s[u]) : 0.0f;
+        for (int k = 0; k < VEC; ++k) {
+          const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
+          const float g = FE::to_acc(gv[u].v[k]);
+          const float d = qp::quotient_fast(g, p, ok);
+          if constexpr (!qp::IsHalf<In>::value) ok = ok & ((fabsf(g) >= 2.9802322387695312e-08f) | (g == 0.0f));  // 2^-25
+          vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
+        }
+        if (ok) {
           qp::vector_from_acc<In, VEC>(vals).template store<true>(dx + base + col, VEC);
         } else {
           qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],

@@ -73,7 +73,24 @@ class RowLayoutArgs(ctypes.Structure):
             (name, ctypes.c_int32)
             for name in ("L", "chunk_cols", "seg_log2", "g_rows", "gc", "cs", "q_min", "q_max", "flags")
         ),
+        *((name, ctypes.c_uint32) for name in ("chunk_magic", "chunk_shift", "gc_magic", "gc_shift")),
     ]
+
+
+def division_magic(d: int) -> tuple[int, int]:
+    """``(magic, shift)`` with ``n // d == (n * magic >> 32) >> shift`` for every ``0 <= n < 2**31``
+    (``d >= 2``; ``(0, 0)`` for ``d <= 1``, which the kernels never divide by).
+
+    A power of two ``2**k`` takes ``magic = 2**(32 - k)``; any other ``d`` takes ``shift = floor(log2 d)``
+    and ``magic = 2**(32 + shift) // d + 1`` (below 2**32): with ``e = magic * d - 2**(32 + shift)``
+    in ``(0, d]``, ``n * e < 2**31 * 2**(shift + 1)``, so the error term stays below ``1 / d``.
+    """
+    if d <= 1:
+        return 0, 0
+    k = d.bit_length() - 1
+    if d == 1 << k:
+        return 1 << (32 - k), 0
+    return (1 << (32 + k)) // d + 1, k
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,8 @@ class RowLayout:
             q_min,
             q_max,
             flags,
+            *division_magic(self.chunks_per_row),
+            *division_magic(self.gc),
         )
 
     @property
@@ -239,8 +258,8 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
 #: constants (kernels/quantize.cu, kernels/dequantize.cu: kDense*Unroll).
 DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
     "quantize_dense": (16, 1),
-    "quantize_backward_dense": (8, 1),
-    "dequantize_dense": (16, 1),
+    "quantize_backward_dense": (16, 1),
+    "dequantize_dense": (8, 2),
     "dequantize_backward_dense": (8, 1),
 }
 #: Elements per vector of the dense kernels on small problems (fewer elements than one 256-thread
@@ -333,6 +352,7 @@ __all__ = [
     "contiguous_segment_length",
     "dense_row_layout",
     "dense_row_widths",
+    "division_magic",
     "expand_params",
     "normalize_axis",
     "param_shape",
