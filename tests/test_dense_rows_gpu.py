@@ -192,10 +192,12 @@ def test_dense_shapes_with_misaligned_pointers_use_the_twin(rng, code_kind) -> N
     n_out = int(np.prod(desc.output_shape))
     q_buf = cupy.zeros(n_out + 3, cupy.uint8)
     q_view = q_buf[3:].reshape(desc.output_shape)
+    q_view = q_view.view(np.int8) if code_kind is EK.S8 else q_view
     qp.QuantizePlan.select(None, desc).run(
         None, None, qp.QuantizeArgs(x_buf[1:].reshape(shape), q_view, cupy.asarray(scale))
     )
-    assert np.array_equal(q_view.get(), q_ref.view(np.uint8)), first_mismatch(q_view.get(), q_ref.view(np.uint8))
+    q_gpu = q_view.get().view(np.uint8)
+    assert np.array_equal(q_gpu, q_ref.view(np.uint8)), first_mismatch(q_gpu, q_ref.view(np.uint8))
     ddesc = qp.DequantizeDescriptor(shape=shape, scope=qp.TokenScope(), input_element=code_kind, output_element=EK.F16)
     y_ref = np.zeros(shape, np.float16)
     qp.DequantizePlan.select(None, ddesc, REFERENCE).run(None, None, qp.DequantizeArgs(q_ref, y_ref, scale))
