@@ -460,3 +460,404 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
     }
   }
 }
+
+// ---- the fused single pass for segments held by one warp's lanes ----
+// dynamic_quantize_lanes: the same result as dynamic_quantize_segments for contiguous segments of
+// S = lanes * 8 * NV 16-bit floats with lanes = 1 << seg_log2 <= 32 (last-axis groups of 8 .. 256
+// elements, short rows), 16-byte aligned operands, nearest rounding. MODE (0 SYMMETRIC, 1
+// ASYMMETRIC with the range widened to hold zero) is a template constant. Against
+// dynamic_quantize_dense, which stages a segment in shared memory for teams spanning warps:
+//  * registers only, no barrier: a warp's loads cover 32 consecutive 16-byte vectors, each team
+//    reduces its range by xor shuffles alone (SYMMETRIC: the pair of |x| bit maxima;
+//    ASYMMETRIC: the pair (-lo, hi), both maxima, one shuffle per step);
+//  * kLanesUnroll segments per thread and iteration, their loads issued together;
+//  * the parameters without a division: scale = rn(range / divisor) by Markstein's correction
+//    from rn(1 / divisor) (exact where range lies in [2^-80, 2^100], the division elsewhere),
+//    zp from the division-free quotient rn(lo / scale) (qp_rounding.cuh: exact in the `fast`
+//    range); a segment outside it (or non-finite) takes segment_params and the checked codes,
+//    out of line;
+//  * per element: the quotient (one multiply, two FMAs), the rounding add, and for ASYMMETRIC one
+//    add-and-min: rne(x / scale) >= rne(lo / scale) for every x of the segment, so the code is at
+//    least q_min and only the upper bound can bind (below); codes are packed by byte permutes.
+// ASYMMETRIC bound: lo <= x gives fl(x / scale) >= fl(lo / scale) (division is monotonic), so
+// rne(x / scale) + zp >= rne(lo / scale) + q_min - rne(lo / scale) = q_min, where zp = q_min -
+// rne(lo / scale) is not clamped: rne(lo / scale) <= 0 and |lo / scale| <= rn(hi - lo) / scale
+// <= d (1 + 2^-22) < d + 1/2.
+namespace qp {
+
+// rn(1 / s) for s in [2^-126, 2^125]: the sequence __frcp_rn runs there (one MUFU.RCP and its
+// correction; __frcp_rn leaves it only for extreme exponents), without its out-of-line slow path.
+__device__ __forceinline__ float rcp_rn_normal(float s) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  const float e = -__fmaf_rn(s, r, -1.0f);
+  return __fmaf_rn(r, e, r);
+}
+
+// rn(a / d) for a in [2^-80, 2^100] and the divisor d in [1, 2^20], inv_d = rn(1 / d):
+// Markstein's correction (qp_rounding.cuh, quotient_fast: exact in this range).
+__device__ __forceinline__ float div_by_divisor(float a, float d, float inv_d) {
+  const float t = __fmul_rn(a, inv_d);
+  const float r = -__fmaf_rn(t, d, -a);
+  return __fmaf_rn(r, inv_d, t);
+}
+
+// A segment of dynamic_quantize_lanes outside its division-free path (a non-finite range, or a
+// range or scale outside it): segment_params, the parameters' store (lane 0) and the checked
+// codes. Out of line: it is rare, and its divisions would cost the hot loop registers.
+template <class In, class Out, bool HIGH_FIRST, int NV>
+__device__ __noinline__ void lanes_rare_segment(const typename FloatElement<In>::storage* xs, u8* qs, float* scale_out,
+                                                int* zp_out, i64 seg, int lane, int lanes, float lo, float hi,
+                                                bool bad, int mode, int q_min, int q_max, float divisor) {
+  int zp;
+  const float scale = segment_params<float>(lo, hi, bad, mode, q_min, q_max, divisor, zp);
+  if (lane == 0) {
+    if (scale_out) scale_out[seg] = scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  dense_checked_codes<In, Out, HIGH_FIRST, NV>(xs, qs, lane, lanes, q_min, q_max, scale, zp);
+}
+
+// The two 16-bit floats of a word (element 0 in the low half) as floats: f16 by two half-to-float
+// conversions, bf16 by a shift and a mask.
+template <class In> __device__ __forceinline__ float pair_lo(u32 w);
+template <class In> __device__ __forceinline__ float pair_hi(u32 w);
+template <> __device__ __forceinline__ float pair_lo<f16>(u32 w) { return FloatElement<f16>::to_acc((u16)(w & 0xFFFFu)); }
+template <> __device__ __forceinline__ float pair_hi<f16>(u32 w) { return FloatElement<f16>::to_acc((u16)(w >> 16)); }
+template <> __device__ __forceinline__ float pair_lo<bf16>(u32 w) { return __uint_as_float(w << 16); }
+template <> __device__ __forceinline__ float pair_hi<bf16>(u32 w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// The low bytes of four words, in order, as one word.
+__device__ __forceinline__ u32 low_bytes4(u32 a, u32 b, u32 c, u32 d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+// Eight codes (their low byte, or low nibble for 4-bit) stored at dst: 8 bytes, or 4 bytes of
+// nibble pairs in the HIGH_FIRST / low-first order of qp_packing.cuh.
+template <int KIND, bool HIGH_FIRST>
+__device__ __forceinline__ void store_codes8(u8* dst, const u32 (&c)[8]) {
+  if constexpr (KIND == 1) {
+    const u32 even = low_bytes4(c[0], c[2], c[4], c[6]), odd = low_bytes4(c[1], c[3], c[5], c[7]);
+    const u32 lo = HIGH_FIRST ? odd : even, hi = HIGH_FIRST ? even : odd;
+    *reinterpret_cast<u32*>(dst) = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
+  } else {
+    uint2 w;
+    w.x = low_bytes4(c[0], c[1], c[2], c[3]);
+    w.y = low_bytes4(c[4], c[5], c[6], c[7]);
+    *reinterpret_cast<uint2*>(dst) = w;
+  }
+}
+
+// The codes of 8 elements (one 16-byte vector) under a division-free parameter p (`fast`, zp its
+// zero point), stored at dst: the quotient by Markstein's correction, the rounding add, then
+// SYMMETRIC integer codes with q_min <= -q_max: the low byte / nibble of the rounding word (the
+// two's-complement code; |rne(x / scale)| <= q_max needs no clamp); other SYMMETRIC integer
+// codes: the clamp; ASYMMETRIC: the zero point and the upper clamp only (the lower bound holds:
+// dynamic_quantize_lanes); FP8: the pair conversion.
+template <class In, class Out, bool HIGH_FIRST, int MODE>
+__device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantParam<float>& p, int zp, int q_min,
+                                                 int q_max, u8* dst) {
+  constexpr int KIND = QuantElement<Out>::kind;
+  const u32 words[4] = {v.x, v.y, v.z, v.w};
+  float xf[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    xf[2 * k] = pair_lo<In>(words[k]);
+    xf[2 * k + 1] = pair_hi<In>(words[k]);
+  }
+  u32 c[8];
+  if constexpr (KIND == 2) {
+    float qv[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      bool unused = true;
+      qv[k] = quotient_fast(xf[k], p, unused);
+    }
+#if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+      const u16 pair = Fp8Element<Out>::pair_from_f32(qv[k], qv[k + 1]);
+      c[k] = pair & 0xFFu;
+      c[k + 1] = pair >> 8;
+    }
+#else
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c[k] = Fp8Element<Out>::from_f32(qv[k]);
+#endif
+  } else {
+    const bool raw = MODE == 0 && q_min <= -q_max;
+    const int zp_bias = zp - QP_RNE_MAGIC_BITS;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      bool unused = true;
+      const int bits = __float_as_int(__fadd_rn(quotient_fast(xf[k], p, unused), QP_RNE_MAGIC));
+      if (MODE != 0) {
+        c[k] = (u32)min(bits + zp_bias, q_max);
+      } else if (raw) {
+        c[k] = (u32)bits;
+      } else {
+        c[k] = (u32)min(max(bits - QP_RNE_MAGIC_BITS, q_min), q_max);
+      }
+    }
+  }
+  store_codes8<KIND, HIGH_FIRST>(dst, c);
+}
+
+}  // namespace qp
+
+#ifndef QP_LANES_MIN_BLOCKS
+#define QP_LANES_MIN_BLOCKS 8
+#endif
+template <class In, class Out, bool HIGH_FIRST, int MODE, int LANES, int NV, int U>
+__global__ void __launch_bounds__(256, QP_LANES_MIN_BLOCKS)
+dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
+                       float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
+                       float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+  typedef qp::FloatElement<In> FE;
+  typedef qp::FloatBits<In> FB;
+  typedef qp::HalfPairs<In> HP;
+  using qp::i64;
+  using qp::u32;
+  constexpr int KIND = qp::QuantElement<Out>::kind;
+  constexpr int S = LANES * 8 * NV;  // elements per segment (lay.S)
+  static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
+  static_assert(MODE == 0 || KIND != 2, "FP8 codes are symmetric");
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "a team within a warp");
+  const int lane = threadIdx.x & (LANES - 1);
+  const int teams = blockDim.x / LANES;
+  const int team = threadIdx.x / LANES;
+  const int q_min = lay.q_min, q_max = lay.q_max;
+  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  const i64 per_block = (i64)teams * U;
+  for (i64 base = (i64)blockIdx.x * per_block; base < lay.segments; base += (i64)gridDim.x * per_block) {
+    uint4 v[U][NV];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const i64 seg = base + u * teams + team;
+      if (seg < lay.segments) {
+        const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + lane;
+#pragma unroll
+        for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
+      } else {
+#pragma unroll
+        for (int w = 0; w < NV; ++w) v[u][w] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const i64 seg = base + u * teams + team;
+      // Scan and reduce: SYMMETRIC the |x| bit maxima per half; ASYMMETRIC the NaN-propagating
+      // min and max from +0 (a NaN or +-Inf shows in lo or hi), as (-lo, hi): two maxima.
+      u32 acc;
+      if constexpr (MODE == 0) {
+        u32 a = 0;
+#pragma unroll
+        for (int w = 0; w < NV; ++w) {
+          a = qp::max_u16x2(a, v[u][w].x & 0x7FFF7FFFu);
+          a = qp::max_u16x2(a, v[u][w].y & 0x7FFF7FFFu);
+          a = qp::max_u16x2(a, v[u][w].z & 0x7FFF7FFFu);
+          a = qp::max_u16x2(a, v[u][w].w & 0x7FFF7FFFu);
+        }
+#pragma unroll
+        for (int s = 1; s < LANES; s <<= 1) a = qp::max_u16x2(a, __shfl_xor_sync(0xFFFFFFFFu, a, s));
+        acc = max(a & 0xFFFFu, a >> 16);
+      } else {
+        u32 lo2 = 0, hi2 = 0;
+#pragma unroll
+        for (int w = 0; w < NV; ++w) {
+          lo2 = HP::min_nan(HP::min_nan(lo2, v[u][w].x), v[u][w].y);
+          lo2 = HP::min_nan(HP::min_nan(lo2, v[u][w].z), v[u][w].w);
+          hi2 = HP::max_nan(HP::max_nan(hi2, v[u][w].x), v[u][w].y);
+          hi2 = HP::max_nan(HP::max_nan(hi2, v[u][w].z), v[u][w].w);
+        }
+        const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
+        const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
+        u32 p = (lo_h ^ 0x8000u) | (hi_h << 16);
+#pragma unroll
+        for (int s = 1; s < LANES; s <<= 1) p = HP::max_nan(p, __shfl_xor_sync(0xFFFFFFFFu, p, s));
+        acc = p;
+      }
+      if (seg >= lay.segments) continue;
+      // Parameters: the division-free path where the range lies in [2^-80, 2^100] (or is 0:
+      // scale 1, SPEC section 4) and the scale in the `fast` range of qp_rounding.cuh,
+      // [2^-60, 2^100]; out of line otherwise.
+      float lo = 0.0f, range, hi;
+      bool bad;
+      if constexpr (MODE == 0) {
+        bad = acc >= FB::inf;
+        range = hi = FE::to_acc((qp::u16)acc);
+      } else {
+        const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
+        bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
+        lo = -FE::to_acc((qp::u16)nlo);
+        hi = FE::to_acc((qp::u16)hi_bits);
+        range = __fsub_rn(hi, lo);
+      }
+      qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
+      qp::IntQuantParam<float> p;
+      p.scale = range == 0.0f ? 1.0f : qp::div_by_divisor(range, d, inv_d);
+      p.zp = 0;
+      if (bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
+          !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f)) {
+        qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + seg * S, qs, scale_out, zp_out, seg, lane, LANES, lo, hi,
+                                                        bad, MODE, q_min, q_max, d);
+        continue;
+      }
+      p.inv = qp::rcp_rn_normal(p.scale);
+      p.fast = true;
+      int zp = 0;
+      if constexpr (MODE != 0) {
+        bool unused = true;
+        const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
+        zp = min(max(q_min - (__float_as_int(rb) - QP_RNE_MAGIC_BITS), q_min), q_max);
+      }
+      if (lane == 0) {
+        if (scale_out) scale_out[seg] = p.scale;
+        if (MODE != 0 && zp_out) zp_out[seg] = zp;
+      }
+#pragma unroll
+      for (int w = 0; w < NV; ++w) {
+        const int col = (lane + w * LANES) * 8;
+        qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[u][w], p, zp, q_min, q_max,
+                                                        qs + (KIND == 1 ? col / 2 : col));
+      }
+    }
+  }
+}
+
+// ---- one segment over a thread-block cluster (sm_90) ----
+// dynamic_quantize_cluster: few long segments (16 rows of 8192 elements: one block per row
+// would keep 16 SMs busy). Each segment of S = kClusterBlocks * blockDim.x * 8 16-bit floats
+// takes a cluster of kClusterBlocks blocks, one 16-byte vector per thread: every block reduces
+// its share (shuffles, one slot per warp), publishes it in its shared memory, and after a
+// cluster barrier every thread combines the cluster's shares through distributed shared memory.
+// The parameters and codes are those of dynamic_quantize_lanes (same division-free path, same
+// out-of-line rare path). blockDim.x is a multiple of 32, at most 1024; the grid has
+// kClusterBlocks blocks per segment. Other architectures: never selected (the body traps).
+static const int kClusterBlocks = 8;
+
+#if __CUDA_ARCH__ >= 900
+#define QP_CLUSTER_DIMS __cluster_dims__(kClusterBlocks, 1, 1)
+#else
+#define QP_CLUSTER_DIMS
+#endif
+
+namespace qp {
+
+// The packed range word of a thread's 8 elements (SYMMETRIC: the |x| bit maxima per half;
+// ASYMMETRIC: NaN-propagating (-lo, hi) from +0) and its combination (both maxima per half).
+template <class In, int MODE>
+__device__ __forceinline__ u32 range_word(const uint4& v) {
+  if constexpr (MODE == 0) {
+    u32 a = max_u16x2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu);
+    a = max_u16x2(a, v.z & 0x7FFF7FFFu);
+    return max_u16x2(a, v.w & 0x7FFF7FFFu);
+  } else {
+    typedef HalfPairs<In> HP;
+    const u32 lo2 = HP::min_nan(HP::min_nan(HP::min_nan(HP::min_nan(0u, v.x), v.y), v.z), v.w);
+    const u32 hi2 = HP::max_nan(HP::max_nan(HP::max_nan(HP::max_nan(0u, v.x), v.y), v.z), v.w);
+    const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
+    const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
+    return (lo_h ^ 0x8000u) | (hi_h << 16);
+  }
+}
+template <class In, int MODE>
+__device__ __forceinline__ u32 range_combine(u32 a, u32 b) {
+  if constexpr (MODE == 0) {
+    return max_u16x2(a, b);
+  } else {
+    return HalfPairs<In>::max_nan(a, b);
+  }
+}
+
+}  // namespace qp
+
+template <class In, class Out, bool HIGH_FIRST, int MODE>
+__global__ void QP_CLUSTER_DIMS __launch_bounds__(1024)
+dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
+                         float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
+                         float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+#if __CUDA_ARCH__ >= 900
+  typedef qp::FloatElement<In> FE;
+  typedef qp::FloatBits<In> FB;
+  using qp::i64;
+  using qp::u32;
+  constexpr int KIND = qp::QuantElement<Out>::kind;
+  __shared__ u32 warp_slots[32];
+  __shared__ u32 block_share;
+  const int rank = blockIdx.x % kClusterBlocks;
+  const i64 seg = blockIdx.x / kClusterBlocks;
+  const int S = lay.S, q_min = lay.q_min, q_max = lay.q_max;
+  const int col = (rank * blockDim.x + threadIdx.x) * 8;
+  const typename FE::storage* xs = x + seg * S;
+  const uint4 v = *reinterpret_cast<const uint4*>(xs + col);
+  u32 r = qp::range_word<In, MODE>(v);
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) r = qp::range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) warp_slots[warp] = r;
+  __syncthreads();
+  if (warp == 0) {
+    r = (threadIdx.x < warps) ? warp_slots[threadIdx.x] : 0u;
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) r = qp::range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+    if (threadIdx.x == 0) block_share = r;
+  }
+  // Every block's share is published before any block reads the cluster's shares.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  const u32 local = (u32)__cvta_generic_to_shared(&block_share);
+  u32 acc = 0;
+#pragma unroll
+  for (int b = 0; b < kClusterBlocks; ++b) {
+    u32 remote, share;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(b));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(share) : "r"(remote) : "memory");
+    acc = qp::range_combine<In, MODE>(acc, share);
+  }
+  // This block's shared memory stays until every block of the cluster has read it.
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  float lo = 0.0f, range, hi;
+  bool bad;
+  if constexpr (MODE == 0) {
+    acc = max(acc & 0xFFFFu, acc >> 16);
+    bad = acc >= FB::inf;
+    range = hi = FE::to_acc((qp::u16)acc);
+  } else {
+    const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
+    bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
+    lo = -FE::to_acc((qp::u16)nlo);
+    hi = FE::to_acc((qp::u16)hi_bits);
+    range = __fsub_rn(hi, lo);
+  }
+  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  qp::IntQuantParam<float> p;
+  p.scale = range == 0.0f ? 1.0f : qp::div_by_divisor(range, d, inv_d);
+  p.zp = 0;
+  qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  if (bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
+      !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f)) {
+    // The checked codes of this thread's one vector (lane = its vector, a team of one).
+    qp::lanes_rare_segment<In, Out, HIGH_FIRST, 1>(xs + col, qs + (KIND == 1 ? col / 2 : col),
+                                                   writer ? scale_out : nullptr, writer ? zp_out : nullptr, seg, 0, 1,
+                                                   lo, hi, bad, MODE, q_min, q_max, d);
+  } else {
+    p.inv = qp::rcp_rn_normal(p.scale);
+    p.fast = true;
+    int zp = 0;
+    if constexpr (MODE != 0) {
+      bool unused = true;
+      const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
+      zp = min(max(q_min - (__float_as_int(rb) - QP_RNE_MAGIC_BITS), q_min), q_max);
+    }
+    if (writer) {
+      if (scale_out) scale_out[seg] = p.scale;
+      if (MODE != 0 && zp_out) zp_out[seg] = zp;
+    }
+    qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v, p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col));
+  }
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}

@@ -193,15 +193,50 @@ def dense_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_firs
     )
 
 
+#: Shapes ``(lanes, nv, unroll)`` of ``dynamic_quantize_lanes``: segments of ``lanes * 8 * nv``
+#: 16-bit elements held by ``lanes`` threads of one warp, ``unroll`` segments per thread and
+#: iteration. The first shape serving a segment length is the one for large problems; the second
+#: (more threads per segment) spreads small ones over more multiprocessors.
+LANES_SHAPES = ((4, 4, 1), (16, 1, 1))
+#: Blocks of a thread-block cluster of ``dynamic_quantize_cluster`` (``kClusterBlocks``).
+CLUSTER_BLOCKS = 8
+
+
+def _mode_codes(code_kind: ElementKind) -> tuple[int, ...]:
+    """``SegmentLayout.mode`` values a code kind takes in DynamicRangeQuantizePlan (FP8: SYMMETRIC only)."""
+    return (0,) if ELEMENTS[code_kind].is_fp8 else (0, 1)
+
+
+def lanes_kernel_name(
+    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, shape: tuple[int, int, int]
+) -> str:
+    """One instantiation of ``dynamic_quantize_lanes`` (``mode``: 0 SYMMETRIC, 1 ASYMMETRIC; ``shape``:
+    one of :data:`LANES_SHAPES`)."""
+    code = ELEMENTS[code_kind]
+    flag = high_first and code.is_packed
+    return template_name("dynamic_quantize_lanes", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, *shape)
+
+
+def cluster_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int) -> str:
+    """One instantiation of ``dynamic_quantize_cluster`` (sm_90: one segment per thread-block cluster)."""
+    code = ELEMENTS[code_kind]
+    flag = high_first and code.is_packed
+    return template_name("dynamic_quantize_cluster", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode)
+
+
 def dynamic_segments_unit(
     float_kind: ElementKind, code_kind: ElementKind, high_first: bool, rounding: Rounding
 ) -> Unit:
     """The fused single-pass kernels of one (input, code, nibble order, rounding):
     ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``;
-    F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``."""
+    F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``,
+    ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES` and ``dynamic_quantize_cluster``, per mode."""
     unit = row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
     if rounding is Rounding.NEAREST_EVEN and float_kind in DENSE_FLOAT_KINDS:
         unit += [dense_kernel_name(float_kind, code_kind, high_first, nv) for nv in DENSE_NV]
+        for mode in _mode_codes(code_kind):
+            unit += [lanes_kernel_name(float_kind, code_kind, high_first, mode, shape) for shape in LANES_SHAPES]
+            unit.append(cluster_kernel_name(float_kind, code_kind, high_first, mode))
     return unit
 
 
@@ -429,6 +464,10 @@ __all__ = [
     "dense_row_kernel_name",
     "dense_row_kernel_names",
     "ROW_DENSE_FLOAT_KINDS",
+    "lanes_kernel_name",
+    "cluster_kernel_name",
+    "LANES_SHAPES",
+    "CLUSTER_BLOCKS",
     "FAMILIES",
     "QGZ_CODE_KINDS",
     "QGZ_FLOAT_KINDS",

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._affine import AffineProblem
-from ._device import device_info
-from ._families import DENSE_FLOAT_KINDS, DENSE_NV, dynamic_range_unit
+from ._device import DeviceInfo, device_info
+from ._families import CLUSTER_BLOCKS, DENSE_FLOAT_KINDS, DENSE_NV, LANES_SHAPES, dynamic_range_unit
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
 from .compiler import compile_options, load_kernels, template_name
@@ -171,6 +171,57 @@ def dense_geometry(
     return None
 
 
+def lanes_geometry(
+    problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo
+) -> tuple[SegmentGeometry, tuple[int, int, int], int] | None:
+    """The launch of ``dynamic_quantize_lanes`` for the fused pass ``geometry``: its geometry (team
+    = the lanes of one segment), shape ``(lanes, nv, unroll)`` of :data:`LANES_SHAPES` and grid;
+    None where it does not apply.
+
+    It serves nearest rounding of F16 / BF16 segments of exactly ``lanes * 8 * nv`` elements for
+    one of the shapes, with 16-byte vector I/O. Large problems take the first shape of that
+    length, problems whose threads would leave multiprocessors idle the last (more lanes per
+    segment); blocks of 256 threads, halved (to 64) while the grid has fewer than two blocks per
+    multiprocessor.
+    """
+    if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
+        return None
+    shapes = [shape for shape in LANES_SHAPES if shape[0] * 8 * shape[1] == geometry.length]
+    if not shapes:
+        return None
+    segments = geometry.segments
+    shape = shapes[0] if segments * shapes[0][0] >= info.busy_threads else shapes[-1]
+    lanes, _, unroll = shape
+
+    def grid(block: int) -> int:
+        return -(-segments // (block // lanes * unroll))
+
+    block = DENSE_BLOCK
+    while block > 64 and grid(block) < 2 * info.sm_count:
+        block //= 2
+    return SegmentGeometry(segments, geometry.length, 8, True, lanes, block), shape, grid(block)
+
+
+def cluster_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo) -> SegmentGeometry | None:
+    """The launch of ``dynamic_quantize_cluster`` (sm_90 and later) for the fused pass ``geometry``:
+    a cluster of ``CLUSTER_BLOCKS`` blocks per segment, one vector of 8 elements per thread (team
+    = the block, grid ``segments * CLUSTER_BLOCKS``); None where it does not apply.
+
+    It serves nearest rounding of F16 / BF16 segments of ``CLUSTER_BLOCKS * 8 * block`` elements
+    (block a multiple of 32 threads, at most 1024) when they are few: at most two clusters' blocks
+    per multiprocessor in all (16 rows of 8192 elements), where a block per segment would leave
+    most multiprocessors idle.
+    """
+    if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
+        return None
+    if info.arch.major < 9:
+        return None
+    per_block, rem = divmod(geometry.length, CLUSTER_BLOCKS * 8)
+    if rem or per_block % 32 or per_block > 1024 or geometry.segments * CLUSTER_BLOCKS > 2 * info.sm_count:
+        return None
+    return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block)
+
+
 def range_divisor(problem: AffineProblem) -> float:
     """The divisor of the dynamic scale: ``fp8_max`` (FP8), ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
     code = ELEMENTS[problem.code_kind]
@@ -210,12 +261,14 @@ def prepare_segments(
     out_bits: int,
     device_id: int,
     dense: tuple[str, SegmentGeometry] | None = None,
+    dense_grid: int | None = None,
 ) -> LaunchPair:
     """Compile (first use) ``unit`` of ``family`` and prepare the fused pass of ``problem``
     (argument block :data:`SEGMENT_PARAMS`) for aligned operands and its element-I/O twin.
     ``name(geometry)``: the kernel's name expression; ``out_bits``: bits per output element;
     ``dense``: (name, geometry) of a specialised kernel for aligned operands (one block per
-    block-full of segments, no grid-stride), same argument block."""
+    block-full of segments, no grid-stride, unless ``dense_grid`` gives the grid), same argument
+    block."""
     info = device_info(device_id)
     functions = load_kernels(family, unit, info.arch, device_id, compile_options())
     params_type = SEGMENT_PARAMS[problem.precision]
@@ -224,7 +277,10 @@ def prepare_segments(
     def prepare(g: SegmentGeometry, kernel: str | None = None) -> PreparedLaunch:
         fn = functions[kernel or name(g)]
         layout = g.args(problem.q_min, problem.q_max, problem.mode)
-        grid = g.blocks(2**31 - 1) if kernel else occupancy_grid(fn, g.block, g.blocks(2**62), info)
+        if kernel:
+            grid = g.blocks(2**31 - 1) if dense_grid is None else dense_grid
+        else:
+            grid = occupancy_grid(fn, g.block, g.blocks(2**62), info)
         return PreparedLaunch(fn, grid, g.block, params_type, layout=layout, divisor=divisor)
 
     primary, fallback = geometries
@@ -351,6 +407,8 @@ class RangePasses:
 __all__ = [
     "DENSE_BLOCK",
     "dense_geometry",
+    "cluster_geometry",
+    "lanes_geometry",
     "MAX_TEAM",
     "SEGMENT_PARAMS",
     "RangePasses",

@@ -22,12 +22,28 @@ import numpy as np
 
 from . import reference
 from ._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
-from ._device import device_info, stream_device_id
-from ._families import dense_kernel_name, dynamic_segments_unit, row_kernel_name
+from ._device import DeviceInfo, device_info, stream_device_id
+from ._families import (
+    CLUSTER_BLOCKS,
+    cluster_kernel_name,
+    dense_kernel_name,
+    dynamic_segments_unit,
+    lanes_kernel_name,
+    row_kernel_name,
+)
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
-from ._segments import RangePasses, SegmentGeometry, dense_geometry, fused_geometries, prepare_segments
+from ._segments import (
+    RangePasses,
+    SegmentGeometry,
+    cluster_geometry,
+    dense_geometry,
+    fused_geometries,
+    lanes_geometry,
+    mode_code,
+    prepare_segments,
+)
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
@@ -164,7 +180,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
         prefix = f"{problem.scope.kind}/{problem.mode.value}/"
         geometries = fused_geometries(problem, info.busy_threads)
         if geometries is not None:
-            fused, shape_tag = _prepare_fused(problem, geometries, device_id, info.busy_threads)
+            fused, shape_tag = _prepare_fused(problem, geometries, device_id, info)
             return cls(desc, problem, device_id, prefix + shape_tag, fused=fused)
         rows = AffineRows.prepare(problem, True, device_id)
         passes = RangePasses.prepare(problem, device_id)
@@ -223,27 +239,45 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
 
 
 def _prepare_fused(
-    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, busy_threads: int
+    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, info: DeviceInfo
 ) -> tuple[LaunchPair, str]:
-    """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
-    ``dynamic_quantize_dense`` for aligned operands where :func:`~quantplan._segments.dense_geometry`
-    applies, else ``dynamic_quantize_segments``; the element-I/O twin of the latter otherwise."""
+    """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag. For
+    aligned operands, the first that applies of ``dynamic_quantize_cluster`` (few long segments,
+    sm_90: :func:`~quantplan._segments.cluster_geometry`), ``dynamic_quantize_lanes`` (segments
+    within a warp: :func:`~quantplan._segments.lanes_geometry`), ``dynamic_quantize_dense``
+    (:func:`~quantplan._segments.dense_geometry`), else ``dynamic_quantize_segments``; the
+    element-I/O twin of the latter otherwise."""
     unit = dynamic_segments_unit(problem.float_kind, problem.code_kind, problem.high_first, problem.rounding)
+    f, c, high_first = problem.float_kind, problem.code_kind, problem.high_first
 
     def name(g: SegmentGeometry) -> str:
         return row_kernel_name(
-            "dynamic_quantize_segments", True, problem.float_kind, problem.code_kind, g.vec, g.vector_io,
-            problem.high_first, problem.rounding,
-        )  # fmt: skip
+            "dynamic_quantize_segments", True, f, c, g.vec, g.vector_io, high_first, problem.rounding
+        )
 
-    code_bits = ELEMENTS[problem.code_kind].storage_bits
-    found = dense_geometry(problem, geometries[0], busy_threads)
+    code_bits = ELEMENTS[c].storage_bits
+    mode = mode_code(problem.mode)
+
+    def prepare(kernel: str, geometry: SegmentGeometry, grid: int | None = None) -> LaunchPair:
+        return prepare_segments(
+            problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, geometry), grid
+        )
+
+    cluster = cluster_geometry(problem, geometries[0], info)
+    if cluster is not None:
+        tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{cluster.team}t-per-segment,1vec8-per-thread]"
+        return prepare(cluster_kernel_name(f, c, high_first, mode), cluster), tag
+    lanes = lanes_geometry(problem, geometries[0], info)
+    if lanes is not None:
+        geometry, shape, grid = lanes
+        tag = f"fused-single-pass[dense-lanes,{shape[0]}t-per-segment,{shape[1]}vec8-per-thread,x{shape[2]}]"
+        return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid), tag
+    found = dense_geometry(problem, geometries[0], info.busy_threads)
     if found is None:
         pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)
         return pair, geometries[0].describe()
     dense, nv = found
-    kernel = dense_kernel_name(problem.float_kind, problem.code_kind, problem.high_first, nv)
-    pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, dense))
+    pair = prepare(dense_kernel_name(f, c, high_first, nv), dense)
     return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
 
 
