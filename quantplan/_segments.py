@@ -202,10 +202,12 @@ def lanes_geometry(
     return SegmentGeometry(segments, geometry.length, 8, True, lanes, block), shape, grid(block)
 
 
-def cluster_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo) -> SegmentGeometry | None:
+def cluster_geometry(
+    problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo
+) -> tuple[SegmentGeometry, int] | None:
     """The launch of ``dynamic_quantize_cluster`` (sm_90 and later) for the fused pass ``geometry``:
-    a cluster of ``CLUSTER_BLOCKS`` blocks per segment, one vector of 8 elements per thread (team
-    = the block, grid ``segments * CLUSTER_BLOCKS``); None where it does not apply.
+    its geometry (a cluster of ``CLUSTER_BLOCKS`` blocks per segment, one vector of 8 elements per
+    thread, team = the block) and grid (``segments * CLUSTER_BLOCKS``); None where it does not apply.
 
     It serves nearest rounding of F16 / BF16 segments of ``CLUSTER_BLOCKS * 8 * block`` elements
     (block a multiple of 32 threads, at most 1024) when they are few: at most two clusters' blocks
@@ -219,7 +221,8 @@ def cluster_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: De
     per_block, rem = divmod(geometry.length, CLUSTER_BLOCKS * 8)
     if rem or per_block % 32 or per_block > 1024 or geometry.segments * CLUSTER_BLOCKS > 2 * info.sm_count:
         return None
-    return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block)
+    grid = geometry.segments * CLUSTER_BLOCKS
+    return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block), grid
 
 
 def range_divisor(problem: AffineProblem) -> float:

@@ -265,8 +265,9 @@ def _prepare_fused(
 
     cluster = cluster_geometry(problem, geometries[0], info)
     if cluster is not None:
-        tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{cluster.team}t-per-segment,1vec8-per-thread]"
-        return prepare(cluster_kernel_name(f, c, high_first, mode), cluster), tag
+        geometry, grid = cluster
+        tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{geometry.team}t-per-segment,1vec8-per-thread]"
+        return prepare(cluster_kernel_name(f, c, high_first, mode), geometry, grid), tag
     lanes = lanes_geometry(problem, geometries[0], info)
     if lanes is not None:
         geometry, shape, grid = lanes

@@ -65,7 +65,10 @@ def test_lanes_do_not_apply(shape, scope, kwargs) -> None:  # noqa: ANN001
 def test_few_long_rows_take_a_cluster_on_sm90_only() -> None:
     problem, g = _problem((16, 8192), qp.TokenScope())
     cluster = cluster_geometry(problem, g, H200)
-    assert cluster is not None and cluster.team == cluster.block == 8192 // (CLUSTER_BLOCKS * 8)
+    assert cluster is not None
+    geometry, grid = cluster
+    assert geometry.team == geometry.block == 8192 // (CLUSTER_BLOCKS * 8)
+    assert grid == 16 * CLUSTER_BLOCKS  # a cluster of blocks per row
     assert cluster_geometry(problem, g, A100) is None
     many, g2 = _problem((64, 8192), qp.TokenScope())
     assert cluster_geometry(many, g2, H200) is None
