@@ -3,7 +3,10 @@
 SPEC section 4, dynamic range. Two CUDA paths, chosen in ``select``:
 
 * fused single pass (``dynamic_quantize_segments``) where segments are contiguous and fit one
-  team's registers: one launch, one read of the input, no workspace;
+  team's registers: one launch, one read of the input, no workspace; for 16-bit input with
+  nearest rounding and aligned operands, specialised twins: ``dynamic_quantize_lanes`` (groups
+  of 128 held by a few lanes of a warp), ``dynamic_quantize_cluster`` (few long rows, a
+  thread-block cluster per row, sm_90), ``dynamic_quantize_dense`` (a block-sized team);
 * multi-pass otherwise: statistics reset, per-segment range (lo, hi, non-finite flag) by
   order-independent integer atomics (TensorScope: reduced per block first), parameters
   (:class:`quantplan._segments.RangePasses`), and the quantization row kernel of
@@ -107,7 +110,8 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     TensorScope up to 32768 elements) of at most 32768 elements (16384 for F64; 4-bit codes:
     even segments and rows): a team of N threads (1 to 1024, chosen from the segment length and
     the problem size) reads its segment once, reduces the range by shuffles and shared memory,
-    and quantizes from registers. Otherwise ``range-atomics`` / ``block-reduced-range``
+    and quantizes from registers (``dense``, ``dense-lanes``, ``dense-cluster``: the specialised
+    kernels for 16-bit input). Otherwise ``range-atomics`` / ``block-reduced-range``
     (TensorScope) followed by the QuantizePlan row kernel.
 
     **Workspace:** ``workspace_size()`` bytes on the GPU: 0 for the fused pass, three integers
