@@ -414,4 +414,378 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
   }
 }
 
+
+// ---- the dense passes: the fused pass specialised for the hot layouts ----
+// Groups of exactly team * (elements per thread) elements, team a power of two up to one block
+// of QP_QGZ_DENSE_BLOCK threads, aligned operands, no LoCo buffer. Against the generic fused
+// pass (for_each_segment_range_of: 57-64 registers, 50% occupancy, vectors of a thread's group
+// held across the reduction; dequant-reduce: the peers' codes 4 bytes at a time, peer after
+// peer) they
+//  * stage the thread's share global -> shared memory by cp.async: every peer's codes (and its
+//    parameters) of a group in flight at once, no register held by a load;
+//  * keep one 64-bit base per group and 32-bit offsets, no bounds tests;
+//  * decode a peer's codes with byte permutes (the code's bits under the rounding constant's,
+//    one exact subtraction), not per-code shifts and conversions;
+//  * skip the per-element quotient check: the SPEC section 4 range bounds every quotient of
+//    the group (qp_rounding.cuh: a `fast` scale, |v / scale| <= d (1 + 2^-23), d < 2^20), so
+//    the division-free code is the IEEE one; a group whose scale is not `fast` (NaN / Inf in
+//    the group, an extreme scale) takes the exact division, out of line;
+//  * SYMMETRIC codes with q_min <= -q_max: the low byte (nibble) of the rounding word is the
+//    two's-complement code (|code| <= q_max by the same bound), no clamp.
+
+#ifndef QP_QGZ_DENSE_BLOCK
+#define QP_QGZ_DENSE_BLOCK 256
+#endif
+// Resident blocks per SM the dense kernels are compiled for: 8 (32 registers) for quantization,
+// 6 (40 registers) for the reduction, whose sums stay in registers across the team's reduction.
+#ifndef QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS
+#define QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS 8
+#endif
+#ifndef QP_QGZ_DENSE_MIN_BLOCKS
+#define QP_QGZ_DENSE_MIN_BLOCKS 6
+#endif
+
+// BYTES (4, 8 or 16) global -> shared memory without a register (sm_80+); visible to the
+// issuing thread after qgz_copy_async_wait.
+template <int BYTES>
+__device__ __forceinline__ void qgz_copy_async(void* smem, const void* gmem) {
+  const u32 dst = (u32)__cvta_generic_to_shared(smem);
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem), "n"(BYTES) : "memory");
+  }
+}
+__device__ __forceinline__ void qgz_copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The range of a team of `team` threads (a power of two, aligned; every thread of the block
+// calls this): an unrolled xor butterfly inside the warp, then one slot per warp in shared
+// memory for teams spanning warps. lo / hi take part only when `asym`.
+__device__ __forceinline__ void qgz_dense_team_reduce(SegmentRange<float, u32>& r, bool asym, int team,
+                                                      SegmentRange<float, u32>* slots) {
+  auto step = [&](int d) {
+    r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
+    if (asym) {
+      r.lo = fminf(r.lo, __shfl_xor_sync(0xFFFFFFFFu, r.lo, d));
+      r.hi = fmaxf(r.hi, __shfl_xor_sync(0xFFFFFFFFu, r.hi, d));
+    }
+  };
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1)
+    if (d < team) step(d);
+  if (team <= 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // the previous group's readers are done with the slots
+  if (lane == 0) slots[warp] = r;
+  __syncthreads();
+  const int warps = team >> 5;
+  r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1)
+    if (d < warps) step(d);
+}
+
+// The dense passes' codes of N float values under one group parameter p: the division-free
+// code (no per-element check: p.fast and the group's range bound every quotient, see above),
+// `raw`: SYMMETRIC with q_min <= -q_max (the rounding word's low bits are the code).
+template <int N>
+__device__ __forceinline__ void qgz_dense_codes(const float (&v)[N], const IntQuantParam<float>& p, bool raw,
+                                                int q_min, int q_max, int (&c)[N]) {
+  if (raw) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      bool unused = true;
+      c[k] = __float_as_int(__fadd_rn(quotient_fast(v[k], p, unused), QP_RNE_MAGIC));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      bool unused = true;
+      c[k] = quantize_int_code_fast(v[k], p, q_min, q_max, unused);
+    }
+  }
+}
+
+// The rare path of the dense passes (a group whose scale is not `fast`: NaN / Inf in the group,
+// an extreme scale): N values read from shared memory (value k at v[(k / W) * row + k % W]), the
+// exact codes, stored at dst as VectorQuantizer<In, Out, N> stores them. Out of line, so the hot
+// loop keeps its registers.
+template <class In, class Out, int N, bool HIGH_FIRST, int W>
+__device__ __noinline__ void qgz_dense_exact_codes(const typename FloatElement<In>::storage* v, int row, u8* dst,
+                                                   float scale, int zp, int q_min, int q_max) {
+  int c[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+    c[k] = quantize_int_code_exact(FloatElement<In>::to_acc(v[(k / W) * row + k % W]), scale, zp, q_min, q_max);
+  VectorQuantizer<In, Out, N, HIGH_FIRST>::template store<true>(dst, N, c);
+}
+
+// Swizzled quantization of 16-bit floats: groups of S = team * 8 * NV elements, each thread's
+// NV vectors of 8 staged in shared memory (columns (lane + u * team) * 8), scanned from there
+// and read again to quantize; codes and parameters written through `map`.
+template <class In, class Out, bool HIGH_FIRST, int NV, class Map>
+__device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<In>::storage* __restrict__ x,
+                                                   const QgzOutputArgs& o, const SegmentLayout& lay, float divisor,
+                                                   const Map& map) {
+  constexpr int VEC = 8;
+  constexpr int BLOCK = QP_QGZ_DENSE_BLOCK;
+  typedef VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
+  typedef typename VQ::in_t in_t;
+  typedef SegmentRange<float, u32> Range;
+  typedef FloatBits<In> FB;
+  static_assert(sizeof(in_t) == 2, "16-bit floats");
+  __shared__ Range team_slots[BLOCK / 32];
+  __shared__ uint4 stage[NV * BLOCK];
+  const int team = 1 << lay.seg_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const int teams_per_block = BLOCK >> lay.seg_log2;
+  const bool asym = lay.mode != 0;
+  const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
+  const i64 stride = (i64)gridDim.x * teams_per_block;
+  for (i64 base = (i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
+    const i64 seg = base + (threadIdx.x >> lay.seg_log2);
+    const bool active = seg < lay.segments;
+    const in_t* xs = x + seg * lay.S;
+    if (active) {
+#pragma unroll
+      for (int u = 0; u < NV; ++u) qgz_copy_async<16>(&stage[u * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
+    }
+    qgz_copy_async_wait();
+    // SYMMETRIC: the largest |x| bit pattern, pairs of halves. ASYMMETRIC: NaN-propagating pair
+    // min / max from +0 (the range holds zero); a NaN or +-Inf shows in lo or hi.
+    Range range;
+    {
+      u32 a2 = 0, lo2 = 0, hi2 = 0;
+      if (active) {
+#pragma unroll
+        for (int u = 0; u < NV; ++u) {
+          ElementVector<in_t, VEC> v;
+          v.bytes.w[0] = stage[u * BLOCK + threadIdx.x];
+#pragma unroll
+          for (int w = 0; w < VEC / 2; ++w) {
+            if (asym) {
+              lo2 = HalfPairs<In>::min_nan(lo2, v.words[w]);
+              hi2 = HalfPairs<In>::max_nan(hi2, v.words[w]);
+            } else {
+              a2 = max_u16x2(a2, v.words[w] & 0x7FFF7FFFu);
+            }
+          }
+        }
+      }
+      if (asym) {
+        const u32 lo_h = HalfPairs<In>::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
+        const u32 hi_h = HalfPairs<In>::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
+        range.lo = FloatElement<In>::to_acc((u16)lo_h);
+        range.hi = FloatElement<In>::to_acc((u16)hi_h);
+        range.amax_bits = ((lo_h & 0x7FFFu) >= FB::inf || (hi_h & 0x7FFFu) >= FB::inf) ? FB::inf : 0u;
+      } else {
+        range.lo = range.hi = 0.0f;
+        range.amax_bits = max(a2 & 0xFFFFu, a2 >> 16);
+      }
+    }
+    qgz_dense_team_reduce(range, asym, team, team_slots);
+    if (!active) continue;
+    int zp;
+    const float scale = segment_params<float>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
+                                              range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max,
+                                              divisor, zp);
+    const i64 og = map(seg);
+    if (lane == 0) {
+      o.scale_out[og] = scale;
+      if (o.zp_out) o.zp_out[og] = zp;
+    }
+    IntQuantParam<float> p;
+    p.set(scale, zp);
+    u8* qs = o.q + (VQ::packed ? og * lay.S / 2 : og * lay.S);
+#pragma unroll 1
+    for (int u = 0; u < NV; ++u) {
+      const int col = (lane + u * team) * VEC;
+      ElementVector<in_t, VEC> xv;
+      xv.bytes.w[0] = stage[u * BLOCK + threadIdx.x];
+      float v[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = FloatElement<In>::to_acc(xv.v[k]);
+      u8* dst = qs + (VQ::packed ? col / 2 : col);
+      if (!p.fast) {
+        qgz_dense_exact_codes<In, Out, VEC, HIGH_FIRST, VEC>(reinterpret_cast<const in_t*>(&stage[u * BLOCK + threadIdx.x]),
+                                                           0, dst, scale, zp, lay.q_min, lay.q_max);
+        continue;
+      }
+      int codes[VEC];
+      qgz_dense_codes<VEC>(v, p, raw, lay.q_min, lay.q_max, codes);
+      VQ::template store<true>(dst, VEC, codes);
+    }
+  }
+}
+
+// A peer's codes of one thread of the dense reduction: EPT codes (4 or 8 bytes of 4-bit codes,
+// 8 or 16 of 8-bit) as 32-bit words.
+template <class Code, int EPT>
+struct DensePeerCodes {
+  static const bool packed = QuantElement<Code>::kind == 1;
+  static const bool is_signed = QuantElement<Code>::is_signed;
+  static const int bytes = packed ? EPT / 2 : EPT;
+  static const int words = bytes / 4;
+  // Added to a code to give the unsigned byte / nibble pattern the decoder reads.
+  static const int bias = is_signed ? (packed ? 8 : 128) : 0;
+  typedef ByteVector<bytes> stage_t;
+};
+
+// y_k = (code_k - zp) * scale, k < EPT, into s_k += y_k (float32, each operation rounded once).
+// The bits MAGIC_BITS + u (u = code + bias, a byte placed under the rounding constant's upper
+// bytes by one permute) are the float MAGIC + u exactly; subtracting offset = MAGIC + (bias + zp)
+// (exact where |bias + zp| < 2^21) leaves code - zp exactly. Other zero points take
+// SpecPeerDecode's split form.
+template <class Code, int EPT, bool HIGH_FIRST>
+__device__ __forceinline__ void dense_peer_accumulate(const u32 (&w)[DensePeerCodes<Code, EPT>::words], float scale,
+                                                      int zp, float (&s)[EPT]) {
+  typedef DensePeerCodes<Code, EPT> PC;
+  const int z = zp + PC::bias;
+  if (z >= -(1 << 21) && z <= (1 << 21)) {
+    const float offset = __fadd_rn(QP_RNE_MAGIC, (float)z);
+#pragma unroll
+    for (int i = 0; i < PC::words; ++i) {
+      u32 b = w[i];
+      if constexpr (PC::is_signed) b ^= PC::packed ? 0x88888888u : 0x80808080u;
+      if constexpr (PC::packed) {
+        // Bytes of the even / odd elements' nibbles of the word's 8 codes.
+        const u32 lo = b & 0x0F0F0F0Fu, hi = (b >> 4) & 0x0F0F0F0Fu;
+        const u32 even = HIGH_FIRST ? hi : lo, odd = HIGH_FIRST ? lo : hi;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float fe = __uint_as_float(__byte_perm(even, QP_RNE_MAGIC_BITS, 0x7650 | k));
+          const float fo = __uint_as_float(__byte_perm(odd, QP_RNE_MAGIC_BITS, 0x7650 | k));
+          s[8 * i + 2 * k] = __fadd_rn(s[8 * i + 2 * k], __fmul_rn(__fsub_rn(fe, offset), scale));
+          s[8 * i + 2 * k + 1] = __fadd_rn(s[8 * i + 2 * k + 1], __fmul_rn(__fsub_rn(fo, offset), scale));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float f = __uint_as_float(__byte_perm(b, QP_RNE_MAGIC_BITS, 0x7650 | k));
+          s[4 * i + k] = __fadd_rn(s[4 * i + k], __fmul_rn(__fsub_rn(f, offset), scale));
+        }
+      }
+    }
+  } else {
+    DequantParam<float> p;
+    p.set(scale, zp);
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      int code;
+      const u32 b = w[k / (PC::packed ? 8 : 4)];
+      if constexpr (PC::packed) {
+        const u8 byte = (u8)(b >> (8 * ((k / 2) % 4)));
+        code = unpack_nibble<HIGH_FIRST, PC::is_signed>(byte, k & 1);
+      } else {
+        const u8 byte = (u8)(b >> (8 * (k % 4)));
+        code = PC::is_signed ? (int)(i8)byte : (int)byte;
+      }
+      s[k] = __fadd_rn(s[k], dequantized_code(code, p));
+    }
+  }
+}
+
+// Dequant-reduce of SPEC section 4 (SpecPeerDecode) into fresh groups of S = team * EPT output
+// elements (identity map, no LoCo buffer). Each thread sums EPT consecutive elements (one input
+// group: EPT divides the input group size): the codes and parameters of up to PB peers are
+// staged at once (cp.async into the thread's own shared-memory slots, so no barrier), then
+// decoded peer after peer into float32 sums (starting from -0, the identity of the first sum).
+template <class Code, class Out, bool HIGH_FIRST, int EPT>
+__device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const QgzOutputArgs& o,
+                                                 const SegmentLayout& lay, float divisor) {
+  typedef DensePeerCodes<Code, EPT> PC;
+  typedef VectorQuantizer<f32, Out, EPT, HIGH_FIRST> VQ;
+  typedef SegmentRange<float, u32> Range;
+  constexpr int BLOCK = QP_QGZ_DENSE_BLOCK;
+  // Peers staged per batch: 64 bytes of codes per thread, 4 to 8 peers.
+  constexpr int PB = 64 / PC::bytes > 8 ? 8 : 64 / PC::bytes;
+  static_assert(PB * PC::bytes >= 4 * EPT, "the rare path keeps the sums in the code slots");
+  __shared__ Range team_slots[BLOCK / 32];
+  __shared__ typename PC::stage_t codes[PB][BLOCK];
+  __shared__ float scales[PB][BLOCK];
+  __shared__ int zps[PB][BLOCK];
+  const int team = 1 << lay.seg_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const int teams_per_block = BLOCK >> lay.seg_log2;
+  const bool asym = lay.mode != 0;
+  const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
+  const i64 stride = (i64)gridDim.x * teams_per_block;
+  for (i64 base = (i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
+    const i64 seg = base + (threadIdx.x >> lay.seg_log2);
+    const bool active = seg < lay.segments;
+    const i64 i = seg * lay.S + lane * EPT;  // the thread's first element
+    const i64 g = a.in_group_shift >= 0 ? i >> a.in_group_shift : i / a.in_group;
+    const u8* qi = a.q + (PC::packed ? i / 2 : i);
+    float s[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) s[k] = -0.0f;
+    for (int j0 = 0; j0 < a.peers; j0 += PB) {
+      const int nb = min(PB, a.peers - j0);
+      if (active) {
+#pragma unroll
+        for (int b = 0; b < PB; ++b) {
+          if (b < nb) {
+            const i64 j = j0 + b;
+            qgz_copy_async<PC::bytes>(&codes[b][threadIdx.x], qi + j * a.peer_bytes);
+            qgz_copy_async<4>(&scales[b][threadIdx.x], a.scale + j * a.peer_params + g);
+            if (a.zp) qgz_copy_async<4>(&zps[b][threadIdx.x], a.zp + j * a.peer_params + g);
+          }
+        }
+      }
+      qgz_copy_async_wait();
+      if (active) {
+#pragma unroll 1
+        for (int b = 0; b < nb; ++b) {
+          ElementVector<u32, PC::words> w;
+          w.bytes = codes[b][threadIdx.x];
+          dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[b][threadIdx.x], a.zp ? zps[b][threadIdx.x] : 0,
+                                                       s);
+        }
+      }
+    }
+    if (a.average) {
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) s[k] = __fdiv_rn(s[k], a.peers_f);
+    }
+    Range range;
+    range.lo = range.hi = 0.0f;
+    range.amax_bits = 0;
+    if (active) {
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) {
+        range.amax_bits = max(range.amax_bits, __float_as_uint(s[k]) & 0x7FFFFFFFu);
+        if (asym) {
+          range.lo = fminf(range.lo, s[k]);
+          range.hi = fmaxf(range.hi, s[k]);
+        }
+      }
+    }
+    qgz_dense_team_reduce(range, asym, team, team_slots);
+    if (!active) continue;
+    int zp;
+    const float scale = segment_params<float>(range.lo, asym ? range.hi : __uint_as_float(range.amax_bits),
+                                              range.amax_bits >= 0x7F800000u, lay.mode, lay.q_min, lay.q_max,
+                                              divisor, zp);
+    if (lane == 0) {
+      o.scale_out[seg] = scale;
+      if (o.zp_out) o.zp_out[seg] = zp;
+    }
+    IntQuantParam<float> p;
+    p.set(scale, zp);
+    u8* dst = o.q + (VQ::packed ? i / 2 : i);
+    if (!p.fast) {
+      // Rare: the sums go to the thread's own code slots (PB * bytes >= 4 * EPT), then out of line.
+      constexpr int W = PC::bytes / 4;
+      float* v = reinterpret_cast<float*>(&codes[0][threadIdx.x]);
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) v[(k / W) * (BLOCK * W) + k % W] = s[k];
+      qgz_dense_exact_codes<f32, Out, EPT, HIGH_FIRST, W>(v, BLOCK * W, dst, scale, zp, lay.q_min, lay.q_max);
+      continue;
+    }
+    int c[EPT];
+    qgz_dense_codes<EPT>(s, p, raw, lay.q_min, lay.q_max, c);
+    VQ::template store<true>(dst, EPT, c);
+  }
+}
+
 }  // namespace qp

@@ -310,6 +310,12 @@ def fake_quantize_units() -> list[Unit]:
 # ---- qgZ: swizzled_quantize.cu, dequant_reduce.cu, deepspeed_format.cu ----------------------------
 
 
+#: Vectors of 8 elements per thread of ``swizzled_quantize_dense`` (16-bit input, no LoCo buffer).
+QGZ_DENSE_NV = (4, 2, 1)
+#: Elements per thread of ``dequant_reduce_dense`` (code output, no LoCo buffer).
+QGZ_DENSE_EPT = (16, 8)
+
+
 def segment_names(kernel: str, tags: tuple[object, ...], packed: bool, order: tuple[bool, ...] = ()) -> Unit:
     """A qgZ fused pass at every vector width (aligned I/O) and its element-I/O twin;
     ``order``: trailing template arguments (the nibble order)."""
@@ -324,13 +330,31 @@ def swizzled_quantize_unit(
     input_kind: ElementKind, error_kind: ElementKind | None, code_kind: ElementKind, high_first: bool
 ) -> Unit:
     """The kernels of one (input, error buffer, code, nibble order): the fused pass at every
-    vector width (aligned vector I/O) and its element-I/O twin, then the two-pass kernels."""
+    vector width (aligned vector I/O) and its element-I/O twin, then the two-pass kernels;
+    F16 / BF16 without a LoCo buffer add ``swizzled_quantize_dense`` at every ``QGZ_DENSE_NV``."""
     tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), ELEMENTS[code_kind].cpp_tag)
-    return [
+    unit = [
         *segment_names("swizzled_quantize_segments", tags, ELEMENTS[code_kind].is_packed, (high_first,)),
         template_name("swizzled_quantize_group_params", tags[0], tags[1]),
         template_name("swizzled_quantize_elements", *tags, high_first),
     ]
+    if error_kind is None and input_kind in DENSE_FLOAT_KINDS:
+        unit += [swizzled_dense_name(input_kind, code_kind, high_first, nv) for nv in QGZ_DENSE_NV]
+    return unit
+
+
+def swizzled_dense_name(input_kind: ElementKind, code_kind: ElementKind, high_first: bool, nv: int) -> str:
+    """One instantiation of ``swizzled_quantize_dense`` (``nv`` vectors of 8 elements per thread)."""
+    return template_name(
+        "swizzled_quantize_dense", ELEMENTS[input_kind].cpp_tag, ELEMENTS[code_kind].cpp_tag, high_first, nv
+    )
+
+
+def dequant_reduce_dense_name(input_kind: ElementKind, output_kind: ElementKind, high_first: bool, ept: int) -> str:
+    """One instantiation of ``dequant_reduce_dense`` (``ept`` elements per thread)."""
+    return template_name(
+        "dequant_reduce_dense", ELEMENTS[input_kind].cpp_tag, ELEMENTS[output_kind].cpp_tag, high_first, ept
+    )
 
 
 def swizzled_quantize_units() -> list[Unit]:
@@ -350,7 +374,8 @@ def dequant_reduce_unit(
     """The kernels of one (input code, error buffer, output, nibble order).
 
     Code outputs: the fused pass at every vector width (aligned vector I/O), its element-I/O
-    twin, and the two-pass kernels. Float outputs: the float pass at every width and its twin.
+    twin, and the two-pass kernels; without a LoCo buffer also ``dequant_reduce_dense`` at every
+    ``QGZ_DENSE_EPT``. Float outputs: the float pass at every width and its twin.
     """
     code, out = ELEMENTS[input_kind], ELEMENTS[output_kind]
     if out.is_float:
@@ -361,11 +386,14 @@ def dequant_reduce_unit(
             template_name("dequant_reduce_floats", *pair, 1, False, high_first),
         ]
     tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
-    return [
+    unit = [
         *segment_names("dequant_reduce_segments", tags, code.is_packed or out.is_packed, (high_first,)),
         template_name("dequant_reduce_group_params", tags[0], tags[1], high_first),
         template_name("dequant_reduce_elements", *tags, high_first),
     ]
+    if error_kind is None:
+        unit += [dequant_reduce_dense_name(input_kind, output_kind, high_first, ept) for ept in QGZ_DENSE_EPT]
+    return unit
 
 
 def dequant_reduce_units() -> list[Unit]:
@@ -470,11 +498,14 @@ __all__ = [
     "CLUSTER_BLOCKS",
     "FAMILIES",
     "QGZ_CODE_KINDS",
+    "QGZ_DENSE_EPT",
+    "QGZ_DENSE_NV",
     "QGZ_FLOAT_KINDS",
     "QGZ_WIDTHS",
     "all_instantiations",
     "compile_units",
     "deepspeed_code_kind",
+    "dequant_reduce_dense_name",
     "dequant_reduce_unit",
     "dequantize_unit",
     "FAKE_DENSE_ROW_KERNELS",
@@ -488,5 +519,6 @@ __all__ = [
     "row_kernel_name",
     "row_kernel_unit",
     "segment_names",
+    "swizzled_dense_name",
     "swizzled_quantize_unit",
 ]

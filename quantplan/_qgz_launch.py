@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ._device import DeviceInfo
-from ._families import QGZ_CODE_KINDS, QGZ_FLOAT_KINDS
+from ._families import QGZ_CODE_KINDS, QGZ_DENSE_EPT, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, is_scalar, pointer_view
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
@@ -36,6 +36,8 @@ from .types import ElementKind, QuantMode
 
 #: Threads of a block of the element pass (``__launch_bounds__(256)``).
 ELEMENT_BLOCK = 256
+#: Threads of a block of the dense passes (``QP_QGZ_DENSE_BLOCK`` of ``kernels/qp_qgz.cuh``).
+DENSE_BLOCK = 256
 #: Elements one thread of the fused pass holds (the scan element is float32 or 16-bit: 32).
 QGZ_ELEMENTS_PER_THREAD = 32
 
@@ -212,6 +214,48 @@ def qgz_geometry(
     return primary, fallback
 
 
+@dataclass(frozen=True)
+class DenseLaunch:
+    """A dense pass (``kernels/qp_qgz.cuh``) that replaces the fused pass for aligned operands:
+    its kernel, the team of threads per group, the vector width (elements) its operands'
+    alignment comes from, and its variant tag."""
+
+    function: Any
+    team: int
+    vec: int
+    describe: str
+
+
+def dense_quantize_geometry(groups: int, group_size: int, busy_threads: int) -> tuple[int, int] | None:
+    """``(team, nv)`` of ``swizzled_quantize_dense`` for groups of ``group_size`` 16-bit elements,
+    or None: groups of exactly ``team * 8 * nv`` (team a power of two up to one block, nv in
+    ``QGZ_DENSE_NV``); the most vectors per thread, fewer (a wider team) while that leaves SMs idle."""
+    for nv in QGZ_DENSE_NV:
+        team, rem = divmod(group_size, 8 * nv)
+        if rem or team == 0 or team > DENSE_BLOCK or team & (team - 1):
+            continue
+        while nv > 1 and team * 2 <= DENSE_BLOCK and groups * team < busy_threads:
+            team, nv = team * 2, nv // 2
+        return team, nv
+    return None
+
+
+def dense_reduce_geometry(groups: int, group_size: int, in_group: int, busy_threads: int) -> tuple[int, int] | None:
+    """``(team, ept)`` of ``dequant_reduce_dense`` for output groups of ``group_size``, or None:
+    groups of exactly ``team * ept`` (team a power of two up to one block, ``ept`` in
+    ``QGZ_DENSE_EPT`` dividing the input group size ``in_group``); 16 elements per thread, 8 (a
+    wider team) while that leaves SMs idle."""
+    for ept in QGZ_DENSE_EPT:
+        team, rem = divmod(group_size, ept)
+        if rem or in_group % ept or team == 0 or team > DENSE_BLOCK or team & (team - 1):
+            continue
+        narrow = QGZ_DENSE_EPT[-1]
+        if ept > narrow and in_group % narrow == 0 and team * 2 <= DENSE_BLOCK and groups * team < busy_threads:
+            team, ept = team * ept // narrow, narrow
+        return team, ept
+    return None
+
+
 def group_params_block(group_size: int) -> int:
     """Threads of a block of the group-parameter pass: a power of two, 32 to ``MAX_TEAM``, about one per element."""
     block = 32
@@ -280,12 +324,14 @@ def prepare_qgz_launches(
     alignment_bits: Sequence[int],
     info: DeviceInfo,
     own_range: bool = False,
+    dense: DenseLaunch | None = None,
 ) -> QgzLaunches:
     """The launches of a qgZ plan: the fused pass (``geometry``: aligned and element-I/O twins)
     or, where ``geometry`` is None, the two passes (``element_units``: work items of the element
     pass, pairs for 4-bit codes). ``alignment_bits``: the element bits of each operand the
     fused pass moves in vectors, in the order the plan passes its pointers to ``run``;
-    ``own_range``: see :func:`layout_args`."""
+    ``own_range``: see :func:`layout_args`; ``dense``: a dense pass that serves aligned operands
+    in place of the fused pass (the element-I/O twin stays for the others)."""
     fixed = kernels.fixed
     if geometry is not None:
         primary, fallback = geometry
@@ -297,6 +343,12 @@ def prepare_qgz_launches(
             grid = occupancy_grid(fn, g.block, wanted, info)
             return PreparedLaunch(fn, grid, g.block, kernels.params_type, layout=layout, **fixed)
 
+        if dense is not None:
+            layout = segment_layout(groups, group_size, dense.team, q_min, q_max, mode, own_range)
+            grid = occupancy_grid(dense.function, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // dense.team)), info)
+            launch = PreparedLaunch(dense.function, grid, DENSE_BLOCK, kernels.params_type, layout=layout, **fixed)
+            aligns = tuple(vector_alignment(dense.vec, b) for b in alignment_bits)
+            return QgzLaunches(launch, fused(fallback), (), aligns, dense.describe)
         aligns = tuple(vector_alignment(primary.vec, b) for b in alignment_bits)
         return QgzLaunches(fused(primary), fused(fallback), (), aligns, primary.describe())
     block = group_params_block(group_size)
@@ -379,7 +431,9 @@ def set_output_args(
 
 
 __all__ = [
+    "DENSE_BLOCK",
     "ELEMENT_BLOCK",
+    "DenseLaunch",
     "PeerSumArgs",
     "QgzChecks",
     "QgzKernels",
@@ -392,6 +446,8 @@ __all__ = [
     "check_code_kind",
     "check_error_kind",
     "check_float_kind",
+    "dense_quantize_geometry",
+    "dense_reduce_geometry",
     "dynamic_code_range",
     "group_params_block",
     "log2_or_minus_one",

@@ -25,11 +25,12 @@ from pydantic import ConfigDict
 
 from . import reference
 from ._device import device_info, stream_device_id
-from ._families import QGZ_WIDTHS, error_tag, swizzled_quantize_unit
+from ._families import DENSE_FLOAT_KINDS, QGZ_WIDTHS, error_tag, swizzled_dense_name, swizzled_quantize_unit
 from ._launch import launch_on
 from ._operands import Operand, TensorArgs, check_disjoint, check_positive, check_writeable, host_view, write_back
 from ._plan import Plan, check_descriptor, choose_backend, snapshot
 from ._qgz_launch import (
+    DenseLaunch,
     QgzChecks,
     QgzKernels,
     QgzLaunches,
@@ -40,6 +41,7 @@ from ._qgz_launch import (
     check_code_kind,
     check_error_kind,
     check_float_kind,
+    dense_quantize_geometry,
     dynamic_code_range,
     prepare_qgz_launches,
     qgz_geometry,
@@ -104,9 +106,17 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
     bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
+    geometry = qgz_geometry(desc.groups, desc.group_size, code.is_packed, QGZ_WIDTHS[0], info)
+    dense = None
+    if geometry is not None and desc.error_element is None and desc.input_element in DENSE_FLOAT_KINDS:
+        shape = dense_quantize_geometry(desc.groups, desc.group_size, info.busy_threads)
+        if shape is not None:
+            team, nv = shape
+            fn = functions[swizzled_dense_name(desc.input_element, desc.output_element, high_first, nv)]
+            dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
     return prepare_qgz_launches(
         kernels,
-        qgz_geometry(desc.groups, desc.group_size, code.is_packed, QGZ_WIDTHS[0], info),
+        geometry,
         desc.groups,
         desc.group_size,
         desc.numel // (2 if code.is_packed else 1),
@@ -115,6 +125,7 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         desc.mode,
         bits,
         info,
+        dense=dense,
     )
 
 
@@ -247,7 +258,10 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     **Kernel variants:** ``fused-single-pass[...]`` (groups of at most 32768 elements; 4-bit
     codes: even groups): a team of threads holds each group in registers, so the input (and the
     error buffer) is read once; an element-I/O twin serves operands not aligned to the vector
-    width. ``two-pass[...]`` (any other group size): a block scans each group for its
+    width. ``dense[...]`` (F16 / BF16 without error feedback, groups of ``team * 8 * nv``
+    elements, ``team`` a power of two up to 256 and ``nv`` 1, 2 or 4, 16-byte aligned input):
+    the fused pass specialised for these groups (each thread's share staged in shared memory,
+    32 registers). ``two-pass[...]`` (any other group size): a block scans each group for its
     parameters, then every element is read again and quantized. ``numpy`` on the reference
     backend.
 

@@ -207,3 +207,48 @@ def test_bad_input_raises_before_launch(rng) -> None:  # noqa: ANN001
     with pytest.raises(qp.InvalidProblem, match="overlaps"):
         plan.run(None, None, qp.DequantReduceArgs(q, s, q[0], so))
     assert bool((y == 3).all()) and bool((so == 5.0).all())
+
+
+# The dense pass (code outputs without LoCo, output groups of team * ept elements): 16 elements
+# per thread (the grid fills the GPU), 8 (small problems), several batches of staged peers (4-bit:
+# 8 per batch, 8-bit: 4), teams of 1 to 256 threads, averaging, both nibble orders; NaN input
+# scales (the exact path of a non-finite group).
+DENSE_CASES = [
+    (3, 1 << 23, 64, 256, EK.S4, EK.S4, SYM, False, True),
+    (5, 17 << 18, 2048, 4096, EK.U8, EK.U4, ASYM, True, False),
+    (8, 16384, 512, 512, EK.S4, EK.S4, SYM, False, False),
+    (9, 8192, 16, 16, EK.S8, EK.S8, ASYM, False, True),
+    (12, 12288, 32, 1024, EK.S4, EK.U8, SYM, True, False),
+    (5, 4096, 8, 8, EK.U4, EK.S4, ASYM, True, True),
+]
+
+
+@pytest.mark.parametrize("peers,chunk,g_in,g_out,code_in,code_out,mode,high_first,average", DENSE_CASES)
+def test_dense_pass_matches_reference(
+    rng, peers, chunk, g_in, g_out, code_in, code_out, mode, high_first, average
+) -> None:  # noqa: ANN001, E501
+    order = qp.NibbleOrder.HIGH_FIRST if high_first else qp.NibbleOrder.LOW_FIRST
+    desc = descriptor(
+        peers,
+        chunk,
+        g_in,
+        g_out,
+        mode=mode,
+        input_element=code_in,
+        output_element=code_out,
+        average=average,
+        nibble_order=order,
+    )
+    assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense")
+    run_both(desc, *peer_inputs(rng, desc))
+
+
+@pytest.mark.parametrize("code", [EK.U4, EK.S8])
+def test_dense_pass_far_zero_points(rng, code) -> None:  # noqa: ANN001
+    """Zero points far outside the code range (unchecked values) take the split decoding."""
+    desc = descriptor(4, 8192, 256, 512, mode=ASYM, input_element=code, output_element=EK.S8)
+    q, scale, _ = peer_inputs(rng, desc, nan_scale=False)
+    zp = rng.integers(-(1 << 24), 1 << 24, size=desc.input_param_shape).astype(np.int32)
+    zp[0, :4] = [0, (1 << 21) - 8, -(1 << 21) - 8, 1 << 22]
+    assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense")
+    run_both(desc, q, scale * np.float32(1e-6), zp)

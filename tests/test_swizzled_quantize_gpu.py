@@ -216,3 +216,25 @@ def test_bad_input_raises_before_launch(rng) -> None:  # noqa: ANN001
     with pytest.raises(qp.InvalidProblem, match="overlaps"):
         plan.run(None, None, qp.SwizzledQuantizeArgs(overlap.reshape(shape), q, overlap[: s.size].reshape(s.shape)))
     assert bool((q == 3).all()) and bool((s == 5.0).all())
+
+
+# The dense pass (16-bit input, no LoCo, groups of team * 8 * nv elements): 4 vectors per thread
+# (the grid fills the GPU: 18432 groups of 512), 2 and 1 (small problems widen the team), a team
+# of one thread (groups of 8) and of a block (2048), non-finite and all-zero groups, both nibble
+# orders and a hierarchical split.
+DENSE_CASES = [
+    ((2304, 4096), 512, (2, 4, 1), EK.F16, EK.S4, SYM, qp.NibbleOrder.LOW_FIRST),
+    ((2304, 4096), 512, (1, 8, 1), EK.BF16, EK.U8, ASYM, qp.NibbleOrder.LOW_FIRST),
+    ((16, 8192), 512, (1, 8, 1), EK.F16, EK.S4, SYM, qp.NibbleOrder.HIGH_FIRST),
+    ((4, 2048), 8, (2, 2, 2), EK.BF16, EK.S8, SYM, qp.NibbleOrder.LOW_FIRST),
+    ((6, 4096), 128, (1, 2, 2), EK.F16, EK.U4, ASYM, qp.NibbleOrder.HIGH_FIRST),
+    ((8, 4096), 2048, (2, 2, 1), EK.F16, EK.S4, ASYM, qp.NibbleOrder.LOW_FIRST),
+]
+
+
+@pytest.mark.parametrize("shape,group,split,float_kind,code,mode,order", DENSE_CASES)
+def test_dense_pass_matches_reference(rng, shape, group, split, float_kind, code, mode, order) -> None:  # noqa: ANN001
+    x = special_groups(random_floats(rng, shape, float_kind), group, float_kind)
+    desc = descriptor(shape, group, split, mode=mode, input_element=float_kind, output_element=code, nibble_order=order)
+    assert qp.SwizzledQuantizePlan.select(None, desc).sku().variant.startswith("dense")
+    run_both(desc, x)
