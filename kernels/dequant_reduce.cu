@@ -52,11 +52,12 @@ dequant_reduce_floats(const qp::PeerSumArgs in, typename qp::FloatElement<Out>::
 }
 
 // The dense pass (qp_qgz.cuh: qgz_dense_reduce): code output, no LoCo buffer, output groups of
-// exactly team * EPT elements, EPT dividing the input group size, aligned operands. The
-// parameters of dequant_reduce_segments.
-template <class Code, class Out, bool HIGH_FIRST, int EPT>
+// exactly team * EPT elements, EPT dividing the input group size, aligned operands; AVG: the
+// descriptor's `average` (the division by N compiled in only where asked). The parameters of
+// dequant_reduce_segments.
+template <class Code, class Out, bool HIGH_FIRST, int EPT, bool AVG>
 __global__ void __launch_bounds__(QP_QGZ_DENSE_BLOCK, QP_QGZ_DENSE_MIN_BLOCKS)
 dequant_reduce_dense(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, const qp::SegmentLayout lay,
                      float divisor) {
-  qp::qgz_dense_reduce<Code, Out, HIGH_FIRST, EPT>(in, out, lay, divisor);
+  qp::qgz_dense_reduce<Code, Out, HIGH_FIRST, EPT, AVG>(in, out, lay, divisor);
 }

@@ -67,7 +67,14 @@ struct SwizzleMap {
   i64 slice_groups;
   int nodes, devices_per_node, pipeline, pad;
   __device__ __forceinline__ i64 operator()(i64 g) const {
-    if (nodes * devices_per_node * pipeline == 1) return g;
+    // One stage and one node (or one device per node): partition z goes to slice z, the identity.
+    if (pipeline == 1 && (nodes == 1 || devices_per_node == 1)) return g;
+    if (g <= 0x7FFFFFFF && slice_groups <= 0x7FFFFFFF) {  // 32-bit quotients (the usual sizes)
+      const u32 sg = (u32)slice_groups, k = (u32)g / sg, r = (u32)g - k * sg;
+      const u32 p = k % (u32)pipeline, z = k / (u32)pipeline;
+      const u32 node = z / (u32)devices_per_node, device = z - node * (u32)devices_per_node;
+      return ((i64)(p * (u32)devices_per_node + device) * nodes + node) * slice_groups + r;
+    }
     const i64 k = g / slice_groups;
     const i64 r = g - k * slice_groups;
     const int p = (int)(k % pipeline);
@@ -457,6 +464,15 @@ __device__ __forceinline__ void qgz_copy_async(void* smem, const void* gmem) {
   }
 }
 __device__ __forceinline__ void qgz_copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// The same to a shared-memory address (a 32-bit shared-window address, __cvta_generic_to_shared).
+template <int BYTES>
+__device__ __forceinline__ void qgz_copy_async_to(u32 dst, const void* gmem) {
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem), "n"(BYTES) : "memory");
+  }
+}
 
 // The range of a team of `team` threads (a power of two, aligned; every thread of the block
 // calls this): an unrolled xor butterfly inside the warp, then one slot per warp in shared
@@ -484,6 +500,31 @@ __device__ __forceinline__ void qgz_dense_team_reduce(SegmentRange<float, u32>& 
   for (int d = 1; d < 32; d <<= 1)
     if (d < warps) step(d);
 }
+
+// The groups a thread of a dense pass works on: seg = first + k * stride + sub, k = 0, 1, ...
+// (32-bit: the dense passes serve fewer than 2^31 elements).
+// Teams of up to a warp hold no barrier, so each warp is its own unit of work (32 / team groups
+// per step), interleaved across blocks (warp w of block b takes unit w * gridDim + b): every
+// block, and so every SM, gets nearly the same number of groups, without the tail of blocks
+// holding one group more than the rest. Larger teams keep a block-uniform loop (their reduction
+// holds barriers).
+struct DenseSchedule {
+  u32 first, stride;
+  int sub;
+  __device__ __forceinline__ DenseSchedule(int team_log2, int block) {
+    if (team_log2 <= 5) {
+      const u32 per = 32u >> team_log2;
+      first = ((threadIdx.x >> 5) * gridDim.x + blockIdx.x) * per;
+      stride = gridDim.x * (u32)(block >> 5) * per;
+      sub = (threadIdx.x & 31) >> team_log2;
+    } else {
+      const u32 per = (u32)block >> team_log2;
+      first = blockIdx.x * per;
+      stride = gridDim.x * per;
+      sub = threadIdx.x >> team_log2;
+    }
+  }
+};
 
 // The dense passes' codes of N float values under one group parameter p: the division-free
 // code (no per-element check: p.fast and the group's range bound every quotient, see above),
@@ -520,9 +561,9 @@ __device__ __noinline__ void qgz_dense_exact_codes(const typename FloatElement<I
   VectorQuantizer<In, Out, N, HIGH_FIRST>::template store<true>(dst, N, c);
 }
 
-// Swizzled quantization of 16-bit floats: groups of S = team * 8 * NV elements, each thread's
-// NV vectors of 8 staged in shared memory (columns (lane + u * team) * 8), scanned from there
-// and read again to quantize; codes and parameters written through `map`.
+// Swizzled quantization of 16-bit floats (fewer than 2^31 elements): groups of S = team * 8 * NV
+// elements, each thread's NV vectors of 8 staged in shared memory (columns (lane + u * team) *
+// 8), scanned from there and read again to quantize; codes and parameters written through `map`.
 template <class In, class Out, bool HIGH_FIRST, int NV, class Map>
 __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<In>::storage* __restrict__ x,
                                                    const QgzOutputArgs& o, const SegmentLayout& lay, float divisor,
@@ -538,14 +579,14 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   __shared__ uint4 stage[NV * BLOCK];
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
-  const int teams_per_block = BLOCK >> lay.seg_log2;
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
-  const i64 stride = (i64)gridDim.x * teams_per_block;
-  for (i64 base = (i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
-    const i64 seg = base + (threadIdx.x >> lay.seg_log2);
-    const bool active = seg < lay.segments;
-    const in_t* xs = x + seg * lay.S;
+  const DenseSchedule sched(lay.seg_log2, BLOCK);
+  const u32 segments = (u32)lay.segments;
+  for (u32 base = sched.first; base < segments; base += sched.stride) {
+    const u32 seg = base + sched.sub;
+    const bool active = seg < segments;
+    const in_t* xs = x + seg * (u32)lay.S;
     if (active) {
 #pragma unroll
       for (int u = 0; u < NV; ++u) qgz_copy_async<16>(&stage[u * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
@@ -589,14 +630,14 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
     const float scale = segment_params<float>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
                                               range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max,
                                               divisor, zp);
-    const i64 og = map(seg);
+    const u32 og = (u32)map(seg);
     if (lane == 0) {
       o.scale_out[og] = scale;
       if (o.zp_out) o.zp_out[og] = zp;
     }
     IntQuantParam<float> p;
     p.set(scale, zp);
-    u8* qs = o.q + (VQ::packed ? og * lay.S / 2 : og * lay.S);
+    u8* qs = o.q + (VQ::packed ? og * (u32)lay.S / 2 : og * (u32)lay.S);
 #pragma unroll 1
     for (int u = 0; u < NV; ++u) {
       const int col = (lane + u * team) * VEC;
@@ -631,39 +672,62 @@ struct DensePeerCodes {
   typedef ByteVector<bytes> stage_t;
 };
 
+// 1.5 * 2^19 and its bits: in [2^19, 2^20) the unit in the last place is 2^-4, so the bits
+// QP_DECODE_HIGH_BITS + (n << 4) are the float QP_DECODE_HIGH + n exactly (a high nibble read
+// in place, no shift).
+#define QP_DECODE_HIGH 786432.0f
+#define QP_DECODE_HIGH_BITS 0x48C00000u
+
+// The float whose bits are those of `magic` with byte 0 replaced by byte K of x (one permute,
+// the selector an immediate).
+template <int K>
+__device__ __forceinline__ float byte_under(u32 x, u32 magic) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(magic), "n"(0x7650 | K));
+  return __uint_as_float(d);
+}
+
 // y_k = (code_k - zp) * scale, k < EPT, into s_k += y_k (float32, each operation rounded once).
-// The bits MAGIC_BITS + u (u = code + bias, a byte placed under the rounding constant's upper
-// bytes by one permute) are the float MAGIC + u exactly; subtracting offset = MAGIC + (bias + zp)
-// (exact where |bias + zp| < 2^21) leaves code - zp exactly. Other zero points take
-// SpecPeerDecode's split form.
+// A code's unsigned pattern u = code + bias is placed by one byte permute under the upper bytes
+// of a constant M whose unit in the last place is 1 (bytes, low nibbles: M = 1.5 * 2^23) or 2^-4
+// (high nibbles in place: M = 1.5 * 2^19), giving the float M + u exactly; subtracting
+// M + (bias + zp) (exact where |bias + zp| <= 2^17) leaves code - zp exactly. Other zero points
+// take SpecPeerDecode's split form. magic_lo / magic_hi: the bits of the two constants, passed in
+// registers (see qgz_dense_reduce).
 template <class Code, int EPT, bool HIGH_FIRST>
 __device__ __forceinline__ void dense_peer_accumulate(const u32 (&w)[DensePeerCodes<Code, EPT>::words], float scale,
-                                                      int zp, float (&s)[EPT]) {
+                                                      int zp, u32 magic_lo, u32 magic_hi, float (&s)[EPT]) {
   typedef DensePeerCodes<Code, EPT> PC;
   const int z = zp + PC::bias;
-  if (z >= -(1 << 21) && z <= (1 << 21)) {
-    const float offset = __fadd_rn(QP_RNE_MAGIC, (float)z);
+  if (z >= -(1 << 17) && z <= (1 << 17)) {
+    const float off_lo = __fadd_rn(QP_RNE_MAGIC, (float)z);
 #pragma unroll
     for (int i = 0; i < PC::words; ++i) {
-      u32 b = w[i];
-      if constexpr (PC::is_signed) b ^= PC::packed ? 0x88888888u : 0x80808080u;
+      const u32 flip = PC::is_signed ? (PC::packed ? 0x88888888u : 0x80808080u) : 0u;
       if constexpr (PC::packed) {
-        // Bytes of the even / odd elements' nibbles of the word's 8 codes.
-        const u32 lo = b & 0x0F0F0F0Fu, hi = (b >> 4) & 0x0F0F0F0Fu;
-        const u32 even = HIGH_FIRST ? hi : lo, odd = HIGH_FIRST ? lo : hi;
+        const float off_hi = __fadd_rn(QP_DECODE_HIGH, (float)z);
+        // Each byte's low nibble (n) and high nibble in place (n << 4).
+        const u32 lo = (w[i] ^ flip) & 0x0F0F0F0Fu, hi = (w[i] ^ flip) & 0xF0F0F0F0u;
+        float fl[4], fh[4];
+        fl[0] = byte_under<0>(lo, magic_lo), fh[0] = byte_under<0>(hi, magic_hi);
+        fl[1] = byte_under<1>(lo, magic_lo), fh[1] = byte_under<1>(hi, magic_hi);
+        fl[2] = byte_under<2>(lo, magic_lo), fh[2] = byte_under<2>(hi, magic_hi);
+        fl[3] = byte_under<3>(lo, magic_lo), fh[3] = byte_under<3>(hi, magic_hi);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const float fe = __uint_as_float(__byte_perm(even, QP_RNE_MAGIC_BITS, 0x7650 | k));
-          const float fo = __uint_as_float(__byte_perm(odd, QP_RNE_MAGIC_BITS, 0x7650 | k));
-          s[8 * i + 2 * k] = __fadd_rn(s[8 * i + 2 * k], __fmul_rn(__fsub_rn(fe, offset), scale));
-          s[8 * i + 2 * k + 1] = __fadd_rn(s[8 * i + 2 * k + 1], __fmul_rn(__fsub_rn(fo, offset), scale));
+          const float yl = __fmul_rn(__fsub_rn(fl[k], off_lo), scale);
+          const float yh = __fmul_rn(__fsub_rn(fh[k], off_hi), scale);
+          const int e = 8 * i + 2 * k;  // the even element of byte k
+          s[e] = __fadd_rn(s[e], HIGH_FIRST ? yh : yl);
+          s[e + 1] = __fadd_rn(s[e + 1], HIGH_FIRST ? yl : yh);
         }
       } else {
+        const u32 b = w[i] ^ flip;
+        float f[4];
+        f[0] = byte_under<0>(b, magic_lo), f[1] = byte_under<1>(b, magic_lo);
+        f[2] = byte_under<2>(b, magic_lo), f[3] = byte_under<3>(b, magic_lo);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float f = __uint_as_float(__byte_perm(b, QP_RNE_MAGIC_BITS, 0x7650 | k));
-          s[4 * i + k] = __fadd_rn(s[4 * i + k], __fmul_rn(__fsub_rn(f, offset), scale));
-        }
+        for (int k = 0; k < 4; ++k) s[4 * i + k] = __fadd_rn(s[4 * i + k], __fmul_rn(__fsub_rn(f[k], off_lo), scale));
       }
     }
   } else {
@@ -686,11 +750,14 @@ __device__ __forceinline__ void dense_peer_accumulate(const u32 (&w)[DensePeerCo
 }
 
 // Dequant-reduce of SPEC section 4 (SpecPeerDecode) into fresh groups of S = team * EPT output
-// elements (identity map, no LoCo buffer). Each thread sums EPT consecutive elements (one input
-// group: EPT divides the input group size): the codes and parameters of up to PB peers are
-// staged at once (cp.async into the thread's own shared-memory slots, so no barrier), then
-// decoded peer after peer into float32 sums (starting from -0, the identity of the first sum).
-template <class Code, class Out, bool HIGH_FIRST, int EPT>
+// elements (fewer than 2^31 in a chunk; identity map, no LoCo buffer; AVG: divide the sums by N). Each thread sums EPT
+// consecutive elements (one input group: EPT divides the input group size): the codes and
+// parameters of up to PB peers are staged at once (cp.async into the thread's own shared-memory
+// slots, so no barrier), then decoded peer after peer into float32 sums (starting from -0, the
+// identity of the first sum). The sums wait in the thread's code slots while the team reduces
+// its range and computes the parameters (whose divisions hold out-of-line calls), so no sum is
+// live across a call.
+template <class Code, class Out, bool HIGH_FIRST, int EPT, bool AVG>
 __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const QgzOutputArgs& o,
                                                  const SegmentLayout& lay, float divisor) {
   typedef DensePeerCodes<Code, EPT> PC;
@@ -699,51 +766,82 @@ __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const Qgz
   constexpr int BLOCK = QP_QGZ_DENSE_BLOCK;
   // Peers staged per batch: 64 bytes of codes per thread, 4 to 8 peers.
   constexpr int PB = 64 / PC::bytes > 8 ? 8 : 64 / PC::bytes;
-  static_assert(PB * PC::bytes >= 4 * EPT, "the rare path keeps the sums in the code slots");
+  // The sums in the code slots: W floats per slot, slot k / W holds sum k.
+  constexpr int W = PC::bytes / 4;
+  static_assert(PB * W >= EPT, "the sums fit the thread's code slots");
   __shared__ Range team_slots[BLOCK / 32];
   __shared__ typename PC::stage_t codes[PB][BLOCK];
   __shared__ float scales[PB][BLOCK];
   __shared__ int zps[PB][BLOCK];
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
-  const int teams_per_block = BLOCK >> lay.seg_log2;
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
-  const i64 stride = (i64)gridDim.x * teams_per_block;
-  for (i64 base = (i64)blockIdx.x * teams_per_block; base < lay.segments; base += stride) {
-    const i64 seg = base + (threadIdx.x >> lay.seg_log2);
-    const bool active = seg < lay.segments;
-    const i64 i = seg * lay.S + lane * EPT;  // the thread's first element
-    const i64 g = a.in_group_shift >= 0 ? i >> a.in_group_shift : i / a.in_group;
-    const u8* qi = a.q + (PC::packed ? i / 2 : i);
+  const bool has_zp = a.zp != nullptr;
+  // The thread's slots (shared-window addresses): peer b's at + b * BLOCK * (slot bytes).
+  const u32 code_slot = (u32)__cvta_generic_to_shared(&codes[0][threadIdx.x]);
+  const u32 scale_slot = (u32)__cvta_generic_to_shared(&scales[0][threadIdx.x]);
+  const u32 zp_slot = (u32)__cvta_generic_to_shared(&zps[0][threadIdx.x]);
+  float* parked = reinterpret_cast<float*>(&codes[0][threadIdx.x]);  // sum k at [(k / W) * BLOCK * W + k % W]
+  // The decoder's constants as runtime values (lay.pad is 0): held in two registers, they leave
+  // the permutes' immediate operand to the byte selectors (as literals, the compiler makes the
+  // constants the immediates and rebuilds four selector registers in the loop).
+  const u32 magic_lo = QP_RNE_MAGIC_BITS | (u32)lay.pad, magic_hi = QP_DECODE_HIGH_BITS | (u32)lay.pad;
+  const DenseSchedule sched(lay.seg_log2, BLOCK);
+  const u32 segments = (u32)lay.segments;
+  for (u32 base = sched.first; base < segments; base += sched.stride) {
+    const u32 seg = base + sched.sub;
+    const bool active = seg < segments;
+    const u32 i = seg * (u32)lay.S + lane * EPT;  // the thread's first element
+    const u32 g = a.in_group_shift >= 0 ? i >> a.in_group_shift : i / (u32)a.in_group;  // its input group
     float s[EPT];
 #pragma unroll
     for (int k = 0; k < EPT; ++k) s[k] = -0.0f;
     for (int j0 = 0; j0 < a.peers; j0 += PB) {
       const int nb = min(PB, a.peers - j0);
       if (active) {
-#pragma unroll
-        for (int b = 0; b < PB; ++b) {
-          if (b < nb) {
-            const i64 j = j0 + b;
-            qgz_copy_async<PC::bytes>(&codes[b][threadIdx.x], qi + j * a.peer_bytes);
-            qgz_copy_async<4>(&scales[b][threadIdx.x], a.scale + j * a.peer_params + g);
-            if (a.zp) qgz_copy_async<4>(&zps[b][threadIdx.x], a.zp + j * a.peer_params + g);
+        const u8* qp = a.q + (PC::packed ? i / 2 : i) + j0 * a.peer_bytes;
+        const float* sp = a.scale + g + j0 * a.peer_params;
+        const int* zpp = a.zp + (has_zp ? g + j0 * a.peer_params : 0);
+        auto stage = [&](int b) {
+          qgz_copy_async_to<PC::bytes>(code_slot + b * (BLOCK * PC::bytes), qp);
+          qgz_copy_async_to<4>(scale_slot + b * (BLOCK * 4), sp);
+          qp += a.peer_bytes;
+          sp += a.peer_params;
+          if (has_zp) {
+            qgz_copy_async_to<4>(zp_slot + b * (BLOCK * 4), zpp);
+            zpp += a.peer_params;
           }
+        };
+        if (nb == PB) {
+#pragma unroll
+          for (int b = 0; b < PB; ++b) stage(b);
+        } else {
+#pragma unroll 1
+          for (int b = 0; b < nb; ++b) stage(b);
         }
       }
       qgz_copy_async_wait();
       if (active) {
+        if (has_zp) {
 #pragma unroll 1
-        for (int b = 0; b < nb; ++b) {
-          ElementVector<u32, PC::words> w;
-          w.bytes = codes[b][threadIdx.x];
-          dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[b][threadIdx.x], a.zp ? zps[b][threadIdx.x] : 0,
-                                                       s);
+          for (int b = 0; b < nb; ++b) {
+            ElementVector<u32, PC::words> w;
+            w.bytes = codes[b][threadIdx.x];
+            dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[b][threadIdx.x], zps[b][threadIdx.x], magic_lo,
+                                                         magic_hi, s);
+          }
+        } else {
+#pragma unroll 1
+          for (int b = 0; b < nb; ++b) {
+            ElementVector<u32, PC::words> w;
+            w.bytes = codes[b][threadIdx.x];
+            dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[b][threadIdx.x], 0, magic_lo, magic_hi, s);
+          }
         }
       }
     }
-    if (a.average) {
+    if constexpr (AVG) {
 #pragma unroll
       for (int k = 0; k < EPT; ++k) s[k] = __fdiv_rn(s[k], a.peers_f);
     }
@@ -759,6 +857,14 @@ __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const Qgz
           range.hi = fmaxf(range.hi, s[k]);
         }
       }
+      // Park the sums (the thread's own slots; its copies into them have landed).
+#pragma unroll
+      for (int k = 0; k < EPT; k += W) {
+        ElementVector<float, W> v;
+#pragma unroll
+        for (int m = 0; m < W; ++m) v.v[m] = s[k + m];
+        *reinterpret_cast<ByteVector<4 * W>*>(parked + (k / W) * BLOCK * W) = v.bytes;
+      }
     }
     qgz_dense_team_reduce(range, asym, team, team_slots);
     if (!active) continue;
@@ -773,17 +879,20 @@ __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const Qgz
     IntQuantParam<float> p;
     p.set(scale, zp);
     u8* dst = o.q + (VQ::packed ? i / 2 : i);
-    if (!p.fast) {
-      // Rare: the sums go to the thread's own code slots (PB * bytes >= 4 * EPT), then out of line.
-      constexpr int W = PC::bytes / 4;
-      float* v = reinterpret_cast<float*>(&codes[0][threadIdx.x]);
-#pragma unroll
-      for (int k = 0; k < EPT; ++k) v[(k / W) * (BLOCK * W) + k % W] = s[k];
-      qgz_dense_exact_codes<f32, Out, EPT, HIGH_FIRST, W>(v, BLOCK * W, dst, scale, zp, lay.q_min, lay.q_max);
+    if (!p.fast) {  // rare: out of line, from the parked sums
+      qgz_dense_exact_codes<f32, Out, EPT, HIGH_FIRST, W>(parked, BLOCK * W, dst, scale, zp, lay.q_min, lay.q_max);
       continue;
     }
+    float v[EPT];
+#pragma unroll
+    for (int k = 0; k < EPT; k += W) {
+      ElementVector<float, W> pv;
+      pv.bytes = *reinterpret_cast<const ByteVector<4 * W>*>(parked + (k / W) * BLOCK * W);
+#pragma unroll
+      for (int m = 0; m < W; ++m) v[k + m] = pv.v[m];
+    }
     int c[EPT];
-    qgz_dense_codes<EPT>(s, p, raw, lay.q_min, lay.q_max, c);
+    qgz_dense_codes<EPT>(v, p, raw, lay.q_min, lay.q_max, c);
     VQ::template store<true>(dst, EPT, c);
   }
 }

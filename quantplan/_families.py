@@ -350,10 +350,12 @@ def swizzled_dense_name(input_kind: ElementKind, code_kind: ElementKind, high_fi
     )
 
 
-def dequant_reduce_dense_name(input_kind: ElementKind, output_kind: ElementKind, high_first: bool, ept: int) -> str:
-    """One instantiation of ``dequant_reduce_dense`` (``ept`` elements per thread)."""
+def dequant_reduce_dense_name(
+    input_kind: ElementKind, output_kind: ElementKind, high_first: bool, ept: int, average: bool
+) -> str:
+    """One instantiation of ``dequant_reduce_dense`` (``ept`` elements per thread; ``average``: the sums divided by N)."""
     return template_name(
-        "dequant_reduce_dense", ELEMENTS[input_kind].cpp_tag, ELEMENTS[output_kind].cpp_tag, high_first, ept
+        "dequant_reduce_dense", ELEMENTS[input_kind].cpp_tag, ELEMENTS[output_kind].cpp_tag, high_first, ept, average
     )
 
 
@@ -392,7 +394,11 @@ def dequant_reduce_unit(
         template_name("dequant_reduce_elements", *tags, high_first),
     ]
     if error_kind is None:
-        unit += [dequant_reduce_dense_name(input_kind, output_kind, high_first, ept) for ept in QGZ_DENSE_EPT]
+        unit += [
+            dequant_reduce_dense_name(input_kind, output_kind, high_first, ept, average)
+            for ept in QGZ_DENSE_EPT
+            for average in (False, True)
+        ]
     return unit
 
 

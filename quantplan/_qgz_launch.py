@@ -38,6 +38,8 @@ from .types import ElementKind, QuantMode
 ELEMENT_BLOCK = 256
 #: Threads of a block of the dense passes (``QP_QGZ_DENSE_BLOCK`` of ``kernels/qp_qgz.cuh``).
 DENSE_BLOCK = 256
+#: The dense passes index with 32-bit integers: they serve fewer elements than this.
+DENSE_MAX_ELEMENTS = 2**31
 #: Elements one thread of the fused pass holds (the scan element is float32 or 16-bit: 32).
 QGZ_ELEMENTS_PER_THREAD = 32
 
@@ -432,6 +434,7 @@ def set_output_args(
 
 __all__ = [
     "DENSE_BLOCK",
+    "DENSE_MAX_ELEMENTS",
     "ELEMENT_BLOCK",
     "DenseLaunch",
     "PeerSumArgs",

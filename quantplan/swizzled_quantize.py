@@ -30,6 +30,7 @@ from ._launch import launch_on
 from ._operands import Operand, TensorArgs, check_disjoint, check_positive, check_writeable, host_view, write_back
 from ._plan import Plan, check_descriptor, choose_backend, snapshot
 from ._qgz_launch import (
+    DENSE_MAX_ELEMENTS,
     DenseLaunch,
     QgzChecks,
     QgzKernels,
@@ -108,7 +109,8 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     geometry = qgz_geometry(desc.groups, desc.group_size, code.is_packed, QGZ_WIDTHS[0], info)
     dense = None
-    if geometry is not None and desc.error_element is None and desc.input_element in DENSE_FLOAT_KINDS:
+    dense_kind = desc.input_element in DENSE_FLOAT_KINDS and desc.error_element is None
+    if geometry is not None and dense_kind and desc.numel < DENSE_MAX_ELEMENTS:
         shape = dense_quantize_geometry(desc.groups, desc.group_size, info.busy_threads)
         if shape is not None:
             team, nv = shape
@@ -258,7 +260,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     **Kernel variants:** ``fused-single-pass[...]`` (groups of at most 32768 elements; 4-bit
     codes: even groups): a team of threads holds each group in registers, so the input (and the
     error buffer) is read once; an element-I/O twin serves operands not aligned to the vector
-    width. ``dense[...]`` (F16 / BF16 without error feedback, groups of ``team * 8 * nv``
+    width. ``dense[...]`` (F16 / BF16 without error feedback, below 2**31 elements, groups of ``team * 8 * nv``
     elements, ``team`` a power of two up to 256 and ``nv`` 1, 2 or 4, 16-byte aligned input):
     the fused pass specialised for these groups (each thread's share staged in shared memory,
     32 registers). ``two-pass[...]`` (any other group size): a block scans each group for its
