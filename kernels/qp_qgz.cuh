@@ -451,6 +451,11 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
 #ifndef QP_QGZ_DENSE_MIN_BLOCKS
 #define QP_QGZ_DENSE_MIN_BLOCKS 6
 #endif
+// 1: the dense quantization stages the thread's next group while it works on this one (two
+// stage buffers).
+#ifndef QP_QGZ_DENSE_PREFETCH
+#define QP_QGZ_DENSE_PREFETCH 0
+#endif
 
 // BYTES (4, 8 or 16) global -> shared memory without a register (sm_80+); visible to the
 // issuing thread after qgz_copy_async_wait.
@@ -464,6 +469,12 @@ __device__ __forceinline__ void qgz_copy_async(void* smem, const void* gmem) {
   }
 }
 __device__ __forceinline__ void qgz_copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Close the group of copies issued so far; wait until at most N groups are still in flight.
+__device__ __forceinline__ void qgz_copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void qgz_copy_async_wait_groups() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 // The same to a shared-memory address (a 32-bit shared-window address, __cvta_generic_to_shared).
 template <int BYTES>
 __device__ __forceinline__ void qgz_copy_async_to(u32 dst, const void* gmem) {
@@ -575,23 +586,40 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   typedef SegmentRange<float, u32> Range;
   typedef FloatBits<In> FB;
   static_assert(sizeof(in_t) == 2, "16-bit floats");
+  constexpr bool PREFETCH = QP_QGZ_DENSE_PREFETCH != 0;
   __shared__ Range team_slots[BLOCK / 32];
-  __shared__ uint4 stage[NV * BLOCK];
+  __shared__ uint4 stage_buffers[(PREFETCH ? 2 : 1) * NV * BLOCK];
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
   const DenseSchedule sched(lay.seg_log2, BLOCK);
   const u32 segments = (u32)lay.segments;
+  // The thread's share of group `sg` into stage buffer `buf`.
+  auto issue = [&](u32 sg, int buf) {
+    const in_t* xs = x + sg * (u32)lay.S;
+#pragma unroll
+    for (int u = 0; u < NV; ++u)
+      qgz_copy_async<16>(&stage_buffers[(buf * NV + u) * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
+  };
+  int cur = 0;
+  if constexpr (PREFETCH) {
+    if (sched.first + sched.sub < segments) issue(sched.first + sched.sub, 0);
+    qgz_copy_async_commit();
+  }
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const u32 seg = base + sched.sub;
     const bool active = seg < segments;
-    const in_t* xs = x + seg * (u32)lay.S;
-    if (active) {
-#pragma unroll
-      for (int u = 0; u < NV; ++u) qgz_copy_async<16>(&stage[u * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
+    if constexpr (PREFETCH) {
+      if (seg + sched.stride < segments) issue(seg + sched.stride, cur ^ 1);
+      qgz_copy_async_commit();
+      qgz_copy_async_wait_groups<1>();
+    } else {
+      if (active) issue(seg, 0);
+      qgz_copy_async_wait();
     }
-    qgz_copy_async_wait();
+    const uint4* stage = stage_buffers + cur * NV * BLOCK;
+    if constexpr (PREFETCH) cur ^= 1;
     // SYMMETRIC: the largest |x| bit pattern, pairs of halves. ASYMMETRIC: NaN-propagating pair
     // min / max from +0 (the range holds zero); a NaN or +-Inf shows in lo or hi.
     Range range;
