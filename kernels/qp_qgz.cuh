@@ -558,6 +558,34 @@ __device__ __forceinline__ void qgz_dense_codes(const float (&v)[N], const IntQu
   }
 }
 
+// N codes (N a multiple of 8) stored at dst as VectorQuantizer<., Out, N, HIGH_FIRST>::store
+// stores them (bytes, or nibbles two per byte), from codes whose low byte (nibble) is the code:
+// byte permutes gather four low bytes per word, and for 4-bit codes one shift and one
+// three-input logic operation merge the even and odd elements' words.
+template <class Out, bool HIGH_FIRST, int N>
+__device__ __forceinline__ void qgz_dense_store_codes(u8* dst, const int (&c)[N]) {
+  constexpr bool packed = QuantElement<Out>::kind == 1;
+  auto gather4 = [&](int a, int b, int d, int e) {  // the low bytes of c[a], c[b], c[d], c[e]
+    return __byte_perm(__byte_perm((u32)c[a], (u32)c[b], 0x0040), __byte_perm((u32)c[d], (u32)c[e], 0x0040), 0x5410);
+  };
+  if constexpr (packed) {
+    ElementVector<u32, N / 8> out;
+#pragma unroll
+    for (int w = 0; w < N / 8; ++w) {
+      const int k = 8 * w;
+      const u32 even = gather4(k, k + 2, k + 4, k + 6), odd = gather4(k + 1, k + 3, k + 5, k + 7);
+      const u32 lo = HIGH_FIRST ? odd : even, hi = HIGH_FIRST ? even : odd;
+      out.v[w] = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
+    }
+    out.template store<true>(reinterpret_cast<u32*>(dst), N / 8);
+  } else {
+    ElementVector<u32, N / 4> out;
+#pragma unroll
+    for (int w = 0; w < N / 4; ++w) out.v[w] = gather4(4 * w, 4 * w + 1, 4 * w + 2, 4 * w + 3);
+    out.template store<true>(reinterpret_cast<u32*>(dst), N / 4);
+  }
+}
+
 // The rare path of the dense passes (a group whose scale is not `fast`: NaN / Inf in the group,
 // an extreme scale): N values read from shared memory (value k at v[(k / W) * row + k % W]), the
 // exact codes, stored at dst as VectorQuantizer<In, Out, N> stores them. Out of line, so the hot
@@ -682,7 +710,7 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
       }
       int codes[VEC];
       qgz_dense_codes<VEC>(v, p, raw, lay.q_min, lay.q_max, codes);
-      VQ::template store<true>(dst, VEC, codes);
+      qgz_dense_store_codes<Out, HIGH_FIRST, VEC>(dst, codes);
     }
   }
 }
@@ -704,7 +732,7 @@ struct DensePeerCodes {
 // QP_DECODE_HIGH_BITS + (n << 4) are the float QP_DECODE_HIGH + n exactly (a high nibble read
 // in place, no shift).
 #define QP_DECODE_HIGH 786432.0f
-#define QP_DECODE_HIGH_BITS 0x48C00000u
+#define QP_DECODE_HIGH_BITS 0x49400000u
 
 // The float whose bits are those of `magic` with byte 0 replaced by byte K of x (one permute,
 // the selector an immediate).
@@ -778,96 +806,105 @@ __device__ __forceinline__ void dense_peer_accumulate(const u32 (&w)[DensePeerCo
 }
 
 // Dequant-reduce of SPEC section 4 (SpecPeerDecode) into fresh groups of S = team * EPT output
-// elements (fewer than 2^31 in a chunk; identity map, no LoCo buffer; AVG: divide the sums by N). Each thread sums EPT
-// consecutive elements (one input group: EPT divides the input group size): the codes and
-// parameters of up to PB peers are staged at once (cp.async into the thread's own shared-memory
-// slots, so no barrier), then decoded peer after peer into float32 sums (starting from -0, the
-// identity of the first sum). The sums wait in the thread's code slots while the team reduces
-// its range and computes the parameters (whose divisions hold out-of-line calls), so no sum is
-// live across a call.
+// elements (fewer than 2^31 in a chunk; identity map, no LoCo buffer; AVG: divide the sums by N).
+// Each thread sums EPT consecutive elements (one input group: EPT divides the input group size)
+// over the N peers, in peer order, into float32 sums starting from -0 (the identity of the first
+// sum). The (group, peer) items of a thread stream through a ring of PB shared-memory slots of its
+// own (cp.async: its codes and parameters, one commit group per item, so no barrier): the item
+// PB ahead is issued as soon as a slot is consumed, keeping PB - 1 items in flight across peers
+// and groups while the thread decodes. The sums are parked in shared memory while the team
+// reduces its range and computes the parameters (whose divisions hold out-of-line calls), so no
+// sum is live across a call.
+#ifndef QP_QGZ_REDUCE_RING
+#define QP_QGZ_REDUCE_RING 4
+#endif
 template <class Code, class Out, bool HIGH_FIRST, int EPT, bool AVG>
 __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const QgzOutputArgs& o,
                                                  const SegmentLayout& lay, float divisor) {
   typedef DensePeerCodes<Code, EPT> PC;
-  typedef VectorQuantizer<f32, Out, EPT, HIGH_FIRST> VQ;
   typedef SegmentRange<float, u32> Range;
   constexpr int BLOCK = QP_QGZ_DENSE_BLOCK;
-  // Peers staged per batch: 64 bytes of codes per thread, 4 to 8 peers.
-  constexpr int PB = 64 / PC::bytes > 8 ? 8 : 64 / PC::bytes;
-  // The sums in the code slots: W floats per slot, slot k / W holds sum k.
-  constexpr int W = PC::bytes / 4;
-  static_assert(PB * W >= EPT, "the sums fit the thread's code slots");
+  // Ring slots: QP_QGZ_REDUCE_RING, at most 64 bytes of codes per thread (static shared memory).
+  constexpr int PB = QP_QGZ_REDUCE_RING < 64 / PC::bytes ? QP_QGZ_REDUCE_RING : 64 / PC::bytes;
+  static_assert(EPT % 4 == 0, "the sums park as float4");
   __shared__ Range team_slots[BLOCK / 32];
   __shared__ typename PC::stage_t codes[PB][BLOCK];
   __shared__ float scales[PB][BLOCK];
   __shared__ int zps[PB][BLOCK];
+  __shared__ float4 parked4[EPT / 4][BLOCK];
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
   const bool has_zp = a.zp != nullptr;
-  // The thread's slots (shared-window addresses): peer b's at + b * BLOCK * (slot bytes).
+  const u32 S = (u32)lay.S;
+  // The thread's slots (shared-window addresses): slot b's at + b * BLOCK * (slot bytes).
   const u32 code_slot = (u32)__cvta_generic_to_shared(&codes[0][threadIdx.x]);
   const u32 scale_slot = (u32)__cvta_generic_to_shared(&scales[0][threadIdx.x]);
   const u32 zp_slot = (u32)__cvta_generic_to_shared(&zps[0][threadIdx.x]);
-  float* parked = reinterpret_cast<float*>(&codes[0][threadIdx.x]);  // sum k at [(k / W) * BLOCK * W + k % W]
+  const float* parked = reinterpret_cast<const float*>(&parked4[0][threadIdx.x]);  // sum k at [(k/4)*BLOCK*4 + k%4]
   // The decoder's constants as runtime values (lay.pad is 0): held in two registers, they leave
   // the permutes' immediate operand to the byte selectors (as literals, the compiler makes the
   // constants the immediates and rebuilds four selector registers in the loop).
   const u32 magic_lo = QP_RNE_MAGIC_BITS | (u32)lay.pad, magic_hi = QP_DECODE_HIGH_BITS | (u32)lay.pad;
   const DenseSchedule sched(lay.seg_log2, BLOCK);
   const u32 segments = (u32)lay.segments;
+  // The issue cursor: the next item (group base, peer), its slot, and its code and scale addresses
+  // (ivalid: its group exists for this thread).
+  u32 ibase = sched.first;
+  int ipeer = 0, islot = 0;
+  bool ivalid = false;
+  const u8* iq = a.q;
+  const float* is = a.scale;
+  auto start_group = [&]() {
+    const u32 iseg = ibase + sched.sub;
+    ivalid = ibase < segments && iseg < segments;
+    if (ivalid) {
+      const u32 i = iseg * S + lane * EPT;
+      iq = a.q + (PC::packed ? i / 2 : i);
+      is = a.scale + (a.in_group_shift >= 0 ? i >> a.in_group_shift : i / (u32)a.in_group);
+    }
+  };
+  start_group();
+  auto issue_next = [&]() {
+    if (ibase < segments) {  // uniform over the unit of work (warp or block)
+      if (ivalid) {
+        qgz_copy_async_to<PC::bytes>(code_slot + islot * (BLOCK * PC::bytes), iq);
+        qgz_copy_async_to<4>(scale_slot + islot * (BLOCK * 4), is);
+        if (has_zp) qgz_copy_async_to<4>(zp_slot + islot * (BLOCK * 4), a.zp + (is - a.scale));
+      }
+      iq += a.peer_bytes;
+      is += a.peer_params;
+      if (++ipeer == a.peers) {
+        ipeer = 0;
+        ibase += sched.stride;
+        start_group();
+      }
+    }
+    qgz_copy_async_commit();  // one group per item, empty ones included: the wait counts stay fixed
+    islot = islot + 1 == PB ? 0 : islot + 1;
+  };
+#pragma unroll
+  for (int k = 0; k < PB; ++k) issue_next();
+  int cslot = 0;
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const u32 seg = base + sched.sub;
     const bool active = seg < segments;
-    const u32 i = seg * (u32)lay.S + lane * EPT;  // the thread's first element
-    const u32 g = a.in_group_shift >= 0 ? i >> a.in_group_shift : i / (u32)a.in_group;  // its input group
+    const u32 i = seg * S + lane * EPT;  // the thread's first element
     float s[EPT];
 #pragma unroll
     for (int k = 0; k < EPT; ++k) s[k] = -0.0f;
-    for (int j0 = 0; j0 < a.peers; j0 += PB) {
-      const int nb = min(PB, a.peers - j0);
+#pragma unroll 1
+    for (int j = 0; j < a.peers; ++j) {
+      qgz_copy_async_wait_groups<PB - 1>();  // this item's copies have landed
       if (active) {
-        const u8* qp = a.q + (PC::packed ? i / 2 : i) + j0 * a.peer_bytes;
-        const float* sp = a.scale + g + j0 * a.peer_params;
-        const int* zpp = a.zp + (has_zp ? g + j0 * a.peer_params : 0);
-        auto stage = [&](int b) {
-          qgz_copy_async_to<PC::bytes>(code_slot + b * (BLOCK * PC::bytes), qp);
-          qgz_copy_async_to<4>(scale_slot + b * (BLOCK * 4), sp);
-          qp += a.peer_bytes;
-          sp += a.peer_params;
-          if (has_zp) {
-            qgz_copy_async_to<4>(zp_slot + b * (BLOCK * 4), zpp);
-            zpp += a.peer_params;
-          }
-        };
-        if (nb == PB) {
-#pragma unroll
-          for (int b = 0; b < PB; ++b) stage(b);
-        } else {
-#pragma unroll 1
-          for (int b = 0; b < nb; ++b) stage(b);
-        }
+        ElementVector<u32, PC::words> w;
+        w.bytes = codes[cslot][threadIdx.x];
+        dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[cslot][threadIdx.x],
+                                                     has_zp ? zps[cslot][threadIdx.x] : 0, magic_lo, magic_hi, s);
       }
-      qgz_copy_async_wait();
-      if (active) {
-        if (has_zp) {
-#pragma unroll 1
-          for (int b = 0; b < nb; ++b) {
-            ElementVector<u32, PC::words> w;
-            w.bytes = codes[b][threadIdx.x];
-            dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[b][threadIdx.x], zps[b][threadIdx.x], magic_lo,
-                                                         magic_hi, s);
-          }
-        } else {
-#pragma unroll 1
-          for (int b = 0; b < nb; ++b) {
-            ElementVector<u32, PC::words> w;
-            w.bytes = codes[b][threadIdx.x];
-            dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[b][threadIdx.x], 0, magic_lo, magic_hi, s);
-          }
-        }
-      }
+      issue_next();  // into the slot just read
+      cslot = cslot + 1 == PB ? 0 : cslot + 1;
     }
     if constexpr (AVG) {
 #pragma unroll
@@ -885,14 +922,8 @@ __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const Qgz
           range.hi = fmaxf(range.hi, s[k]);
         }
       }
-      // Park the sums (the thread's own slots; its copies into them have landed).
 #pragma unroll
-      for (int k = 0; k < EPT; k += W) {
-        ElementVector<float, W> v;
-#pragma unroll
-        for (int m = 0; m < W; ++m) v.v[m] = s[k + m];
-        *reinterpret_cast<ByteVector<4 * W>*>(parked + (k / W) * BLOCK * W) = v.bytes;
-      }
+      for (int k = 0; k < EPT; k += 4) parked4[k / 4][threadIdx.x] = make_float4(s[k], s[k + 1], s[k + 2], s[k + 3]);
     }
     qgz_dense_team_reduce(range, asym, team, team_slots);
     if (!active) continue;
@@ -906,23 +937,22 @@ __device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const Qgz
     }
     IntQuantParam<float> p;
     p.set(scale, zp);
-    u8* dst = o.q + (VQ::packed ? i / 2 : i);
+    u8* dst = o.q + (QuantElement<Out>::kind == 1 ? i / 2 : i);
     if (!p.fast) {  // rare: out of line, from the parked sums
-      qgz_dense_exact_codes<f32, Out, EPT, HIGH_FIRST, W>(parked, BLOCK * W, dst, scale, zp, lay.q_min, lay.q_max);
+      qgz_dense_exact_codes<f32, Out, EPT, HIGH_FIRST, 4>(parked, BLOCK * 4, dst, scale, zp, lay.q_min, lay.q_max);
       continue;
     }
     float v[EPT];
 #pragma unroll
-    for (int k = 0; k < EPT; k += W) {
-      ElementVector<float, W> pv;
-      pv.bytes = *reinterpret_cast<const ByteVector<4 * W>*>(parked + (k / W) * BLOCK * W);
-#pragma unroll
-      for (int m = 0; m < W; ++m) v[k + m] = pv.v[m];
+    for (int k = 0; k < EPT; k += 4) {
+      const float4 f = parked4[k / 4][threadIdx.x];
+      v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
     }
     int c[EPT];
     qgz_dense_codes<EPT>(v, p, raw, lay.q_min, lay.q_max, c);
-    VQ::template store<true>(dst, EPT, c);
+    qgz_dense_store_codes<Out, HIGH_FIRST, EPT>(dst, c);
   }
+  qgz_copy_async_wait();  // no copy outlives the block
 }
 
 }  // namespace qp
