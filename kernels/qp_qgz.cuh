@@ -490,6 +490,8 @@ __device__ __forceinline__ void qgz_copy_async_to(u32 dst, const void* gmem) {
 // memory for teams spanning warps. lo / hi take part only when `asym`.
 __device__ __forceinline__ void qgz_dense_team_reduce(SegmentRange<float, u32>& r, bool asym, int team,
                                                       SegmentRange<float, u32>* slots) {
+  // Branch-free: a step at or above the team width exchanges with the lane itself (d & (width -
+  // 1) is 0 there), which leaves the range unchanged.
   auto step = [&](int d) {
     r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
     if (asym) {
@@ -498,8 +500,7 @@ __device__ __forceinline__ void qgz_dense_team_reduce(SegmentRange<float, u32>& 
     }
   };
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1)
-    if (d < team) step(d);
+  for (int d = 1; d < 32; d <<= 1) step(d & (team - 1));
   if (team <= 32) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // the previous group's readers are done with the slots
@@ -508,8 +509,7 @@ __device__ __forceinline__ void qgz_dense_team_reduce(SegmentRange<float, u32>& 
   const int warps = team >> 5;
   r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1)
-    if (d < warps) step(d);
+  for (int d = 1; d < 32; d <<= 1) step(d & (warps - 1));
 }
 
 // The groups a thread of a dense pass works on: seg = first + k * stride + sub, k = 0, 1, ...
