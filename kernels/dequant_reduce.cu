@@ -6,8 +6,6 @@
 //   dequant_reduce_group_params  any output group size, pass 1: the parameters of every group
 //   dequant_reduce_elements      any output group size, pass 2: codes (and the error update)
 //   dequant_reduce_floats        float output: the sum (averaged) rounded once to Out
-//   dequant_reduce_dense         the fused pass specialised for aligned groups of team * EPT
-//                                (EPT = 16 or 8) elements without LoCo (qp_qgz.cuh)
 // Code: the input code element; Out: the output code (or float) element; Err: the LoCo buffer's
 // float or qp::no_error. 4-bit codes on both sides share one nibble order (HIGH_FIRST).
 #include "qp_qgz.cuh"
@@ -49,15 +47,4 @@ __global__ void __launch_bounds__(256)
 dequant_reduce_floats(const qp::PeerSumArgs in, typename qp::FloatElement<Out>::storage* __restrict__ y, qp::i64 n) {
   const qp::PeerSumSource<Code, qp::no_error, VEC, VECTOR_IO, HIGH_FIRST> src{in, nullptr};
   qp::qgz_float_values<Out, VEC, VECTOR_IO>(src, y, n);
-}
-
-// The dense pass (qp_qgz.cuh: qgz_dense_reduce): code output, no LoCo buffer, output groups of
-// exactly team * EPT elements, EPT dividing the input group size, aligned operands; AVG: the
-// descriptor's `average` (the division by N compiled in only where asked). The parameters of
-// dequant_reduce_segments.
-template <class Code, class Out, bool HIGH_FIRST, int EPT, bool AVG>
-__global__ void __launch_bounds__(QP_QGZ_DENSE_BLOCK, QP_QGZ_DENSE_MIN_BLOCKS)
-dequant_reduce_dense(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, const qp::SegmentLayout lay,
-                     float divisor) {
-  qp::qgz_dense_reduce<Code, Out, HIGH_FIRST, EPT, AVG>(in, out, lay, divisor);
 }

@@ -11,6 +11,7 @@
 //                         and writes its parameters through the map
 //   qgz_elements          then every element (pairs for 4-bit codes) is read again, quantized with
 //                         its group's parameters and written (and its error updated)
+// and qgz_dense_quantize specialises the first for aligned 16-bit groups without LoCo (below).
 // The loops are formula-agnostic: a *sink* owns the group formula (its param_t, parameters from
 // a group's range, codes, where parameters go). QgzCodeSink is SPEC section 4's; the
 // DeepSpeed-format sinks (qp_deepspeed_format.cuh) plug into the same loops. A sink has:
@@ -422,39 +423,33 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
 }
 
 
-// ---- the dense passes: the fused pass specialised for the hot layouts ----
-// Groups of exactly team * (elements per thread) elements, team a power of two up to one block
-// of QP_QGZ_DENSE_BLOCK threads, aligned operands, no LoCo buffer. Against the generic fused
-// pass (for_each_segment_range_of: 57-64 registers, 50% occupancy, vectors of a thread's group
-// held across the reduction; dequant-reduce: the peers' codes 4 bytes at a time, peer after
-// peer) they
-//  * stage the thread's share global -> shared memory by cp.async: every peer's codes (and its
-//    parameters) of a group in flight at once, no register held by a load;
-//  * keep one 64-bit base per group and 32-bit offsets, no bounds tests;
-//  * decode a peer's codes with byte permutes (the code's bits under the rounding constant's,
-//    one exact subtraction), not per-code shifts and conversions;
-//  * skip the per-element quotient check: the SPEC section 4 range bounds every quotient of
+// ---- the dense pass: the fused pass specialised for the hot layout ----
+// swizzled_quantize_dense: 16-bit input in groups of exactly team * 8 * nv elements, team a
+// power of two up to one block of QP_QGZ_DENSE_BLOCK threads, 16-byte aligned input, no LoCo
+// buffer. Against the generic fused pass (for_each_segment_range_of: 57 registers, 50%
+// occupancy, a thread's vectors held across the reduction, a 64-bit swizzle quotient per group)
+// it
+//  * stages the thread's share global -> shared memory by cp.async, so no data register lives
+//    across the team's reduction (32 registers, 100% occupancy);
+//  * keeps one base per group and 32-bit offsets, no bounds tests; warps of small teams are
+//    independent units of work spread evenly over the blocks (DenseSchedule);
+//  * skips the per-element quotient check: the SPEC section 4 range bounds every quotient of
 //    the group (qp_rounding.cuh: a `fast` scale, |v / scale| <= d (1 + 2^-23), d < 2^20), so
 //    the division-free code is the IEEE one; a group whose scale is not `fast` (NaN / Inf in
 //    the group, an extreme scale) takes the exact division, out of line;
 //  * SYMMETRIC codes with q_min <= -q_max: the low byte (nibble) of the rounding word is the
-//    two's-complement code (|code| <= q_max by the same bound), no clamp.
+//    two's-complement code (|code| <= q_max by the same bound), no clamp; codes are packed by
+//    byte permutes.
+// Measured on H200 (8192 x 8192 f16, groups of 512, int4): 49.3 us, 87.6% of a copy (the
+// generic pass: 75.6 us). Tried and measured slower there: 2 or 1 vectors per thread (62.6,
+// 94.5 us), staging the next group while working on this one (56.9 us against 55.7).
 
 #ifndef QP_QGZ_DENSE_BLOCK
 #define QP_QGZ_DENSE_BLOCK 256
 #endif
-// Resident blocks per SM the dense kernels are compiled for: 8 (32 registers) for quantization,
-// 6 (40 registers) for the reduction, whose sums stay in registers across the team's reduction.
+// Resident blocks per SM the dense pass is compiled for: 8 (32 registers).
 #ifndef QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS
 #define QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS 8
-#endif
-#ifndef QP_QGZ_DENSE_MIN_BLOCKS
-#define QP_QGZ_DENSE_MIN_BLOCKS 6
-#endif
-// 1: the dense quantization stages the thread's next group while it works on this one (two
-// stage buffers).
-#ifndef QP_QGZ_DENSE_PREFETCH
-#define QP_QGZ_DENSE_PREFETCH 0
 #endif
 
 // BYTES (4, 8 or 16) global -> shared memory without a register (sm_80+); visible to the
@@ -469,21 +464,6 @@ __device__ __forceinline__ void qgz_copy_async(void* smem, const void* gmem) {
   }
 }
 __device__ __forceinline__ void qgz_copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// Close the group of copies issued so far; wait until at most N groups are still in flight.
-__device__ __forceinline__ void qgz_copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void qgz_copy_async_wait_groups() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-// The same to a shared-memory address (a 32-bit shared-window address, __cvta_generic_to_shared).
-template <int BYTES>
-__device__ __forceinline__ void qgz_copy_async_to(u32 dst, const void* gmem) {
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem), "n"(BYTES) : "memory");
-  }
-}
 
 // The range of a team of `team` threads (a power of two, aligned; every thread of the block
 // calls this): an unrolled xor butterfly inside the warp, then one slot per warp in shared
@@ -614,40 +594,23 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   typedef SegmentRange<float, u32> Range;
   typedef FloatBits<In> FB;
   static_assert(sizeof(in_t) == 2, "16-bit floats");
-  constexpr bool PREFETCH = QP_QGZ_DENSE_PREFETCH != 0;
   __shared__ Range team_slots[BLOCK / 32];
-  __shared__ uint4 stage_buffers[(PREFETCH ? 2 : 1) * NV * BLOCK];
+  __shared__ uint4 stage[NV * BLOCK];
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
   const DenseSchedule sched(lay.seg_log2, BLOCK);
   const u32 segments = (u32)lay.segments;
-  // The thread's share of group `sg` into stage buffer `buf`.
-  auto issue = [&](u32 sg, int buf) {
-    const in_t* xs = x + sg * (u32)lay.S;
-#pragma unroll
-    for (int u = 0; u < NV; ++u)
-      qgz_copy_async<16>(&stage_buffers[(buf * NV + u) * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
-  };
-  int cur = 0;
-  if constexpr (PREFETCH) {
-    if (sched.first + sched.sub < segments) issue(sched.first + sched.sub, 0);
-    qgz_copy_async_commit();
-  }
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const u32 seg = base + sched.sub;
     const bool active = seg < segments;
-    if constexpr (PREFETCH) {
-      if (seg + sched.stride < segments) issue(seg + sched.stride, cur ^ 1);
-      qgz_copy_async_commit();
-      qgz_copy_async_wait_groups<1>();
-    } else {
-      if (active) issue(seg, 0);
-      qgz_copy_async_wait();
+    if (active) {
+      const in_t* xs = x + seg * (u32)lay.S;
+#pragma unroll
+      for (int u = 0; u < NV; ++u) qgz_copy_async<16>(&stage[u * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
     }
-    const uint4* stage = stage_buffers + cur * NV * BLOCK;
-    if constexpr (PREFETCH) cur ^= 1;
+    qgz_copy_async_wait();
     // SYMMETRIC: the largest |x| bit pattern, pairs of halves. ASYMMETRIC: NaN-propagating pair
     // min / max from +0 (the range holds zero); a NaN or +-Inf shows in lo or hi.
     Range range;
@@ -704,8 +667,8 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
       for (int k = 0; k < VEC; ++k) v[k] = FloatElement<In>::to_acc(xv.v[k]);
       u8* dst = qs + (VQ::packed ? col / 2 : col);
       if (!p.fast) {
-        qgz_dense_exact_codes<In, Out, VEC, HIGH_FIRST, VEC>(reinterpret_cast<const in_t*>(&stage[u * BLOCK + threadIdx.x]),
-                                                           0, dst, scale, zp, lay.q_min, lay.q_max);
+        const in_t* staged = reinterpret_cast<const in_t*>(&stage[u * BLOCK + threadIdx.x]);
+        qgz_dense_exact_codes<In, Out, VEC, HIGH_FIRST, VEC>(staged, 0, dst, scale, zp, lay.q_min, lay.q_max);
         continue;
       }
       int codes[VEC];
@@ -713,246 +676,6 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
       qgz_dense_store_codes<Out, HIGH_FIRST, VEC>(dst, codes);
     }
   }
-}
-
-// A peer's codes of one thread of the dense reduction: EPT codes (4 or 8 bytes of 4-bit codes,
-// 8 or 16 of 8-bit) as 32-bit words.
-template <class Code, int EPT>
-struct DensePeerCodes {
-  static const bool packed = QuantElement<Code>::kind == 1;
-  static const bool is_signed = QuantElement<Code>::is_signed;
-  static const int bytes = packed ? EPT / 2 : EPT;
-  static const int words = bytes / 4;
-  // Added to a code to give the unsigned byte / nibble pattern the decoder reads.
-  static const int bias = is_signed ? (packed ? 8 : 128) : 0;
-  typedef ByteVector<bytes> stage_t;
-};
-
-// 1.5 * 2^19 and its bits: in [2^19, 2^20) the unit in the last place is 2^-4, so the bits
-// QP_DECODE_HIGH_BITS + (n << 4) are the float QP_DECODE_HIGH + n exactly (a high nibble read
-// in place, no shift).
-#define QP_DECODE_HIGH 786432.0f
-#define QP_DECODE_HIGH_BITS 0x49400000u
-
-// The float whose bits are those of `magic` with byte 0 replaced by byte K of x (one permute,
-// the selector an immediate).
-template <int K>
-__device__ __forceinline__ float byte_under(u32 x, u32 magic) {
-  u32 d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(magic), "n"(0x7650 | K));
-  return __uint_as_float(d);
-}
-
-// y_k = (code_k - zp) * scale, k < EPT, into s_k += y_k (float32, each operation rounded once).
-// A code's unsigned pattern u = code + bias is placed by one byte permute under the upper bytes
-// of a constant M whose unit in the last place is 1 (bytes, low nibbles: M = 1.5 * 2^23) or 2^-4
-// (high nibbles in place: M = 1.5 * 2^19), giving the float M + u exactly; subtracting
-// M + (bias + zp) (exact where |bias + zp| <= 2^17) leaves code - zp exactly. Other zero points
-// take SpecPeerDecode's split form. magic_lo / magic_hi: the bits of the two constants, passed in
-// registers (see qgz_dense_reduce).
-template <class Code, int EPT, bool HIGH_FIRST>
-__device__ __forceinline__ void dense_peer_accumulate(const u32 (&w)[DensePeerCodes<Code, EPT>::words], float scale,
-                                                      int zp, u32 magic_lo, u32 magic_hi, float (&s)[EPT]) {
-  typedef DensePeerCodes<Code, EPT> PC;
-  const int z = zp + PC::bias;
-  if (z >= -(1 << 17) && z <= (1 << 17)) {
-    const float off_lo = __fadd_rn(QP_RNE_MAGIC, (float)z);
-#pragma unroll
-    for (int i = 0; i < PC::words; ++i) {
-      const u32 flip = PC::is_signed ? (PC::packed ? 0x88888888u : 0x80808080u) : 0u;
-      if constexpr (PC::packed) {
-        const float off_hi = __fadd_rn(QP_DECODE_HIGH, (float)z);
-        // Each byte's low nibble (n) and high nibble in place (n << 4).
-        const u32 lo = (w[i] ^ flip) & 0x0F0F0F0Fu, hi = (w[i] ^ flip) & 0xF0F0F0F0u;
-        float fl[4], fh[4];
-        fl[0] = byte_under<0>(lo, magic_lo), fh[0] = byte_under<0>(hi, magic_hi);
-        fl[1] = byte_under<1>(lo, magic_lo), fh[1] = byte_under<1>(hi, magic_hi);
-        fl[2] = byte_under<2>(lo, magic_lo), fh[2] = byte_under<2>(hi, magic_hi);
-        fl[3] = byte_under<3>(lo, magic_lo), fh[3] = byte_under<3>(hi, magic_hi);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float yl = __fmul_rn(__fsub_rn(fl[k], off_lo), scale);
-          const float yh = __fmul_rn(__fsub_rn(fh[k], off_hi), scale);
-          const int e = 8 * i + 2 * k;  // the even element of byte k
-          s[e] = __fadd_rn(s[e], HIGH_FIRST ? yh : yl);
-          s[e + 1] = __fadd_rn(s[e + 1], HIGH_FIRST ? yl : yh);
-        }
-      } else {
-        const u32 b = w[i] ^ flip;
-        float f[4];
-        f[0] = byte_under<0>(b, magic_lo), f[1] = byte_under<1>(b, magic_lo);
-        f[2] = byte_under<2>(b, magic_lo), f[3] = byte_under<3>(b, magic_lo);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) s[4 * i + k] = __fadd_rn(s[4 * i + k], __fmul_rn(__fsub_rn(f[k], off_lo), scale));
-      }
-    }
-  } else {
-    DequantParam<float> p;
-    p.set(scale, zp);
-#pragma unroll
-    for (int k = 0; k < EPT; ++k) {
-      int code;
-      const u32 b = w[k / (PC::packed ? 8 : 4)];
-      if constexpr (PC::packed) {
-        const u8 byte = (u8)(b >> (8 * ((k / 2) % 4)));
-        code = unpack_nibble<HIGH_FIRST, PC::is_signed>(byte, k & 1);
-      } else {
-        const u8 byte = (u8)(b >> (8 * (k % 4)));
-        code = PC::is_signed ? (int)(i8)byte : (int)byte;
-      }
-      s[k] = __fadd_rn(s[k], dequantized_code(code, p));
-    }
-  }
-}
-
-// Dequant-reduce of SPEC section 4 (SpecPeerDecode) into fresh groups of S = team * EPT output
-// elements (fewer than 2^31 in a chunk; identity map, no LoCo buffer; AVG: divide the sums by N).
-// Each thread sums EPT consecutive elements (one input group: EPT divides the input group size)
-// over the N peers, in peer order, into float32 sums starting from -0 (the identity of the first
-// sum). The (group, peer) items of a thread stream through a ring of PB shared-memory slots of its
-// own (cp.async: its codes and parameters, one commit group per item, so no barrier): the item
-// PB ahead is issued as soon as a slot is consumed, keeping PB - 1 items in flight across peers
-// and groups while the thread decodes. The sums are parked in shared memory while the team
-// reduces its range and computes the parameters (whose divisions hold out-of-line calls), so no
-// sum is live across a call.
-#ifndef QP_QGZ_REDUCE_RING
-#define QP_QGZ_REDUCE_RING 4
-#endif
-template <class Code, class Out, bool HIGH_FIRST, int EPT, bool AVG>
-__device__ __forceinline__ void qgz_dense_reduce(const PeerSumArgs& a, const QgzOutputArgs& o,
-                                                 const SegmentLayout& lay, float divisor) {
-  typedef DensePeerCodes<Code, EPT> PC;
-  typedef SegmentRange<float, u32> Range;
-  constexpr int BLOCK = QP_QGZ_DENSE_BLOCK;
-  // Ring slots: QP_QGZ_REDUCE_RING, at most 64 bytes of codes per thread (static shared memory).
-  constexpr int PB = QP_QGZ_REDUCE_RING < 64 / PC::bytes ? QP_QGZ_REDUCE_RING : 64 / PC::bytes;
-  static_assert(EPT % 4 == 0, "the sums park as float4");
-  __shared__ Range team_slots[BLOCK / 32];
-  __shared__ typename PC::stage_t codes[PB][BLOCK];
-  __shared__ float scales[PB][BLOCK];
-  __shared__ int zps[PB][BLOCK];
-  __shared__ float4 parked4[EPT / 4][BLOCK];
-  const int team = 1 << lay.seg_log2;
-  const int lane = threadIdx.x & (team - 1);
-  const bool asym = lay.mode != 0;
-  const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
-  const bool has_zp = a.zp != nullptr;
-  const u32 S = (u32)lay.S;
-  // The thread's slots (shared-window addresses): slot b's at + b * BLOCK * (slot bytes).
-  const u32 code_slot = (u32)__cvta_generic_to_shared(&codes[0][threadIdx.x]);
-  const u32 scale_slot = (u32)__cvta_generic_to_shared(&scales[0][threadIdx.x]);
-  const u32 zp_slot = (u32)__cvta_generic_to_shared(&zps[0][threadIdx.x]);
-  const float* parked = reinterpret_cast<const float*>(&parked4[0][threadIdx.x]);  // sum k at [(k/4)*BLOCK*4 + k%4]
-  // The decoder's constants as runtime values (lay.pad is 0): held in two registers, they leave
-  // the permutes' immediate operand to the byte selectors (as literals, the compiler makes the
-  // constants the immediates and rebuilds four selector registers in the loop).
-  const u32 magic_lo = QP_RNE_MAGIC_BITS | (u32)lay.pad, magic_hi = QP_DECODE_HIGH_BITS | (u32)lay.pad;
-  const DenseSchedule sched(lay.seg_log2, BLOCK);
-  const u32 segments = (u32)lay.segments;
-  // The issue cursor: the next item (group base, peer), its slot, and its code and scale addresses
-  // (ivalid: its group exists for this thread).
-  u32 ibase = sched.first;
-  int ipeer = 0, islot = 0;
-  bool ivalid = false;
-  const u8* iq = a.q;
-  const float* is = a.scale;
-  auto start_group = [&]() {
-    const u32 iseg = ibase + sched.sub;
-    ivalid = ibase < segments && iseg < segments;
-    if (ivalid) {
-      const u32 i = iseg * S + lane * EPT;
-      iq = a.q + (PC::packed ? i / 2 : i);
-      is = a.scale + (a.in_group_shift >= 0 ? i >> a.in_group_shift : i / (u32)a.in_group);
-    }
-  };
-  start_group();
-  auto issue_next = [&]() {
-    if (ibase < segments) {  // uniform over the unit of work (warp or block)
-      if (ivalid) {
-        qgz_copy_async_to<PC::bytes>(code_slot + islot * (BLOCK * PC::bytes), iq);
-        qgz_copy_async_to<4>(scale_slot + islot * (BLOCK * 4), is);
-        if (has_zp) qgz_copy_async_to<4>(zp_slot + islot * (BLOCK * 4), a.zp + (is - a.scale));
-      }
-      iq += a.peer_bytes;
-      is += a.peer_params;
-      if (++ipeer == a.peers) {
-        ipeer = 0;
-        ibase += sched.stride;
-        start_group();
-      }
-    }
-    qgz_copy_async_commit();  // one group per item, empty ones included: the wait counts stay fixed
-    islot = islot + 1 == PB ? 0 : islot + 1;
-  };
-#pragma unroll
-  for (int k = 0; k < PB; ++k) issue_next();
-  int cslot = 0;
-  for (u32 base = sched.first; base < segments; base += sched.stride) {
-    const u32 seg = base + sched.sub;
-    const bool active = seg < segments;
-    const u32 i = seg * S + lane * EPT;  // the thread's first element
-    float s[EPT];
-#pragma unroll
-    for (int k = 0; k < EPT; ++k) s[k] = -0.0f;
-#pragma unroll 1
-    for (int j = 0; j < a.peers; ++j) {
-      qgz_copy_async_wait_groups<PB - 1>();  // this item's copies have landed
-      if (active) {
-        ElementVector<u32, PC::words> w;
-        w.bytes = codes[cslot][threadIdx.x];
-        dense_peer_accumulate<Code, EPT, HIGH_FIRST>(w.v, scales[cslot][threadIdx.x],
-                                                     has_zp ? zps[cslot][threadIdx.x] : 0, magic_lo, magic_hi, s);
-      }
-      issue_next();  // into the slot just read
-      cslot = cslot + 1 == PB ? 0 : cslot + 1;
-    }
-    if constexpr (AVG) {
-#pragma unroll
-      for (int k = 0; k < EPT; ++k) s[k] = __fdiv_rn(s[k], a.peers_f);
-    }
-    Range range;
-    range.lo = range.hi = 0.0f;
-    range.amax_bits = 0;
-    if (active) {
-#pragma unroll
-      for (int k = 0; k < EPT; ++k) {
-        range.amax_bits = max(range.amax_bits, __float_as_uint(s[k]) & 0x7FFFFFFFu);
-        if (asym) {
-          range.lo = fminf(range.lo, s[k]);
-          range.hi = fmaxf(range.hi, s[k]);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < EPT; k += 4) parked4[k / 4][threadIdx.x] = make_float4(s[k], s[k + 1], s[k + 2], s[k + 3]);
-    }
-    qgz_dense_team_reduce(range, asym, team, team_slots);
-    if (!active) continue;
-    int zp;
-    const float scale = segment_params<float>(range.lo, asym ? range.hi : __uint_as_float(range.amax_bits),
-                                              range.amax_bits >= 0x7F800000u, lay.mode, lay.q_min, lay.q_max,
-                                              divisor, zp);
-    if (lane == 0) {
-      o.scale_out[seg] = scale;
-      if (o.zp_out) o.zp_out[seg] = zp;
-    }
-    IntQuantParam<float> p;
-    p.set(scale, zp);
-    u8* dst = o.q + (QuantElement<Out>::kind == 1 ? i / 2 : i);
-    if (!p.fast) {  // rare: out of line, from the parked sums
-      qgz_dense_exact_codes<f32, Out, EPT, HIGH_FIRST, 4>(parked, BLOCK * 4, dst, scale, zp, lay.q_min, lay.q_max);
-      continue;
-    }
-    float v[EPT];
-#pragma unroll
-    for (int k = 0; k < EPT; k += 4) {
-      const float4 f = parked4[k / 4][threadIdx.x];
-      v[k] = f.x, v[k + 1] = f.y, v[k + 2] = f.z, v[k + 3] = f.w;
-    }
-    int c[EPT];
-    qgz_dense_codes<EPT>(v, p, raw, lay.q_min, lay.q_max, c);
-    qgz_dense_store_codes<Out, HIGH_FIRST, EPT>(dst, c);
-  }
-  qgz_copy_async_wait();  // no copy outlives the block
 }
 
 }  // namespace qp

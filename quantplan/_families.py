@@ -312,8 +312,6 @@ def fake_quantize_units() -> list[Unit]:
 
 #: Vectors of 8 elements per thread of ``swizzled_quantize_dense`` (16-bit input, no LoCo buffer).
 QGZ_DENSE_NV = (4, 2, 1)
-#: Elements per thread of ``dequant_reduce_dense`` (code output, no LoCo buffer).
-QGZ_DENSE_EPT = (16, 8)
 
 
 def segment_names(kernel: str, tags: tuple[object, ...], packed: bool, order: tuple[bool, ...] = ()) -> Unit:
@@ -350,15 +348,6 @@ def swizzled_dense_name(input_kind: ElementKind, code_kind: ElementKind, high_fi
     )
 
 
-def dequant_reduce_dense_name(
-    input_kind: ElementKind, output_kind: ElementKind, high_first: bool, ept: int, average: bool
-) -> str:
-    """One instantiation of ``dequant_reduce_dense`` (``ept`` elements per thread; ``average``: the sums divided by N)."""
-    return template_name(
-        "dequant_reduce_dense", ELEMENTS[input_kind].cpp_tag, ELEMENTS[output_kind].cpp_tag, high_first, ept, average
-    )
-
-
 def swizzled_quantize_units() -> list[Unit]:
     """``kernels/swizzled_quantize.cu``: one unit per (input, error buffer, code, nibble order)."""
     return [
@@ -376,8 +365,7 @@ def dequant_reduce_unit(
     """The kernels of one (input code, error buffer, output, nibble order).
 
     Code outputs: the fused pass at every vector width (aligned vector I/O), its element-I/O
-    twin, and the two-pass kernels; without a LoCo buffer also ``dequant_reduce_dense`` at every
-    ``QGZ_DENSE_EPT``. Float outputs: the float pass at every width and its twin.
+    twin, and the two-pass kernels. Float outputs: the float pass at every width and its twin.
     """
     code, out = ELEMENTS[input_kind], ELEMENTS[output_kind]
     if out.is_float:
@@ -388,18 +376,11 @@ def dequant_reduce_unit(
             template_name("dequant_reduce_floats", *pair, 1, False, high_first),
         ]
     tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
-    unit = [
+    return [
         *segment_names("dequant_reduce_segments", tags, code.is_packed or out.is_packed, (high_first,)),
         template_name("dequant_reduce_group_params", tags[0], tags[1], high_first),
         template_name("dequant_reduce_elements", *tags, high_first),
     ]
-    if error_kind is None:
-        unit += [
-            dequant_reduce_dense_name(input_kind, output_kind, high_first, ept, average)
-            for ept in QGZ_DENSE_EPT
-            for average in (False, True)
-        ]
-    return unit
 
 
 def dequant_reduce_units() -> list[Unit]:
@@ -504,14 +485,12 @@ __all__ = [
     "CLUSTER_BLOCKS",
     "FAMILIES",
     "QGZ_CODE_KINDS",
-    "QGZ_DENSE_EPT",
     "QGZ_DENSE_NV",
     "QGZ_FLOAT_KINDS",
     "QGZ_WIDTHS",
     "all_instantiations",
     "compile_units",
     "deepspeed_code_kind",
-    "dequant_reduce_dense_name",
     "dequant_reduce_unit",
     "dequantize_unit",
     "FAKE_DENSE_ROW_KERNELS",

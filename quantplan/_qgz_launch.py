@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ._device import DeviceInfo
-from ._families import QGZ_CODE_KINDS, QGZ_DENSE_EPT, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
+from ._families import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, is_scalar, pointer_view
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
@@ -242,22 +242,6 @@ def dense_quantize_geometry(groups: int, group_size: int, busy_threads: int) -> 
     return None
 
 
-def dense_reduce_geometry(groups: int, group_size: int, in_group: int, busy_threads: int) -> tuple[int, int] | None:
-    """``(team, ept)`` of ``dequant_reduce_dense`` for output groups of ``group_size``, or None:
-    groups of exactly ``team * ept`` (team a power of two up to one block, ``ept`` in
-    ``QGZ_DENSE_EPT`` dividing the input group size ``in_group``); 16 elements per thread, 8 (a
-    wider team) while that leaves SMs idle."""
-    for ept in QGZ_DENSE_EPT:
-        team, rem = divmod(group_size, ept)
-        if rem or in_group % ept or team == 0 or team > DENSE_BLOCK or team & (team - 1):
-            continue
-        narrow = QGZ_DENSE_EPT[-1]
-        if ept > narrow and in_group % narrow == 0 and team * 2 <= DENSE_BLOCK and groups * team < busy_threads:
-            team, ept = team * ept // narrow, narrow
-        return team, ept
-    return None
-
-
 def group_params_block(group_size: int) -> int:
     """Threads of a block of the group-parameter pass: a power of two, 32 to ``MAX_TEAM``, about one per element."""
     block = 32
@@ -450,7 +434,6 @@ __all__ = [
     "check_error_kind",
     "check_float_kind",
     "dense_quantize_geometry",
-    "dense_reduce_geometry",
     "dynamic_code_range",
     "group_params_block",
     "log2_or_minus_one",

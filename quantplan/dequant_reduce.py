@@ -23,7 +23,7 @@ from pydantic import ConfigDict
 
 from . import reference
 from ._device import device_info, stream_device_id
-from ._families import QGZ_WIDTHS, dequant_reduce_dense_name, dequant_reduce_unit, error_tag
+from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
 from ._launch import launch_on, params_struct
 from ._operands import (
     Operand,
@@ -36,8 +36,6 @@ from ._operands import (
 )
 from ._plan import Plan, check_descriptor, choose_backend, preferred, snapshot
 from ._qgz_launch import (
-    DENSE_MAX_ELEMENTS,
-    DenseLaunch,
     PeerSumArgs,
     QgzChecks,
     QgzKernels,
@@ -48,7 +46,6 @@ from ._qgz_launch import (
     check_code_kind,
     check_error_kind,
     check_float_kind,
-    dense_reduce_geometry,
     dynamic_code_range,
     log2_or_minus_one,
     prepare_float_values,
@@ -226,14 +223,6 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     geometry = None if packed and vec_in < 2 else qgz_geometry(groups, size, packed, vec_in, info)
-    dense = None
-    if geometry is not None and desc.error_element is None and chunk < DENSE_MAX_ELEMENTS:
-        shape = dense_reduce_geometry(groups, size, desc.input_group_size, info.busy_threads)
-        if shape is not None:
-            team, ept = shape
-            name = dequant_reduce_dense_name(desc.input_element, desc.output_element, high_first, ept, desc.average)
-            fn = functions[name]
-            dense = DenseLaunch(fn, team, ept, f"dense[{team}t-per-group,{ept}-per-thread,peers-staged]")
     return prepare_qgz_launches(
         kernels,
         geometry,
@@ -245,7 +234,6 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         desc.mode,
         bits,
         info,
-        dense=dense,
     )
 
 
@@ -285,10 +273,6 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     **Kernel variants:** ``fused-single-pass[...]`` (output groups of at most 32768 elements;
     4-bit sides: even input groups): a team of threads sums and holds each output group in
     registers, one read of the peers' codes; an element-I/O twin for misaligned operands.
-    ``dense[...]`` (code outputs without error feedback, chunks below 2**31 elements, output
-    groups of ``team * ept`` elements, ``team`` a power of two up to 256, ``ept`` 16 or 8 dividing
-    the input group size, aligned operands): the fused pass specialised for these groups; every peer's codes and
-    parameters of a thread's share in flight at once (staged in shared memory), 40 registers.
     ``two-pass[...]`` (any other group size): the sums are computed twice (parameters, then
     codes), so the peers' codes are read twice. ``float-sum[...]``: float outputs, one read.
     ``numpy`` on the reference backend.
