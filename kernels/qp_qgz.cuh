@@ -29,6 +29,7 @@
 #include "qp_quantize_vector.cuh"
 #include "qp_range.cuh"
 #include "qp_rounding.cuh"
+#include "qp_stage.cuh"
 #include "qp_vector_io.cuh"
 
 // Threads a fused-pass kernel is compiled for (its register budget: 64 per thread at 1024).
@@ -429,8 +430,8 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
 // buffer. Against the generic fused pass (for_each_segment_range_of: 57 registers, 50%
 // occupancy, a thread's vectors held across the reduction, a 64-bit swizzle quotient per group)
 // it
-//  * stages the thread's share global -> shared memory by cp.async, so no data register lives
-//    across the team's reduction (32 registers, 100% occupancy);
+//  * stages the thread's share global -> shared memory by cp.async (qp_stage.cuh), so no data
+//    register lives across the team's reduction (32 registers, 100% occupancy);
 //  * keeps one base per group and 32-bit offsets, no bounds tests; warps of small teams are
 //    independent units of work spread evenly over the blocks (DenseSchedule);
 //  * skips the per-element quotient check: the SPEC section 4 range bounds every quotient of
@@ -451,19 +452,6 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
 #ifndef QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS
 #define QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS 8
 #endif
-
-// BYTES (4, 8 or 16) global -> shared memory without a register (sm_80+); visible to the
-// issuing thread after qgz_copy_async_wait.
-template <int BYTES>
-__device__ __forceinline__ void qgz_copy_async(void* smem, const void* gmem) {
-  const u32 dst = (u32)__cvta_generic_to_shared(smem);
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem), "n"(BYTES) : "memory");
-  }
-}
-__device__ __forceinline__ void qgz_copy_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The range of a team of `team` threads (a power of two, aligned; every thread of the block
 // calls this): an unrolled xor butterfly inside the warp, then one slot per warp in shared
@@ -608,9 +596,9 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
     if (active) {
       const in_t* xs = x + seg * (u32)lay.S;
 #pragma unroll
-      for (int u = 0; u < NV; ++u) qgz_copy_async<16>(&stage[u * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
+      for (int u = 0; u < NV; ++u) stage_16(&stage[u * BLOCK + threadIdx.x], xs + (lane + u * team) * VEC);
     }
-    qgz_copy_async_wait();
+    stage_wait();
     // SYMMETRIC: the largest |x| bit pattern, pairs of halves. ASYMMETRIC: NaN-propagating pair
     // min / max from +0 (the range holds zero); a NaN or +-Inf shows in lo or hi.
     Range range;
