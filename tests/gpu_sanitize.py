@@ -82,7 +82,7 @@ def _run(setup: Any, ops: Any, offset_elements: int) -> tuple[dict[str, Any], An
             if offset_elements and ops.name != "numpy":
                 offset = offset_elements * value.dtype.itemsize
                 buf = ops.buffer(value.nbytes + offset)
-                view = ops.carve(buf, offset, value.shape, value.dtype)
+                view = _carve(ops, buf, offset, value)
                 view[...] = ops.asarray(value).reshape(view.shape) if value.size else view
                 keep.append(buf)
                 fields[name] = view
@@ -116,6 +116,10 @@ def main() -> int:
                 except QuantPlanError as exc:  # e.g. a misaligned parameter array the plan refuses
                     print(f"skip {base} {kw.get('shape', '')} offset {offset}: {type(exc).__name__}")
                     continue
+                except Exception as exc:  # the script's own trouble: reported, the other runs go on
+                    print(f"ERROR {base} {kw.get('shape', '')} offset {offset}: {type(exc).__name__}: {exc}")
+                    failures += 1
+                    continue
                 sync()
                 runs += 1
                 bad = [
@@ -131,6 +135,16 @@ def main() -> int:
     runs, failures = runs + compat_runs, failures + compat_failures
     print(f"{runs} runs, {failures} differing")
     return 1 if failures else 0
+
+
+def _carve(ops: Any, buf: Any, offset: int, value: np.ndarray) -> Any:
+    """A view like ``value`` carved ``offset`` bytes into ``buf`` (bfloat16 through its int16 bits)."""
+    if ops.name == "torch" and value.dtype.name == "bfloat16":
+        import torch
+
+        piece = buf[offset : offset + value.nbytes]
+        return piece.view(torch.int16).view(torch.bfloat16).reshape(value.shape)
+    return ops.carve(buf, offset, value.shape, value.dtype)
 
 
 def _compat(dry: bool) -> tuple[int, int]:
