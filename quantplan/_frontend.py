@@ -566,13 +566,22 @@ def replay_of(key: Hashable) -> Callable[..., Any] | None:
     return None if cache is None else cache.get(key)
 
 
-def remember_replay(key: Hashable, fast: Callable[..., Any] | None) -> None:
-    """Keep ``fast`` under ``key`` in this thread's plan cache (nothing when None). ``key`` should
-    start with the front-end function it replays, so it cannot meet a plan's key."""
-    if fast is None:
-        return
+def _declined(*arrays: Any) -> None:
+    """The replay of a call that has none: every call takes the full path."""
+    return None
+
+
+def remember_replay(key: Hashable, make: Callable[[], Callable[..., Any] | None]) -> None:
+    """Keep ``make()`` (a :func:`replay`, or None where the call has none) under ``key`` in this
+    thread's plan cache, once per key: a call without a replay is remembered as declined, so
+    the full path does not try to make it again. ``key`` should start with the front-end
+    function it replays, so it cannot meet a plan's key."""
     cache = _LOCAL.plans
-    _store(_new_cache() if cache is None else cache, key, fast)
+    if cache is None:
+        cache = _new_cache()
+    elif key in cache:
+        return
+    _store(cache, key, make() or _declined)
 
 
 __all__ = [

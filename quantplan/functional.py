@@ -302,7 +302,7 @@ def quantize(
             def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
                 return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
 
-            remember_replay(replay_key, replay(target, job.plan, args, 1, outputs, finish))
+            remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish))
         return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
     job = _quantizer(target, key, QuantizeDescriptor, QuantizePlan, fields)
     codes = target.empty(job.codes_shape, job.codes_dtype)

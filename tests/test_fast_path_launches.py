@@ -146,3 +146,102 @@ def test_fast_path_launches_what_launch_launches(base: str, recorder: list[tuple
         assert got == expected, (base, check, stream)
     assert traced > 25, traced
     assert any(f.traced for mode in fast._fast for f in mode), "no traced tail was generated"
+
+
+# ---- front-end replays -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def byte_recorder(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every driver launch of the simulated GPU with its argument block's bytes at that moment,
+    and ``reset()``: allocations after it get the addresses of the allocations after the last
+    reset, in order (a call and its replay get the same pointers)."""
+    from cupy.cuda import memory
+
+    from quantplan import _frontend
+
+    launches: dict[int, Any] = {}
+    original_init = _launch.PreparedLaunch.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        launches[self._kernel_params] = self
+
+    events: list[tuple[tuple[int, ...], bytes]] = []
+
+    def launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, *rest: int) -> None:
+        smem, stream, params, _ = rest
+        block = launches[params].params
+        events.append(((gx, bx, smem, stream), ctypes.string_at(ctypes.addressof(block), ctypes.sizeof(block))))
+
+    monkeypatch.setattr(_launch.PreparedLaunch, "__init__", init)
+    for owner, name, value in host_sim.gpu_patches(launch, compile_kernels=False):
+        monkeypatch.setattr(owner, name, value)
+    for module, name in ((_launch, "current_device"), (_launch, "_current_stream"), (_fast_check, "current_device")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    made = [0]
+
+    def alloc(size: int) -> Any:
+        ptr = (1 << 40) + (1 << 24) * made[0]
+        made[0] += 1
+        return memory.MemoryPointer(memory.UnownedMemory(ptr, max(size, 1), None, device_id=0), 0)
+
+    def reset() -> None:
+        made[0] = 0
+
+    import cupy
+
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+    _frontend.clear_plan_cache()
+    with cupy.cuda.using_allocator(alloc):
+        yield events, reset
+    _frontend.clear_plan_cache()
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+
+
+def test_front_end_replays_launch_what_the_full_path_launches(
+    byte_recorder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second call of a seen signature through ``qp.quantize`` or the compat functions is a
+    replay (no target resolution, no checks) and launches the same kernels with the same
+    argument bytes as the first call's full path."""
+    from quantplan import _frontend
+    from quantplan.compat import deepspeed as ds
+
+    full_paths = [0]
+    original_of = _frontend.Target.of
+
+    def counted_of(*arrays: Any, **kwargs: Any) -> Any:
+        full_paths[0] += 1
+        return original_of(*arrays, **kwargs)
+
+    monkeypatch.setattr(_frontend.Target, "of", staticmethod(counted_of))
+    dev = host_sim.device_array
+    x = dev(1 << 36, (16, 1000), "float16")
+    x8 = dev(2 << 36, (8, 1024), "float16")
+    q8, p8 = dev(3 << 36, (16, 1000), "int8"), dev(4 << 36, (16, 1), "float32")
+    q4, p4 = dev(5 << 36, (8, 256), "int8"), dev(6 << 36, (32, 1), "float32")
+    v = dev(7 << 36, (12, 500), "float16")
+    calls: list[tuple[str, Any]] = [
+        ("quantize 8 bits", lambda: ds.quantize(x, 16, 8, ds.Symmetric)),
+        ("quantize 4 bits asymmetric", lambda: ds.quantize(x, 16, 4, ds.Asymmetric)),
+        ("dequantize", lambda: ds.dequantize(q8, p8, 16, 8, ds.Symmetric)),
+        ("swizzle_quant", lambda: ds.swizzle_quant(x8, 32, 4, ds.Symmetric, 1, 1, 4)),
+        ("quantized_reduction", lambda: ds.quantized_reduction(q4, p4, 32, 8, 4, ds.Symmetric, 4)),
+        ("ds_quantize_fp16", lambda: ds.ds_quantize_fp16(v, 12, 8)),
+        ("qp.quantize", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())),
+        ("qp.quantize groups asymmetric", lambda: qp.quantize(x, "uint4", group_size=100, asymmetric=True)),
+    ]
+    events, reset = byte_recorder
+    for name, call in calls:
+        reset()
+        start = len(events)
+        call()
+        first = events[start:]
+        reset()
+        before, start = full_paths[0], len(events)
+        call()
+        assert full_paths[0] == before, f"{name}: the second call took the full path"
+        assert events[start:] == first and first, name

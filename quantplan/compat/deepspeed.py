@@ -244,7 +244,9 @@ def _run_coded(
     target.run_with_workspace(plan, a, check=a.error_feedback is not None)
     if learn is not None and numel and a.error_feedback is None:  # replayed with the codes in their final shape
         key, inputs, finish, codes_shape = learn
-        remember_replay(key, replay(target, plan, a, inputs, [(codes_shape, "int8"), (param_shape, "float32")], finish))
+        remember_replay(
+            key, lambda: replay(target, plan, a, inputs, [(codes_shape, "int8"), (param_shape, "float32")], finish)
+        )
     return out, params
 
 
@@ -492,7 +494,7 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
             return shaped(y, shape)
 
         outputs = [((numel,), "float16" if out is ElementKind.F16 else "float32")]
-        remember_replay(key, replay(target_, plan, args, 2, outputs, finish, order))
+        remember_replay(key, lambda: replay(target_, plan, args, 2, outputs, finish, order))
     return shaped(y, shape)
 
 
@@ -711,7 +713,7 @@ def _moq(
     if work is not vals and not target_.is_contiguous(vals):
         target_.copy_into(vals, work)
     elif key is not None and numel:  # nearest rounding: replayed in place on the caller's array
-        remember_replay(key, replay(target_, plan, args, 1, [], _first, ("x0", "x0")))
+        remember_replay(key, lambda: replay(target_, plan, args, 1, [], _first, ("x0", "x0")))
     return vals
 
 
