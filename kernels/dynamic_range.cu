@@ -18,6 +18,7 @@
 #include "qp_quantize_vector.cuh"
 #include "qp_range.cuh"
 #include "qp_row_layout.cuh"
+#include "qp_stage.cuh"
 
 namespace qp {
 
@@ -238,13 +239,6 @@ dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restri
 
 namespace qp {
 
-// 16 bytes global -> shared memory without a register (sm_80+), and the wait for them.
-__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
-  const u32 dst = (u32)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // The range of a team of `team` threads (a power of two, aligned; every thread of the block
 // calls this): an unrolled xor butterfly inside the warp (steps at or above the team width are
 // skipped), then, for teams spanning warps, one slot per warp in shared memory. lo / hi take
@@ -363,9 +357,9 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
     // double-buffering the next segment lowers occupancy to 6 blocks and runs slower.)
     if (active) {
 #pragma unroll
-      for (int u = 0; u < NV; ++u) qp::copy_async_16(&stage[u * kDenseBlock + threadIdx.x], xs + (lane + u * team) * VEC);
+      for (int u = 0; u < NV; ++u) qp::stage_16(&stage[u * kDenseBlock + threadIdx.x], xs + (lane + u * team) * VEC);
     }
-    qp::copy_async_wait_all();
+    qp::stage_wait();
     // Scan. SYMMETRIC: the largest |x| bit pattern (pairs of halves). ASYMMETRIC: NaN-propagating
     // pair min / max from +0 (own range: from +-Inf); a NaN or +-Inf shows in lo or hi, so the
     // non-finite flag needs no |x| scan (amax_bits := the Inf pattern when set, 0 otherwise).
