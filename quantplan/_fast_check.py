@@ -48,6 +48,7 @@ import dataclasses
 import math
 import sys
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from . import _launch
@@ -248,11 +249,13 @@ def _operand_template(record: Any, values: list[Any], ptrs: list[int]) -> tuple[
     return type(record)(*items), slots
 
 
-def _args_fields(kind: type) -> list[str] | None:
-    """The fields of an Args dataclass with slots (None for any other Args type: no fast path)."""
+@cache
+def _args_fields(kind: type) -> tuple[str, ...] | None:
+    """The fields of an Args dataclass with slots (None for any other Args type: no fast path);
+    once per type (``dir`` costs microseconds)."""
     if not dataclasses.is_dataclass(kind) or "__dict__" in dir(kind) or not hasattr(kind, "__slots__"):
         return None
-    return [f.name for f in dataclasses.fields(kind)]
+    return tuple(f.name for f in dataclasses.fields(kind))
 
 
 # ---- tracing a plan's _launch ----------------------------------------------------------------------
@@ -320,14 +323,14 @@ class _Trace:
         finally:
             runtime.memsetAsync = memset
             for launch in plan._prepared:
-                launch._driver_launch = _driver_launch(launch)
+                launch._driver_launch = _driver_launch()
 
 
 class _Untraceable(Exception):
     """A traced ``_launch`` did something the fast path cannot replay."""
 
 
-def _driver_launch(launch: PreparedLaunch) -> Any:
+def _driver_launch() -> Any:
     from cupy.cuda import driver
 
     return driver.launchKernel
@@ -387,7 +390,7 @@ def _launch_tail(
         bases[ws_index] = workspace_ptr
     stored: dict[tuple[int, tuple[str, ...]], str] = {}
     views: dict[tuple[int, tuple[str, ...]], str] = {}
-    launcher = source.const(_driver_launch(first[0][0]))
+    launcher = source.const(_driver_launch())
     #: Stores of constants, made only when another call wrote the blocks since (see ``Plan._tail_owner``),
     #: where every kernel launches once; else every store is made every time.
     once = len({id(event[0]) for event in first}) == len(first)
@@ -466,25 +469,22 @@ class CallCache:
     """The remembered signatures of one plan (module docstring): ``fast[check]`` is the list of
     generated functions ``run`` tries, the newest first."""
 
-    __slots__ = ("_count", "_fields", "fast")
+    __slots__ = ("_count", "fast")
 
     def __init__(self) -> None:
         #: [unchecked functions, checked functions]: ``fast(args, workspace, stream) -> bool``.
         self.fast: tuple[list[FastCall], list[FastCall]] = ([], [])
-        self._fields: dict[type, list[str] | None] = {}
         #: (checked, Args type) -> attempts to remember a call so far (at most REMEMBER_LIMIT).
         self._count: dict[tuple[bool, type], int] = {}
 
-    def _names(self, checked: bool, kind: type) -> list[str] | None:
+    def _names(self, checked: bool, kind: type) -> tuple[str, ...] | None:
         """The Args fields to remember a call by, or None (no fast path, or no attempt left: every
         attempt counts, also one that finds a value without a fast path)."""
         attempts = self._count.get((checked, kind), 0)
         if attempts >= REMEMBER_LIMIT:
             return None
         self._count[checked, kind] = attempts + 1
-        if kind not in self._fields:
-            self._fields[kind] = _args_fields(kind)
-        return self._fields[kind]
+        return _args_fields(kind)
 
     def _add(self, checked: bool, fast: FastCall) -> None:
         entries = self.fast[checked]
@@ -562,7 +562,7 @@ class CallCache:
         workspace: Any,
         args: Any,
         record: Any,
-        names: list[str],
+        names: tuple[str, ...],
         values: list[Any],
         full: set[int],
         pointers_only: bool,
@@ -630,7 +630,8 @@ def pointer_launcher(plan: Any, args: Any) -> Callable[..., bool] | None:
     class or null-ness than in ``args``, or the current device is not the plan's. None when the
     plan has no traced tail for this call (a workspace, an untraceable ``_launch``, the reference
     backend, an empty problem)."""
-    names = _args_fields(type(args))
+    kind: type = type(args)
+    names = _args_fields(kind)
     if names is None or plan.device_id is None or plan._empty or plan._workspace_bytes or plan._is_reference:
         return None
     values = [getattr(args, name) for name in names]
