@@ -239,34 +239,6 @@ dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restri
 
 namespace qp {
 
-// The range of a team of `team` threads (a power of two, aligned; every thread of the block
-// calls this): an unrolled xor butterfly inside the warp (steps at or above the team width are
-// skipped), then, for teams spanning warps, one slot per warp in shared memory. lo / hi take
-// part only when `asym`.
-__device__ __forceinline__ void dense_team_reduce(SegmentRange<float, u32>& r, bool asym, int team,
-                                                  SegmentRange<float, u32>* slots) {
-  auto step = [&](int d) {
-    r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
-    if (asym) {
-      r.lo = fminf(r.lo, __shfl_xor_sync(0xFFFFFFFFu, r.lo, d));
-      r.hi = fmaxf(r.hi, __shfl_xor_sync(0xFFFFFFFFu, r.hi, d));
-    }
-  };
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1)
-    if (d < team) step(d);
-  if (team <= 32) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // the previous segment's readers are done with the slots
-  if (lane == 0) slots[warp] = r;
-  __syncthreads();
-  const int warps = team >> 5;
-  r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1)
-    if (d < warps) step(d);
-}
-
 // The codes of one segment's thread share by VectorQuantizer::codes (checked quotients, exact
 // division where needed), reading the input again: dynamic_quantize_dense's rare path.
 template <class In, class Out, bool HIGH_FIRST, int NV>
@@ -394,7 +366,7 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
         range.amax_bits = max(a2 & 0xFFFFu, a2 >> 16);
       }
     }
-    qp::dense_team_reduce(range, asym, team, team_slots);
+    qp::team_range_reduce<false>(range, asym, team, team_slots);
     if (!active) continue;
     int zp;
     const acc_t scale = qp::segment_params<acc_t>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),

@@ -453,33 +453,6 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
 #define QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS 8
 #endif
 
-// The range of a team of `team` threads (a power of two, aligned; every thread of the block
-// calls this): an unrolled xor butterfly inside the warp, then one slot per warp in shared
-// memory for teams spanning warps. lo / hi take part only when `asym`.
-__device__ __forceinline__ void qgz_dense_team_reduce(SegmentRange<float, u32>& r, bool asym, int team,
-                                                      SegmentRange<float, u32>* slots) {
-  // Branch-free: a step at or above the team width exchanges with the lane itself (d & (width -
-  // 1) is 0 there), which leaves the range unchanged.
-  auto step = [&](int d) {
-    r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
-    if (asym) {
-      r.lo = fminf(r.lo, __shfl_xor_sync(0xFFFFFFFFu, r.lo, d));
-      r.hi = fmaxf(r.hi, __shfl_xor_sync(0xFFFFFFFFu, r.hi, d));
-    }
-  };
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) step(d & (team - 1));
-  if (team <= 32) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // the previous group's readers are done with the slots
-  if (lane == 0) slots[warp] = r;
-  __syncthreads();
-  const int warps = team >> 5;
-  r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) step(d & (warps - 1));
-}
-
 // The groups a thread of a dense pass works on: seg = first + k * stride + sub, k = 0, 1, ...
 // (32-bit: the dense passes serve fewer than 2^31 elements).
 // Teams of up to a warp hold no barrier, so each warp is its own unit of work (32 / team groups
@@ -631,7 +604,7 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
         range.amax_bits = max(a2 & 0xFFFFu, a2 >> 16);
       }
     }
-    qgz_dense_team_reduce(range, asym, team, team_slots);
+    team_range_reduce<true>(range, asym, team, team_slots);
     if (!active) continue;
     int zp;
     const float scale = segment_params<float>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),

@@ -90,6 +90,41 @@ template <class Acc, class Bits> struct SegmentRange {
   Bits amax_bits;
 };
 
+// The range of a team of `team` threads (a power of two, aligned; every thread of the block
+// calls this): an unrolled xor butterfly inside the warp, then, for teams spanning warps, one
+// slot per warp in shared memory. lo / hi take part only when `asym`. The butterfly steps at or
+// above the width are skipped (BranchFree false), or exchange with the lane itself (BranchFree:
+// d & (width - 1) is 0 there, which leaves the range unchanged; measured faster in the qgZ pass).
+template <bool BranchFree>
+__device__ __forceinline__ void team_range_reduce(SegmentRange<float, u32>& r, bool asym, int team,
+                                                  SegmentRange<float, u32>* slots) {
+  auto step = [&](int d) {
+    r.amax_bits = max(r.amax_bits, __shfl_xor_sync(0xFFFFFFFFu, r.amax_bits, d));
+    if (asym) {
+      r.lo = fminf(r.lo, __shfl_xor_sync(0xFFFFFFFFu, r.lo, d));
+      r.hi = fmaxf(r.hi, __shfl_xor_sync(0xFFFFFFFFu, r.hi, d));
+    }
+  };
+  auto butterfly = [&](int width) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      if (BranchFree)
+        step(d & (width - 1));
+      else if (d < width)
+        step(d);
+    }
+  };
+  butterfly(team);
+  if (team <= 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // the previous segment's readers are done with the slots
+  if (lane == 0) slots[warp] = r;
+  __syncthreads();
+  const int warps = team >> 5;
+  r = slots[(warp & ~(warps - 1)) + (lane & (warps - 1))];
+  butterfly(warps);
+}
+
 // Packed pairs of 16-bit floats: per-half min / max in the storage format (PTX, sm_80+) and the
 // per-half unsigned max of |x| bits (one instruction on sm_90).
 // NaN-propagating forms (.NaN: a NaN in either half gives a NaN half) serve scans that need no
