@@ -17,7 +17,9 @@ int4 of 8 peers (groups of 512); the 16x8192 row of every plan family (GPU µs a
 plus host rows: ``plan.run`` with checks and with ``check=False`` where the plan has the
 keyword, the compat call, DeepSpeed's binding, the ``torch.compile``d call and, when the package
 has it, the cached functional ``qp.quantize``; 2000 calls each, wall clock, the device
-synchronised only between batches of 100, outside the timed region); and the headline shapes
+synchronised only between batches of 100, outside the timed region; the median of 5 such rounds;
+DeepSpeed's and the compat layer's calls are timed alone, on arguments the bench made once); and
+the headline shapes
 of every plan family (static quantize / dequantize per-token int8 and group(128) int4, FP8
 e4m3 per-tensor, dynamic FP8 per-token, per-channel and per-tensor, fake quantize per-channel
 forward and backward, quantize / dequantize backward).
@@ -1262,6 +1264,8 @@ def _host_rows(
         peers.append(("compile_us", lambda: compiled(*(s[n] for n in names))))
     for attr, fn in peers:
         try:
+            if attr != "compile_us":
+                fn = _library_call(fn, [m for m in (ds, _compat_module()) if m is not None])
             setattr(row, attr, _host(fn, opt))
         except Exception as exc:
             row.notes.append(f"{attr[:-3]} failed: {_brief(exc)}")
@@ -1282,6 +1286,77 @@ def _host_rows(
             f_row.notes.append(f"qp.quantize failed: {_brief(exc)}")
         rows.append(f_row)
     return rows
+
+
+def host_floor_rows(opt: Options) -> list[Result]:
+    """What any host row pays on this machine: one ``cuLaunchKernel`` of an empty kernel through
+    CuPy's ``driver.launchKernel`` (the driver call every plan makes), and one ``torch.empty`` (a
+    front-end allocates one per output). The host's speed moves every host row together (between
+    machines and between runs on one machine, by up to ~1.5x); these rows and DeepSpeed's binding
+    show it."""
+    import cupy
+    import torch
+    from cupy.cuda import driver
+
+    kernel = cupy.RawKernel('extern "C" __global__ void qp_bench_empty() {}', "qp_bench_empty")
+    kernel.compile()
+    function = kernel.kernel.ptr
+    stream = torch.cuda.current_stream().cuda_stream
+    launch = driver.launchKernel
+    device = torch.device("cuda", torch.cuda.current_device())
+    rows = []
+    for name, fn in (
+        ("cuLaunchKernel of an empty kernel", lambda: launch(function, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0)),
+        ("torch.empty(16, 8192, dtype=int8)", lambda: torch.empty(16, 8192, dtype=torch.int8, device=device)),
+    ):
+        row = Result(f"host µs/call: floor: {name}", "-", metric="host")
+        row.plan_us = _host(fn, opt)
+        rows.append(row)
+    return rows
+
+
+def _compat_module() -> Any:
+    from quantplan.compat import deepspeed as compat
+
+    return compat
+
+
+def _library_call(thunk: Callable[[], Any], modules: Sequence[Any]) -> Callable[[], Any]:
+    """The one public function of ``modules`` that ``thunk`` calls, bound to the arguments that
+    ``thunk`` made for it, as a thunk of its own: a host row times the library's call, not the
+    bench's reshapes and views around it (DeepSpeed's and the compat layer's rows alike). ``thunk``
+    itself where it makes no such call or more than one."""
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+    depth = [0]
+
+    def recorder(f: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if depth[0] == 0:
+                calls.append((f, args, kwargs))
+            depth[0] += 1
+            try:
+                return f(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return call
+
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for module in modules:
+            for name in dir(module):
+                f = getattr(module, name)
+                if not name.startswith("_") and inspect.isroutine(f):
+                    saved.append((module, name, f))
+                    setattr(module, name, recorder(f))
+        thunk()
+    finally:
+        for module, name, f in saved:
+            setattr(module, name, f)
+    if len(calls) != 1:
+        return thunk
+    f, args, kwargs = calls[0]
+    return partial(f, *args, **kwargs)
 
 
 def _takes_check(plan: Any) -> bool:
@@ -1393,7 +1468,7 @@ def write_report(path: Path, rows: Sequence[Result], header: dict[str, Any], don
         "GPU rows: median kernel µs (CUDA events; L2 flushed by size or rotated buffer sets). Ratios are",
         "the peer's time over the plan's (> 1: the plan is faster); `% of copy` is a device copy's time over",
         "the plan's for the same bytes read plus written. Host rows: µs per call on the host (no sync inside",
-        "the timed calls). DeepSpeed and compat run DeepSpeed's formulas (stored 1/scale, symmetric",
+        "the timed calls; median of 5 rounds of 2000 calls; a peer's call alone, on arguments made once). DeepSpeed and compat run DeepSpeed's formulas (stored 1/scale, symmetric",
         "`2**b / (2 * absmax)`, int4 high nibble first) on the same input: same bytes, other math.",
         "`plan vs reference`: the plan's outputs against the reference backend, bit for bit.",
         "",
@@ -1485,6 +1560,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         write_report(out, results, header, done=False)
+    if not args.cpu_smoke and any(r.metric == "host" for r in results):
+        results += host_floor_rows(opt)
     header["wall time"] = f"{time.perf_counter() - t_start:.0f} s"
     write_report(out, results, header, done=True)
     if args.json:

@@ -228,30 +228,36 @@ def copy_time(nbytes_read: int, nbytes_written: int, *, warmup: int = 10, reps: 
     return us, 2 * half / us / 1e6
 
 
-def host_overhead_us(fn: Thunk, n: int = 2000, *, batch: int = 100) -> float:
-    """Host time of one call of ``fn`` in µs (e.g. ``plan.run``), averaged over ``n`` calls.
+def host_overhead_us(fn: Thunk, n: int = 2000, *, batch: int = 100, repeats: int = 5) -> float:
+    """Host time of one call of ``fn`` in µs (e.g. ``plan.run``): the median over ``repeats``
+    rounds of the mean of ``n`` calls.
 
     After a warm-up of up to 200 calls, the device is synchronized before and after each batch of
     ``batch`` calls, outside the timed region, so the launch queue never fills and the figure is
-    the Python/driver cost alone.
+    the Python/driver cost alone. Each round is ``n`` calls timed by the wall clock with no sync
+    inside; the median of the rounds keeps one round slowed by the host (another process, a clock
+    change) out of the figure.
     """
     import torch
 
     for _ in range(min(n, 200)):  # warm up: caches, the allocator, the CPU's clock
         fn()
     torch.cuda.synchronize()
-    total = 0.0
-    left = n
-    while left > 0:
-        m = min(batch, left)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(m):
-            fn()
-        total += time.perf_counter() - t0
-        left -= m
+    rounds = []
+    for _ in range(max(1, repeats)):
+        total = 0.0
+        left = n
+        while left > 0:
+            m = min(batch, left)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(m):
+                fn()
+            total += time.perf_counter() - t0
+            left -= m
+        rounds.append(total * 1e6 / max(1, n))
     torch.cuda.synchronize()
-    return total * 1e6 / max(1, n)
+    return statistics.median(rounds)
 
 
 # ---- reporting --------------------------------------------------------------------------------

@@ -442,6 +442,10 @@ class _ThreadCaches(threading.local):
 
 
 _LOCAL = _ThreadCaches()
+#: This thread's caches: ``thread_caches.plans`` is the plan cache (plans and front-end replays,
+#: None before the thread's first plan). A front-end's hot path reads a replay with
+#: ``thread_caches.plans.get(key)`` (AttributeError before the first plan) instead of :func:`replay_of`.
+thread_caches = _LOCAL
 _ALL_CACHES: list[OrderedDict[Hashable, Any]] = []
 _ALL_CACHES_LOCK = threading.Lock()
 
@@ -585,6 +589,7 @@ def remember_replay(key: Hashable, make: Callable[[], Callable[..., Any] | None]
 
 
 __all__ = [
+    "thread_caches",
     "remember_replay",
     "replay",
     "replay_of",

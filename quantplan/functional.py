@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ._frontend import TORCH, Target, dtype_name, remember_replay, replay, replay_of
+from ._frontend import TORCH, Target, dtype_name, remember_replay, replay, thread_caches
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
 from .errors import InvalidProblem
@@ -246,20 +246,24 @@ def quantize(
     round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
     ``seed`` and ``offset``); deterministic.
     """
-    replayable = scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None
-    if replayable:  # a dynamic call like an earlier one: replayed (allocate, launch) without this layer
-        scope_key = None if scope is None else (type(scope), *scope.__dict__.values())
-        replay_key: tuple[Any, ...] = (quantize, type(x), getattr(x, "dtype", None), getattr(x, "shape", None))
-        replay_key += (dtype, scope_key)
-        replay_key += (group_size, axis, asymmetric, q_min, q_max, nibble_order)
+    replay_key: tuple[Any, ...] | None = None
+    if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
+        # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
+        fast: Any = None
         try:
-            fast = replay_of(replay_key)
+            scope_key = None if scope is None else (type(scope), *scope.__dict__.values())
+            replay_key = (quantize, type(x), x.dtype, x.shape, dtype, scope_key, group_size, axis, asymmetric, q_min)
+            replay_key = (*replay_key, q_max, nibble_order)
+            fast = thread_caches.plans.get(replay_key)  # type: ignore[union-attr]
+        except AttributeError:  # not an array (no key), or no plan cache yet
+            pass
         except TypeError:  # an unhashable argument: the full path reports or serves it
-            fast, replayable = None, False
+            replay_key = None
         if fast is not None:
             result = fast(x)
             if result is not None:
                 return result  # type: ignore[no-any-return]
+    replayable = replay_key is not None
     target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale)
     x = target.contiguous(x)
     float_kind = _float_kind(x)
@@ -299,8 +303,15 @@ def quantize(
             if zp_out is not None:
                 outputs.append((job.param_shape, "int32"))
 
-            def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
-                return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
+            if _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
+
+                def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
+                    return QuantizedTensor(codes, scale, zp, deq)
+
+            else:  # FP8 codes typed as float8
+
+                def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
+                    return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
 
             remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish))
         return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)

@@ -83,9 +83,9 @@ from .._frontend import (
     flat,
     remember_replay,
     replay,
-    replay_of,
     shaped,
 )
+from .._frontend import thread_caches as _CACHES
 from ..errors import InvalidProblem, MisalignedOperand, Unsupported
 from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
 from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding
@@ -250,20 +250,14 @@ def _run_coded(
     return out, params
 
 
+def _last(*arrays: Any) -> Any:
+    """A replayed call's result: its one output (the array after its inputs)."""
+    return arrays[-1]
+
+
 def _codes_and_params(*arrays: Any) -> tuple[Any, Any]:
     """A replayed quantize's result: its two outputs (the arrays after its inputs)."""
     return arrays[-2], arrays[-1]
-
-
-def _replayed(key: tuple[Any, ...], *arrays: Any) -> Any:
-    """The result of the call remembered under ``key`` replayed on ``arrays`` (see
-    :func:`quantplan._frontend.replay`), or None: no such call, an unhashable argument, or the
-    replay declined (another device, a non-contiguous array, another alignment)."""
-    try:
-        fast = replay_of(key)
-    except TypeError:
-        return None
-    return None if fast is None else fast(*arrays)
 
 
 def _packed_shape(shape: tuple[int, ...], bits: int, numel: int) -> tuple[int, ...]:
@@ -352,15 +346,24 @@ def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tu
     **Precision guarantee:** float32 arithmetic, deterministic, the same bits on every backend
     (see the module's differences).
     """
-    key: tuple[Any, ...] = (quantize, type(input_vals), getattr(input_vals, "dtype", None))
-    key += (getattr(input_vals, "shape", None), groups, num_bits, quant_type)
-    result = _replayed(key, input_vals)
-    if result is not None:
-        return result  # type: ignore[no-any-return]
+    key: tuple[Any, ...] | None = None
+    fast: Any = None
+    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
+        key = (quantize, type(input_vals), input_vals.dtype, input_vals.shape, groups, num_bits, quant_type)
+        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
+    except AttributeError:  # not an array (no key), or no plan cache yet
+        pass
+    except TypeError:  # an unhashable argument: the full path reports or serves it
+        key = None
+    if fast is not None:
+        result = fast(input_vals)
+        if result is not None:
+            return result  # type: ignore[no-any-return]
     shape = tuple(getattr(input_vals, "shape", ()))
     packed = _packed_shape(shape, num_bits, math.prod(shape)) if type(num_bits) is int else shape
 
-    q, params = _quantize(input_vals, groups, num_bits, quant_type, learn=(key, 1, _codes_and_params, packed))
+    learn = None if key is None else (key, 1, _codes_and_params, packed)
+    q, params = _quantize(input_vals, groups, num_bits, quant_type, learn=learn)
     return shaped(q, packed), params
 
 
@@ -390,14 +393,33 @@ def swizzle_quant(
 
     **Precision guarantee:** float32 arithmetic, deterministic.
     """
-    key: tuple[Any, ...] = (swizzle_quant, type(input_vals), getattr(input_vals, "dtype", None))
-    key += (getattr(input_vals, "shape", None), groups, num_bits, quant_type, pipeline_size, nodes, devices_per_node)
-    result = _replayed(key, input_vals)
-    if result is not None:
-        return result  # type: ignore[no-any-return]
+    key: tuple[Any, ...] | None = None
+    fast: Any = None
+    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
+        key = (
+            swizzle_quant,
+            type(input_vals),
+            input_vals.dtype,
+            input_vals.shape,
+            groups,
+            num_bits,
+            quant_type,
+            pipeline_size,
+            nodes,
+            devices_per_node,
+        )
+        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
+    except AttributeError:  # not an array (no key), or no plan cache yet
+        pass
+    except TypeError:  # an unhashable argument: the full path reports or serves it
+        key = None
+    if fast is not None:
+        result = fast(input_vals)
+        if result is not None:
+            return result  # type: ignore[no-any-return]
     shape = tuple(getattr(input_vals, "shape", ()))
     numel = math.prod(shape)
-    learn = (key, 1, _codes_and_params, (numel if num_bits == 8 else numel // 2,))
+    learn = None if key is None else (key, 1, _codes_and_params, (numel if num_bits == 8 else numel // 2,))
     return _quantize(input_vals, groups, num_bits, quant_type, nodes, devices_per_node, pipeline_size, learn=learn)
 
 
@@ -436,12 +458,31 @@ def loco_swizzle_quant(
 
 
 def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any, out: ElementKind) -> Any:
-    key: tuple[Any, ...] = (_dequantize, type(quantized_data), getattr(quantized_data, "dtype", None))
-    key += (getattr(quantized_data, "shape", None), type(params), getattr(params, "dtype", None))
-    key += (getattr(params, "shape", None), groups, num_bits, quant_type, out)
-    result = _replayed(key, quantized_data, params)
-    if result is not None:
-        return result
+    key: tuple[Any, ...] | None = None
+    fast: Any = None
+    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
+        key = (
+            _dequantize,
+            type(quantized_data),
+            quantized_data.dtype,
+            quantized_data.shape,
+            type(params),
+            params.dtype,
+            params.shape,
+            groups,
+            num_bits,
+            quant_type,
+            out,
+        )
+        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
+    except AttributeError:  # not an array (no key), or no plan cache yet
+        pass
+    except TypeError:  # an unhashable argument: the full path reports or serves it
+        key = None
+    if fast is not None:
+        result = fast(quantized_data, params)
+        if result is not None:
+            return result
     target_ = target(quantized_data, params, names=_DEQUANTIZE_NAMES)
     q = _codes_input(target_, quantized_data, "quantized_data")
     mode = _mode(quant_type)
@@ -453,9 +494,10 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
     qshape = tuple(q.shape)
     shape = qshape if num_bits == 8 else (*qshape[:-1], qshape[-1] * 2) if qshape else (2,)
     numel = target_.numel(q) * (8 // num_bits)
-    y = target_.empty((numel,), "float16" if out is ElementKind.F16 else "float32")
+    y_dtype = "float16" if out is ElementKind.F16 else "float32"
+    y = target_.empty(shape, y_dtype)  # contiguous: the plan writes it flat
     if numel == 0:
-        return shaped(y, shape)
+        return y
     if numel % groups:
         raise InvalidProblem(f"{numel} codes do not split into {groups} equal groups")
     # Every operand is checked above (dtypes, value counts, contiguity, library, device) or made
@@ -476,7 +518,7 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
         )
         storage = "uint8" if num_bits == 4 else "int8"
         codes = flat(q) if dtype_name(q) == storage else target_.view(flat(q), storage)
-        args: Any = DequantizeArgs(codes, y, flat(p))
+        args: Any = DequantizeArgs(codes, flat(y), flat(p))
         order = ("x0", "o0", "x1")
     else:
         plan = target_.plan(
@@ -486,16 +528,12 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
                 numel=numel, groups=groups, num_bits=num_bits, mode=mode, output_element=out
             ),
         )
-        args, order = DeepSpeedDequantizeArgs(flat(q), p, y), ("x0", "x1", "o0")
+        args, order = DeepSpeedDequantizeArgs(flat(q), p, flat(y)), ("x0", "x1", "o0")
     target_.run_with_workspace(plan, args, check=False)
-    if q is quantized_data and p is params:  # replayed on the caller's arrays as they are
-
-        def finish(q: Any, p: Any, y: Any) -> Any:
-            return shaped(y, shape)
-
-        outputs = [((numel,), "float16" if out is ElementKind.F16 else "float32")]
-        remember_replay(key, lambda: replay(target_, plan, args, 2, outputs, finish, order))
-    return shaped(y, shape)
+    if key is not None and q is quantized_data and p is params:  # replayed on the caller's arrays as they are
+        outputs = [(shape, y_dtype)]  # allocated in the result's shape: no view per call
+        remember_replay(key, lambda: replay(target_, plan, args, 2, outputs, _last, order))
+    return y
 
 
 def dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any) -> Any:
@@ -621,12 +659,32 @@ def quantized_reduction(
 
     **Precision guarantee:** float32 dequantization and summation in a fixed order; deterministic.
     """
-    key: tuple[Any, ...] = (quantized_reduction, type(input_vals), getattr(input_vals, "dtype", None))
-    key += (getattr(input_vals, "shape", None), type(input_scales), getattr(input_scales, "dtype", None))
-    key += (getattr(input_scales, "shape", None), in_groups, out_groups, num_bits, quant_type, devices_per_node)
-    result = _replayed(key, input_vals, input_scales)
-    if result is not None:
-        return result  # type: ignore[no-any-return]
+    key: tuple[Any, ...] | None = None
+    fast: Any = None
+    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
+        key = (
+            quantized_reduction,
+            type(input_vals),
+            input_vals.dtype,
+            input_vals.shape,
+            type(input_scales),
+            input_scales.dtype,
+            input_scales.shape,
+            in_groups,
+            out_groups,
+            num_bits,
+            quant_type,
+            devices_per_node,
+        )
+        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
+    except AttributeError:  # not an array (no key), or no plan cache yet
+        pass
+    except TypeError:  # an unhashable argument: the full path reports or serves it
+        key = None
+    if fast is not None:
+        result = fast(input_vals, input_scales)
+        if result is not None:
+            return result  # type: ignore[no-any-return]
     return _reduce(input_vals, input_scales, in_groups, out_groups, num_bits, quant_type, devices_per_node, key=key)
 
 
@@ -768,10 +826,19 @@ def _moq_function(name: str, mode: QuantMode, rounding: Rounding, fixed: str) ->
             raise InvalidProblem(f"{name} rounds to nearest; rng_seed / rng_offset apply only to ds_sr_* functions")
         if stochastic:  # every call draws new Philox numbers: no replay
             return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset)
-        key = (moq, type(vals), getattr(vals, "dtype", None), getattr(vals, "shape", None), groups, bits)
-        result = _replayed(key, vals)
-        if result is not None:
-            return result
+        key: tuple[Any, ...] | None = None
+        fast: Any = None
+        try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
+            key = (moq, type(vals), vals.dtype, vals.shape, groups, bits)
+            fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
+        except AttributeError:  # not an array (no key), or no plan cache yet
+            pass
+        except TypeError:  # an unhashable argument: the full path reports or serves it
+            key = None
+        if fast is not None:
+            result = fast(vals)
+            if result is not None:
+                return result
         return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset, key)
 
     moq.__name__ = moq.__qualname__ = name
