@@ -6,6 +6,9 @@
 //   deepspeed_reduce_segments / _group_params / _elements     dequantize N peers, sum, re-quantize
 //   deepspeed_dequantize                                      codes -> floats (q * p0 (+ p1))
 //   moq_fake_quantize_segments / _group_params / _elements    MoQ fake quantization
+//   deepspeed_quantize_dense / moq_fake_quantize_dense        the fused pass specialised for
+//                                                             aligned 16-bit groups of team * 8 * NV
+//                                                             (qp_deepspeed_format.cuh)
 // *_segments: one read, a team holds each group (groups of up to 32768 elements); otherwise
 // *_group_params (parameters, and a float2 workspace row per group) then *_elements.
 // In: the input float; Err: the LoCo buffer's float or qp::no_error; Code: qp::s8 or qp::s4
@@ -102,4 +105,71 @@ moq_fake_quantize_elements(const typename qp::FloatElement<In>::storage* x, cons
   const qp::DirectSource<In, 1, false> src{x};
   const qp::MoQSink<In, 1, false, STOCHASTIC> sink{out};
   qp::qgz_elements<In, false>(src, sink, qp::SameGroups(), lay);
+}
+
+// The dense pass of quantize / swizzle_quant (qp_deepspeed_format.cuh): 16-bit input, no LoCo
+// buffer, groups of exactly team * 8 * NV elements, 16-byte aligned input; ASYM and the code's
+// bits are template constants (out.asym / out.bits unused). deepspeed_quantize_segments' parameters.
+template <class In, class Code, bool ASYM, int NV>
+__global__ void __launch_bounds__(QP_DS_DENSE_BLOCK, QP_DS_DENSE_MIN_BLOCKS)
+deepspeed_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x,
+                         const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay, const qp::SwizzleMap map) {
+  constexpr bool packed = qp::QuantElement<Code>::kind == 1;
+  constexpr int bits = packed ? 4 : 8;
+  qp::ds_dense_groups<In, ASYM, NV>(x, lay, [&](qp::u32 seg, int lane, const uint4 (&v)[NV], qp::u32 r) {
+    const int team = 1 << lay.seg_log2;
+    float lo, hi, absmax;
+    bool bad;
+    qp::ds_range_values<In, ASYM>(r, lo, hi, absmax, bad);
+    const qp::u32 og = qp::ds_map32(map, seg);
+    qp::u8* qs = out.q + (packed ? (qp::i64)og * (lay.S / 2) : (qp::i64)og * lay.S);
+    const qp::DeepSpeedDenseParam p = qp::deepspeed_dense_params<ASYM, bits>(lo, hi, absmax, bad);
+    if (!p.fast) {
+      qp::deepspeed_dense_generic<In, Code, NV>(x + (qp::i64)seg * lay.S, qs, out.params, og, lane, team, lo, hi,
+                                                absmax, bad, ASYM);
+      return;
+    }
+    if (lane == 0) {
+      if (ASYM) {
+        out.params[2 * og] = p.inv;
+        out.params[2 * og + 1] = p.offset;
+      } else {
+        out.params[og] = p.inv;
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      const int col = (lane + w * team) * 8;
+      int c[8];
+      qp::deepspeed_dense_codes<In, ASYM, bits>(v[w], p, c);
+      qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
+    }
+  });
+}
+
+// The dense pass of MoQ, SYMMETRIC with nearest rounding (out.q: the float output, may be x
+// itself): groups with a scale in the fast range division-free, the others by MoQSink::value_of.
+template <class In, int NV>
+__global__ void __launch_bounds__(QP_DS_DENSE_BLOCK, QP_DS_DENSE_MIN_BLOCKS)
+moq_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, const qp::DeepSpeedOutputArgs out,
+                        const qp::SegmentLayout lay) {
+  typedef typename qp::FloatElement<In>::storage in_t;
+  qp::ds_dense_groups<In, false, NV>(x, lay, [&](qp::u32 seg, int lane, const uint4 (&v)[NV], qp::u32 r) {
+    const int team = 1 << lay.seg_log2;
+    float lo, hi, absmax;
+    bool bad;
+    qp::ds_range_values<In, false>(r, lo, hi, absmax, bad);
+    const qp::MoQParam p = qp::MoQSink<In, 8, true, false>::params_of(lo, hi, absmax, bad, out.bits, false);
+    in_t* ys = reinterpret_cast<in_t*>(out.q) + (qp::i64)seg * lay.S;
+    if (p.bad || !(p.a >= 8.673617379884035e-19f && p.a <= 1.2676506002282294e+30f)) {
+      qp::moq_dense_generic<In, NV>(x + (qp::i64)seg * lay.S, ys, lane, team, p, out.bits, false);
+      return;
+    }
+    const float inv = qp::ds_rcp_rn(p.a), top = (float)((1 << (out.bits - 1)) - 1);
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      const int col = (lane + w * team) * 8;
+      *reinterpret_cast<uint4*>(ys + col) = qp::moq_dense_values<In>(v[w], p.a, inv, top);
+    }
+  });
 }

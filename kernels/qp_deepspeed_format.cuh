@@ -59,9 +59,6 @@ struct DeepSpeedCodeSink {
   static const bool loco = ErrorStorage<Err>::loco;
   DeepSpeedOutputArgs o;
 
-  __device__ __forceinline__ int q_lo() const { return -(1 << (o.bits - 1)); }
-  __device__ __forceinline__ int q_hi() const { return (1 << (o.bits - 1)) - 1; }
-
   static __device__ __forceinline__ param_t finish(float mult, float offset, bool bad) {
     param_t p;
     p.bad = bad;
@@ -71,19 +68,24 @@ struct DeepSpeedCodeSink {
     return p;
   }
 
-  template <class S, class Range>
-  __device__ __forceinline__ param_t group_params(const Range& r) const {
-    bool bad = range_nonfinite<S>(r.amax_bits);
-    if (!o.asym) {
-      const float absmax = range_amax<S>(r.amax_bits);
-      const float mult = absmax == 0.0f ? 1.0f : __fdiv_rn((float)(1 << (o.bits - 1)), absmax);
+  // DeepSpeed's parameters of a group with range (lo, hi) (ASYMMETRIC) or |x|max absmax, `bad`
+  // when it holds a NaN / +-Inf: IEEE divisions (deepspeed_dense_params is the division-free form).
+  static __device__ __forceinline__ param_t params_of(float lo, float hi, float absmax, bool bad, int bits,
+                                                      bool asym) {
+    if (!asym) {
+      const float mult = absmax == 0.0f ? 1.0f : __fdiv_rn((float)(1 << (bits - 1)), absmax);
       return finish(mult, 0.0f, bad);
     }
-    const float span = __fsub_rn(r.hi, r.lo);
-    const float offset = __fdiv_rn(__fadd_rn(r.hi, r.lo), 2.0f);
+    const float span = __fsub_rn(hi, lo);
+    const float offset = __fdiv_rn(__fadd_rn(hi, lo), 2.0f);
     bad = bad || !isfinite(span) || !isfinite(offset);
-    const float mult = span == 0.0f ? 1.0f : __fdiv_rn((float)(1 << o.bits), span);
+    const float mult = span == 0.0f ? 1.0f : __fdiv_rn((float)(1 << bits), span);
     return finish(mult, offset, bad);
+  }
+
+  template <class S, class Range>
+  __device__ __forceinline__ param_t group_params(const Range& r) const {
+    return params_of(r.lo, r.hi, range_amax<S>(r.amax_bits), range_nonfinite<S>(r.amax_bits), o.bits, o.asym);
   }
 
   __device__ __forceinline__ void params(i64 g, const param_t& p) const {
@@ -101,10 +103,13 @@ struct DeepSpeedCodeSink {
     return finish(w.x, w.y, w.x != w.x);
   }
 
-  __device__ __forceinline__ int code(float v, const param_t& p) const {
+  static __device__ __forceinline__ int code_of(float v, const param_t& p, int bits, bool asym) {
     if (p.bad) return 0;
-    return deepspeed_clamped_code(__fmul_rn(o.asym ? __fsub_rn(v, p.offset) : v, p.mult), q_lo(), q_hi());
+    return deepspeed_clamped_code(__fmul_rn(asym ? __fsub_rn(v, p.offset) : v, p.mult), -(1 << (bits - 1)),
+                                  (1 << (bits - 1)) - 1);
   }
+
+  __device__ __forceinline__ int code(float v, const param_t& p) const { return code_of(v, p, o.bits, o.asym); }
 
   // DeepSpeed's dequantization: q * (1 / mult) (+ offset).
   __device__ __forceinline__ float dequantized(int code, const param_t& p) const {
@@ -157,22 +162,28 @@ struct MoQSink {
   typedef MoQParam param_t;
   DeepSpeedOutputArgs o;
 
-  template <class S, class Range>
-  __device__ __forceinline__ param_t group_params(const Range& r) const {
+  // MoQ's parameters of a group with range (lo, hi) (ASYMMETRIC) or |x|max absmax.
+  static __device__ __forceinline__ param_t params_of(float lo, float hi, float absmax, bool bad, int bits,
+                                                      bool asym) {
     param_t p;
-    p.bad = range_nonfinite<S>(r.amax_bits);
-    const float levels = (float)(1 << o.bits);
-    if (!o.asym) {
-      const float den = __fadd_rn(__fmul_rn(2.0f, range_amax<S>(r.amax_bits)), 1e-5f);
+    p.bad = bad;
+    const float levels = (float)(1 << bits);
+    if (!asym) {
+      const float den = __fadd_rn(__fmul_rn(2.0f, absmax), 1e-5f);
       p.a = __fdiv_rn(levels, den);
       p.lo = 0.0f;
       p.bad = p.bad || !isfinite(den);
     } else {
-      p.a = __fdiv_rn(__fadd_rn(__fsub_rn(r.hi, r.lo), 1e-5f), levels);
-      p.lo = r.lo;
+      p.a = __fdiv_rn(__fadd_rn(__fsub_rn(hi, lo), 1e-5f), levels);
+      p.lo = lo;
       p.bad = p.bad || !isfinite(p.a);
     }
     return p;
+  }
+
+  template <class S, class Range>
+  __device__ __forceinline__ param_t group_params(const Range& r) const {
+    return params_of(r.lo, r.hi, range_amax<S>(r.amax_bits), range_nonfinite<S>(r.amax_bits), o.bits, o.asym);
   }
 
   __device__ __forceinline__ void params(i64 g, const param_t& p) const {
@@ -190,8 +201,12 @@ struct MoQSink {
 
   // The fake-quantized value of v (u: its uniform when STOCHASTIC).
   __device__ __forceinline__ float value(float v, const param_t& p, float u) const {
+    return value_of(v, p, u, o.bits, o.asym);
+  }
+
+  static __device__ __forceinline__ float value_of(float v, const param_t& p, float u, int bits, bool asym) {
     if (p.bad) return quiet_nan();
-    if (!o.asym) {
+    if (!asym) {
       const float w = __fmul_rn(v, p.a);
       float q;
       if constexpr (STOCHASTIC) {
@@ -201,7 +216,7 @@ struct MoQSink {
       } else {
         q = rintf(w);
       }
-      const float lo = (float)(-(1 << (o.bits - 1))), hi = (float)((1 << (o.bits - 1)) - 1);
+      const float lo = (float)(-(1 << (bits - 1))), hi = (float)((1 << (bits - 1)) - 1);
       return __fdiv_rn(fminf(fmaxf(q, lo), hi), p.a);
     }
     const float w = __fdiv_rn(__fsub_rn(v, p.lo), p.a);
@@ -256,5 +271,285 @@ struct DeepSpeedPeerDecode {
     return p.asym ? __fadd_rn(y, p.offset) : y;
   }
 };
+
+// ---- the dense passes: DeepSpeed's formulas on the hot layout ----
+// deepspeed_quantize_dense / moq_fake_quantize_dense (deepspeed_format.cu): the fused pass
+// specialised for 16-bit input in groups of exactly team * 8 * NV elements (team a power of
+// two, at most one block of QP_DS_DENSE_BLOCK threads), 16-byte aligned operands, no LoCo
+// buffer, fewer than 2^31 elements; MoQ with nearest rounding. Against the generic fused pass
+// (qgz_fused_segments: 57 registers, 50% occupancy, 64-bit addressing and bounds tests per
+// vector, IEEE divisions per group) it
+//  * holds the thread's NV 16-byte vectors in registers (loaded together, then scanned) and
+//    reduces the group's range as one packed word: SYMMETRIC the |x| bit maxima of two halves,
+//    ASYMMETRIC (the group's own range) the NaN-propagating pair (-min, max) (a NaN or +-Inf
+//    shows in it), xor shuffles within a warp and, for teams spanning warps, one slot per warp
+//    in shared memory (double-buffered: one barrier per group);
+//  * computes the parameters without a division (below) and quantizes with one multiply, the
+//    rounding add and an integer clamp per element; the codes are the low bytes (nibbles) of the
+//    rounding words, packed by byte permutes (qgz_dense_store_codes);
+//  * takes a group outside the division-free range (NaN / +-Inf, an extreme range) on the
+//    generic formulas, out of line, reading its elements again.
+// Division-free parameters (DeepSpeedCodeSink's, bit for bit): c = 2^(b-1) (SYMMETRIC, over
+// |x|max) or 2^b (ASYMMETRIC, over the span max - min) is a power of two, so for a base B in
+// [2^-100, 2^100] rn(c / B) = c * rn(1 / B) exactly (scaling by a power of two commutes with
+// rounding in the normal range); the stored 1 / mult is rn(1 / mult) (__frcp_rn is IEEE); the
+// offset rn(rn(max + min) / 2) is rn(max + min) * 0.5 (the same real number). A base of 0 gives
+// mult 1 (every element equals the offset: codes 0).
+// Codes: w = rn(v * mult) (SYMMETRIC) or rn(rn(v - offset) * mult). SYMMETRIC |v| <= B and
+// mult <= (c / B)(1 + 2^-24) bound |w| <= c (1 + 2^-23), so rne(w) lies in [-c, c] and only
+// the upper bound c - 1 can bind; ASYMMETRIC clamps both ends. |w| < 2^22, so the rounding word
+// rn(w + 1.5 * 2^23) holds rne(w) in its low bits (QP_RNE_MAGIC).
+// MoQ SYMMETRIC nearest: q = min(rne(rn(v * scale)), 2^(b-1) - 1) (the same bound: |q| <= 2^(b-1)),
+// y = fl(q / scale) by Markstein's correction from rn(1 / scale) (qp_rounding.cuh: exact for
+// scale in [2^-60, 2^100], |q| >= 1; q = +-0 keeps its sign); other MoQ groups (ASYMMETRIC, or a
+// scale outside that range) take MoQSink::value_of, the IEEE formulas.
+
+#ifndef QP_DS_DENSE_BLOCK
+#define QP_DS_DENSE_BLOCK 256
+#endif
+// Resident blocks per multiprocessor the dense passes are compiled for (32 registers).
+#ifndef QP_DS_DENSE_MIN_BLOCKS
+#define QP_DS_DENSE_MIN_BLOCKS 8
+#endif
+
+// A thread's packed range word of NV vectors of 8 16-bit floats (see above).
+template <class In, bool ASYM, int NV>
+__device__ __forceinline__ u32 ds_range_word(const uint4 (&v)[NV]) {
+  typedef FloatBits<In> FB;
+  typedef HalfPairs<In> HP;
+  if constexpr (!ASYM) {
+    u32 a = 0;
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      a = max_u16x2(a, v[w].x & 0x7FFF7FFFu);
+      a = max_u16x2(a, v[w].y & 0x7FFF7FFFu);
+      a = max_u16x2(a, v[w].z & 0x7FFF7FFFu);
+      a = max_u16x2(a, v[w].w & 0x7FFF7FFFu);
+    }
+    return a;
+  } else {
+    u32 lo2 = FB::inf * 0x10001u, hi2 = (FB::inf | 0x8000u) * 0x10001u;  // +Inf / -Inf pairs
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      lo2 = HP::min_nan(HP::min_nan(lo2, v[w].x), v[w].y);
+      lo2 = HP::min_nan(HP::min_nan(lo2, v[w].z), v[w].w);
+      hi2 = HP::max_nan(HP::max_nan(hi2, v[w].x), v[w].y);
+      hi2 = HP::max_nan(HP::max_nan(hi2, v[w].z), v[w].w);
+    }
+    const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
+    const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
+    return (lo_h ^ 0x8000u) | (hi_h << 16);
+  }
+}
+
+template <class In, bool ASYM>
+__device__ __forceinline__ u32 ds_range_combine(u32 a, u32 b) {
+  if constexpr (ASYM) {
+    return HalfPairs<In>::max_nan(a, b);
+  } else {
+    return max_u16x2(a, b);
+  }
+}
+
+// The range word of a team of `team` threads (aligned, a power of two): every thread of the
+// block calls this with the same team; `slots` holds one word per warp (this group's buffer).
+template <class In, bool ASYM>
+__device__ __forceinline__ u32 ds_team_range(u32 r, int team, u32* slots) {
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1)  // steps at or above the team exchange with the lane itself
+    r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d & (team - 1)));
+  if (team <= 32) return r;
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) slots[warp] = r;
+  __syncthreads();
+  const int warps = team >> 5, first = warp & ~(warps - 1);
+  r = slots[first];
+#pragma unroll
+  for (int k = 1; k < QP_DS_DENSE_BLOCK / 32; ++k)
+    if (k < warps) r = ds_range_combine<In, ASYM>(r, slots[first + k]);
+  return r;
+}
+
+// The group range of a reduced word: (lo, hi) (ASYMMETRIC) or |x|max, and whether it is not finite.
+template <class In, bool ASYM>
+__device__ __forceinline__ void ds_range_values(u32 r, float& lo, float& hi, float& absmax, bool& bad) {
+  typedef FloatElement<In> FE;
+  typedef FloatBits<In> FB;
+  if constexpr (ASYM) {
+    const u32 nlo = r & 0xFFFFu, hb = r >> 16;
+    bad = (nlo & 0x7FFFu) >= FB::inf || (hb & 0x7FFFu) >= FB::inf;
+    lo = -FE::to_acc((u16)nlo);
+    hi = FE::to_acc((u16)hb);
+    absmax = 0.0f;
+  } else {
+    const u32 a = max(r & 0xFFFFu, r >> 16);
+    bad = a >= FB::inf;
+    absmax = FE::to_acc((u16)a);
+    lo = hi = 0.0f;
+  }
+}
+
+// The loop of the dense passes: groups of S = team * 8 * NV elements, team = 1 << lay.seg_log2
+// threads each; per block and step blockDim.x / team groups (block-uniform, so every thread
+// reaches the barriers). body(seg, lane, v, r): the thread's vectors (columns (lane + w * team)
+// * 8) and the group's range word, for the threads of a group that exists.
+template <class In, bool ASYM, int NV, class Body>
+__device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>::storage* x, const SegmentLayout& lay,
+                                                Body body) {
+  __shared__ u32 slots[2][QP_DS_DENSE_BLOCK / 32];
+  const int team_log2 = lay.seg_log2, team = 1 << team_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const u32 per_block = blockDim.x >> team_log2;
+  const u32 segments = (u32)lay.segments;
+  const u32 stride = gridDim.x * per_block;
+  int parity = 0;
+  for (u32 base = blockIdx.x * per_block; base < segments; base += stride, parity ^= 1) {
+    const u32 seg = base + (threadIdx.x >> team_log2);
+    const bool active = seg < segments;
+    uint4 v[NV];
+    if (active) {
+      const uint4* src = reinterpret_cast<const uint4*>(x + (i64)seg * lay.S) + lane;
+#pragma unroll
+      for (int w = 0; w < NV; ++w) v[w] = src[w * team];
+    } else {
+#pragma unroll
+      for (int w = 0; w < NV; ++w) v[w] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    const u32 r = ds_team_range<In, ASYM>(ds_range_word<In, ASYM, NV>(v), team, slots[parity]);
+    if (active) body(seg, lane, v, r);
+  }
+}
+
+// The two 16-bit floats of a word as floats (element 0 in the low half).
+template <class In>
+__device__ __forceinline__ void ds_pair(u32 w, float& a, float& b) {
+  a = FloatElement<In>::to_acc((u16)(w & 0xFFFFu));
+  b = FloatElement<In>::to_acc((u16)(w >> 16));
+}
+
+// rn(1 / s) for s in [2^-126, 2^125]: the sequence __frcp_rn runs there (MUFU.RCP and its
+// correction), without the out-of-line slow path it keeps for other exponents.
+__device__ __forceinline__ float ds_rcp_rn(float s) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  const float e = -__fmaf_rn(s, r, -1.0f);
+  return __fmaf_rn(r, e, r);
+}
+
+// SwizzleMap's group map in 32-bit arithmetic (its quotients for groups below 2^31; the dense
+// passes serve fewer than 2^31 elements).
+__device__ __forceinline__ u32 ds_map32(const SwizzleMap& m, u32 g) {
+  if (m.pipeline == 1 && (m.nodes == 1 || m.devices_per_node == 1)) return g;
+  const u32 sg = (u32)m.slice_groups, k = g / sg, r = g - k * sg;
+  const u32 p = k % (u32)m.pipeline, z = k / (u32)m.pipeline;
+  const u32 node = z / (u32)m.devices_per_node, device = z - node * (u32)m.devices_per_node;
+  return ((p * (u32)m.devices_per_node + device) * (u32)m.nodes + node) * sg + r;
+}
+
+// Division-free DeepSpeed parameters (see above): `fast` false sends the group to the generic path.
+struct DeepSpeedDenseParam {
+  float mult, offset, inv;
+  bool fast;
+};
+
+template <bool ASYM, int BITS>
+__device__ __forceinline__ DeepSpeedDenseParam deepspeed_dense_params(float lo, float hi, float absmax, bool bad) {
+  DeepSpeedDenseParam p;
+  const float base = ASYM ? __fsub_rn(hi, lo) : absmax;
+  p.offset = ASYM ? __fmul_rn(__fadd_rn(hi, lo), 0.5f) : 0.0f;
+  p.fast = !bad && isfinite(p.offset) &&
+           (base == 0.0f || (base >= 7.888609052210118e-31f && base <= 1.2676506002282294e+30f));
+  // Fast: base and mult within [2^-100, 2^108], where ds_rcp_rn is __frcp_rn.
+  p.mult = base == 0.0f ? 1.0f : __fmul_rn(ds_rcp_rn(base), (float)(1 << (ASYM ? BITS : BITS - 1)));
+  p.inv = ds_rcp_rn(p.mult);
+  return p;
+}
+
+// The codes of the 8 elements of v (their low byte / nibble), division-free.
+template <class In, bool ASYM, int BITS>
+__device__ __forceinline__ void deepspeed_dense_codes(const uint4& v, const DeepSpeedDenseParam& p, int (&c)[8]) {
+  const int hi_bits = QP_RNE_MAGIC_BITS + (1 << (BITS - 1)) - 1, lo_bits = QP_RNE_MAGIC_BITS - (1 << (BITS - 1));
+  const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float e[2];
+    ds_pair<In>(words[k], e[0], e[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float t = ASYM ? __fsub_rn(e[h], p.offset) : e[h];
+      const int b = min(__float_as_int(__fadd_rn(__fmul_rn(t, p.mult), QP_RNE_MAGIC)), hi_bits);
+      c[2 * k + h] = ASYM ? max(b, lo_bits) : b;
+    }
+  }
+}
+
+// A group of deepspeed_quantize_dense outside the division-free path: DeepSpeedCodeSink's
+// formulas (IEEE divisions), the thread's NV vectors read again from xs; lane 0 writes the row.
+template <class In, class Code, int NV>
+__device__ __noinline__ void deepspeed_dense_generic(const typename FloatElement<In>::storage* xs, u8* qs,
+                                                     float* params, i64 og, int lane, int team, float lo, float hi,
+                                                     float absmax, bool bad, bool asym) {
+  typedef DeepSpeedCodeSink<In, Code, no_error, 8, true> Sink;
+  typedef VectorQuantizer<In, Code, 8, true> VQ;
+  constexpr int bits = QuantElement<Code>::kind == 1 ? 4 : 8;
+  const DeepSpeedParam p = Sink::params_of(lo, hi, absmax, bad, bits, asym);
+  if (lane == 0) {
+    if (asym) {
+      params[2 * og] = p.inv;
+      params[2 * og + 1] = p.offset;
+    } else {
+      params[og] = p.inv;
+    }
+  }
+  for (int w = 0; w < NV; ++w) {
+    const int col = (lane + w * team) * 8;
+    ElementVector<typename FloatElement<In>::storage, 8> xv;
+    xv.template load<true>(xs + col, 8);
+    int c[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c[k] = Sink::code_of(FloatElement<In>::to_acc(xv.v[k]), p, bits, asym);
+    VQ::template store<true>(qs + (VQ::packed ? col / 2 : col), 8, c);
+  }
+}
+
+// A group of moq_fake_quantize_dense outside the fast path: MoQSink::value_of (IEEE formulas),
+// the thread's NV vectors read again (in place: this thread has written none of them yet).
+template <class In, int NV>
+__device__ __noinline__ void moq_dense_generic(const typename FloatElement<In>::storage* xs,
+                                               typename FloatElement<In>::storage* ys, int lane, int team,
+                                               const MoQParam p, int bits, bool asym) {
+  typedef MoQSink<In, 8, true, false> Sink;
+  for (int w = 0; w < NV; ++w) {
+    const int col = (lane + w * team) * 8;
+    ElementVector<typename FloatElement<In>::storage, 8> xv;
+    xv.template load<true>(xs + col, 8);
+    float y[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y[k] = Sink::value_of(FloatElement<In>::to_acc(xv.v[k]), p, 0.0f, bits, asym);
+    vector_from_acc<In, 8>(y).template store<true>(ys + col, 8);
+  }
+}
+
+// MoQ SYMMETRIC nearest of the 8 elements of v under scale a (inv = rn(1 / a), `fast`), hi the
+// top code 2^(b-1) - 1: the 8 values, rounded to In.
+template <class In>
+__device__ __forceinline__ uint4 moq_dense_values(const uint4& v, float a, float inv, float hi) {
+  const u32 words[4] = {v.x, v.y, v.z, v.w};
+  float y[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float e[2];
+    ds_pair<In>(words[k], e[0], e[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float q = fminf(rintf(__fmul_rn(e[h], a)), hi);
+      const float t = __fmul_rn(q, inv);
+      const float r = -__fmaf_rn(t, a, -q);
+      y[2 * k + h] = __fmaf_rn(r, inv, t);
+    }
+  }
+  ElementVector<typename FloatElement<In>::storage, 8> out = vector_from_acc<In, 8>(y);
+  return out.bytes.w[0];
+}
 
 }  // namespace qp

@@ -399,14 +399,29 @@ def deepspeed_code_kind(bits: int) -> ElementKind:
 
 
 def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | None, bits: int) -> Unit:
-    """The kernels of one (input, error buffer, bits): fused pass, then the two-pass kernels."""
+    """The kernels of one (input, error buffer, bits): fused pass, then the two-pass kernels; F16 /
+    BF16 without a LoCo buffer add ``deepspeed_quantize_dense`` per mode at every ``QGZ_DENSE_NV``."""
     code = ELEMENTS[deepspeed_code_kind(bits)]
     tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), code.cpp_tag)
-    return [
+    unit = [
         *segment_names("deepspeed_quantize_segments", tags, code.is_packed),
         template_name("deepspeed_quantize_group_params", tags[0], tags[1]),
         template_name("deepspeed_quantize_elements", *tags),
     ]
+    if input_kind in DENSE_FLOAT_KINDS and error_kind is None:
+        unit += [deepspeed_dense_name(input_kind, bits, asym, nv) for asym in (False, True) for nv in QGZ_DENSE_NV]
+    return unit
+
+
+def deepspeed_dense_name(input_kind: ElementKind, bits: int, asym: bool, nv: int) -> str:
+    """One instantiation of ``deepspeed_quantize_dense`` (``nv`` vectors of 8 elements per thread)."""
+    code = ELEMENTS[deepspeed_code_kind(bits)]
+    return template_name("deepspeed_quantize_dense", ELEMENTS[input_kind].cpp_tag, code.cpp_tag, asym, nv)
+
+
+def moq_dense_name(kind: ElementKind, nv: int) -> str:
+    """One instantiation of ``moq_fake_quantize_dense`` (SYMMETRIC, nearest rounding)."""
+    return template_name("moq_fake_quantize_dense", ELEMENTS[kind].cpp_tag, nv)
 
 
 def deepspeed_reduce_unit(bits: int, error_kind: ElementKind | None) -> Unit:
@@ -432,11 +447,14 @@ def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> Unit:
 def moq_fake_quantize_unit(kind: ElementKind, rounding: Rounding) -> Unit:
     """The MoQ kernels of one (float, rounding)."""
     tag, stochastic = ELEMENTS[kind].cpp_tag, rounding is Rounding.STOCHASTIC
-    return [
+    unit = [
         *segment_names("moq_fake_quantize_segments", (tag, stochastic), False),
         template_name("moq_fake_quantize_group_params", tag),
         template_name("moq_fake_quantize_elements", tag, stochastic),
     ]
+    if not stochastic and kind in DENSE_FLOAT_KINDS:
+        unit += [moq_dense_name(kind, nv) for nv in QGZ_DENSE_NV]
+    return unit
 
 
 def deepspeed_format_units() -> list[Unit]:
@@ -491,6 +509,8 @@ __all__ = [
     "all_instantiations",
     "compile_units",
     "deepspeed_code_kind",
+    "deepspeed_dense_name",
+    "moq_dense_name",
     "dequant_reduce_unit",
     "dequantize_unit",
     "FAKE_DENSE_ROW_KERNELS",

@@ -16,6 +16,10 @@ NumPy copies of the data; LoCo error buffers and MoQ values are updated in place
 * ``dequantize`` / ``dequantize_fp32`` on codes from ``quantize``.
 * ``quantized_reduction``: 1, 3 and 4 devices per node, input and output groups of different
   (ragged, large) sizes, structured and flat codes.
+* The dense passes (float16 / bfloat16 groups of ``team * 8 * nv``, no LoCo): every team shape
+  (one thread to a block, many and few groups), 8 / 4 bits, both modes; groups at and beyond the
+  edges of their division-free path (all equal, zero, subnormal, huge, overflowing, NaN, inf);
+  the swizzle map; MoQ nearest symmetric at 8 / 4 / 1 bits; a misaligned input.
 * MoQ: the eight ``ds_[sr_]quantize[_asym]_fp16/32`` functions on every dtype, 8 / 4 / 3 bits,
   ragged and 40000-element groups, non-finite groups; the stochastic ones with explicit
   ``rng_seed`` / ``rng_offset`` (same Philox draws) and with the module seed.
@@ -254,6 +258,101 @@ def test_dequantize_matches_numpy(
     y = fn(q_dev, p_dev, groups, bits, quant_type)
     assert_on_device(y, q_dev, name)
     assert_same_bits(y, fn(q, params, groups, bits, quant_type), name)
+
+
+# ---- the dense passes (16-bit groups of team * 8 * nv elements) -------------------------------------
+
+# (shape, groups): every (team, vectors per thread) shape class of deepspeed_quantize_dense and
+# moq_fake_quantize_dense: teams of 1, a few lanes, a warp, several warps and a full block; many
+# groups (4 lanes x 4 vectors, the large-problem shape) and few (widened, smaller blocks).
+DENSE_CASES = [
+    pytest.param((70000, 128), 70000, id="70000g-of-128"),  # 4 lanes x 4 vectors
+    pytest.param((64, 128), 64, id="64g-of-128"),  # widened: 16 lanes x 1 vector, 64-thread blocks
+    pytest.param((16, 8192), 16, id="16g-of-8192"),  # a block of 256 x 4 vectors per group
+    pytest.param((40, 512), 40, id="40g-of-512"),  # 64 threads x 1 vector: a team over two warps
+    pytest.param((100, 256), 100, id="100g-of-256"),  # a warp x 1 vector
+    pytest.param((3, 16), 6, id="6g-of-8"),  # a team of one thread
+]
+DENSE_KINDS = pytest.mark.parametrize("kind", [EK.F16, EK.BF16], ids=["float16", "bfloat16"])
+
+
+def extreme_groups(kind: EK, groups: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``groups`` groups of ``size`` (at least 8 groups): normal data, then groups outside the dense
+    passes' division-free range or at its edges: all equal (span 0), all zero, tiny (subnormal for
+    bfloat16), +-huge (a range above 2**100 for bfloat16), equal huge values (max + min overflows for
+    bfloat16), a NaN, an +inf."""
+    dt = dtype_of(kind)
+    finfo = ml_dtypes.finfo(dt)
+    x = random_floats(rng, (groups, size), kind, specials=False).astype(np.float32)
+    x[1] = 3.0
+    x[2] = 0.0
+    x[3] = rng.standard_normal(size) * float(finfo.smallest_subnormal) * 4
+    x[4] = rng.standard_normal(size) * float(finfo.max) / 8
+    x[5] = float(finfo.max)
+    x[6, size // 2] = np.nan
+    x[7, 0] = np.inf
+    with np.errstate(over="ignore"):
+        return x.astype(dt)
+
+
+@pytest.mark.parametrize("shape,groups", DENSE_CASES)
+@pytest.mark.parametrize("bits", [8, 4])
+@DENSE_KINDS
+@QUANT_TYPES
+def test_dense_quantize_matches_numpy(
+    rng: np.random.Generator, shape: tuple, groups: int, bits: int, kind: EK, quant_type: int
+) -> None:
+    x = random_floats(rng, shape, kind)
+    x_dev = to_cupy(x)
+    assert_outputs(
+        ds.quantize(x_dev, groups, bits, quant_type), ds.quantize(x, groups, bits, quant_type), x_dev, "quantize"
+    )
+
+
+@pytest.mark.parametrize("size", [8, 128, 1024, 8192])
+@pytest.mark.parametrize("bits", [8, 4])
+@DENSE_KINDS
+@QUANT_TYPES
+def test_dense_quantize_extreme_groups(
+    rng: np.random.Generator, size: int, bits: int, kind: EK, quant_type: int
+) -> None:
+    x = extreme_groups(kind, 12, size, rng)
+    x_dev = to_cupy(x)
+    want = ds.quantize(x, 12, bits, quant_type)
+    assert_outputs(ds.quantize(x_dev, 12, bits, quant_type), want, x_dev, "quantize")
+    assert np.isnan(want[1][6:8]).all()
+
+
+@pytest.mark.parametrize("split", [(2, 4, 1), (2, 2, 2), (1, 8, 1)], ids=lambda s: "n{}d{}p{}".format(*s))
+@pytest.mark.parametrize("bits", [8, 4])
+@QUANT_TYPES
+def test_dense_swizzle_quant_matches_numpy(
+    rng: np.random.Generator, split: tuple[int, int, int], bits: int, quant_type: int
+) -> None:
+    nodes, dpn, pipeline = split
+    x = random_floats(rng, (64, 4096), EK.F16)  # groups of 512 through the swizzle map
+    x_dev = to_cupy(x)
+    got = ds.swizzle_quant(x_dev, 512, bits, quant_type, pipeline, nodes, dpn)
+    assert_outputs(got, ds.swizzle_quant(x, 512, bits, quant_type, pipeline, nodes, dpn), x_dev, "swizzle_quant")
+
+
+@pytest.mark.parametrize("shape,groups", DENSE_CASES)
+@pytest.mark.parametrize("bits", [8, 4, 1])
+@DENSE_KINDS
+def test_dense_moq_matches_numpy(rng: np.random.Generator, shape: tuple, groups: int, bits: int, kind: EK) -> None:
+    run_moq_both(rng, "ds_quantize_fp16", random_floats(rng, shape, kind), groups, bits, to_cupy)
+
+
+@pytest.mark.parametrize("size", [8, 1024, 8192])
+@DENSE_KINDS
+def test_dense_moq_extreme_groups(rng: np.random.Generator, size: int, kind: EK) -> None:
+    run_moq_both(rng, "ds_quantize_fp16", extreme_groups(kind, 12, size, rng), 12, 8, to_cupy)
+
+
+def test_dense_quantize_misaligned_input_matches_numpy(rng: np.random.Generator) -> None:
+    wide = random_floats(rng, (64 * 128 + 1,), EK.F16)
+    x, x_dev = wide[1:], to_cupy(wide)[1:]  # one element in: the element-I/O twin
+    assert_outputs(ds.quantize(x_dev, 64, 8, SYM), ds.quantize(x, 64, 8, SYM), x_dev, "quantize")
 
 
 # ---- swizzle / LoCo swizzle --------------------------------------------------------------------------

@@ -25,17 +25,20 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import ConfigDict
 
-from .._device import device_info, stream_device_id
+from .._device import DeviceInfo, device_info, stream_device_id
 from .._families import (
+    DENSE_FLOAT_KINDS,
     QGZ_WIDTHS,
     deepspeed_code_kind,
+    deepspeed_dense_name,
     deepspeed_dequantize_unit,
     deepspeed_quantize_unit,
     deepspeed_reduce_unit,
     error_tag,
+    moq_dense_name,
     moq_fake_quantize_unit,
 )
-from .._launch import fields, launch_on, params_struct
+from .._launch import fields, launch_on, occupancy_grid, params_struct
 from .._operands import (
     Operand,
     check_disjoint,
@@ -47,6 +50,9 @@ from .._operands import (
 )
 from .._plan import Plan, choose_backend, snapshot
 from .._qgz_launch import (
+    DENSE_BLOCK,
+    DENSE_MAX_ELEMENTS,
+    DenseLaunch,
     PeerSumArgs,
     QgzChecks,
     QgzKernels,
@@ -56,6 +62,7 @@ from .._qgz_launch import (
     beta_pair,
     check_error_kind,
     check_float_kind,
+    dense_quantize_geometry,
     log2_or_minus_one,
     prepare_float_values,
     prepare_qgz_launches,
@@ -242,6 +249,31 @@ def _write_reference_outputs(a: QgzOperands, codes: np.ndarray, params: np.ndarr
         write_back(a.err, ELEMENTS[error_kind], new_err)
 
 
+def _dense_shape(element: ElementKind, numel: int, groups: int, info: DeviceInfo) -> tuple[int, int] | None:
+    """``(team, nv)`` of the dense passes (``deepspeed_quantize_dense`` / ``moq_fake_quantize_dense``)
+    for ``groups`` groups of 16-bit ``element`` below 2**31 elements, or None: groups of exactly
+    ``team * 8 * nv`` (:func:`~quantplan._qgz_launch.dense_quantize_geometry`)."""
+    if element not in DENSE_FLOAT_KINDS or not 0 < numel < DENSE_MAX_ELEMENTS:
+        return None
+    return dense_quantize_geometry(groups, numel // groups, info.busy_threads)
+
+
+def _fit_dense_block(launches: QgzLaunches, dense: DenseLaunch, groups: int, info: DeviceInfo) -> QgzLaunches:
+    """The dense launch of ``launches`` with its block halved (down to 64 threads, and not below a
+    team) while its grid would hold fewer than two blocks per multiprocessor: small problems then
+    spread over every multiprocessor (the kernels read the block size; teams of more than a warp
+    keep one block per group)."""
+    launch, team = launches.fused, dense.team
+    assert launch is not None
+    block = DENSE_BLOCK
+    while block > max(64, team) and -(-groups // (block // team)) < 2 * info.sm_count:
+        block //= 2
+    if block != launch.block:
+        launch.block = block
+        launch.grid = occupancy_grid(dense.function, block, -(-groups // (block // team)), info)
+    return launches
+
+
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
@@ -308,7 +340,15 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     q_min, q_max = dsref.code_bounds(desc.num_bits)
-    return prepare_qgz_launches(
+    # Aligned 16-bit groups of team * 8 * nv without LoCo: the dense pass (kernels/qp_deepspeed_format.cuh).
+    shape = None if desc.error_element is not None else _dense_shape(desc.input_element, desc.numel, desc.groups, info)
+    dense = None
+    if shape is not None:
+        team, nv = shape
+        asym = desc.mode is QuantMode.ASYMMETRIC
+        fn = functions[deepspeed_dense_name(desc.input_element, desc.num_bits, asym, nv)]
+        dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+    launches = prepare_qgz_launches(
         kernels,
         qgz_geometry(desc.groups, group_size, code.is_packed, QGZ_WIDTHS[0], info),
         desc.groups,
@@ -320,7 +360,9 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
         bits,
         info,
         own_range=True,
+        dense=dense,
     )
+    return launches if dense is None else _fit_dense_block(launches, dense, desc.groups, info)
 
 
 class DeepSpeedQuantizePlan(_DeepSpeedPlan):
@@ -795,7 +837,15 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
         {},
     )
     bits = [ELEMENTS[desc.element].storage_bits] * 2
-    return prepare_qgz_launches(
+    # SYMMETRIC nearest rounding of aligned 16-bit groups of team * 8 * nv: the dense pass.
+    nearest_sym = not desc.stochastic and desc.mode is QuantMode.SYMMETRIC
+    shape = _dense_shape(desc.element, desc.numel, desc.groups, info) if nearest_sym else None
+    dense = None
+    if shape is not None:
+        team, nv = shape
+        fn = functions[moq_dense_name(desc.element, nv)]
+        dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+    launches = prepare_qgz_launches(
         kernels,
         qgz_geometry(desc.groups, group_size, False, QGZ_WIDTHS[0], info),
         desc.groups,
@@ -807,7 +857,9 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
         bits,
         info,
         own_range=True,
+        dense=dense,
     )
+    return launches if dense is None else _fit_dense_block(launches, dense, desc.groups, info)
 
 
 class MoQFakeQuantizePlan(_DeepSpeedPlan):
