@@ -8,6 +8,7 @@
 //   moq_fake_quantize_segments / _group_params / _elements    MoQ fake quantization
 //   deepspeed_quantize_dense / moq_fake_quantize_dense        the fused pass specialised for
 //                                                             aligned 16-bit groups of team * 8 * NV
+//   deepspeed_reduce_dense                                    and for output groups of team * 8 * NV
 //                                                             (qp_deepspeed_format.cuh)
 // *_segments: one read, a team holds each group (groups of up to 32768 elements); otherwise
 // *_group_params (parameters, and a float2 workspace row per group) then *_elements.
@@ -172,4 +173,91 @@ moq_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, const q
       *reinterpret_cast<uint4*>(ys + col) = qp::moq_dense_values<In>(v[w], p.a, inv, top);
     }
   });
+}
+
+// The dense pass of quantized_reduction (qp_deepspeed_format.cuh): output groups of exactly team
+// * 8 * NV elements, input groups a multiple of 8, no LoCo buffer, aligned codes; ASYM and the
+// code's bits are template constants. deepspeed_reduce_segments' parameters.
+template <class Code, bool ASYM, int NV>
+__global__ void __launch_bounds__(QP_DS_DENSE_BLOCK, QP_DS_REDUCE_MIN_BLOCKS)
+deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay) {
+  using qp::u32;
+  constexpr bool packed = qp::QuantElement<Code>::kind == 1;
+  constexpr int bits = packed ? 4 : 8;
+  __shared__ qp::DsFloatRange slots[2][QP_DS_DENSE_BLOCK / 32];
+  const int team_log2 = lay.seg_log2, team = 1 << team_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const u32 per_block = blockDim.x >> team_log2;
+  const u32 segments = (u32)lay.segments;
+  const u32 stride = gridDim.x * per_block;
+  int parity = 0;
+  for (u32 base = blockIdx.x * per_block; base < segments; base += stride, parity ^= 1) {
+    const u32 seg = base + (threadIdx.x >> team_log2);
+    const bool active = seg < segments;
+    float s[NV][8];
+    qp::DsFloatRange r;
+    r.amax = 0u;
+    r.lo = __int_as_float(0x7F800000);
+    r.hi = -r.lo;
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      if (active) {
+        qp::ds_peer_sum8<Code, ASYM>(in, seg * (u32)lay.S + (lane + w * team) * 8, s[w]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) s[w][k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        r.amax = max(r.amax, __float_as_uint(s[w][k]) & 0x7FFFFFFFu);
+        if (ASYM) {
+          r.lo = fminf(r.lo, s[w][k]);
+          r.hi = fmaxf(r.hi, s[w][k]);
+        }
+      }
+    }
+    r = qp::ds_team_float_range<ASYM>(r, team, slots[parity]);
+    if (!active) continue;
+    const bool bad = r.amax >= 0x7F800000u;
+    const float absmax = __uint_as_float(r.amax);
+    const qp::DeepSpeedDenseParam p = qp::deepspeed_dense_params<ASYM, bits>(r.lo, r.hi, absmax, bad);
+    qp::u8* qs = out.q + (packed ? (qp::i64)seg * (lay.S / 2) : (qp::i64)seg * lay.S);
+    if (!p.fast) {
+      typedef qp::DeepSpeedCodeSink<qp::f32, Code, qp::no_error, 8, true> Sink;
+      const qp::DeepSpeedParam g = Sink::params_of(r.lo, r.hi, absmax, bad, bits, ASYM);
+      if (lane == 0) {
+        if (ASYM) {
+          out.params[2 * seg] = g.inv;
+          out.params[2 * seg + 1] = g.offset;
+        } else {
+          out.params[seg] = g.inv;
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < NV; ++w) {
+        const int col = (lane + w * team) * 8;
+        qp::DsFloat8 v;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v.v[k] = s[w][k];
+        qp::deepspeed_float_generic_codes<Code>(v, qs + (packed ? col / 2 : col), g, ASYM);
+      }
+      continue;
+    }
+    if (lane == 0) {
+      if (ASYM) {
+        out.params[2 * seg] = p.inv;
+        out.params[2 * seg + 1] = p.offset;
+      } else {
+        out.params[seg] = p.inv;
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      const int col = (lane + w * team) * 8;
+      int c[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) c[k] = qp::deepspeed_dense_code<ASYM, bits>(s[w][k], p);
+      qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
+    }
+  }
 }

@@ -465,21 +465,25 @@ __device__ __forceinline__ DeepSpeedDenseParam deepspeed_dense_params(float lo, 
   return p;
 }
 
+// The code of v (in the low byte / nibble of the result), division-free.
+template <bool ASYM, int BITS>
+__device__ __forceinline__ int deepspeed_dense_code(float v, const DeepSpeedDenseParam& p) {
+  const int hi_bits = QP_RNE_MAGIC_BITS + (1 << (BITS - 1)) - 1, lo_bits = QP_RNE_MAGIC_BITS - (1 << (BITS - 1));
+  const float t = ASYM ? __fsub_rn(v, p.offset) : v;
+  const int b = min(__float_as_int(__fadd_rn(__fmul_rn(t, p.mult), QP_RNE_MAGIC)), hi_bits);
+  return ASYM ? max(b, lo_bits) : b;
+}
+
 // The codes of the 8 elements of v (their low byte / nibble), division-free.
 template <class In, bool ASYM, int BITS>
 __device__ __forceinline__ void deepspeed_dense_codes(const uint4& v, const DeepSpeedDenseParam& p, int (&c)[8]) {
-  const int hi_bits = QP_RNE_MAGIC_BITS + (1 << (BITS - 1)) - 1, lo_bits = QP_RNE_MAGIC_BITS - (1 << (BITS - 1));
   const u32 words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float e[2];
     ds_pair<In>(words[k], e[0], e[1]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float t = ASYM ? __fsub_rn(e[h], p.offset) : e[h];
-      const int b = min(__float_as_int(__fadd_rn(__fmul_rn(t, p.mult), QP_RNE_MAGIC)), hi_bits);
-      c[2 * k + h] = ASYM ? max(b, lo_bits) : b;
-    }
+    c[2 * k] = deepspeed_dense_code<ASYM, BITS>(e[0], p);
+    c[2 * k + 1] = deepspeed_dense_code<ASYM, BITS>(e[1], p);
   }
 }
 
@@ -550,6 +554,116 @@ __device__ __forceinline__ uint4 moq_dense_values(const uint4& v, float a, float
   }
   ElementVector<typename FloatElement<In>::storage, 8> out = vector_from_acc<In, 8>(y);
   return out.bytes.w[0];
+}
+
+// ---- the dense reduction: quantized_reduction on the hot layout ----
+// deepspeed_reduce_dense (deepspeed_format.cu): output groups of exactly team * 8 * NV elements,
+// input groups a multiple of 8 (a thread's 8 consecutive codes share one input group), no LoCo
+// buffer, aligned codes, fewer than 2^31 codes. Each thread sums its NV vectors of 8 elements
+// over the peers in peer order (DeepSpeedPeerDecode's q * p0 (+ p1), float32), keeps the sums in
+// registers, reduces the group's range over the team (|x| bit maxima as the non-finite flag,
+// own min / max) and writes the codes with deepspeed_dense_params / deepspeed_dense_code; a
+// group outside the division-free path takes DeepSpeedCodeSink's formulas, out of line.
+// A code becomes a float without a conversion instruction: the biased code (q + 8, or q + 128:
+// the unsigned nibble / byte with its top bit flipped) is placed in the low mantissa bits of
+// 2^23 by one logic operation, and 2^23 + bias subtracted exactly.
+
+// Resident blocks per multiprocessor deepspeed_reduce_dense is compiled for (its float sums and
+// the peers' loads in flight need 40 registers).
+#ifndef QP_DS_REDUCE_MIN_BLOCKS
+#define QP_DS_REDUCE_MIN_BLOCKS 6
+#endif
+
+struct DsFloatRange {
+  u32 amax;      // the largest |x| bit pattern (>= the Inf pattern: NaN / +-Inf in the group)
+  float lo, hi;  // the group's own minimum / maximum (ASYMMETRIC)
+};
+
+template <bool ASYM>
+__device__ __forceinline__ void ds_float_range_combine(DsFloatRange& r, const DsFloatRange& o) {
+  r.amax = max(r.amax, o.amax);
+  if (ASYM) {
+    r.lo = fminf(r.lo, o.lo);
+    r.hi = fmaxf(r.hi, o.hi);
+  }
+}
+
+// The range of a team of `team` threads (as ds_team_range; `slots`: this group's buffer).
+template <bool ASYM>
+__device__ __forceinline__ DsFloatRange ds_team_float_range(DsFloatRange r, int team, DsFloatRange* slots) {
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    DsFloatRange o;
+    o.amax = __shfl_xor_sync(0xFFFFFFFFu, r.amax, d & (team - 1));
+    if (ASYM) {
+      o.lo = __shfl_xor_sync(0xFFFFFFFFu, r.lo, d & (team - 1));
+      o.hi = __shfl_xor_sync(0xFFFFFFFFu, r.hi, d & (team - 1));
+    }
+    ds_float_range_combine<ASYM>(r, o);
+  }
+  if (team <= 32) return r;
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) slots[warp] = r;
+  __syncthreads();
+  const int warps = team >> 5, first = warp & ~(warps - 1);
+  r = slots[first];
+#pragma unroll
+  for (int k = 1; k < QP_DS_DENSE_BLOCK / 32; ++k)
+    if (k < warps) ds_float_range_combine<ASYM>(r, slots[first + k]);
+  return r;
+}
+
+// s[k] = sum over peers j (in order) of DeepSpeed's dequantization of code i + k of peer j.
+template <class Code, bool ASYM>
+__device__ __forceinline__ void ds_peer_sum8(const PeerSumArgs& a, u32 i, float (&s)[8]) {
+  constexpr bool packed = QuantElement<Code>::kind == 1;
+  const u32 g = a.in_group_shift >= 0 ? i >> a.in_group_shift : i / (u32)a.in_group;
+#pragma unroll 4
+  for (int j = 0; j < a.peers; ++j) {
+    const u8* q = a.q + (i64)j * a.peer_bytes;
+    const i64 at = (i64)j * a.peer_params + g;
+    const float inv = a.scale[ASYM ? 2 * at : at];
+    const float off = ASYM ? a.scale[2 * at + 1] : 0.0f;
+    float c[8];
+    if constexpr (packed) {
+      const u32 w = *reinterpret_cast<const u32*>(q + i / 2);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {  // byte m: element 2m in the high nibble
+        c[2 * m] = __fsub_rn(__int_as_float(((w >> (8 * m + 4)) & 0xFu) ^ 0x4B000008u), 8388616.0f);
+        c[2 * m + 1] = __fsub_rn(__int_as_float(((w >> (8 * m)) & 0xFu) ^ 0x4B000008u), 8388616.0f);
+      }
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(q + i);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        c[m] = __fsub_rn(__int_as_float(((w.x >> (8 * m)) & 0xFFu) ^ 0x4B000080u), 8388736.0f);
+        c[m + 4] = __fsub_rn(__int_as_float(((w.y >> (8 * m)) & 0xFFu) ^ 0x4B000080u), 8388736.0f);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float y = __fmul_rn(c[k], inv);
+      if (ASYM) y = __fadd_rn(y, off);
+      s[k] = j == 0 ? y : __fadd_rn(s[k], y);
+    }
+  }
+}
+
+struct DsFloat8 {
+  float v[8];
+};
+
+// A group of deepspeed_reduce_dense outside the division-free path: the codes of 8 sums by
+// DeepSpeedCodeSink's formulas (the parameter row is written by the caller's lane 0).
+template <class Code>
+__device__ __noinline__ void deepspeed_float_generic_codes(const DsFloat8 v, u8* dst, const DeepSpeedParam p,
+                                                           bool asym) {
+  typedef DeepSpeedCodeSink<f32, Code, no_error, 8, true> Sink;
+  constexpr int bits = QuantElement<Code>::kind == 1 ? 4 : 8;
+  int c[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) c[k] = Sink::code_of(v.v[k], p, bits, asym);
+  VectorQuantizer<f32, Code, 8, true>::template store<true>(dst, 8, c);
 }
 
 }  // namespace qp

@@ -424,15 +424,31 @@ def moq_dense_name(kind: ElementKind, nv: int) -> str:
     return template_name("moq_fake_quantize_dense", ELEMENTS[kind].cpp_tag, nv)
 
 
+#: Vectors (of 8 elements) per thread of ``deepspeed_reduce_dense`` (its float sums stay in registers:
+#: two vectors spill at 40 registers).
+DEEPSPEED_REDUCE_DENSE_NV = (1,)
+
+
 def deepspeed_reduce_unit(bits: int, error_kind: ElementKind | None) -> Unit:
-    """The kernels of one (bits, error buffer) of the quantized reduction."""
+    """The kernels of one (bits, error buffer) of the quantized reduction; without a LoCo buffer
+    ``deepspeed_reduce_dense`` per mode at every ``DEEPSPEED_REDUCE_DENSE_NV``."""
     code = ELEMENTS[deepspeed_code_kind(bits)]
     tags = (code.cpp_tag, error_tag(error_kind))
-    return [
+    unit = [
         *segment_names("deepspeed_reduce_segments", tags, code.is_packed),
         template_name("deepspeed_reduce_group_params", *tags),
         template_name("deepspeed_reduce_elements", *tags),
     ]
+    if error_kind is None:
+        unit += [
+            deepspeed_reduce_dense_name(bits, asym, nv) for asym in (False, True) for nv in DEEPSPEED_REDUCE_DENSE_NV
+        ]
+    return unit
+
+
+def deepspeed_reduce_dense_name(bits: int, asym: bool, nv: int) -> str:
+    """One instantiation of ``deepspeed_reduce_dense`` (``nv`` vectors of 8 elements per thread)."""
+    return template_name("deepspeed_reduce_dense", ELEMENTS[deepspeed_code_kind(bits)].cpp_tag, asym, nv)
 
 
 def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> Unit:
@@ -510,6 +526,8 @@ __all__ = [
     "compile_units",
     "deepspeed_code_kind",
     "deepspeed_dense_name",
+    "deepspeed_reduce_dense_name",
+    "DEEPSPEED_REDUCE_DENSE_NV",
     "moq_dense_name",
     "dequant_reduce_unit",
     "dequantize_unit",

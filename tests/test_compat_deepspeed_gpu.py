@@ -19,7 +19,8 @@ NumPy copies of the data; LoCo error buffers and MoQ values are updated in place
 * The dense passes (float16 / bfloat16 groups of ``team * 8 * nv``, no LoCo): every team shape
   (one thread to a block, many and few groups), 8 / 4 bits, both modes; groups at and beyond the
   edges of their division-free path (all equal, zero, subnormal, huge, overflowing, NaN, inf);
-  the swizzle map; MoQ nearest symmetric at 8 / 4 / 1 bits; a misaligned input.
+  the swizzle map; MoQ nearest symmetric at 8 / 4 / 1 bits; a misaligned input; the dense
+  quantized reduction (output groups of team * 8) on 1 / 3 / 8 peers, with non-finite and extreme sums.
 * MoQ: the eight ``ds_[sr_]quantize[_asym]_fp16/32`` functions on every dtype, 8 / 4 / 3 bits,
   ragged and 40000-element groups, non-finite groups; the stochastic ones with explicit
   ``rng_seed`` / ``rng_offset`` (same Philox draws) and with the module seed.
@@ -444,6 +445,54 @@ def test_quantized_reduction_matches_numpy(
     got = ds.quantized_reduction(q_dev, p_dev, in_groups, out_groups, bits, quant_type, dpn)
     want = ds.quantized_reduction(q, params, in_groups, out_groups, bits, quant_type, dpn)
     assert_outputs(got, want, q_dev, "quantized_reduction")
+
+
+# (bits, chunk, input group, output group): the dense reduction (output groups of team * 8,
+# input groups of whole vectors of 8): teams of 1, 8, a warp, two warps and a block.
+DENSE_REDUCTION_CASES = [
+    pytest.param(8, 4096, 128, 512, id="8b-4096-in128-out512"),
+    pytest.param(4, 4096, 128, 512, id="4b-4096-in128-out512"),
+    pytest.param(8, 1024, 64, 256, id="8b-1024-in64-out256"),
+    pytest.param(4, 2048, 2048, 2048, id="4b-2048-in2048-out2048"),
+    pytest.param(8, 512, 8, 64, id="8b-512-in8-out64"),
+    pytest.param(4, 64, 16, 8, id="4b-64-in16-out8"),
+    pytest.param(4, 65536, 512, 512, id="4b-65536-in512-out512"),
+]
+
+
+@pytest.mark.parametrize("bits,chunk,g_in,g_out", DENSE_REDUCTION_CASES)
+@pytest.mark.parametrize("dpn", [1, 3, 8])
+@QUANT_TYPES
+def test_dense_quantized_reduction_matches_numpy(
+    rng: np.random.Generator, bits: int, chunk: int, g_in: int, g_out: int, dpn: int, quant_type: int
+) -> None:
+    q, params, in_groups = reduction_inputs(rng, dpn, chunk, g_in, bits, quant_type, swizzled=dpn == 3)
+    out_groups = chunk // g_out
+    q_dev, p_dev = to_cupy(q), to_cupy(params)
+    got = ds.quantized_reduction(q_dev, p_dev, in_groups, out_groups, bits, quant_type, dpn)
+    want = ds.quantized_reduction(q, params, in_groups, out_groups, bits, quant_type, dpn)
+    assert_outputs(got, want, q_dev, "quantized_reduction")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@QUANT_TYPES
+def test_dense_quantized_reduction_nonfinite_and_extreme_groups(
+    rng: np.random.Generator, bits: int, quant_type: int
+) -> None:
+    """Peer rows of NaN (a NaN / inf group), zero, equal and huge values: non-finite and extreme sums
+    take the generic formulas in the dense reduction, identically."""
+    dpn, chunk, g = 4, 8 * 256, 256
+    x = with_special_groups(random_floats(rng, (dpn, chunk), EK.F32, specials=False), dpn * chunk // g)
+    x.reshape(-1, g)[5] = 3.0
+    x.reshape(-1, g)[6] = 1e-38
+    x.reshape(-1, g)[9] = 3e37
+    in_groups = dpn * chunk // g
+    q, params = ds.quantize(x, in_groups, bits, quant_type)
+    q_dev, p_dev = to_cupy(q), to_cupy(params)
+    got = ds.quantized_reduction(q_dev, p_dev, in_groups, chunk // g, bits, quant_type, dpn)
+    want = ds.quantized_reduction(q, params, in_groups, chunk // g, bits, quant_type, dpn)
+    assert_outputs(got, want, q_dev, "quantized_reduction")
+    assert np.isnan(want[1][1:3]).all()
 
 
 @pytest.mark.parametrize("err_kind", KINDS, ids=[f"err-{k}" for k in KIND_IDS])

@@ -27,12 +27,14 @@ from pydantic import ConfigDict
 
 from .._device import DeviceInfo, device_info, stream_device_id
 from .._families import (
+    DEEPSPEED_REDUCE_DENSE_NV,
     DENSE_FLOAT_KINDS,
     QGZ_WIDTHS,
     deepspeed_code_kind,
     deepspeed_dense_name,
     deepspeed_dequantize_unit,
     deepspeed_quantize_unit,
+    deepspeed_reduce_dense_name,
     deepspeed_reduce_unit,
     error_tag,
     moq_dense_name,
@@ -675,7 +677,23 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
         else qgz_geometry(desc.out_groups, out_group, code.is_packed, vec_in, info)
     )
     q_min, q_max = dsref.code_bounds(desc.num_bits)
-    return prepare_qgz_launches(
+    # Without LoCo, input groups of whole vectors of 8 and output groups of team * 8 * nv: the dense pass.
+    team_nv = None
+    if (
+        geometry is not None
+        and desc.error_element is None
+        and in_group % 8 == 0
+        and 0 < desc.numel < DENSE_MAX_ELEMENTS
+    ):
+        team_nv = _reduce_dense_shape(out_group)
+    dense = None
+    if team_nv is not None:
+        team, nv = team_nv
+        fn = functions[deepspeed_reduce_dense_name(desc.num_bits, desc.mode is QuantMode.ASYMMETRIC, nv)]
+        dense = DenseLaunch(
+            fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread,{desc.devices_per_node}-peer-sum]"
+        )
+    launches = prepare_qgz_launches(
         kernels,
         geometry,
         desc.out_groups,
@@ -687,7 +705,19 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
         bits,
         info,
         own_range=True,
+        dense=dense,
     )
+    return launches if dense is None else _fit_dense_block(launches, dense, desc.out_groups, info)
+
+
+def _reduce_dense_shape(group_size: int) -> tuple[int, int] | None:
+    """``(team, nv)`` of ``deepspeed_reduce_dense`` for output groups of ``group_size``, or None:
+    ``team * 8 * nv`` elements, team a power of two up to one block, the fewest vectors per thread."""
+    for nv in DEEPSPEED_REDUCE_DENSE_NV:
+        team, rem = divmod(group_size, 8 * nv)
+        if not rem and 0 < team <= DENSE_BLOCK and team & (team - 1) == 0:
+            return team, nv
+    return None
 
 
 class DeepSpeedReducePlan(_DeepSpeedPlan):
