@@ -389,11 +389,36 @@ __device__ __forceinline__ void ds_range_values(u32 r, float& lo, float& hi, flo
   }
 }
 
+// Loads of the input vectors of a pass whose input is read-only (not MoQ, which may write in
+// place): 0 plain, 1 non-coherent (ld.global.nc), 2 streaming (ld.global.cs), 3 non-coherent
+// without L1 allocation.
+#ifndef QP_DS_LOAD
+#define QP_DS_LOAD 0
+#endif
+
+template <bool READ_ONLY>
+__device__ __forceinline__ uint4 ds_load16(const uint4* p) {
+  if constexpr (READ_ONLY && QP_DS_LOAD == 1) {
+    return __ldg(p);
+  } else if constexpr (READ_ONLY && QP_DS_LOAD == 2) {
+    return __ldcs(p);
+  } else if constexpr (READ_ONLY && QP_DS_LOAD == 3) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  } else {
+    return *p;
+  }
+}
+
 // The loop of the dense passes: groups of S = team * 8 * NV elements, team = 1 << lay.seg_log2
 // threads each; per block and step blockDim.x / team groups (block-uniform, so every thread
 // reaches the barriers). body(seg, lane, v, r): the thread's vectors (columns (lane + w * team)
-// * 8) and the group's range word, for the threads of a group that exists.
-template <class In, bool ASYM, int NV, class Body>
+// * 8) and the group's range word, for the threads of a group that exists. READ_ONLY: nothing
+// writes x during the pass (see QP_DS_LOAD).
+template <class In, bool ASYM, int NV, bool READ_ONLY, class Body>
 __device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>::storage* x, const SegmentLayout& lay,
                                                 Body body) {
   __shared__ u32 slots[2][QP_DS_DENSE_BLOCK / 32];
@@ -410,7 +435,7 @@ __device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>:
     if (active) {
       const uint4* src = reinterpret_cast<const uint4*>(x + (i64)seg * lay.S) + lane;
 #pragma unroll
-      for (int w = 0; w < NV; ++w) v[w] = src[w * team];
+      for (int w = 0; w < NV; ++w) v[w] = ds_load16<READ_ONLY>(src + w * team);
     } else {
 #pragma unroll
       for (int w = 0; w < NV; ++w) v[w] = make_uint4(0u, 0u, 0u, 0u);
