@@ -9,6 +9,8 @@
 //   deepspeed_quantize_dense / moq_fake_quantize_dense        the fused pass specialised for
 //                                                             aligned 16-bit groups of team * 8 * NV
 //   deepspeed_reduce_dense                                    and for output groups of team * 8 * NV
+//   deepspeed_quantize_cluster / moq_fake_quantize_cluster    few long groups: a thread-block
+//                                                             cluster per group (sm_90)
 //                                                             (qp_deepspeed_format.cuh)
 // *_segments: one read, a team holds each group (groups of up to 32768 elements); otherwise
 // *_group_params (parameters, and a float2 workspace row per group) then *_elements.
@@ -260,4 +262,82 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
       qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
     }
   }
+}
+
+// One group per thread-block cluster (qp_deepspeed_format.cuh), sm_90: groups of
+// QP_DS_CLUSTER_BLOCKS * blockDim.x * 8 16-bit floats (blockDim.x a multiple of 32), one vector per
+// thread, the grid QP_DS_CLUSTER_BLOCKS blocks per group; otherwise as deepspeed_quantize_dense.
+// Other architectures: never selected (the body traps).
+template <class In, class Code, bool ASYM>
+__global__ void QP_DS_CLUSTER_DIMS __launch_bounds__(1024)
+deepspeed_quantize_cluster(const typename qp::FloatElement<In>::storage* __restrict__ x,
+                           const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay, const qp::SwizzleMap map) {
+#if __CUDA_ARCH__ >= 900
+  constexpr bool packed = qp::QuantElement<Code>::kind == 1;
+  constexpr int bits = packed ? 4 : 8;
+  __shared__ qp::u32 warp_slots[32];
+  __shared__ qp::u32 shares[QP_DS_CLUSTER_BLOCKS];
+  const qp::u32 rank = blockIdx.x % QP_DS_CLUSTER_BLOCKS, seg = blockIdx.x / QP_DS_CLUSTER_BLOCKS;
+  const int col = (rank * blockDim.x + threadIdx.x) * 8;
+  const typename qp::FloatElement<In>::storage* xs = x + (qp::i64)seg * lay.S;
+  qp::ds_cluster_arrive();
+  const uint4 v[1] = {*reinterpret_cast<const uint4*>(xs + col)};
+  const qp::u32 r = qp::ds_cluster_range<In, ASYM>(qp::ds_range_word<In, ASYM, 1>(v), warp_slots, shares);
+  float lo, hi, absmax;
+  bool bad;
+  qp::ds_range_values<In, ASYM>(r, lo, hi, absmax, bad);
+  const qp::u32 og = qp::ds_map32(map, seg);
+  qp::u8* qs = out.q + (packed ? ((qp::i64)og * lay.S + col) / 2 : (qp::i64)og * lay.S + col);
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  const qp::DeepSpeedDenseParam p = qp::deepspeed_dense_params<ASYM, bits>(lo, hi, absmax, bad);
+  if (!p.fast) {
+    qp::deepspeed_dense_generic<In, Code, 1>(xs + col, qs, writer ? out.params : nullptr, og, 0, 1, lo, hi, absmax,
+                                             bad, ASYM);
+    return;
+  }
+  if (writer) {
+    if (ASYM) {
+      out.params[2 * og] = p.inv;
+      out.params[2 * og + 1] = p.offset;
+    } else {
+      out.params[og] = p.inv;
+    }
+  }
+  int c[8];
+  qp::deepspeed_dense_codes<In, ASYM, bits>(v[0], p, c);
+  qp::qgz_dense_store_codes<Code, true, 8>(qs, c);
+#else
+  __trap();
+#endif
+}
+
+// MoQ SYMMETRIC nearest, one group per thread-block cluster (as deepspeed_quantize_cluster).
+template <class In>
+__global__ void QP_DS_CLUSTER_DIMS __launch_bounds__(1024)
+moq_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x, const qp::DeepSpeedOutputArgs out,
+                          const qp::SegmentLayout lay) {
+#if __CUDA_ARCH__ >= 900
+  typedef typename qp::FloatElement<In>::storage in_t;
+  __shared__ qp::u32 warp_slots[32];
+  __shared__ qp::u32 shares[QP_DS_CLUSTER_BLOCKS];
+  const qp::u32 rank = blockIdx.x % QP_DS_CLUSTER_BLOCKS, seg = blockIdx.x / QP_DS_CLUSTER_BLOCKS;
+  const int col = (rank * blockDim.x + threadIdx.x) * 8;
+  const in_t* xs = x + (qp::i64)seg * lay.S + col;
+  in_t* ys = reinterpret_cast<in_t*>(out.q) + (qp::i64)seg * lay.S + col;
+  qp::ds_cluster_arrive();
+  const uint4 v[1] = {*reinterpret_cast<const uint4*>(xs)};
+  const qp::u32 r = qp::ds_cluster_range<In, false>(qp::ds_range_word<In, false, 1>(v), warp_slots, shares);
+  float lo, hi, absmax;
+  bool bad;
+  qp::ds_range_values<In, false>(r, lo, hi, absmax, bad);
+  const qp::MoQParam p = qp::MoQSink<In, 8, true, false>::params_of(lo, hi, absmax, bad, out.bits, false);
+  if (p.bad || !(p.a >= 8.673617379884035e-19f && p.a <= 1.2676506002282294e+30f)) {
+    qp::moq_dense_generic<In, 1>(xs, ys, 0, 1, p, out.bits, false);
+    return;
+  }
+  const float inv = qp::ds_rcp_rn(p.a), top = (float)((1 << (out.bits - 1)) - 1);
+  *reinterpret_cast<uint4*>(ys) = qp::moq_dense_values<In>(v[0], p.a, inv, top);
+#else
+  __trap();
+#endif
 }

@@ -356,8 +356,8 @@ __device__ __forceinline__ u32 ds_range_combine(u32 a, u32 b) {
 template <class In, bool ASYM>
 __device__ __forceinline__ u32 ds_team_range(u32 r, int team, u32* slots) {
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1)  // steps at or above the team exchange with the lane itself
-    r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d & (team - 1)));
+  for (int d = 1; d < 32; d <<= 1)  // steps at or above the team are skipped (uniform branches)
+    if (d < team) r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
   if (team <= 32) return r;
   const int warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0) slots[warp] = r;
@@ -513,7 +513,8 @@ __device__ __forceinline__ void deepspeed_dense_codes(const uint4& v, const Deep
 }
 
 // A group of deepspeed_quantize_dense outside the division-free path: DeepSpeedCodeSink's
-// formulas (IEEE divisions), the thread's NV vectors read again from xs; lane 0 writes the row.
+// formulas (IEEE divisions), the thread's NV vectors read again from xs; lane 0 writes the row
+// (when `params` is not null).
 template <class In, class Code, int NV>
 __device__ __noinline__ void deepspeed_dense_generic(const typename FloatElement<In>::storage* xs, u8* qs,
                                                      float* params, i64 og, int lane, int team, float lo, float hi,
@@ -522,7 +523,7 @@ __device__ __noinline__ void deepspeed_dense_generic(const typename FloatElement
   typedef VectorQuantizer<In, Code, 8, true> VQ;
   constexpr int bits = QuantElement<Code>::kind == 1 ? 4 : 8;
   const DeepSpeedParam p = Sink::params_of(lo, hi, absmax, bad, bits, asym);
-  if (lane == 0) {
+  if (lane == 0 && params != nullptr) {
     if (asym) {
       params[2 * og] = p.inv;
       params[2 * og + 1] = p.offset;
@@ -581,6 +582,72 @@ __device__ __forceinline__ uint4 moq_dense_values(const uint4& v, float a, float
   return out.bytes.w[0];
 }
 
+// ---- one group over a thread-block cluster (sm_90) ----
+// deepspeed_quantize_cluster / moq_fake_quantize_cluster (deepspeed_format.cu): few long groups
+// (16 rows of 8192: a block per group would keep 16 multiprocessors busy). A group of S =
+// QP_DS_CLUSTER_BLOCKS * blockDim.x * 8 16-bit floats takes a cluster of QP_DS_CLUSTER_BLOCKS
+// blocks, one 16-byte vector per thread: each block reduces its share of the range word (shuffles,
+// a slot per warp), warp 0 stores it into every block of the cluster (distributed shared
+// memory), and after one cluster barrier every thread combines the shares locally. Parameters,
+// codes and the out-of-line generic path are those of the dense passes.
+#ifndef QP_DS_CLUSTER_BLOCKS
+#define QP_DS_CLUSTER_BLOCKS 8
+#endif
+#if __CUDA_ARCH__ >= 900
+#define QP_DS_CLUSTER_DIMS __cluster_dims__(QP_DS_CLUSTER_BLOCKS, 1, 1)
+#else
+#define QP_DS_CLUSTER_DIMS
+#endif
+
+// The neutral range word: SYMMETRIC 0; ASYMMETRIC a pair of -Inf halves (the (-min, max) pair
+// holds any sign with the group's own range).
+template <class In, bool ASYM>
+__device__ __forceinline__ u32 ds_range_identity() {
+  return ASYM ? (FloatBits<In>::inf | 0x8000u) * 0x10001u : 0u;
+}
+
+// Phase 1 of the cluster reduction: arrive before the loads (waited on before the first remote store).
+__device__ __forceinline__ void ds_cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+
+// The range word of the cluster's group (every thread of every block of the cluster calls this,
+// after ds_cluster_arrive): `warp_slots` one word per warp, `shares` one per block of the cluster.
+template <class In, bool ASYM>
+__device__ __forceinline__ u32 ds_cluster_range(u32 r, u32* warp_slots, u32* shares) {
+#if __CUDA_ARCH__ >= 900
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) warp_slots[warp] = r;
+  __syncthreads();
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
+  if (warp == 0) {
+    r = (int)threadIdx.x < warps ? warp_slots[threadIdx.x] : ds_range_identity<In, ASYM>();
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
+    // Lane b stores the block's share into slot `rank` of block b of the cluster.
+    if (threadIdx.x < QP_DS_CLUSTER_BLOCKS) {
+      const u32 rank = blockIdx.x % QP_DS_CLUSTER_BLOCKS;
+      const u32 local = (u32)__cvta_generic_to_shared(&shares[rank]);
+      u32 remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((int)threadIdx.x));
+      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(r) : "memory");
+    }
+  }
+  // Phase 2: after it every block holds every share and no block touches another's memory again.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  u32 acc = shares[0];
+#pragma unroll
+  for (int b = 1; b < QP_DS_CLUSTER_BLOCKS; ++b) acc = ds_range_combine<In, ASYM>(acc, shares[b]);
+  return acc;
+#else
+  return r;
+#endif
+}
+
 // ---- the dense reduction: quantized_reduction on the hot layout ----
 // deepspeed_reduce_dense (deepspeed_format.cu): output groups of exactly team * 8 * NV elements,
 // input groups a multiple of 8 (a thread's 8 consecutive codes share one input group), no LoCo
@@ -618,11 +685,12 @@ template <bool ASYM>
 __device__ __forceinline__ DsFloatRange ds_team_float_range(DsFloatRange r, int team, DsFloatRange* slots) {
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
+    if (d >= team) break;
     DsFloatRange o;
-    o.amax = __shfl_xor_sync(0xFFFFFFFFu, r.amax, d & (team - 1));
+    o.amax = __shfl_xor_sync(0xFFFFFFFFu, r.amax, d);
     if (ASYM) {
-      o.lo = __shfl_xor_sync(0xFFFFFFFFu, r.lo, d & (team - 1));
-      o.hi = __shfl_xor_sync(0xFFFFFFFFu, r.hi, d & (team - 1));
+      o.lo = __shfl_xor_sync(0xFFFFFFFFu, r.lo, d);
+      o.hi = __shfl_xor_sync(0xFFFFFFFFu, r.hi, d);
     }
     ds_float_range_combine<ASYM>(r, o);
   }

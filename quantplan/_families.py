@@ -410,7 +410,14 @@ def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | N
     ]
     if input_kind in DENSE_FLOAT_KINDS and error_kind is None:
         unit += [deepspeed_dense_name(input_kind, bits, asym, nv) for asym in (False, True) for nv in QGZ_DENSE_NV]
+        unit += [deepspeed_cluster_name(input_kind, bits, asym) for asym in (False, True)]
     return unit
+
+
+def deepspeed_cluster_name(input_kind: ElementKind, bits: int, asym: bool) -> str:
+    """One instantiation of ``deepspeed_quantize_cluster`` (sm_90: one group per thread-block cluster)."""
+    code = ELEMENTS[deepspeed_code_kind(bits)]
+    return template_name("deepspeed_quantize_cluster", ELEMENTS[input_kind].cpp_tag, code.cpp_tag, asym)
 
 
 def deepspeed_dense_name(input_kind: ElementKind, bits: int, asym: bool, nv: int) -> str:
@@ -422,6 +429,11 @@ def deepspeed_dense_name(input_kind: ElementKind, bits: int, asym: bool, nv: int
 def moq_dense_name(kind: ElementKind, nv: int) -> str:
     """One instantiation of ``moq_fake_quantize_dense`` (SYMMETRIC, nearest rounding)."""
     return template_name("moq_fake_quantize_dense", ELEMENTS[kind].cpp_tag, nv)
+
+
+def moq_cluster_name(kind: ElementKind) -> str:
+    """The instantiation of ``moq_fake_quantize_cluster`` of ``kind`` (sm_90; SYMMETRIC, nearest rounding)."""
+    return template_name("moq_fake_quantize_cluster", ELEMENTS[kind].cpp_tag)
 
 
 #: Vectors (of 8 elements) per thread of ``deepspeed_reduce_dense`` (its float sums stay in registers:
@@ -470,6 +482,7 @@ def moq_fake_quantize_unit(kind: ElementKind, rounding: Rounding) -> Unit:
     ]
     if not stochastic and kind in DENSE_FLOAT_KINDS:
         unit += [moq_dense_name(kind, nv) for nv in QGZ_DENSE_NV]
+        unit.append(moq_cluster_name(kind))
     return unit
 
 
@@ -525,9 +538,11 @@ __all__ = [
     "all_instantiations",
     "compile_units",
     "deepspeed_code_kind",
+    "deepspeed_cluster_name",
     "deepspeed_dense_name",
     "deepspeed_reduce_dense_name",
     "DEEPSPEED_REDUCE_DENSE_NV",
+    "moq_cluster_name",
     "moq_dense_name",
     "dequant_reduce_unit",
     "dequantize_unit",

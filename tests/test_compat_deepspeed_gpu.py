@@ -16,8 +16,9 @@ NumPy copies of the data; LoCo error buffers and MoQ values are updated in place
 * ``dequantize`` / ``dequantize_fp32`` on codes from ``quantize``.
 * ``quantized_reduction``: 1, 3 and 4 devices per node, input and output groups of different
   (ragged, large) sizes, structured and flat codes.
-* The dense passes (float16 / bfloat16 groups of ``team * 8 * nv``, no LoCo): every team shape
-  (one thread to a block, many and few groups), 8 / 4 bits, both modes; groups at and beyond the
+* The dense and cluster passes (float16 / bfloat16 groups of ``team * 8 * nv``, no LoCo): every
+  team shape (one thread to a block, many and few groups, a cluster of 8 blocks of 32 / 128 / 256
+  threads per group), 8 / 4 bits, both modes; groups at and beyond the
   edges of their division-free path (all equal, zero, subnormal, huge, overflowing, NaN, inf);
   the swizzle map; MoQ nearest symmetric at 8 / 4 / 1 bits; a misaligned input; the dense
   quantized reduction (output groups of team * 8) on 1 / 3 / 8 peers, with non-finite and extreme sums.
@@ -265,14 +266,18 @@ def test_dequantize_matches_numpy(
 
 # (shape, groups): every (team, vectors per thread) shape class of deepspeed_quantize_dense and
 # moq_fake_quantize_dense: teams of 1, a few lanes, a warp, several warps and a full block; many
-# groups (4 lanes x 4 vectors, the large-problem shape) and few (widened, smaller blocks).
+# groups (4 lanes x 4 vectors, the large-problem shape) and few (widened); and few long groups,
+# which take a thread-block cluster per group on sm_90 (the cluster passes).
 DENSE_CASES = [
     pytest.param((70000, 128), 70000, id="70000g-of-128"),  # 4 lanes x 4 vectors
-    pytest.param((64, 128), 64, id="64g-of-128"),  # widened: 16 lanes x 1 vector, 64-thread blocks
-    pytest.param((16, 8192), 16, id="16g-of-8192"),  # a block of 256 x 4 vectors per group
+    pytest.param((64, 128), 64, id="64g-of-128"),  # widened: 16 lanes x 1 vector
+    pytest.param((40, 8192), 40, id="40g-of-8192"),  # a block of 256 x 4 vectors per group
     pytest.param((40, 512), 40, id="40g-of-512"),  # 64 threads x 1 vector: a team over two warps
     pytest.param((100, 256), 100, id="100g-of-256"),  # a warp x 1 vector
     pytest.param((3, 16), 6, id="6g-of-8"),  # a team of one thread
+    pytest.param((16, 8192), 16, id="16g-of-8192"),  # cluster: 8 blocks of 128
+    pytest.param((6, 16384), 6, id="6g-of-16384"),  # cluster: 8 blocks of 256
+    pytest.param((8, 2048), 8, id="8g-of-2048"),  # cluster: 8 blocks of 32
 ]
 DENSE_KINDS = pytest.mark.parametrize("kind", [EK.F16, EK.BF16], ids=["float16", "bfloat16"])
 
@@ -310,17 +315,21 @@ def test_dense_quantize_matches_numpy(
     )
 
 
-@pytest.mark.parametrize("size", [8, 128, 1024, 8192])
+# (groups, size) of the extreme-value tests: dense teams of 1, 16 and 256 threads, and clusters.
+EXTREME_CASES = [(12, 8), (12, 128), (12, 1024), (40, 8192), (12, 8192)]
+
+
+@pytest.mark.parametrize("groups,size", EXTREME_CASES)
 @pytest.mark.parametrize("bits", [8, 4])
 @DENSE_KINDS
 @QUANT_TYPES
 def test_dense_quantize_extreme_groups(
-    rng: np.random.Generator, size: int, bits: int, kind: EK, quant_type: int
+    rng: np.random.Generator, groups: int, size: int, bits: int, kind: EK, quant_type: int
 ) -> None:
-    x = extreme_groups(kind, 12, size, rng)
+    x = extreme_groups(kind, groups, size, rng)
     x_dev = to_cupy(x)
-    want = ds.quantize(x, 12, bits, quant_type)
-    assert_outputs(ds.quantize(x_dev, 12, bits, quant_type), want, x_dev, "quantize")
+    want = ds.quantize(x, groups, bits, quant_type)
+    assert_outputs(ds.quantize(x_dev, groups, bits, quant_type), want, x_dev, "quantize")
     assert np.isnan(want[1][6:8]).all()
 
 
@@ -344,10 +353,10 @@ def test_dense_moq_matches_numpy(rng: np.random.Generator, shape: tuple, groups:
     run_moq_both(rng, "ds_quantize_fp16", random_floats(rng, shape, kind), groups, bits, to_cupy)
 
 
-@pytest.mark.parametrize("size", [8, 1024, 8192])
+@pytest.mark.parametrize("groups,size", EXTREME_CASES)
 @DENSE_KINDS
-def test_dense_moq_extreme_groups(rng: np.random.Generator, size: int, kind: EK) -> None:
-    run_moq_both(rng, "ds_quantize_fp16", extreme_groups(kind, 12, size, rng), 12, 8, to_cupy)
+def test_dense_moq_extreme_groups(rng: np.random.Generator, groups: int, size: int, kind: EK) -> None:
+    run_moq_both(rng, "ds_quantize_fp16", extreme_groups(kind, groups, size, rng), groups, 8, to_cupy)
 
 
 def test_dense_quantize_misaligned_input_matches_numpy(rng: np.random.Generator) -> None:
