@@ -46,7 +46,7 @@ from .._families import (
     moq_dense_name,
     moq_fake_quantize_unit,
 )
-from .._launch import fields, launch_on, params_struct
+from .._launch import PreparedLaunch, fields, launch_on, params_struct, vector_alignment
 from .._operands import (
     Operand,
     check_disjoint,
@@ -77,7 +77,7 @@ from .._qgz_launch import (
     qgz_geometry,
     widest_dividing,
 )
-from .._segments import SegmentLayoutArgs
+from .._segments import SegmentLayoutArgs, segment_layout
 from ..compiler import compile_options, load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
@@ -269,6 +269,7 @@ class _Dense:
     launch: DenseLaunch
     block: int
     grid: int
+    cluster: bool = False
 
 
 def _dense_pass(
@@ -298,7 +299,8 @@ def _dense_pass(
     few = groups * CLUSTER_BLOCKS <= 2 * info.sm_count
     if info.arch.major >= 9 and few and not rem and per_block % 32 == 0 and 0 < per_block <= DENSE_BLOCK:
         tag = f"cluster[{CLUSTER_BLOCKS}x{per_block}t-per-group,1vec8-per-thread]"
-        return _Dense(DenseLaunch(functions[cluster_name], per_block, 8, tag), per_block, groups * CLUSTER_BLOCKS)
+        launch = DenseLaunch(functions[cluster_name], per_block, 8, tag)
+        return _Dense(launch, per_block, groups * CLUSTER_BLOCKS, cluster=True)
     shape = dense_quantize_geometry(groups, size, info.busy_threads)
     if shape is None:
         return None
@@ -307,12 +309,30 @@ def _dense_pass(
     return _Dense(launch, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // team)))
 
 
-def _with_dense(launches: QgzLaunches, dense: _Dense | None) -> QgzLaunches:
-    """``launches`` (from ``prepare_qgz_launches(dense=dense.launch)``) with the dense or cluster
-    launch at its own block and grid."""
-    if dense is not None:
-        assert launches.fused is not None
-        launches.fused.block, launches.fused.grid = dense.block, dense.grid
+def _with_dense(
+    launches: QgzLaunches,
+    dense: _Dense | None,
+    kernels: QgzKernels,
+    layout: SegmentLayoutArgs | None,
+    bits: list[int],
+) -> QgzLaunches:
+    """``launches`` with the dense or cluster launch at its own block and grid. A dense pass came
+    from ``prepare_qgz_launches(dense=dense.launch)``; a cluster pass (the fused pass and its
+    element-I/O twin came from ``prepare_qgz_launches``) is prepared here, without an occupancy
+    query (its grid is fixed: ``CLUSTER_BLOCKS`` blocks per group). ``layout``: the kernels'
+    ``SegmentLayout`` (cluster passes); ``bits``: the element bits of the operands in vectors
+    (their alignments)."""
+    if dense is None:
+        return launches
+    if dense.cluster:
+        assert layout is not None
+        launch = PreparedLaunch(
+            dense.launch.function, dense.grid, dense.block, kernels.params_type, layout=layout, **kernels.fixed
+        )
+        aligns = tuple(vector_alignment(dense.launch.vec, b) for b in bits)
+        return QgzLaunches(launch, launches.fused_fallback, (), aligns, dense.launch.describe)
+    assert launches.fused is not None
+    launches.fused.block, launches.fused.grid = dense.block, dense.grid
     return launches
 
 
@@ -409,9 +429,11 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
         bits,
         info,
         own_range=True,
-        dense=None if dense is None else dense.launch,
+        dense=None if dense is None or dense.cluster else dense.launch,
     )
-    return _with_dense(launches, dense)
+    team = 1 if dense is None else dense.launch.team
+    layout = segment_layout(desc.groups, group_size, team, q_min, q_max, desc.mode, own_range=True)
+    return _with_dense(launches, dense, kernels, layout, bits)
 
 
 class DeepSpeedQuantizePlan(_DeepSpeedPlan):
@@ -742,7 +764,12 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
         team, nv = team_nv
         fn = functions[deepspeed_reduce_dense_name(desc.num_bits, desc.mode is QuantMode.ASYMMETRIC, nv)]
         tag = f"dense[{team}t-per-group,{nv}vec8-per-thread,{desc.devices_per_node}-peer-sum]"
-        dense = _Dense(DenseLaunch(fn, team, 8, tag), DENSE_BLOCK, -(-desc.out_groups // (DENSE_BLOCK // team)))
+        # Few groups: smaller blocks (down to 64 threads, one group) spread the peer sums over
+        # more multiprocessors (H200, 16 x 8192 int4, 8 peers: 4.9 us at 64 threads, 5.0 at 256).
+        block = DENSE_BLOCK
+        while block > max(64, team) and -(-desc.out_groups // (block // team)) < 2 * info.sm_count:
+            block //= 2
+        dense = _Dense(DenseLaunch(fn, team, 8, tag), block, -(-desc.out_groups // (block // team)))
     launches = prepare_qgz_launches(
         kernels,
         geometry,
@@ -757,7 +784,7 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
         own_range=True,
         dense=None if dense is None else dense.launch,
     )
-    return _with_dense(launches, dense)
+    return _with_dense(launches, dense, kernels, None, bits)
 
 
 def _reduce_dense_shape(group_size: int) -> tuple[int, int] | None:
@@ -946,9 +973,11 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
         bits,
         info,
         own_range=True,
-        dense=None if dense is None else dense.launch,
+        dense=None if dense is None or dense.cluster else dense.launch,
     )
-    return _with_dense(launches, dense)
+    team = 1 if dense is None else dense.launch.team
+    layout = segment_layout(desc.groups, group_size, team, 0, 0, desc.mode, own_range=True)
+    return _with_dense(launches, dense, kernels, layout, bits)
 
 
 class MoQFakeQuantizePlan(_DeepSpeedPlan):
