@@ -391,7 +391,8 @@ __device__ __forceinline__ void ds_range_values(u32 r, float& lo, float& hi, flo
 
 // Loads of the input vectors of a pass whose input is read-only (not MoQ, which may write in
 // place): 0 plain, 1 non-coherent (ld.global.nc), 2 streaming (ld.global.cs), 3 non-coherent
-// without L1 allocation.
+// without L1 allocation. Measured on H200 (8192 x 8192 f16, per-token int8 and groups of 128):
+// 1 within noise of 0, 3 slower by 7-14%; 0 is the default.
 #ifndef QP_DS_LOAD
 #define QP_DS_LOAD 0
 #endif
