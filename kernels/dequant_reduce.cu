@@ -6,6 +6,8 @@
 //   dequant_reduce_group_params  any output group size, pass 1: the parameters of every group
 //   dequant_reduce_elements      any output group size, pass 2: codes (and the error update)
 //   dequant_reduce_floats        float output: the sum (averaged) rounded once to Out
+//   dequant_reduce_dense         the hot layout (SYMMETRIC, no LoCo, aligned, groups of team *
+//                                EPT elements): EPT elements per thread, PEERS unrolled (0: any N)
 // Code: the input code element; Out: the output code (or float) element; Err: the LoCo buffer's
 // float or qp::no_error. 4-bit codes on both sides share one nibble order (HIGH_FIRST).
 #include "qp_qgz.cuh"
@@ -18,6 +20,13 @@ dequant_reduce_segments(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, c
   const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
   const qp::QgzCodeSink<qp::f32, Out, Err, VEC, VECTOR_IO, HIGH_FIRST> sink{out, lay.q_min, lay.q_max, lay.mode, divisor};
   qp::qgz_fused_segments<qp::f32, VEC>(src, sink, qp::SameGroups(), lay);
+}
+
+template <class Code, class Out, int EPT, bool HIGH_FIRST, int PEERS>
+__global__ void __launch_bounds__(QP_REDUCE_DENSE_BLOCK, QP_REDUCE_DENSE_MIN_BLOCKS)
+dequant_reduce_dense(const qp::PeerSumArgs in, const qp::QgzOutputArgs out, const qp::SegmentLayout lay,
+                     float divisor) {
+  qp::dense_reduce<Code, Out, EPT, HIGH_FIRST, PEERS>(in, out, lay, divisor);
 }
 
 // The parameters do not depend on the output code element: the sink's Out is a placeholder.

@@ -639,4 +639,212 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   }
 }
 
+
+// ---- the dense reduction: dequant-reduce specialised for the hot layout ----
+// dequant_reduce_dense: SYMMETRIC codes on both sides, no LoCo buffer, fewer than 2^31 elements
+// per chunk, a thread's EPT elements inside one input group (EPT divides the input group size),
+// output groups of exactly team * EPT elements (team a power of two up to the block), operands
+// aligned to a thread's bytes. Each thread owns EPT consecutive elements: one load of EPT codes
+// per peer, the peer's scale loaded once, the sum held in registers (no staging, no spills).
+// Decoding a code costs no integer conversion: XOR with the sign bit turns two's-complement
+// codes into offset binary n = q + 2^(b-1) (a three-input logic op masks the even and the odd
+// nibbles of a word into bytes at once), a byte permute puts n into the low mantissa bits of
+// 2^23 (even nibbles, bytes) or, for the odd nibbles (n * 16 in the byte), of 2^19 (one ulp
+// 1/16), and one float subtraction of that power plus the offset gives q exactly; then
+// y = q * scale (one rounding, as (q - 0) * scale) and the float32 sum in peer order, peer 0
+// first (the sum starts as y_0). PEERS > 0: the peer loop fully unrolled for that N.
+
+#ifndef QP_REDUCE_DENSE_BLOCK
+#define QP_REDUCE_DENSE_BLOCK 256
+#endif
+#ifndef QP_REDUCE_DENSE_MIN_BLOCKS
+#define QP_REDUCE_DENSE_MIN_BLOCKS 6
+#endif
+
+// Streamed codes: read once, kept out of L1.
+__device__ __forceinline__ uint2 load_stream(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// NaN-propagating max of |v| and m (the symmetric range of float32 values: NaN and Inf exceed
+// every finite value, so the result's bits are range_nonfinite's test too).
+__device__ __forceinline__ float max_abs_nan(float m, float v) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(m), "f"(fabsf(v)));
+  return d;
+}
+
+// A thread's EPT codes of one peer (W 32-bit words) and their exact values q as floats.
+template <class Code, int EPT, bool HIGH_FIRST>
+struct DenseCodes {
+  static const bool packed = QuantElement<Code>::kind == 1;
+  static const bool is_signed = QuantElement<Code>::is_signed;
+  static const int bytes = packed ? EPT / 2 : EPT;
+  static const int words = bytes / 4;
+  typedef typename VectorWord<bytes < 16 ? bytes : 16>::type word_t;
+  static const int loads = bytes < 16 ? 1 : bytes / 16;
+  u32 w[words];
+
+  __device__ __forceinline__ void load(const u8* q) {
+#pragma unroll
+    for (int i = 0; i < loads; ++i) {
+      const word_t v = load_stream(reinterpret_cast<const word_t*>(q) + i);
+      const u32* vw = reinterpret_cast<const u32*>(&v);
+#pragma unroll
+      for (int k = 0; k < (int)(sizeof(word_t) / 4); ++k) w[i * (sizeof(word_t) / 4) + k] = vw[k];
+    }
+  }
+
+  // The values q of the EPT codes (exact integers as floats).
+  __device__ __forceinline__ void values(float (&q)[EPT]) const {
+    const u32 two23 = 0x4B000000u, two19 = 0x49000000u;
+    if constexpr (packed) {
+      // Low nibbles (n in 0..15) under 2^23; high nibbles (16 n) under 2^19 (ulp 1/16).
+      const float k23 = __uint_as_float(two23 + (is_signed ? 8u : 0u));
+      const float k19 = __uint_as_float(two19 + (is_signed ? 128u : 0u));
+#pragma unroll
+      for (int i = 0; i < words; ++i) {
+        const u32 lo = (w[i] & 0x0F0F0F0Fu) ^ (is_signed ? 0x08080808u : 0u);
+        const u32 hi = (w[i] & 0xF0F0F0F0u) ^ (is_signed ? 0x80808080u : 0u);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const float fl = __fsub_rn(__uint_as_float(__byte_perm(lo, two23, 0x7440 | b)), k23);
+          const float fh = __fsub_rn(__uint_as_float(__byte_perm(hi, two19, 0x7440 | b)), k19);
+          q[8 * i + 2 * b] = HIGH_FIRST ? fh : fl;
+          q[8 * i + 2 * b + 1] = HIGH_FIRST ? fl : fh;
+        }
+      }
+    } else {
+      const float k23 = __uint_as_float(two23 + (is_signed ? 128u : 0u));
+#pragma unroll
+      for (int i = 0; i < words; ++i) {
+        const u32 n = w[i] ^ (is_signed ? 0x80808080u : 0u);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) q[4 * i + b] = __fsub_rn(__uint_as_float(__byte_perm(n, two23, 0x7440 | b)), k23);
+      }
+    }
+  }
+};
+
+// acc = ((y_0 + y_1) + ...) for peers [0, peers) (PEERS > 0: that many, unrolled), y_j = q_j * s_j;
+// q points at this thread's codes of peer 0, s at its scale of peer 0.
+template <class Code, int EPT, bool HIGH_FIRST, int PEERS>
+__device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* q, const float* s, float (&acc)[EPT]) {
+  typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
+  auto add = [&](const Codes& c, float scale, bool first) {
+    float v[EPT];
+    c.values(v);
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const float y = __fmul_rn(v[k], scale);
+      acc[k] = first ? y : __fadd_rn(acc[k], y);
+    }
+  };
+  if constexpr (PEERS > 0) {
+    // Batches of B peers (at most 64 bytes of codes per thread): loads first, then the sums.
+    constexpr int B0 = 64 / Codes::bytes, B = B0 < 1 ? 1 : (B0 > PEERS ? PEERS : B0);
+#pragma unroll
+    for (int j0 = 0; j0 < PEERS; j0 += B) {
+      Codes c[B];
+      float sc[B];
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        if (j0 + j < PEERS) {
+          c[j].load(q + (i64)(j0 + j) * in.peer_bytes);
+          sc[j] = __ldg(s + (i64)(j0 + j) * in.peer_params);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < B; ++j)
+        if (j0 + j < PEERS) add(c[j], sc[j], j0 + j == 0);
+    }
+  } else {
+    {
+      Codes c0;
+      c0.load(q);
+      add(c0, __ldg(s), true);
+    }
+#pragma unroll 4
+    for (int j = 1; j < in.peers; ++j) {
+      Codes c;
+      c.load(q + (i64)j * in.peer_bytes);
+      add(c, __ldg(s + (i64)j * in.peer_params), false);
+    }
+  }
+}
+
+// The rare path of the dense reduction (a group whose scale is not `fast`: NaN / Inf in the
+// group, an extreme scale): the exact codes of one pair of values (out of line).
+template <class Out, bool HIGH_FIRST>
+__device__ __noinline__ void dense_reduce_exact_pair(u8* dst, float v0, float v1, float scale, int q_min, int q_max) {
+  const int c[2] = {quantize_int_code_exact(v0, scale, 0, q_min, q_max),
+                    quantize_int_code_exact(v1, scale, 0, q_min, q_max)};
+  VectorQuantizer<f32, Out, 2, HIGH_FIRST>::template store<false>(dst, 2, c);
+}
+
+// The dense reduction over a chunk of lay.segments groups of lay.S = team * EPT elements.
+// The loop is block-uniform (teams wider than a warp reduce through shared memory).
+template <class Code, class Out, int EPT, bool HIGH_FIRST, int PEERS>
+__device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOutputArgs& o, const SegmentLayout& lay,
+                                             float divisor) {
+  typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
+  typedef SegmentRange<float, u32> Range;
+  constexpr bool out_packed = QuantElement<Out>::kind == 1;
+  __shared__ Range team_slots[QP_REDUCE_DENSE_BLOCK / 32];
+  const int team = 1 << lay.seg_log2;
+  const int lane = threadIdx.x & (team - 1);
+  const bool raw = lay.q_min <= -lay.q_max;
+  const u32 units = (u32)lay.segments << lay.seg_log2;
+  const u32 stride = gridDim.x * blockDim.x;
+  for (u32 base = blockIdx.x * blockDim.x; base < units; base += stride) {
+    const u32 u = base + threadIdx.x;
+    const bool active = u < units;
+    const u32 unit = active ? u : units - 1;  // an idle thread reads a valid unit, writes nothing
+    const u32 first = unit * EPT;
+    const u32 g_in = in.in_group_shift >= 0 ? first >> in.in_group_shift : first / (u32)in.in_group;
+    float acc[EPT];
+    dense_peer_sum<Code, EPT, HIGH_FIRST, PEERS>(in, in.q + (size_t)unit * Codes::bytes, in.scale + g_in, acc);
+    if (in.average) {
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) acc[k] = __fdiv_rn(acc[k], in.peers_f);
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) amax = max_abs_nan(amax, acc[k]);
+    Range range;
+    range.lo = range.hi = 0.0f;
+    range.amax_bits = __float_as_uint(amax);
+    team_range_reduce<true>(range, false, team, team_slots);
+    if (!active) continue;
+    int zp;
+    const float scale = segment_params<float>(0.0f, range_amax<f32>(range.amax_bits),
+                                              range_nonfinite<f32>(range.amax_bits), 0, lay.q_min, lay.q_max,
+                                              divisor, zp);
+    const u32 g = unit >> lay.seg_log2;
+    if (lane == 0) o.scale_out[g] = scale;
+    IntQuantParam<float> p;
+    p.set(scale, 0);
+    u8* dst = o.q + (out_packed ? first / 2 : first);
+    if (!p.fast) {
+#pragma unroll
+      for (int k = 0; k < EPT; k += 2)
+        dense_reduce_exact_pair<Out, HIGH_FIRST>(dst + (out_packed ? k / 2 : k), acc[k], acc[k + 1], scale,
+                                                 lay.q_min, lay.q_max);
+      continue;
+    }
+    int codes[EPT];
+    qgz_dense_codes<EPT>(acc, p, raw, lay.q_min, lay.q_max, codes);
+    qgz_dense_store_codes<Out, HIGH_FIRST, EPT>(dst, codes);
+  }
+}
+
 }  // namespace qp

@@ -376,11 +376,34 @@ def dequant_reduce_unit(
             template_name("dequant_reduce_floats", *pair, 1, False, high_first),
         ]
     tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
-    return [
+    unit = [
         *segment_names("dequant_reduce_segments", tags, code.is_packed or out.is_packed, (high_first,)),
         template_name("dequant_reduce_group_params", tags[0], tags[1], high_first),
         template_name("dequant_reduce_elements", *tags, high_first),
     ]
+    if error_kind is None:
+        unit += [
+            dequant_reduce_dense_name(input_kind, output_kind, high_first, ept, peers)
+            for ept in DENSE_REDUCE_EPT
+            for peers in DENSE_REDUCE_PEERS
+        ]
+    return unit
+
+
+#: Elements per thread of ``dequant_reduce_dense`` (one load of that many codes per peer).
+DENSE_REDUCE_EPT = (16,)
+#: Peer counts ``dequant_reduce_dense`` is unrolled for; 0: any count (a loop).
+DENSE_REDUCE_PEERS = (0, 2, 4, 8, 16)
+
+
+def dequant_reduce_dense_name(
+    input_kind: ElementKind, output_kind: ElementKind, high_first: bool, ept: int, peers: int
+) -> str:
+    """``dequant_reduce_dense`` for (input code, output code, nibble order, elements per thread,
+    unrolled peer count or 0)."""
+    return template_name(
+        "dequant_reduce_dense", ELEMENTS[input_kind].cpp_tag, ELEMENTS[output_kind].cpp_tag, ept, high_first, peers
+    )
 
 
 def dequant_reduce_units() -> list[Unit]:
@@ -535,6 +558,8 @@ __all__ = [
     "QGZ_DENSE_NV",
     "QGZ_FLOAT_KINDS",
     "QGZ_WIDTHS",
+    "DENSE_REDUCE_EPT",
+    "DENSE_REDUCE_PEERS",
     "all_instantiations",
     "compile_units",
     "deepspeed_code_kind",
@@ -544,6 +569,7 @@ __all__ = [
     "DEEPSPEED_REDUCE_DENSE_NV",
     "moq_cluster_name",
     "moq_dense_name",
+    "dequant_reduce_dense_name",
     "dequant_reduce_unit",
     "dequantize_unit",
     "FAKE_DENSE_ROW_KERNELS",

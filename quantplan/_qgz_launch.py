@@ -220,12 +220,14 @@ def qgz_geometry(
 class DenseLaunch:
     """A dense pass (``kernels/qp_qgz.cuh``) that replaces the fused pass for aligned operands:
     its kernel, the team of threads per group, the vector width (elements) its operands'
-    alignment comes from, and its variant tag."""
+    alignment comes from, its variant tag, and its threads per block (a power of two, at
+    least the team)."""
 
     function: Any
     team: int
     vec: int
     describe: str
+    block: int = DENSE_BLOCK
 
 
 def dense_quantize_geometry(groups: int, group_size: int, busy_threads: int) -> tuple[int, int] | None:
@@ -331,8 +333,8 @@ def prepare_qgz_launches(
 
         if dense is not None:
             layout = segment_layout(groups, group_size, dense.team, q_min, q_max, mode, own_range)
-            grid = occupancy_grid(dense.function, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // dense.team)), info)
-            launch = PreparedLaunch(dense.function, grid, DENSE_BLOCK, kernels.params_type, layout=layout, **fixed)
+            grid = occupancy_grid(dense.function, dense.block, -(-groups // (dense.block // dense.team)), info)
+            launch = PreparedLaunch(dense.function, grid, dense.block, kernels.params_type, layout=layout, **fixed)
             aligns = tuple(vector_alignment(dense.vec, b) for b in alignment_bits)
             return QgzLaunches(launch, fused(fallback), (), aligns, dense.describe)
         aligns = tuple(vector_alignment(primary.vec, b) for b in alignment_bits)

@@ -23,7 +23,14 @@ from pydantic import ConfigDict
 
 from . import reference
 from ._device import device_info, stream_device_id
-from ._families import QGZ_WIDTHS, dequant_reduce_unit, error_tag
+from ._families import (
+    DENSE_REDUCE_EPT,
+    DENSE_REDUCE_PEERS,
+    QGZ_WIDTHS,
+    dequant_reduce_dense_name,
+    dequant_reduce_unit,
+    error_tag,
+)
 from ._launch import launch_on, params_struct
 from ._operands import (
     Operand,
@@ -36,6 +43,9 @@ from ._operands import (
 )
 from ._plan import Plan, check_descriptor, choose_backend, preferred, snapshot
 from ._qgz_launch import (
+    DENSE_BLOCK,
+    DENSE_MAX_ELEMENTS,
+    DenseLaunch,
     PeerSumArgs,
     QgzChecks,
     QgzKernels,
@@ -223,6 +233,13 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     geometry = None if packed and vec_in < 2 else qgz_geometry(groups, size, packed, vec_in, info)
+    dense = None
+    shape = dense_reduce_geometry(desc, info.sm_count)
+    if shape is not None and geometry is not None:
+        ept, team, block, peers = shape
+        fn = functions[dequant_reduce_dense_name(desc.input_element, desc.output_element, high_first, ept, peers)]
+        unrolled = f"{peers}-peers-unrolled" if peers else "peer-loop"
+        dense = DenseLaunch(fn, team, ept, f"dense[{team}t-per-group,{ept}-per-thread,{unrolled},{block}t]", block)
     return prepare_qgz_launches(
         kernels,
         geometry,
@@ -234,7 +251,37 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         desc.mode,
         bits,
         info,
+        dense=dense,
     )
+
+
+def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple[int, int, int, int] | None:
+    """``(elements per thread, team, block, unrolled peers or 0)`` of ``dequant_reduce_dense`` for
+    ``desc``, or None where it does not apply: it serves SYMMETRIC code outputs without LoCo,
+    chunks of fewer than ``DENSE_MAX_ELEMENTS`` elements, input groups holding whole threads
+    (``ept`` divides them), output groups of exactly ``team * ept`` elements (team a power of two
+    up to one block of ``DENSE_BLOCK``). Blocks shrink (down to a warp, at least the team) while
+    the chunk would leave most SMs without a block."""
+    size = desc.output_group_size
+    if (
+        desc.mode is not QuantMode.SYMMETRIC
+        or desc.error_element is not None
+        or desc.float_output
+        or size is None
+        or desc.chunk_elements >= DENSE_MAX_ELEMENTS
+    ):
+        return None
+    for ept in DENSE_REDUCE_EPT:
+        team, rem = divmod(size, ept)
+        if rem or desc.input_group_size % ept or team > DENSE_BLOCK or team & (team - 1):
+            continue
+        threads = desc.chunk_elements // ept
+        block = DENSE_BLOCK
+        while block > max(32, team) and threads < block * sm_count:
+            block //= 2
+        peers = desc.peers if desc.peers in DENSE_REDUCE_PEERS else 0
+        return ept, team, block, peers
+    return None
 
 
 class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
@@ -273,6 +320,10 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     **Kernel variants:** ``fused-single-pass[...]`` (output groups of at most 32768 elements;
     4-bit sides: even input groups): a team of threads sums and holds each output group in
     registers, one read of the peers' codes; an element-I/O twin for misaligned operands.
+    ``dense[...]`` replaces it for aligned operands in the hot layout (SYMMETRIC, no LoCo, output
+    groups of ``team * 16`` elements with team a power of two up to 256, input groups a multiple
+    of 16): each thread sums 16 elements with one load per peer and no integer conversions, the
+    peer loop unrolled for 2, 4, 8 and 16 peers.
     ``two-pass[...]`` (any other group size): the sums are computed twice (parameters, then
     codes), so the peers' codes are read twice. ``float-sum[...]``: float outputs, one read.
     ``numpy`` on the reference backend.

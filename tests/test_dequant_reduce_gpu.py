@@ -4,7 +4,8 @@ float sums).
 Every input code x output code x mode; 1, 3 and 8 peers; input and output groups of different
 sizes (vector widths 16 down to 1), the two-pass path (4-bit outputs with odd groups, groups
 above 32768 elements); averaging; LoCo with every buffer element; float outputs; NaN input
-scales; misaligned operands; fresh random codes and parameters.
+scales; misaligned operands; fresh random codes and parameters; the dense reduction (peer counts,
+team widths, group sizes, non-fast groups, several grid-stride passes).
 """
 
 from __future__ import annotations
@@ -128,6 +129,65 @@ def test_fused_pass_matches_reference(rng, peers, chunk, g_in, g_out, code_in, c
         peers, chunk, g_in, g_out, mode=mode, input_element=code_in, output_element=code_out, average=average
     )
     run_both(desc, *peer_inputs(rng, desc))
+
+
+# The dense reduction (SYMMETRIC, no LoCo, aligned; output groups of team * 16 elements, input
+# groups a multiple of 16): unrolled peer counts (2, 4, 8, 16) and the loop (1, 3, 5), teams of
+# 1 to 256 threads (shuffles, then shared memory), input groups below / above / unlike the
+# output groups (a non-power-of-two input group divides instead of shifting), chunks whose last
+# block is partly idle, and a chunk larger than one grid-stride pass.
+DENSE_CASES = [
+    (8, 8192 * 4, 512, 512),
+    (8, 16 * 1024, 512, 512),
+    (2, 16 * 77, 16, 16),
+    (4, 96 * 64, 48, 64),
+    (16, 4096 * 3, 1024, 4096),
+    (5, 2048 * 9, 2048, 256),
+    (1, 2048, 32, 128),
+    (3, 1536 * 7, 96, 2048),
+]
+
+
+@pytest.mark.parametrize("peers,chunk,g_in,g_out", DENSE_CASES)
+@pytest.mark.parametrize("code_in", QGZ_CODES)
+@pytest.mark.parametrize("code_out", QGZ_CODES)
+@pytest.mark.parametrize("average", [False, True])
+def test_dense_reduction_matches_reference(rng, peers, chunk, g_in, g_out, code_in, code_out, average) -> None:  # noqa: ANN001
+    desc = descriptor(peers, chunk, g_in, g_out, input_element=code_in, output_element=code_out, average=average)
+    assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense["), "the dense path serves it"
+    run_both(desc, *peer_inputs(rng, desc))
+
+
+@pytest.mark.parametrize("code_in,code_out", [(EK.S4, EK.S4), (EK.U4, EK.S8), (EK.S8, EK.U4)])
+@pytest.mark.parametrize("peers", [8, 3])
+def test_dense_reduction_special_groups(rng, code_in, code_out, peers) -> None:  # noqa: ANN001
+    """Groups whose output scale is not `fast` take the exact codes: a NaN input scale, scales that
+    overflow the sum to +-Inf, tiny scales (output scale below 2^-60), all-zero groups (scale 1);
+    both nibble orders; codes and scales of every other group unaffected."""
+    for order in (qp.NibbleOrder.LOW_FIRST, qp.NibbleOrder.HIGH_FIRST):
+        desc = descriptor(peers, 512 * 12, 64, 512, input_element=code_in, output_element=code_out, nibble_order=order)
+        q, scale, _ = peer_inputs(rng, desc)  # NaN scale in the last peer's group 2
+        scale[:, 8:16] = np.float32(3e38)  # output group 1: +-Inf sums
+        scale[:, 24:32] = np.float32(1e-30)  # output group 3: tiny sums
+        scale[0, 40:48] = np.float32(2e38)  # output group 5: Inf from one peer only where codes are big
+        width = q.shape[1] // 12
+        q[:, 6 * width : 7 * width] = 0  # output group 6: zero codes
+        scale[:, 56:64] = np.float32(0.0)  # output group 7: zero scales (signed zeros)
+        assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense[")
+        run_both(desc, q, scale, None)
+
+
+def test_dense_reduction_large_chunk_grid_stride(rng) -> None:  # noqa: ANN001
+    """More threads than one grid of resident blocks: the block loop runs several passes."""
+    desc = descriptor(2, 16 * 512 * 500, 512, 512, input_element=EK.S4, output_element=EK.S4)
+    assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense[")
+    run_both(desc, *peer_inputs(rng, desc))
+
+
+@pytest.mark.parametrize("offset", [1, 8])
+def test_dense_reduction_misaligned_takes_the_twin(rng, offset) -> None:  # noqa: ANN001
+    desc = descriptor(8, 4096, 512, 512, input_element=EK.S8, output_element=EK.S8)
+    run_both(desc, *peer_inputs(rng, desc), offset=offset)
 
 
 @pytest.mark.parametrize(
