@@ -657,6 +657,9 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 #ifndef QP_REDUCE_DENSE_BLOCK
 #define QP_REDUCE_DENSE_BLOCK 256
 #endif
+#ifndef QP_REDUCE_DENSE_BATCH_BYTES
+#define QP_REDUCE_DENSE_BATCH_BYTES 32
+#endif
 #ifndef QP_REDUCE_DENSE_MIN_BLOCKS
 #define QP_REDUCE_DENSE_MIN_BLOCKS 6
 #endif
@@ -709,17 +712,17 @@ struct DenseCodes {
     }
   }
 
-  // The values q of the EPT codes (exact integers as floats).
-  __device__ __forceinline__ void values(float (&q)[EPT]) const {
-    const u32 two23 = 0x4B000000u, two19 = 0x49000000u;
+  // The values q of the EPT codes (exact integers as floats). two23 / two19: the words of 2^23
+  // and 2^19, passed in registers (so every byte permute takes its selector as an immediate).
+  __device__ __forceinline__ void values(float (&q)[EPT], u32 two23, u32 two19) const {
     if constexpr (packed) {
       // Low nibbles (n in 0..15) under 2^23; high nibbles (16 n) under 2^19 (ulp 1/16).
-      const float k23 = __uint_as_float(two23 + (is_signed ? 8u : 0u));
-      const float k19 = __uint_as_float(two19 + (is_signed ? 128u : 0u));
+      const float k23 = __uint_as_float(0x4B000000u + (is_signed ? 8u : 0u));
+      const float k19 = __uint_as_float(0x49000000u + (is_signed ? 128u : 0u));
 #pragma unroll
       for (int i = 0; i < words; ++i) {
-        const u32 lo = (w[i] & 0x0F0F0F0Fu) ^ (is_signed ? 0x08080808u : 0u);
-        const u32 hi = (w[i] & 0xF0F0F0F0u) ^ (is_signed ? 0x80808080u : 0u);
+        const u32 x = w[i] ^ (is_signed ? 0x88888888u : 0u);
+        const u32 lo = x & 0x0F0F0F0Fu, hi = x & 0xF0F0F0F0u;
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           const float fl = __fsub_rn(__uint_as_float(__byte_perm(lo, two23, 0x7440 | b)), k23);
@@ -729,7 +732,7 @@ struct DenseCodes {
         }
       }
     } else {
-      const float k23 = __uint_as_float(two23 + (is_signed ? 128u : 0u));
+      const float k23 = __uint_as_float(0x4B000000u + (is_signed ? 128u : 0u));
 #pragma unroll
       for (int i = 0; i < words; ++i) {
         const u32 n = w[i] ^ (is_signed ? 0x80808080u : 0u);
@@ -741,13 +744,15 @@ struct DenseCodes {
 };
 
 // acc = ((y_0 + y_1) + ...) for peers [0, peers) (PEERS > 0: that many, unrolled), y_j = q_j * s_j;
-// q points at this thread's codes of peer 0, s at its scale of peer 0.
+// q points at this thread's codes of peer 0, s at its scale of peer 0; two23 / two19 as
+// DenseCodes::values takes them.
 template <class Code, int EPT, bool HIGH_FIRST, int PEERS>
-__device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* q, const float* s, float (&acc)[EPT]) {
+__device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* q, const float* s, float (&acc)[EPT],
+                                               u32 two23, u32 two19) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
   auto add = [&](const Codes& c, float scale, bool first) {
     float v[EPT];
-    c.values(v);
+    c.values(v, two23, two19);
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
       const float y = __fmul_rn(v[k], scale);
@@ -755,8 +760,9 @@ __device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* 
     }
   };
   if constexpr (PEERS > 0) {
-    // Batches of B peers (at most 64 bytes of codes per thread): loads first, then the sums.
-    constexpr int B0 = 64 / Codes::bytes, B = B0 < 1 ? 1 : (B0 > PEERS ? PEERS : B0);
+    // Batches of B peers (at most QP_REDUCE_DENSE_BATCH_BYTES of codes per thread): loads
+    // first, then the sums.
+    constexpr int B0 = QP_REDUCE_DENSE_BATCH_BYTES / Codes::bytes, B = B0 < 1 ? 1 : (B0 > PEERS ? PEERS : B0);
 #pragma unroll
     for (int j0 = 0; j0 < PEERS; j0 += B) {
       Codes c[B];
@@ -810,6 +816,8 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
   const bool raw = lay.q_min <= -lay.q_max;
   const u32 units = (u32)lay.segments << lay.seg_log2;
   const u32 stride = gridDim.x * blockDim.x;
+  // lay.pad is 0 at run time: the compiler cannot fold these words into the byte permutes.
+  const u32 two23 = 0x4B000000u | (u32)lay.pad, two19 = 0x49000000u | (u32)lay.pad;
   for (u32 base = blockIdx.x * blockDim.x; base < units; base += stride) {
     const u32 u = base + threadIdx.x;
     const bool active = u < units;
@@ -817,7 +825,8 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
     const u32 first = unit * EPT;
     const u32 g_in = in.in_group_shift >= 0 ? first >> in.in_group_shift : first / (u32)in.in_group;
     float acc[EPT];
-    dense_peer_sum<Code, EPT, HIGH_FIRST, PEERS>(in, in.q + (size_t)unit * Codes::bytes, in.scale + g_in, acc);
+    dense_peer_sum<Code, EPT, HIGH_FIRST, PEERS>(in, in.q + (size_t)unit * Codes::bytes, in.scale + g_in, acc, two23,
+                                                 two19);
     if (in.average) {
 #pragma unroll
       for (int k = 0; k < EPT; ++k) acc[k] = __fdiv_rn(acc[k], in.peers_f);

@@ -221,13 +221,16 @@ class DenseLaunch:
     """A dense pass (``kernels/qp_qgz.cuh``) that replaces the fused pass for aligned operands:
     its kernel, the team of threads per group, the vector width (elements) its operands'
     alignment comes from, its variant tag, and its threads per block (a power of two, at
-    least the team)."""
+    least the team). ``even_passes``: launch the fewest blocks that still take the same number
+    of grid-stride passes, so every block does the same work (no tail of blocks with one pass
+    more than the rest)."""
 
     function: Any
     team: int
     vec: int
     describe: str
     block: int = DENSE_BLOCK
+    even_passes: bool = False
 
 
 def dense_quantize_geometry(groups: int, group_size: int, busy_threads: int) -> tuple[int, int] | None:
@@ -333,7 +336,10 @@ def prepare_qgz_launches(
 
         if dense is not None:
             layout = segment_layout(groups, group_size, dense.team, q_min, q_max, mode, own_range)
-            grid = occupancy_grid(dense.function, dense.block, -(-groups // (dense.block // dense.team)), info)
+            wanted = -(-groups // (dense.block // dense.team))
+            grid = occupancy_grid(dense.function, dense.block, wanted, info)
+            if dense.even_passes:
+                grid = -(-wanted // -(-wanted // grid))
             launch = PreparedLaunch(dense.function, grid, dense.block, kernels.params_type, layout=layout, **fixed)
             aligns = tuple(vector_alignment(dense.vec, b) for b in alignment_bits)
             return QgzLaunches(launch, fused(fallback), (), aligns, dense.describe)

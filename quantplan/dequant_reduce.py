@@ -239,7 +239,8 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         ept, team, block, peers = shape
         fn = functions[dequant_reduce_dense_name(desc.input_element, desc.output_element, high_first, ept, peers)]
         unrolled = f"{peers}-peers-unrolled" if peers else "peer-loop"
-        dense = DenseLaunch(fn, team, ept, f"dense[{team}t-per-group,{ept}-per-thread,{unrolled},{block}t]", block)
+        describe = f"dense[{team}t-per-group,{ept}-per-thread,{unrolled},{block}t]"
+        dense = DenseLaunch(fn, team, ept, describe, block, even_passes=True)
     return prepare_qgz_launches(
         kernels,
         geometry,
@@ -255,13 +256,18 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     )
 
 
+#: Threads per block of ``dequant_reduce_dense`` (at least the team).
+DENSE_REDUCE_BLOCK = 64
+
+
 def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple[int, int, int, int] | None:
     """``(elements per thread, team, block, unrolled peers or 0)`` of ``dequant_reduce_dense`` for
     ``desc``, or None where it does not apply: it serves SYMMETRIC code outputs without LoCo,
     chunks of fewer than ``DENSE_MAX_ELEMENTS`` elements, input groups holding whole threads
     (``ept`` divides them), output groups of exactly ``team * ept`` elements (team a power of two
-    up to one block of ``DENSE_BLOCK``). Blocks shrink (down to a warp, at least the team) while
-    the chunk would leave most SMs without a block."""
+    up to one block of ``DENSE_BLOCK``). Blocks of ``DENSE_REDUCE_BLOCK`` threads (at least the
+    team; small blocks spread the grid evenly over the SMs), shrinking to a warp while the chunk
+    would leave most SMs without a block."""
     size = desc.output_group_size
     if (
         desc.mode is not QuantMode.SYMMETRIC
@@ -276,7 +282,7 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
         if rem or desc.input_group_size % ept or team > DENSE_BLOCK or team & (team - 1):
             continue
         threads = desc.chunk_elements // ept
-        block = DENSE_BLOCK
+        block = max(DENSE_REDUCE_BLOCK, team)
         while block > max(32, team) and threads < block * sm_count:
             block //= 2
         peers = desc.peers if desc.peers in DENSE_REDUCE_PEERS else 0
