@@ -658,10 +658,14 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 #define QP_REDUCE_DENSE_BLOCK 256
 #endif
 #ifndef QP_REDUCE_DENSE_BATCH_BYTES
-#define QP_REDUCE_DENSE_BATCH_BYTES 32
+#define QP_REDUCE_DENSE_BATCH_BYTES 64
+#endif
+// 1: each pass prefetches the thread's codes of its next pass into L2.
+#ifndef QP_REDUCE_DENSE_PREFETCH
+#define QP_REDUCE_DENSE_PREFETCH 1
 #endif
 #ifndef QP_REDUCE_DENSE_MIN_BLOCKS
-#define QP_REDUCE_DENSE_MIN_BLOCKS 6
+#define QP_REDUCE_DENSE_MIN_BLOCKS 5
 #endif
 
 // Streamed codes: read once, kept out of L1.
@@ -825,6 +829,17 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
     const u32 first = unit * EPT;
     const u32 g_in = in.in_group_shift >= 0 ? first >> in.in_group_shift : first / (u32)in.in_group;
     float acc[EPT];
+#if QP_REDUCE_DENSE_PREFETCH
+    if (u + stride < units) {
+      const u8* next = in.q + (size_t)(u + stride) * Codes::bytes;
+      if constexpr (PEERS > 0) {
+#pragma unroll
+        for (int j = 0; j < PEERS; ++j) prefetch_l2(next + (i64)j * in.peer_bytes);
+      } else {
+        for (int j = 0; j < in.peers; ++j) prefetch_l2(next + (i64)j * in.peer_bytes);
+      }
+    }
+#endif
     dense_peer_sum<Code, EPT, HIGH_FIRST, PEERS>(in, in.q + (size_t)unit * Codes::bytes, in.scale + g_in, acc, two23,
                                                  two19);
     if (in.average) {

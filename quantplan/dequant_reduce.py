@@ -265,7 +265,8 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
     ``desc``, or None where it does not apply: it serves SYMMETRIC code outputs without LoCo,
     chunks of fewer than ``DENSE_MAX_ELEMENTS`` elements, input groups holding whole threads
     (``ept`` divides them), output groups of exactly ``team * ept`` elements (team a power of two
-    up to one block of ``DENSE_BLOCK``). Blocks of ``DENSE_REDUCE_BLOCK`` threads (at least the
+    up to one block of ``DENSE_BLOCK``). ``ept`` is 16, or 8 where 16 would leave the SMs fewer
+    than ``DENSE_BLOCK`` threads each (latency then matters more than instructions). Blocks of ``DENSE_REDUCE_BLOCK`` threads (at least the
     team; small blocks spread the grid evenly over the SMs), shrinking to a warp while the chunk
     would leave most SMs without a block."""
     size = desc.output_group_size
@@ -277,17 +278,22 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
         or desc.chunk_elements >= DENSE_MAX_ELEMENTS
     ):
         return None
+    fitting = []
     for ept in DENSE_REDUCE_EPT:
         team, rem = divmod(size, ept)
-        if rem or desc.input_group_size % ept or team > DENSE_BLOCK or team & (team - 1):
-            continue
-        threads = desc.chunk_elements // ept
-        block = max(DENSE_REDUCE_BLOCK, team)
-        while block > max(32, team) and threads < block * sm_count:
-            block //= 2
-        peers = desc.peers if desc.peers in DENSE_REDUCE_PEERS else 0
-        return ept, team, block, peers
-    return None
+        if not (rem or desc.input_group_size % ept or team > DENSE_BLOCK or team & (team - 1)):
+            fitting.append((ept, team))
+    if not fitting:
+        return None
+    ept, team = fitting[0]
+    if len(fitting) > 1 and desc.chunk_elements // ept < DENSE_BLOCK * sm_count:
+        ept, team = fitting[1]  # a small chunk: more threads, each with less work
+    threads = desc.chunk_elements // ept
+    block = max(DENSE_REDUCE_BLOCK, team)
+    while block > max(32, team) and threads < block * sm_count:
+        block //= 2
+    peers = desc.peers if desc.peers in DENSE_REDUCE_PEERS else 0
+    return ept, team, block, peers
 
 
 class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
@@ -327,9 +333,9 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     4-bit sides: even input groups): a team of threads sums and holds each output group in
     registers, one read of the peers' codes; an element-I/O twin for misaligned operands.
     ``dense[...]`` replaces it for aligned operands in the hot layout (SYMMETRIC, no LoCo, output
-    groups of ``team * 16`` elements with team a power of two up to 256, input groups a multiple
-    of 16): each thread sums 16 elements with one load per peer and no integer conversions, the
-    peer loop unrolled for 2, 4, 8 and 16 peers.
+    groups of ``team * 16`` (or ``team * 8``) elements with team a power of two up to 256, input
+    groups a multiple of 16 (8)): each thread sums 16 elements (8 in small chunks) with one load
+    per peer and no integer conversions, the peer loop unrolled for 2, 4, 8 and 16 peers.
     ``two-pass[...]`` (any other group size): the sums are computed twice (parameters, then
     codes), so the peers' codes are read twice. ``float-sum[...]``: float outputs, one read.
     ``numpy`` on the reference backend.

@@ -145,6 +145,7 @@ DENSE_CASES = [
     (5, 2048 * 9, 2048, 256),
     (1, 2048, 32, 128),
     (3, 2048 * 6, 96, 2048),
+    (2, 24 * 64, 24, 64),
 ]
 
 
@@ -175,6 +176,16 @@ def test_dense_reduction_special_groups(rng, code_in, code_out, peers) -> None: 
         scale[:, 56:64] = np.float32(0.0)  # output group 7: zero scales (signed zeros)
         assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense[")
         run_both(desc, q, scale, None)
+
+
+@pytest.mark.parametrize("peers,chunk,g_in,g_out", [(8, 1 << 20, 512, 512), (3, 3 << 18, 96, 256)])
+@pytest.mark.parametrize("code_in", QGZ_CODES)
+@pytest.mark.parametrize("code_out", QGZ_CODES)
+def test_dense_reduction_large_chunks(rng, peers, chunk, g_in, g_out, code_in, code_out) -> None:  # noqa: ANN001
+    """Chunks large enough for 16 elements per thread (small ones take 8)."""
+    desc = descriptor(peers, chunk, g_in, g_out, input_element=code_in, output_element=code_out)
+    assert "16-per-thread" in qp.DequantReducePlan.select(None, desc).sku().variant
+    run_both(desc, *peer_inputs(rng, desc))
 
 
 def test_dense_reduction_large_chunk_grid_stride(rng) -> None:  # noqa: ANN001
