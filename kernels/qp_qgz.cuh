@@ -653,6 +653,12 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 // 1/16), and one float subtraction of that power plus the offset gives q exactly; then
 // y = q * scale (one rounding, as (q - 0) * scale) and the float32 sum in peer order, peer 0
 // first (the sum starts as y_0). PEERS > 0: the peer loop fully unrolled for that N.
+// Measured on H200 (8 peers, int4, groups of 512, 8192 x 8192 codes in all): 25.4 us (the generic
+// fused pass: 38.5 us), 13.3 M warp instructions (23.2 M), no local memory; about 4.25
+// instructions per element and peer (byte permute, subtraction, product, sum; masks per word).
+// Tried there: 40 registers with 32-byte load batches 25.1 us, 64 registers 23.6 us (fewer
+// resident warps hide the loads better with more of them in flight), 8 elements per thread
+// 29.4 us (16 x 8192: 4.6 us against 5.4 with 16), blocks of 128 or 256 threads no faster.
 
 #ifndef QP_REDUCE_DENSE_BLOCK
 #define QP_REDUCE_DENSE_BLOCK 256
