@@ -158,8 +158,8 @@ dequantize_backward_rows(const typename qp::FloatElement<Out>::storage* dy, type
 // ---- the hot layouts, specialised ----
 // dequantize_dense: dequantize_rows on a dense row layout (qp_row_layout.cuh, dense_item), 16-bit
 // float outputs: one (row, chunk) item per block, VEC-element vectors (8: an 8-byte load of 8-bit
-// codes or a 4-byte load of 4-bit codes, a 16-byte store, every warp access contiguous; 4 on small
-// problems), kDenseDequantizeUnroll per thread, each vector's parameter loaded beside its codes.
+// codes or a 4-byte load of 4-bit codes, a 16-byte store, every warp access contiguous; small
+// problems too), kDenseDequantizeUnroll per thread, each vector's parameter loaded beside its codes.
 // FP8 codes widen exactly to half precision (sm_89+: two per cvt; e5m2 is the high byte of a
 // half) before the product. Same parameters as dequantize_rows. 256-thread blocks at most, 32
 // registers.
@@ -229,7 +229,7 @@ dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::s
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        qv[u].template load<true>(qr + (packed ? col / 2 : col), in_bytes);
+        qv[u].load_dense(qr + (packed ? col / 2 : col));
         const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
         s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
         z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
@@ -257,7 +257,7 @@ dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::s
             vals[k] = qp::centered_code(code, p) * p.scale;
           }
         }
-        qp::vector_from_acc<Out, VEC>(vals).template store<true>(yr + col, VEC);
+        qp::vector_from_acc<Out, VEC>(vals).store_dense(yr + col);
       }
     }
   });
@@ -281,7 +281,7 @@ dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typ
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        gv[u].template load<true>(dy + base + col, VEC);
+        gv[u].load_dense(dy + base + col);
         s[u] = scale_ptr ? scale_ptr[qp::dense_param_index(lay, pbase, col)] : scale_value;
       }
     }
@@ -292,7 +292,7 @@ dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typ
         float vals[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s[u];
-        qp::vector_from_acc<Out, VEC>(vals).template store<true>(dq + base + col, VEC);
+        qp::vector_from_acc<Out, VEC>(vals).store_dense(dq + base + col);
       }
     }
   });

@@ -201,7 +201,7 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // operations per element forward). Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
 // divisions per item) these hold 40 registers (6 blocks of 256 per SM).
 #ifndef QP_FAKE_DENSE_ROWS_MIN_BLOCKS
-#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 40 registers: no spill with both forms inlined (8: 24 bytes)
+#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 40 registers (8: 32 and a spill; H200 8192 x 8192: 70.2 us against 69.8)
 #endif
 
 namespace qp {
@@ -211,6 +211,31 @@ namespace qp {
 // blocks: more than an H200's bandwidth-latency product per SM.
 template <class T, int VEC> __host__ __device__ constexpr int fake_dense_unroll() {
   return sizeof(T) * VEC >= 32 ? 1 : 32 / (int)(sizeof(T) * VEC);
+}
+
+// The general forms of one vector of the dense-rows kernels (nearest rounding or the
+// straight-through mask) with parameter `index`, out of line: the vector read again from xs (and
+// gs), computed as the row kernels compute it, stored at ys. In place is safe: nothing of this
+// vector was written before.
+template <class In, int VEC, int OP>
+__device__ __noinline__ void fake_dense_vector_general(const typename FloatElement<In>::storage* xs,
+                                                       const typename FloatElement<In>::storage* gs,
+                                                       typename FloatElement<In>::storage* ys,
+                                                       const typename FloatElement<In>::acc* scale_ptr,
+                                                       const void* zp_ptr, int zp_source,
+                                                       typename FloatElement<In>::acc scale_value, int zp_value,
+                                                       i64 index, int q_min, int q_max) {
+  typedef typename FloatElement<In>::acc acc_t;
+  const FakeQuantParam<acc_t> p =
+      FakeQuantParam<acc_t>::load(scale_ptr, zp_ptr, zp_source, scale_value, zp_value, index, q_min, q_max);
+  ElementVector<typename FloatElement<In>::storage, VEC> xv, gv;
+  xv.template load<true>(xs, VEC);
+  if constexpr (OP == kFakeSte) gv.template load<true>(gs, VEC);
+  float uni[VEC];
+  acc_t vals[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv, gv, uni, k, vals);
+  vector_from_acc<In, VEC>(vals).template store<true>(ys, VEC);
 }
 
 // One (row, chunk) item of the dense-rows kernels: its vectors (loaded first), then computed and
@@ -238,8 +263,8 @@ struct FakeDenseItem {
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        xv[u].template load<true>(x + base + col, VEC);
-        if constexpr (ste) gv[u].template load<true>(dy + base + col, VEC);
+        xv[u].load_dense(x + base + col);
+        if constexpr (ste) gv[u].load_dense(dy + base + col);
       }
     }
   }
@@ -249,14 +274,18 @@ struct FakeDenseItem {
   }
 
   // The short forms when the parameter allows them (FakeShortParam::ok), else the general ones
-  // with the parameter loaded again (rare: the short form holds fewer registers).
+  // with the parameter loaded again: inline for stochastic rounding (its only form), out of line
+  // for the others (rare: the hot loop keeps its registers and its code stays short, which is
+  // most of a small problem's time). x / dy: the operands, read again by the out-of-line path.
   template <bool PER_VECTOR>
-  __device__ __forceinline__ void finish(const FakeShortParam<acc_t>& row_sp, in_t* out, u64 seed, u64 offset) const {
+  __device__ __forceinline__ void finish(const FakeShortParam<acc_t>& row_sp, const in_t* x, const in_t* dy, in_t* out,
+                                         u64 seed, u64 offset) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        const i64 index = PER_VECTOR ? pbase + (i64)((u32)col / (u32)lay.gc) * lay.cs : pbase;
+        // col / gc by the division magic (gc >= VEC >= 2 here)
+        const i64 index = PER_VECTOR ? pbase + (i64)(__umulhi((u32)col, lay.gc_magic) >> lay.gc_shift) * lay.cs : pbase;
         FakeShortParam<acc_t> sp = row_sp;
         if (PER_VECTOR) sp.set(param(index));
         acc_t vals[VEC];
@@ -266,14 +295,19 @@ struct FakeDenseItem {
             const acc_t v = FE::to_acc(xv[u].v[k]);
             vals[k] = ste ? sp.ste(v, FE::to_acc(gv[ste ? u : 0].v[k])) : sp.fake(v);
           }
-        } else {
+        } else if constexpr (OP == kFakeStochastic) {
           const Param p = param(index);
           float uni[VEC];
           fake_uniforms<VEC, OP>((u64)(base + col), seed, offset, uni);
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[ste ? u : 0], uni, k, vals);
+          for (int k = 0; k < VEC; ++k) fake_values<In, VEC, OP>(p, xv[u], gv[0], uni, k, vals);
+        } else {
+          const i64 at = base + col;
+          fake_dense_vector_general<In, VEC, OP>(x + at, ste ? dy + at : nullptr, out + at, scale_ptr, zp_ptr, lay.flags,
+                                                 scale_value, zp_value, index, lay.q_min, lay.q_max);
+          continue;
         }
-        vector_from_acc<In, VEC>(vals).template store<true>(out + base + col, VEC);
+        vector_from_acc<In, VEC>(vals).store_dense(out + base + col);
       }
     }
   }
@@ -292,8 +326,8 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
   for (u32 item = blockIdx.x; item < (u32)lay.items; item += gridDim.x) {
     u32 row = item;
     int start = 0;
-    if (lay.chunks_per_row != 1) {
-      row = item / (u32)lay.chunks_per_row;
+    if (lay.chunks_per_row != 1) {  // item / chunks_per_row without a division (division_magic)
+      row = __umulhi(item, lay.chunk_magic) >> lay.chunk_shift;
       start = (int)(item - row * (u32)lay.chunks_per_row) * lay.chunk_cols;
     }
     // end: the plan may give fewer than U vectors per thread
@@ -303,9 +337,9 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
     FakeShortParam<typename Item::acc_t> sp;
     if (lay.cs == 0) {  // one parameter per row, loaded once per item
       sp.set(it.param(it.pbase));
-      it.template finish<false>(sp, out, seed, offset);
+      it.template finish<false>(sp, x, dy, out, seed, offset);
     } else {  // one per vector (gc % VEC == 0)
-      it.template finish<true>(sp, out, seed, offset);
+      it.template finish<true>(sp, x, dy, out, seed, offset);
     }
   }
 }

@@ -207,8 +207,8 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 // ---- the hot layouts, specialised ----
 // quantize_dense: quantize_rows's codes (nearest rounding, 16-bit floats) on a dense row layout
 // (qp_row_layout.cuh, dense_item): one (row, chunk) item per block, VEC-element vectors (16:
-// two 16-byte loads of floats, a 16-byte store of 8-bit codes or an 8-byte store of 4-bit codes;
-// 4 on small problems), kDenseQuantizeUnroll per thread. The parameter of every vector is loaded
+// two 16-byte loads of floats, a 16-byte store of 8-bit codes or an 8-byte store of 4-bit codes,
+// small problems too: quantplan/_layout.py DENSE_SMALL_VEC), kDenseQuantizeUnroll per thread. The parameter of every vector is loaded
 // beside its data (the latencies overlap) and prepared once per vector (dense_param: the
 // reciprocal without its out-of-line slow path); the division-free codes of the whole vector are
 // checked once; a vector they do not cover (a quotient of 2^21 or more, NaN, Inf, a scale outside
@@ -216,7 +216,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 // VectorQuantizer::code, the generic kernel's own path. Same parameters as quantize_rows (the
 // seed and offset are not read). 256-thread blocks at most, 32 registers, no stack.
 //
-// quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 8, or 4). The mask and
+// quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 16, or 4). The mask and
 // the gradient take the division-free quotient of qp_rounding.cuh (exact: Markstein's
 // correction, inv = rn(1 / scale), scale in [2^-60, 2^100], |x| and |quotient| >= 2^-100 or
 // x = 0, quotient below 2^21):
@@ -356,7 +356,7 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        xv[u].template load<true>(xr + col, VEC);
+        xv[u].load_dense(xr + col);
         const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
         s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
         z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
@@ -400,8 +400,8 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
     for (int u = 0; u < U; ++u) {
       const int col = col0 + u * step;
       if (col < end) {
-        xv[u].template load<true>(x + base + col, VEC);
-        gv[u].template load<true>(dq + base + col, VEC);
+        xv[u].load_dense(x + base + col);
+        gv[u].load_dense(dq + base + col);
         const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
         s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
         z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
@@ -424,7 +424,7 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
           vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
         }
         if (ok) {
-          qp::vector_from_acc<In, VEC>(vals).template store<true>(dx + base + col, VEC);
+          qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
         } else {
           qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
                                                             z[u], lay.q_min, lay.q_max);

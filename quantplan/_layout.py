@@ -262,16 +262,28 @@ DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
     "dequantize_dense": (8, 2),
     "dequantize_backward_dense": (8, 1),
 }
-#: Elements per vector of the dense kernels on small problems (fewer elements than one 256-thread
-#: block of full vectors per SM): more threads, less serial work per thread.
-DENSE_SMALL_VEC = 4
+#: Elements per vector of each dense kernel on small problems (fewer elements than one 256-thread
+#: block of full vectors per SM). Measured on H200 (16 x 8192, data in L2, launch- and
+#: latency-bound): quantize and dequantize are fastest with their full vectors (4.16 and 4.10 µs
+#: against 4.38 and 4.32 with vectors of 4); the gradients, which read two operands, with 4.
+DENSE_SMALL_VEC: dict[str, int] = {
+    "quantize_dense": 16,
+    "quantize_backward_dense": 4,
+    "dequantize_dense": 8,
+    "dequantize_backward_dense": 4,
+}
 #: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
 _DENSE_MIN_THREADS = 64
+#: A small problem's block narrows while its grid holds fewer blocks than 1 / _DENSE_SM_SHARE of
+#: the SMs. Measured on H200 (16 x 8192): fewer, wider blocks are faster (a block launched is a
+#: cost of its own when the whole problem is a few µs of latency), down to about a quarter of the
+#: SMs: 64 blocks of 128 threads beat 256 of 64 (quantize 4.16 against 4.45 µs) and 32 of 256.
+_DENSE_SM_SHARE = 4
 
 
 def dense_row_widths(kernel: str) -> tuple[int, ...]:
     """The vector widths ``kernel`` is instantiated at: its own, and the small problems' one."""
-    return (DENSE_ROW_SHAPES[kernel][0], DENSE_SMALL_VEC)
+    return tuple(dict.fromkeys((DENSE_ROW_SHAPES[kernel][0], DENSE_SMALL_VEC[kernel])))
 
 
 def dense_row_layout(
@@ -282,14 +294,14 @@ def dense_row_layout(
     gc) * cs`` (tensor, token and last-axis group scopes; a channel scope over whole rows), rows a
     multiple of the vector, groups of whole vectors, fewer than 2**31 blocks.
 
-    Vectors: the kernel's width, or :data:`DENSE_SMALL_VEC` for a problem of fewer elements than
-    ``sm_count`` blocks of 256 full-width vectors. Blocks: 256 threads, each taking the kernel's
-    vectors per thread; a row shorter than that takes fewer threads; a problem of fewer blocks
-    than ``sm_count`` halves the threads (down to 64) so that more multiprocessors share it.
+    Vectors: the kernel's width, or its :data:`DENSE_SMALL_VEC` for a problem of fewer elements
+    than ``sm_count`` blocks of 256 full-width vectors. Blocks: 256 threads, each taking the
+    kernel's vectors per thread; a row shorter than that takes fewer threads; a problem whose grid
+    would cover less than a quarter of the SMs halves the threads (down to 64).
     """
     vec, unroll = DENSE_ROW_SHAPES[kernel]
     if math.prod(shape) < sm_count * BLOCK_THREADS * vec:
-        vec = DENSE_SMALL_VEC
+        vec = DENSE_SMALL_VEC[kernel]
     base = row_layout(shape, scope, vec, packed)
     if base.vec != vec or not base.vector_io or base.M != 1 or base.rows == 0 or base.L == 0:
         return None
@@ -309,7 +321,7 @@ def dense_row_layout(
     def blocks(t: int) -> int:
         return base.rows * -(-vectors // (t * unroll))
 
-    while threads > _DENSE_MIN_THREADS and blocks(threads) < sm_count:
+    while threads > _DENSE_MIN_THREADS and _DENSE_SM_SHARE * blocks(threads) < sm_count:
         threads //= 2
     chunk_cols = threads * vec * unroll
     chunks = -(-base.L // chunk_cols)
