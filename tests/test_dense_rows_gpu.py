@@ -27,8 +27,9 @@ pytestmark = pytest.mark.gpu
 
 SYM, ASYM = qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC
 DENSE_FLOATS = [EK.F16, EK.BF16]
-#: (scope, shape): every one is a dense layout. Past about 540k elements (132 SMs) the kernels take
-#: their full vectors (16 elements; 8 for the gradients), below it the small problems' 4.
+#: (scope, shape): every one is a dense layout. Quantize and dequantize keep their full vectors at
+#: every size; the gradients use vectors of 4 on small problems. Blocks narrow only while the grid
+#: would cover less than a quarter of the SMs.
 CASES = [
     (qp.TokenScope(), (70, 8208)),  # several chunks per row, partial last one
     (qp.TokenScope(), (600, 1040)),  # short rows merged (group-like parameters)
@@ -39,7 +40,7 @@ CASES = [
     (qp.GroupScope(axis=-1, group_size=128), (136, 4096)),
     (qp.TokenScope(), (37, 256)),  # small: a row shorter than a 256-thread block
     (qp.TokenScope(), (3, 5, 1040)),  # small, merged rows
-    (qp.TokenScope(), (16, 8192)),  # small: 64-thread blocks
+    (qp.TokenScope(), (16, 8192)),  # small: the 16x8192 bench row
     (qp.TokenScope(), (2, 70000)),  # small, many chunks per row
     (qp.GroupScope(axis=-1, group_size=16), (9, 272)),
 ]
