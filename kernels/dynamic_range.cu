@@ -459,23 +459,6 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 // <= d (1 + 2^-22) < d + 1/2.
 namespace qp {
 
-// rn(1 / s) for s in [2^-126, 2^125]: the sequence __frcp_rn runs there (one MUFU.RCP and its
-// correction; __frcp_rn leaves it only for extreme exponents), without its out-of-line slow path.
-__device__ __forceinline__ float rcp_rn_normal(float s) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
-  const float e = -__fmaf_rn(s, r, -1.0f);
-  return __fmaf_rn(r, e, r);
-}
-
-// rn(a / d) for a in [2^-80, 2^100] and the divisor d in [1, 2^20], inv_d = rn(1 / d):
-// Markstein's correction (qp_rounding.cuh, quotient_fast: exact in this range).
-__device__ __forceinline__ float div_by_divisor(float a, float d, float inv_d) {
-  const float t = __fmul_rn(a, inv_d);
-  const float r = -__fmaf_rn(t, d, -a);
-  return __fmaf_rn(r, inv_d, t);
-}
-
 // A segment of dynamic_quantize_lanes outside its division-free path (a non-finite range, or a
 // range or scale outside it): segment_params, the parameters' store (lane 0) and the checked
 // codes. Out of line: it is rare, and its divisions would cost the hot loop registers.
@@ -717,36 +700,6 @@ static const int kClusterBlocks = 8;
 #define QP_CLUSTER_DIMS
 #endif
 
-namespace qp {
-
-// The packed range word of a thread's 8 elements (SYMMETRIC: the |x| bit maxima per half;
-// ASYMMETRIC: NaN-propagating (-lo, hi) from +0) and its combination (both maxima per half).
-template <class In, int MODE>
-__device__ __forceinline__ u32 range_word(const uint4& v) {
-  if constexpr (MODE == 0) {
-    u32 a = max_u16x2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu);
-    a = max_u16x2(a, v.z & 0x7FFF7FFFu);
-    return max_u16x2(a, v.w & 0x7FFF7FFFu);
-  } else {
-    typedef HalfPairs<In> HP;
-    const u32 lo2 = HP::min_nan(HP::min_nan(HP::min_nan(HP::min_nan(0u, v.x), v.y), v.z), v.w);
-    const u32 hi2 = HP::max_nan(HP::max_nan(HP::max_nan(HP::max_nan(0u, v.x), v.y), v.z), v.w);
-    const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
-    const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
-    return (lo_h ^ 0x8000u) | (hi_h << 16);
-  }
-}
-template <class In, int MODE>
-__device__ __forceinline__ u32 range_combine(u32 a, u32 b) {
-  if constexpr (MODE == 0) {
-    return max_u16x2(a, b);
-  } else {
-    return HalfPairs<In>::max_nan(a, b);
-  }
-}
-
-}  // namespace qp
-
 template <class In, class Out, bool HIGH_FIRST, int MODE>
 __global__ void QP_CLUSTER_DIMS __launch_bounds__(1024)
 dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
@@ -839,3 +792,93 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
 #endif
 }
 
+
+// ---- whole rows held in registers by a block (dense_rows) ----
+// dynamic_quantize_rows: the same result as dynamic_quantize_segments for contiguous segments of
+// S = kRowsBlock * 8 * NV 16-bit floats (per-token rows and channel(axis 0) rows of 2048, 4096,
+// 8192 elements), 16-byte aligned operands, nearest rounding. One block of kRowsBlock threads per
+// segment and loop trip (grid-stride over segments), every thread NV 16-byte vectors:
+//  * the vectors stay in registers from the load to the store (dynamic_quantize_dense stages
+//    them in shared memory and reads them twice);
+//  * PREFETCH (a persistent grid): the next segment's vectors go global -> shared memory by
+//    cp.async while this one is reduced, quantized and stored, and are read into registers at
+//    the top of the next trip: every block keeps one segment's loads in flight at all times
+//    (one 16 KiB buffer at NV = 4: each thread reads its own slots into registers, uses them in
+//    the range scan, and only then issues the copies that overwrite them);
+//  * the range on packed words (qp_range.cuh, range_word_n), one barrier per segment
+//    (block_range_word with two alternating slot sets);
+//  * the parameters and codes of dynamic_quantize_lanes: division-free scale / inverse / zero
+//    point where the range allows it (RowRange::fast_params), the checked codes out of line
+//    otherwise (lanes_rare_segment, from the input again), quantize_vector8 per vector.
+static const int kRowsBlock = 256;
+
+#ifndef QP_ROWS_MIN_BLOCKS
+#define QP_ROWS_MIN_BLOCKS 8
+#endif
+template <class In, class Out, bool HIGH_FIRST, int MODE, int NV, bool PREFETCH>
+__global__ void __launch_bounds__(kRowsBlock, QP_ROWS_MIN_BLOCKS)
+dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
+                      float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
+                      float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+  using qp::i64;
+  using qp::u32;
+  constexpr int KIND = qp::QuantElement<Out>::kind;
+  constexpr int S = kRowsBlock * 8 * NV;  // elements per segment (lay.S)
+  constexpr int WARPS = kRowsBlock / 32;
+  static_assert(sizeof(typename qp::FloatElement<In>::storage) == 2, "16-bit floats");
+  static_assert(MODE == 0 || KIND != 2, "FP8 codes are symmetric");
+  __shared__ __align__(16) u32 slots[2][WARPS];
+  __shared__ uint4 stage[PREFETCH ? NV * kRowsBlock : 1];
+  const int tid = threadIdx.x;
+  const int q_min = lay.q_min, q_max = lay.q_max;
+  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  const i64 step = gridDim.x;
+  i64 seg = blockIdx.x;
+  if constexpr (PREFETCH) {
+    if (seg < lay.segments) {
+      const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + tid;
+#pragma unroll
+      for (int w = 0; w < NV; ++w) qp::stage_16(&stage[w * kRowsBlock + tid], src + w * kRowsBlock);
+    }
+  }
+  for (int par = 0; seg < lay.segments; seg += step, par ^= 1) {
+    uint4 v[NV];
+    if constexpr (PREFETCH) {
+      qp::stage_wait();
+#pragma unroll
+      for (int w = 0; w < NV; ++w) v[w] = stage[w * kRowsBlock + tid];
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + tid;
+#pragma unroll
+      for (int w = 0; w < NV; ++w) v[w] = src[w * kRowsBlock];
+    }
+    u32 r = qp::range_word_n<In, MODE, NV>(v);
+    if constexpr (PREFETCH) {
+      // r depends on every staged word this thread read: the copies below cannot overtake them.
+      const i64 next = seg + step;
+      if (next < lay.segments) {
+        const uint4* src = reinterpret_cast<const uint4*>(x + next * S) + tid;
+#pragma unroll
+        for (int w = 0; w < NV; ++w) qp::stage_16(&stage[w * kRowsBlock + tid], src + w * kRowsBlock);
+      }
+    }
+    const qp::RowRange<In, MODE> range(qp::block_range_word<In, MODE, WARPS>(r, slots[par]));
+    qp::IntQuantParam<float> p;
+    int zp;
+    qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
+    if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
+      qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + seg * S, qs, scale_out, zp_out, seg, tid, kRowsBlock,
+                                                      range.lo, range.hi, range.bad, MODE, q_min, q_max, d);
+      continue;
+    }
+    if (tid == 0) {
+      if (scale_out) scale_out[seg] = p.scale;
+      if (MODE != 0 && zp_out) zp_out[seg] = zp;
+    }
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      const int col = (tid + w * kRowsBlock) * 8;
+      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col));
+    }
+  }
+}

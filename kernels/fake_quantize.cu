@@ -650,6 +650,137 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
   qp::stage_wait();  // no copy outlives the block
 }
 
+// ---- DynamicRangeFakeQuantizePlan, nearest: whole rows held in registers by a block ----
+// dynamic_fake_quantize_rows: the same results as dynamic_fake_quantize_segments for contiguous
+// segments of S = kFakeRowsBlock * 8 * NV 16-bit elements (rows of 2048, 4096, 8192), nearest
+// rounding, 16-byte aligned operands; the structure of dynamic_range.cu's dynamic_quantize_rows:
+//  * one block per segment and loop trip (grid-stride), each thread's NV vectors in registers
+//    from the load to the store; in place is safe (every thread reads its own vectors before it
+//    writes them, and no other thread writes them);
+//  * PREFETCH (a persistent grid): the next segment's vectors go global -> shared memory by
+//    cp.async while this one is reduced, fake-quantized and stored (one buffer: each thread reads
+//    its slots into registers, uses them in the range scan, then issues the copies over them);
+//  * the range on packed words and one barrier per segment (qp_range.cuh: range_word_n,
+//    block_range_word); the division-free scale and zero point of RowRange::fast_params, inv =
+//    rn(1 / scale) (the value DynamicFakeParam::set computes there); any other segment (NaN /
+//    Inf, extreme range) takes segment_params and DynamicFakeParam / FakeQuantParam out of line.
+static const int kFakeRowsBlock = 256;
+
+namespace qp {
+
+// The rare segment of dynamic_fake_quantize_rows: segment_params, the parameters' store (lane 0),
+// then the values by DynamicFakeParam (finite inv) or FakeQuantParam's general formulas, each
+// thread from its own input vectors again (in place: read before written).
+template <class In, int NV>
+__device__ __noinline__ void fake_rows_rare_segment(const u16* xs, u16* ys, float* scale_out, int* zp_out, i64 seg,
+                                                    int lane, int team, float lo, float hi, bool bad, int mode,
+                                                    int q_min, int q_max, float divisor) {
+  int zp;
+  const float scale = segment_params<float>(lo, hi, bad, mode, q_min, q_max, divisor, zp);
+  if (lane == 0) {
+    if (scale_out) scale_out[seg] = scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  DynamicFakeParam<float> dp;
+  dp.set(scale, zp, q_min, q_max);
+  FakeQuantParam<float> gp;
+  gp.set(scale, (float)zp, q_min, q_max);
+  const bool short_path = dp.short_path();
+  for (int u = 0; u < NV; ++u) {
+    const int col = (lane + u * team) * 8;
+    ElementVector<u16, 8> xv;
+    xv.template load<true>(xs + col, 8);
+    float vals[8];
+    for (int k = 0; k < 8; ++k) {
+      const float v = FloatElement<In>::to_acc(xv.v[k]);
+      vals[k] = short_path ? dp.nearest(v) : gp.fake(v);
+    }
+    vector_from_acc<In, 8>(vals).template store<true>(ys + col, 8);
+  }
+}
+
+}  // namespace qp
+
+#ifndef QP_FAKE_ROWS_MIN_BLOCKS
+#define QP_FAKE_ROWS_MIN_BLOCKS 8
+#endif
+template <class In, int MODE, int NV, bool PREFETCH>
+__global__ void __launch_bounds__(kFakeRowsBlock, QP_FAKE_ROWS_MIN_BLOCKS)
+dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
+                           float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
+                           float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+  using qp::i64;
+  using qp::u32;
+  typedef qp::FloatElement<In> FE;
+  constexpr int S = kFakeRowsBlock * 8 * NV;  // elements per segment (lay.S)
+  constexpr int WARPS = kFakeRowsBlock / 32;
+  static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
+  __shared__ __align__(16) u32 slots[2][WARPS];
+  __shared__ uint4 stage[PREFETCH ? NV * kFakeRowsBlock : 1];
+  const int tid = threadIdx.x;
+  const int q_min = lay.q_min, q_max = lay.q_max;
+  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  const i64 step = gridDim.x;
+  i64 seg = blockIdx.x;
+  if constexpr (PREFETCH) {
+    if (seg < lay.segments) {
+      const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + tid;
+#pragma unroll
+      for (int w = 0; w < NV; ++w) qp::stage_16(&stage[w * kFakeRowsBlock + tid], src + w * kFakeRowsBlock);
+    }
+  }
+  for (int par = 0; seg < lay.segments; seg += step, par ^= 1) {
+    uint4 v[NV];
+    if constexpr (PREFETCH) {
+      qp::stage_wait();
+#pragma unroll
+      for (int w = 0; w < NV; ++w) v[w] = stage[w * kFakeRowsBlock + tid];
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + tid;
+#pragma unroll
+      for (int w = 0; w < NV; ++w) v[w] = src[w * kFakeRowsBlock];
+    }
+    u32 r = qp::range_word_n<In, MODE, NV>(v);
+    if constexpr (PREFETCH) {
+      // r depends on every staged word this thread read: the copies below cannot overtake them.
+      const i64 next = seg + step;
+      if (next < lay.segments) {
+        const uint4* src = reinterpret_cast<const uint4*>(x + next * S) + tid;
+#pragma unroll
+        for (int w = 0; w < NV; ++w) qp::stage_16(&stage[w * kFakeRowsBlock + tid], src + w * kFakeRowsBlock);
+      }
+    }
+    const qp::RowRange<In, MODE> range(qp::block_range_word<In, MODE, WARPS>(r, slots[par]));
+    qp::IntQuantParam<float> ip;
+    int zp;
+    typename FE::storage* ys = y + seg * S;
+    if (!range.fast_params(d, inv_d, q_min, q_max, ip, zp)) {
+      qp::fake_rows_rare_segment<In, NV>(x + seg * S, ys, scale_out, zp_out, seg, tid, kFakeRowsBlock, range.lo,
+                                         range.hi, range.bad, MODE, q_min, q_max, d);
+      continue;
+    }
+    if (tid == 0) {
+      if (scale_out) scale_out[seg] = ip.scale;
+      if (zp_out) zp_out[seg] = zp;
+    }
+    qp::DynamicFakeParam<float> p;
+    p.scale = ip.scale;
+    p.inv = ip.inv;
+    p.lo = (float)(q_min - zp);
+    p.hi = (float)(q_max - zp);
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      const int col = (tid + w * kFakeRowsBlock) * 8;
+      qp::ElementVector<qp::u16, 8> xv;
+      xv.bytes.w[0] = v[w];
+      float vals[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
+      qp::vector_from_acc<In, 8>(vals).template store<true>(ys + col, 8);
+    }
+  }
+}
+
 // Learnable backward, pass 1. Each team takes one (segment, chunk) item at a time (the loop is
 // block-uniform, so every thread reaches every barrier): dx for its elements, and the chunk's
 // sums of the dscale / dzp contributions (double), each thread over its vectors in order, then

@@ -311,4 +311,154 @@ __device__ __forceinline__ Acc segment_params(Acc lo, Acc hi, bool bad, int mode
   return scale;
 }
 
+// ---- rows of 16-bit floats reduced on packed words ----
+// The fused passes that hold 16-bit data as 16-byte vectors (dynamic_range.cu: dense_lanes,
+// dense_cluster, dense_rows; fake_quantize.cu: dynamic_fake_quantize_rows) reduce a segment's
+// range on the storage words, two elements per instruction, into one 32-bit range word:
+// SYMMETRIC the |x| bit maxima per half; ASYMMETRIC the NaN-propagating (-lo, hi) from +0 (a NaN
+// or +-Inf shows in either half), so that two words combine by one per-half maximum.
+
+// rn(1 / s) for s in [2^-126, 2^125]: the sequence __frcp_rn runs there (one MUFU.RCP and its
+// correction; __frcp_rn leaves it only for extreme exponents), without its out-of-line slow path.
+__device__ __forceinline__ float rcp_rn_normal(float s) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  const float e = -__fmaf_rn(s, r, -1.0f);
+  return __fmaf_rn(r, e, r);
+}
+
+// rn(a / d) for a in [2^-80, 2^100] and the divisor d in [1, 2^20], inv_d = rn(1 / d):
+// Markstein's correction (qp_rounding.cuh, quotient_fast: exact in this range).
+__device__ __forceinline__ float div_by_divisor(float a, float d, float inv_d) {
+  const float t = __fmul_rn(a, inv_d);
+  const float r = -__fmaf_rn(t, d, -a);
+  return __fmaf_rn(r, inv_d, t);
+}
+
+// The packed range word of a thread's 8 elements (SYMMETRIC: the |x| bit maxima per half;
+// ASYMMETRIC: NaN-propagating (-lo, hi) from +0) and its combination (both maxima per half).
+template <class In, int MODE>
+__device__ __forceinline__ u32 range_word(const uint4& v) {
+  if constexpr (MODE == 0) {
+    u32 a = max_u16x2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu);
+    a = max_u16x2(a, v.z & 0x7FFF7FFFu);
+    return max_u16x2(a, v.w & 0x7FFF7FFFu);
+  } else {
+    typedef HalfPairs<In> HP;
+    const u32 lo2 = HP::min_nan(HP::min_nan(HP::min_nan(HP::min_nan(0u, v.x), v.y), v.z), v.w);
+    const u32 hi2 = HP::max_nan(HP::max_nan(HP::max_nan(HP::max_nan(0u, v.x), v.y), v.z), v.w);
+    const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
+    const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
+    return (lo_h ^ 0x8000u) | (hi_h << 16);
+  }
+}
+template <class In, int MODE>
+__device__ __forceinline__ u32 range_combine(u32 a, u32 b) {
+  if constexpr (MODE == 0) {
+    return max_u16x2(a, b);
+  } else {
+    return HalfPairs<In>::max_nan(a, b);
+  }
+}
+
+// The range word of NV vectors (the words of every vector first, one finish).
+template <class In, int MODE, int NV>
+__device__ __forceinline__ u32 range_word_n(const uint4 (&v)[NV]) {
+  if constexpr (MODE == 0) {
+    u32 a = 0;
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      a = max_u16x2(a, v[w].x & 0x7FFF7FFFu);
+      a = max_u16x2(a, v[w].y & 0x7FFF7FFFu);
+      a = max_u16x2(a, v[w].z & 0x7FFF7FFFu);
+      a = max_u16x2(a, v[w].w & 0x7FFF7FFFu);
+    }
+    return a;  // both halves: combined by the caller's per-half maxima, split in RowRange
+  } else {
+    typedef HalfPairs<In> HP;
+    u32 lo2 = 0, hi2 = 0;
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      lo2 = HP::min_nan(HP::min_nan(lo2, v[w].x), v[w].y);
+      lo2 = HP::min_nan(HP::min_nan(lo2, v[w].z), v[w].w);
+      hi2 = HP::max_nan(HP::max_nan(hi2, v[w].x), v[w].y);
+      hi2 = HP::max_nan(HP::max_nan(hi2, v[w].z), v[w].w);
+    }
+    const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
+    const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
+    return (lo_h ^ 0x8000u) | (hi_h << 16);
+  }
+}
+
+// The range word of a block of WARPS warps (every thread calls it with its own word): an xor
+// butterfly in each warp, one slot per warp in `slots` (WARPS words, 16-byte aligned), one
+// barrier, then every thread combines the slots. A caller that reduces again before every
+// thread has read the slots passes the other of two slot sets (alternating per row), so one
+// barrier per row suffices: a thread writing a set again has passed the barrier of the row in
+// between, which every reader of that set reached after reading it.
+template <class In, int MODE, int WARPS>
+__device__ __forceinline__ u32 block_range_word(u32 r, u32* slots) {
+  static_assert(WARPS % 4 == 0, "slots read as 16-byte words");
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) r = range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = r;
+  __syncthreads();
+  const uint4* s4 = reinterpret_cast<const uint4*>(slots);
+  uint4 w = s4[0];
+  u32 acc = range_combine<In, MODE>(range_combine<In, MODE>(w.x, w.y), range_combine<In, MODE>(w.z, w.w));
+#pragma unroll
+  for (int i = 1; i < WARPS / 4; ++i) {
+    w = s4[i];
+    acc = range_combine<In, MODE>(acc, range_combine<In, MODE>(range_combine<In, MODE>(w.x, w.y),
+                                                               range_combine<In, MODE>(w.z, w.w)));
+  }
+  return acc;
+}
+
+// A segment's range from its range word: lo, hi (SYMMETRIC: lo = 0, hi = |x|max), the width
+// hi - lo (SYMMETRIC: |x|max) and the non-finite flag.
+template <class In, int MODE> struct RowRange {
+  float lo, hi, range;
+  bool bad;
+  __device__ __forceinline__ explicit RowRange(u32 acc) {
+    typedef FloatElement<In> FE;
+    typedef FloatBits<In> FB;
+    if constexpr (MODE == 0) {
+      acc = max(acc & 0xFFFFu, acc >> 16);
+      bad = acc >= FB::inf;
+      lo = 0.0f;
+      range = hi = FE::to_acc((u16)acc);
+    } else {
+      const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
+      bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
+      lo = -FE::to_acc((u16)nlo);
+      hi = FE::to_acc((u16)hi_bits);
+      range = __fsub_rn(hi, lo);
+    }
+  }
+
+  // The division-free parameters of dynamic_quantize_lanes (SPEC section 4): scale =
+  // rn(range / d) by div_by_divisor (1 for a zero range), inv = rn(1 / scale), and ASYMMETRIC
+  // zp = clamp(q_min - rne(lo / scale)) by the division-free quotient. False (p and zp
+  // meaningless) for a non-finite segment, a range outside [2^-80, 2^100] or a scale outside
+  // [2^-60, 2^100]: those take segment_params.
+  __device__ __forceinline__ bool fast_params(float d, float inv_d, int q_min, int q_max, IntQuantParam<float>& p,
+                                              int& zp) const {
+    p.scale = range == 0.0f ? 1.0f : div_by_divisor(range, d, inv_d);
+    p.zp = 0;
+    zp = 0;
+    if (bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
+        !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f))
+      return false;
+    p.inv = rcp_rn_normal(p.scale);
+    p.fast = true;
+    if constexpr (MODE != 0) {
+      bool unused = true;
+      const float rb = __fadd_rn(quotient_fast(lo, p, unused), QP_RNE_MAGIC);
+      zp = min(max(q_min - (__float_as_int(rb) - QP_RNE_MAGIC_BITS), q_min), q_max);
+    }
+    return true;
+  }
+};
+
 }  // namespace qp

@@ -224,19 +224,42 @@ def cluster_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_fi
     return template_name("dynamic_quantize_cluster", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode)
 
 
+#: Vectors (of 8 elements) per thread of ``dynamic_quantize_rows`` / ``dynamic_fake_quantize_rows``
+#: (whole rows of ``ROWS_BLOCK * 8 * nv`` 16-bit elements held in registers by one block).
+ROWS_NV = (1, 2, 4)
+#: Threads per block of the rows kernels (``kRowsBlock`` / ``kFakeRowsBlock``).
+ROWS_BLOCK = 256
+
+
+def rows_kernel_name(
+    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, nv: int, prefetch: bool
+) -> str:
+    """One instantiation of ``dynamic_quantize_rows`` (``mode``: 0 SYMMETRIC, 1 ASYMMETRIC; ``nv``:
+    one of :data:`ROWS_NV`; ``prefetch``: the persistent grid that stages the next row)."""
+    code = ELEMENTS[code_kind]
+    flag = high_first and code.is_packed
+    return template_name("dynamic_quantize_rows", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, nv, prefetch)
+
+
 def dynamic_segments_unit(
     float_kind: ElementKind, code_kind: ElementKind, high_first: bool, rounding: Rounding
 ) -> Unit:
     """The fused single-pass kernels of one (input, code, nibble order, rounding):
     ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``;
     F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``,
-    ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES` and ``dynamic_quantize_cluster``, per mode."""
+    ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES`, ``dynamic_quantize_cluster`` and
+    ``dynamic_quantize_rows`` at every :data:`ROWS_NV` (with and without prefetch), per mode."""
     unit = row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
     if rounding is Rounding.NEAREST_EVEN and float_kind in DENSE_FLOAT_KINDS:
         unit += [dense_kernel_name(float_kind, code_kind, high_first, nv) for nv in DENSE_NV]
         for mode in _mode_codes(code_kind):
             unit += [lanes_kernel_name(float_kind, code_kind, high_first, mode, shape) for shape in LANES_SHAPES]
             unit.append(cluster_kernel_name(float_kind, code_kind, high_first, mode))
+            unit += [
+                rows_kernel_name(float_kind, code_kind, high_first, mode, nv, prefetch)
+                for nv in ROWS_NV
+                for prefetch in (False, True)
+            ]
     return unit
 
 
@@ -286,10 +309,17 @@ def dynamic_fake_dense_name(element: ElementKind, nv: int, stochastic: bool) -> 
     return template_name("dynamic_fake_quantize_dense", ELEMENTS[element].cpp_tag, nv, stochastic)
 
 
+def dynamic_fake_rows_name(element: ElementKind, mode: int, nv: int, prefetch: bool) -> str:
+    """One instantiation of ``dynamic_fake_quantize_rows`` (nearest rounding; ``mode``: 0 SYMMETRIC,
+    1 ASYMMETRIC; ``nv``: one of :data:`ROWS_NV`; ``prefetch``: the persistent grid)."""
+    return template_name("dynamic_fake_quantize_rows", ELEMENTS[element].cpp_tag, mode, nv, prefetch)
+
+
 def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
     (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic; F16 /
-    BF16 add ``dynamic_fake_quantize_dense`` at every ``DENSE_NV``, both roundings."""
+    BF16 add ``dynamic_fake_quantize_dense`` at every ``DENSE_NV``, both roundings, and
+    ``dynamic_fake_quantize_rows`` (nearest) per mode, :data:`ROWS_NV` and prefetch."""
     info = ELEMENTS[element]
     unit = [
         template_name("dynamic_fake_quantize_segments", info.cpp_tag, v, True, stochastic)
@@ -298,6 +328,12 @@ def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     ]
     if element in DENSE_FLOAT_KINDS:
         unit += [dynamic_fake_dense_name(element, nv, s) for nv in DENSE_NV for s in (False, True)]
+        unit += [
+            dynamic_fake_rows_name(element, mode, nv, prefetch)
+            for mode in (0, 1)
+            for nv in ROWS_NV
+            for prefetch in (False, True)
+        ]
     return unit
 
 
@@ -554,6 +590,10 @@ __all__ = [
     "cluster_kernel_name",
     "LANES_SHAPES",
     "CLUSTER_BLOCKS",
+    "ROWS_BLOCK",
+    "ROWS_NV",
+    "rows_kernel_name",
+    "dynamic_fake_rows_name",
     "FAMILIES",
     "QGZ_CODE_KINDS",
     "QGZ_DENSE_NV",

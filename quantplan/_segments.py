@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 from ._affine import AffineProblem
 from ._device import DeviceInfo, device_info
-from ._families import CLUSTER_BLOCKS, DENSE_FLOAT_KINDS, DENSE_NV, LANES_SHAPES, dynamic_range_unit
+from ._families import (
+    CLUSTER_BLOCKS,
+    DENSE_FLOAT_KINDS,
+    DENSE_NV,
+    LANES_SHAPES,
+    ROWS_BLOCK,
+    ROWS_NV,
+    dynamic_range_unit,
+)
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
 from .compiler import compile_options, load_kernels, template_name
@@ -225,6 +233,46 @@ def cluster_geometry(
     return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block), grid
 
 
+#: Blocks of a rows kernel resident per multiprocessor (``__launch_bounds__`` minimum: 32 registers,
+#: one 16 KiB staging buffer at nv = 4).
+ROWS_RESIDENT = 8
+
+
+@dataclass(frozen=True)
+class RowsLaunch:
+    """The launch of ``dynamic_quantize_rows`` / ``dynamic_fake_quantize_rows``: ``geometry`` (team =
+    block = :data:`~quantplan._families.ROWS_BLOCK` threads per segment), ``nv`` vectors of 8
+    elements per thread, ``prefetch`` (a persistent grid staging the next segment) and ``grid``."""
+
+    geometry: SegmentGeometry
+    nv: int
+    prefetch: bool
+    grid: int
+
+
+def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo) -> RowsLaunch | None:
+    """The launch of the rows kernels for the fused pass ``geometry``, or None where they do not apply.
+
+    They serve nearest rounding of F16 / BF16 segments of exactly ``ROWS_BLOCK * 8 * nv``
+    elements (nv in :data:`~quantplan._families.ROWS_NV`: rows of 2048, 4096, 8192) with 16-byte
+    vector I/O. More segments than the resident blocks (:data:`ROWS_RESIDENT` per multiprocessor)
+    take the persistent grid with prefetch, sized so that every block takes the same number of
+    segments (give or take one); fewer take one block per segment, no prefetch.
+    """
+    if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
+        return None
+    nv, rem = divmod(geometry.length, ROWS_BLOCK * 8)
+    if rem or nv not in ROWS_NV:
+        return None
+    segments = geometry.segments
+    resident = ROWS_RESIDENT * info.sm_count
+    g = SegmentGeometry(segments, geometry.length, 8, True, ROWS_BLOCK, ROWS_BLOCK)
+    if segments <= resident:
+        return RowsLaunch(g, nv, False, segments)
+    trips = -(-segments // resident)
+    return RowsLaunch(g, nv, True, -(-segments // trips))
+
+
 def range_divisor(problem: AffineProblem) -> float:
     """The divisor of the dynamic scale: ``fp8_max`` (FP8), ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
     code = ELEMENTS[problem.code_kind]
@@ -412,6 +460,9 @@ __all__ = [
     "dense_geometry",
     "cluster_geometry",
     "lanes_geometry",
+    "ROWS_RESIDENT",
+    "RowsLaunch",
+    "rows_geometry",
     "MAX_TEAM",
     "SEGMENT_PARAMS",
     "RangePasses",

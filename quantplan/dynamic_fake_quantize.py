@@ -31,12 +31,20 @@ from . import reference
 from ._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
-from ._families import dynamic_fake_dense_name, dynamic_fake_quantize_unit
+from ._families import dynamic_fake_dense_name, dynamic_fake_quantize_unit, dynamic_fake_rows_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend
-from ._segments import RangePasses, SegmentGeometry, dense_geometry, fused_geometries, prepare_segments
+from ._segments import (
+    RangePasses,
+    SegmentGeometry,
+    dense_geometry,
+    fused_geometries,
+    mode_code,
+    prepare_segments,
+    rows_geometry,
+)
 from .compiler import template_name
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
@@ -135,7 +143,9 @@ def _prepare_fused(
     problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int
 ) -> tuple[LaunchPair, str]:
     """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
-    ``dynamic_fake_quantize_dense`` for aligned operands where
+    ``dynamic_fake_quantize_rows`` for nearest rounding where
+    :func:`~quantplan._segments.rows_geometry` applies (rows of 2048 / 4096 / 8192 in a block's
+    registers), else ``dynamic_fake_quantize_dense`` for aligned operands where
     :func:`~quantplan._segments.dense_geometry` applies (16-bit segments of team x 8 x nv elements;
     both roundings), else ``dynamic_fake_quantize_segments``; the latter's element-I/O geometry
     serves misaligned operands."""
@@ -146,7 +156,16 @@ def _prepare_fused(
 
     unit = dynamic_fake_quantize_unit(problem.float_kind)
     bits = ELEMENTS[problem.float_kind].storage_bits
-    busy = device_info(device_id).busy_threads
+    info = device_info(device_id)
+    busy = info.busy_threads
+    rows = None if problem.stochastic else rows_geometry(problem, geometries[0], info)
+    if rows is not None:
+        kernel = dynamic_fake_rows_name(problem.float_kind, mode_code(problem.mode), rows.nv, rows.prefetch)
+        pair = prepare_segments(
+            problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, rows.geometry), rows.grid
+        )
+        extra = ",prefetch" if rows.prefetch else ""
+        return pair, f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread{extra}]"
     # dense_geometry serves nearest rounding of the quantize kernels; the fake kernel takes both.
     found = dense_geometry(replace(problem, rounding=Rounding.NEAREST_EVEN), geometries[0], busy)
     if found is None:

@@ -6,7 +6,9 @@ SPEC section 4, dynamic range. Two CUDA paths, chosen in ``select``:
   team's registers: one launch, one read of the input, no workspace; for 16-bit input with
   nearest rounding and aligned operands, specialised twins: ``dynamic_quantize_lanes`` (groups
   of 128 held by a few lanes of a warp), ``dynamic_quantize_cluster`` (few long rows, a
-  thread-block cluster per row, sm_90), ``dynamic_quantize_dense`` (a block-sized team);
+  thread-block cluster per row, sm_90), ``dynamic_quantize_rows`` (rows of 2048 / 4096 / 8192
+  held in one block's registers, the next row prefetched), ``dynamic_quantize_dense`` (a
+  block-sized team);
 * multi-pass otherwise: statistics reset, per-segment range (lo, hi, non-finite flag) by
   order-independent integer atomics (TensorScope: reduced per block first), parameters
   (:class:`quantplan._segments.RangePasses`), and the quantization row kernel of
@@ -33,6 +35,7 @@ from ._families import (
     dynamic_segments_unit,
     lanes_kernel_name,
     row_kernel_name,
+    rows_kernel_name,
 )
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
@@ -46,6 +49,7 @@ from ._segments import (
     lanes_geometry,
     mode_code,
     prepare_segments,
+    rows_geometry,
 )
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
@@ -110,7 +114,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     TensorScope up to 32768 elements) of at most 32768 elements (16384 for F64; 4-bit codes:
     even segments and rows): a team of N threads (1 to 1024, chosen from the segment length and
     the problem size) reads its segment once, reduces the range by shuffles and shared memory,
-    and quantizes from registers (``dense``, ``dense-lanes``, ``dense-cluster``: the specialised
+    and quantizes from registers (``dense``, ``dense-lanes``, ``dense-cluster``, ``dense-rows``: the specialised
     kernels for 16-bit input). Otherwise ``range-atomics`` / ``block-reduced-range``
     (TensorScope) followed by the QuantizePlan row kernel.
 
@@ -248,7 +252,9 @@ def _prepare_fused(
     """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag. For
     aligned operands, the first that applies of ``dynamic_quantize_cluster`` (few long segments,
     sm_90: :func:`~quantplan._segments.cluster_geometry`), ``dynamic_quantize_lanes`` (segments
-    within a warp: :func:`~quantplan._segments.lanes_geometry`), ``dynamic_quantize_dense``
+    within a warp: :func:`~quantplan._segments.lanes_geometry`), ``dynamic_quantize_rows`` (rows
+    of 2048 / 4096 / 8192 in a block's registers: :func:`~quantplan._segments.rows_geometry`),
+    ``dynamic_quantize_dense``
     (:func:`~quantplan._segments.dense_geometry`), else ``dynamic_quantize_segments``; the
     element-I/O twin of the latter otherwise."""
     unit = dynamic_segments_unit(problem.float_kind, problem.code_kind, problem.high_first, problem.rounding)
@@ -277,6 +283,12 @@ def _prepare_fused(
         geometry, shape, grid = lanes
         tag = f"fused-single-pass[dense-lanes,{shape[0]}t-per-segment,{shape[1]}vec8-per-thread,x{shape[2]}]"
         return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid), tag
+    rows = rows_geometry(problem, geometries[0], info)
+    if rows is not None:
+        kernel = rows_kernel_name(f, c, high_first, mode, rows.nv, rows.prefetch)
+        extra = ",prefetch" if rows.prefetch else ""
+        tag = f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread{extra}]"
+        return prepare(kernel, rows.geometry, rows.grid), tag
     found = dense_geometry(problem, geometries[0], info.busy_threads)
     if found is None:
         pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)
