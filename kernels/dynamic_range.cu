@@ -691,15 +691,8 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
 // (distributed shared memory); after one cluster barrier every thread combines the shares locally.
 // The parameters and codes are those of dynamic_quantize_lanes (same division-free path, same
 // out-of-line rare path). blockDim.x is a multiple of 32, at most 1024; the grid has
-// kClusterBlocks blocks per segment. Other architectures: never selected (the body traps).
-static const int kClusterBlocks = 8;
-
-#if __CUDA_ARCH__ >= 900
-#define QP_CLUSTER_DIMS __cluster_dims__(kClusterBlocks, 1, 1)
-#else
-#define QP_CLUSTER_DIMS
-#endif
-
+// kClusterBlocks blocks per segment (qp_range.cuh). Other architectures: never selected (the body
+// traps).
 template <class In, class Out, bool HIGH_FIRST, int MODE>
 __global__ void QP_CLUSTER_DIMS __launch_bounds__(1024)
 dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
@@ -707,80 +700,33 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
                          float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
 #if __CUDA_ARCH__ >= 900
   typedef qp::FloatElement<In> FE;
-  typedef qp::FloatBits<In> FB;
   using qp::i64;
   using qp::u32;
   constexpr int KIND = qp::QuantElement<Out>::kind;
   __shared__ u32 warp_slots[32];
-  __shared__ u32 shares[kClusterBlocks];  // every block's share of this segment's range
-  const int rank = blockIdx.x % kClusterBlocks;
-  const i64 seg = blockIdx.x / kClusterBlocks;
+  __shared__ u32 shares[qp::kClusterBlocks];  // every block's share of this segment's range
+  const int rank = blockIdx.x % qp::kClusterBlocks;
+  const i64 seg = blockIdx.x / qp::kClusterBlocks;
   const int S = lay.S, q_min = lay.q_min, q_max = lay.q_max;
   const int col = (rank * blockDim.x + threadIdx.x) * 8;
   const typename FE::storage* xs = x + seg * S;
   // Phase 1 (arrive now, wait before the first remote store): every block of the cluster has
   // started, so its shared memory may be written.
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  qp::cluster_arrive_relaxed();
   const uint4 v = *reinterpret_cast<const uint4*>(xs + col);
-  u32 r = qp::range_word<In, MODE>(v);
-#pragma unroll
-  for (int s = 1; s < 32; s <<= 1) r = qp::range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if ((threadIdx.x & 31) == 0) warp_slots[warp] = r;
-  __syncthreads();
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-  if (warp == 0) {
-    r = (threadIdx.x < warps) ? warp_slots[threadIdx.x] : 0u;
-#pragma unroll
-    for (int s = 1; s < 32; s <<= 1) r = qp::range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
-    // Lane b stores the block's share in slot `rank` of block b of the cluster (distributed
-    // shared memory). Phase 2: after it every block holds every share locally, and no block
-    // touches another's memory again, so no barrier is needed before exiting.
-    if (threadIdx.x < kClusterBlocks) {
-      const u32 local = (u32)__cvta_generic_to_shared(&shares[rank]);
-      u32 remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((int)threadIdx.x));
-      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(r) : "memory");
-    }
-  }
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-  u32 acc = shares[0];
-#pragma unroll
-  for (int b = 1; b < kClusterBlocks; ++b) acc = qp::range_combine<In, MODE>(acc, shares[b]);
-  float lo = 0.0f, range, hi;
-  bool bad;
-  if constexpr (MODE == 0) {
-    acc = max(acc & 0xFFFFu, acc >> 16);
-    bad = acc >= FB::inf;
-    range = hi = FE::to_acc((qp::u16)acc);
-  } else {
-    const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
-    bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
-    lo = -FE::to_acc((qp::u16)nlo);
-    hi = FE::to_acc((qp::u16)hi_bits);
-    range = __fsub_rn(hi, lo);
-  }
+  const qp::RowRange<In, MODE> range(
+      qp::cluster_range_word<In, MODE, qp::kClusterBlocks>(qp::range_word<In, MODE>(v), warp_slots, shares));
   const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
   qp::IntQuantParam<float> p;
-  p.scale = range == 0.0f ? 1.0f : qp::div_by_divisor(range, d, inv_d);
-  p.zp = 0;
+  int zp;
   qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
   const bool writer = rank == 0 && threadIdx.x == 0;
-  if (bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
-      !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f)) {
+  if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
     // The checked codes of this thread's one vector (lane = its vector, a team of one).
     qp::lanes_rare_segment<In, Out, HIGH_FIRST, 1>(xs + col, qs + (KIND == 1 ? col / 2 : col),
                                                    writer ? scale_out : nullptr, writer ? zp_out : nullptr, seg, 0, 1,
-                                                   lo, hi, bad, MODE, q_min, q_max, d);
+                                                   range.lo, range.hi, range.bad, MODE, q_min, q_max, d);
   } else {
-    p.inv = qp::rcp_rn_normal(p.scale);
-    p.fast = true;
-    int zp = 0;
-    if constexpr (MODE != 0) {
-      bool unused = true;
-      const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
-      zp = min(max(q_min - (__float_as_int(rb) - QP_RNE_MAGIC_BITS), q_min), q_max);
-    }
     if (writer) {
       if (scale_out) scale_out[seg] = p.scale;
       if (MODE != 0 && zp_out) zp_out[seg] = zp;

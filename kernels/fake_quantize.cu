@@ -781,6 +781,68 @@ dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, type
   }
 }
 
+// ---- DynamicRangeFakeQuantizePlan, nearest: one row over a thread-block cluster (sm_90) ----
+// dynamic_fake_quantize_cluster: few long rows (16 rows of 8192: one block per row keeps 16 SMs
+// busy). Each segment of S = kClusterBlocks * blockDim.x * 8 16-bit elements takes a cluster of
+// kClusterBlocks blocks (qp_range.cuh), one 16-byte vector per thread: the range by
+// cluster_range_word (distributed shared memory, one cluster barrier), the parameters of
+// dynamic_fake_quantize_rows (RowRange::fast_params, the rare segment out of line), the values
+// by DynamicFakeParam. In place is safe: each thread reads its vector before writing it.
+// blockDim.x a multiple of 32, at most 1024; kClusterBlocks blocks per segment. Other
+// architectures: never selected (the body traps).
+template <class In, int MODE>
+__global__ void QP_CLUSTER_DIMS __launch_bounds__(1024)
+dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
+                              typename qp::FloatElement<In>::storage* y, float* __restrict__ scale_out,
+                              int* __restrict__ zp_out, const qp::SegmentLayout lay, float divisor, const qp::i64*,
+                              const qp::i64*, qp::u64, qp::u64) {
+#if __CUDA_ARCH__ >= 900
+  typedef qp::FloatElement<In> FE;
+  using qp::i64;
+  using qp::u32;
+  static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
+  __shared__ u32 warp_slots[32];
+  __shared__ u32 shares[qp::kClusterBlocks];  // every block's share of this segment's range
+  const int rank = blockIdx.x % qp::kClusterBlocks;
+  const i64 seg = blockIdx.x / qp::kClusterBlocks;
+  const int S = lay.S, q_min = lay.q_min, q_max = lay.q_max;
+  const int col = (rank * blockDim.x + threadIdx.x) * 8;
+  const i64 first = seg * S;
+  qp::cluster_arrive_relaxed();
+  const uint4 v = *reinterpret_cast<const uint4*>(x + first + col);
+  const qp::RowRange<In, MODE> range(
+      qp::cluster_range_word<In, MODE, qp::kClusterBlocks>(qp::range_word<In, MODE>(v), warp_slots, shares));
+  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  qp::IntQuantParam<float> ip;
+  int zp;
+  const bool writer = rank == 0 && threadIdx.x == 0;
+  if (!range.fast_params(d, inv_d, q_min, q_max, ip, zp)) {
+    // This thread's one vector (lane 0 of a team of one; only the writer stores parameters).
+    qp::fake_rows_rare_segment<In, 1>(x + first + col, y + first + col, writer ? scale_out : nullptr,
+                                      writer ? zp_out : nullptr, seg, 0, 1, range.lo, range.hi, range.bad, MODE, q_min,
+                                      q_max, d);
+    return;
+  }
+  if (writer) {
+    if (scale_out) scale_out[seg] = ip.scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  qp::DynamicFakeParam<float> p;
+  p.scale = ip.scale;
+  p.inv = ip.inv;
+  p.lo = (float)(q_min - zp);
+  p.hi = (float)(q_max - zp);
+  qp::ElementVector<qp::u16, 8> xv;
+  xv.bytes.w[0] = v;
+  float vals[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
+  qp::vector_from_acc<In, 8>(vals).template store<true>(y + first + col, 8);
+#else
+  __trap();
+#endif
+}
+
 // Learnable backward, pass 1. Each team takes one (segment, chunk) item at a time (the loop is
 // block-uniform, so every thread reaches every barrier): dx for its elements, and the chunk's
 // sums of the dscale / dzp contributions (double), each thread over its vectors in order, then

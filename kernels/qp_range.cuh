@@ -461,4 +461,58 @@ template <class In, int MODE> struct RowRange {
   }
 };
 
+// ---- one segment over a thread-block cluster (sm_90) ----
+// Blocks of a cluster that holds one segment (dynamic_quantize_cluster,
+// dynamic_fake_quantize_cluster); the kernels carry QP_CLUSTER_DIMS.
+static const int kClusterBlocks = 8;
+
+#if __CUDA_ARCH__ >= 900
+#define QP_CLUSTER_DIMS __cluster_dims__(qp::kClusterBlocks, 1, 1)
+#else
+#define QP_CLUSTER_DIMS
+#endif
+
+#if __CUDA_ARCH__ >= 900
+// Phase 1 of the cluster barrier of cluster_range_word, issued before the loads (arrive now,
+// wait before the first remote store): every block of the cluster has started, so its shared
+// memory may be written.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+// The range word of a segment held by a cluster of CLUSTER blocks (blockDim.x a multiple of 32;
+// every thread calls it with its own word, after cluster_arrive_relaxed): every block reduces
+// its share (shuffles, one slot per warp in `warp_slots`, 32 words) and stores it into slot
+// `rank` of `shares` (CLUSTER words) in every block of the cluster (distributed shared memory);
+// after one cluster barrier every thread combines the shares locally. No block touches another's
+// memory after it, so no barrier is needed before exiting.
+template <class In, int MODE, int CLUSTER>
+__device__ __forceinline__ u32 cluster_range_word(u32 r, u32* warp_slots, u32* shares) {
+  const int rank = blockIdx.x % CLUSTER;
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) r = range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) warp_slots[warp] = r;
+  __syncthreads();
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  if (warp == 0) {
+    r = (threadIdx.x < warps) ? warp_slots[threadIdx.x] : 0u;
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) r = range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+    // Lane b stores the block's share in slot `rank` of block b of the cluster.
+    if (threadIdx.x < CLUSTER) {
+      const u32 local = (u32)__cvta_generic_to_shared(&shares[rank]);
+      u32 remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((int)threadIdx.x));
+      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(r) : "memory");
+    }
+  }
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  u32 acc = shares[0];
+#pragma unroll
+  for (int b = 1; b < CLUSTER; ++b) acc = range_combine<In, MODE>(acc, shares[b]);
+  return acc;
+}
+#endif
+
 }  // namespace qp

@@ -315,11 +315,18 @@ def dynamic_fake_rows_name(element: ElementKind, mode: int, nv: int, prefetch: b
     return template_name("dynamic_fake_quantize_rows", ELEMENTS[element].cpp_tag, mode, nv, prefetch)
 
 
+def dynamic_fake_cluster_name(element: ElementKind, mode: int) -> str:
+    """One instantiation of ``dynamic_fake_quantize_cluster`` (sm_90, nearest rounding: one row per
+    thread-block cluster; ``mode``: 0 SYMMETRIC, 1 ASYMMETRIC)."""
+    return template_name("dynamic_fake_quantize_cluster", ELEMENTS[element].cpp_tag, mode)
+
+
 def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
     (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic; F16 /
     BF16 add ``dynamic_fake_quantize_dense`` at every ``DENSE_NV``, both roundings, and
-    ``dynamic_fake_quantize_rows`` (nearest) per mode, :data:`ROWS_NV` and prefetch."""
+    ``dynamic_fake_quantize_rows`` (nearest) per mode, :data:`ROWS_NV` and prefetch, and
+    ``dynamic_fake_quantize_cluster`` (nearest) per mode."""
     info = ELEMENTS[element]
     unit = [
         template_name("dynamic_fake_quantize_segments", info.cpp_tag, v, True, stochastic)
@@ -334,6 +341,7 @@ def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
             for nv in ROWS_NV
             for prefetch in (False, True)
         ]
+        unit += [dynamic_fake_cluster_name(element, mode) for mode in (0, 1)]
     return unit
 
 
@@ -594,6 +602,7 @@ __all__ = [
     "ROWS_NV",
     "rows_kernel_name",
     "dynamic_fake_rows_name",
+    "dynamic_fake_cluster_name",
     "FAMILIES",
     "QGZ_CODE_KINDS",
     "QGZ_DENSE_NV",

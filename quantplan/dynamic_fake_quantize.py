@@ -31,7 +31,13 @@ from . import reference
 from ._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
-from ._families import dynamic_fake_dense_name, dynamic_fake_quantize_unit, dynamic_fake_rows_name
+from ._families import (
+    CLUSTER_BLOCKS,
+    dynamic_fake_cluster_name,
+    dynamic_fake_dense_name,
+    dynamic_fake_quantize_unit,
+    dynamic_fake_rows_name,
+)
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
@@ -39,6 +45,7 @@ from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend
 from ._segments import (
     RangePasses,
     SegmentGeometry,
+    cluster_geometry,
     dense_geometry,
     fused_geometries,
     mode_code,
@@ -143,7 +150,8 @@ def _prepare_fused(
     problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int
 ) -> tuple[LaunchPair, str]:
     """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
-    ``dynamic_fake_quantize_rows`` for nearest rounding where
+    ``dynamic_fake_quantize_cluster`` for nearest rounding of few long rows (sm_90:
+    :func:`~quantplan._segments.cluster_geometry`), ``dynamic_fake_quantize_rows`` for nearest rounding where
     :func:`~quantplan._segments.rows_geometry` applies (rows of 2048 / 4096 / 8192 in a block's
     registers), else ``dynamic_fake_quantize_dense`` for aligned operands where
     :func:`~quantplan._segments.dense_geometry` applies (16-bit segments of team x 8 x nv elements;
@@ -158,6 +166,15 @@ def _prepare_fused(
     bits = ELEMENTS[problem.float_kind].storage_bits
     info = device_info(device_id)
     busy = info.busy_threads
+    cluster = cluster_geometry(problem, geometries[0], info)
+    if cluster is not None:
+        geometry, grid = cluster
+        kernel = dynamic_fake_cluster_name(problem.float_kind, mode_code(problem.mode))
+        pair = prepare_segments(
+            problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, geometry), grid
+        )
+        tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{geometry.team}t-per-segment,1vec8-per-thread]"
+        return pair, tag
     rows = None if problem.stochastic else rows_geometry(problem, geometries[0], info)
     if rows is not None:
         kernel = dynamic_fake_rows_name(problem.float_kind, mode_code(problem.mode), rows.nv, rows.prefetch)

@@ -6,7 +6,8 @@ with nearest rounding: one block per row, its vectors in registers; more rows th
 blocks take a persistent grid that stages each block's next row while it works. Covered here:
 both launch forms at every row length, every code kind and mode, rows that leave the division-free
 range (NaN / Inf, all-zero, tiny and huge magnitudes) placed across the persistent grid's trips,
-narrowed code ranges, in-place fake quantization, and the variant each shape selects.
+narrowed code ranges, in-place fake quantization, and the variant each shape selects; and
+``dynamic_fake_quantize_cluster`` (sm_90: few long rows, one per thread-block cluster).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.gpu
 
 SYM, ASYM = qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC
 FLOATS = [EK.F16, EK.BF16]
-# (rows, length, prefetch on an H200 / H100: more rows than 8 blocks x 132 SMs).
-SHAPES = [(9, 2048, False), (5, 4096, False), (40, 8192, False), (1500, 2048, True), (1100, 4096, True)]
+# (rows, length, prefetch on an H200 / H100: more rows than 8 blocks x 132 SMs). At least 34
+# rows: fewer take dynamic_quantize_cluster on sm_90.
+SHAPES = [(50, 2048, False), (37, 4096, False), (40, 8192, False), (1500, 2048, True), (1100, 4096, True)]
 
 
 def _rows_data(rng: np.random.Generator, shape: tuple[int, int], kind: EK) -> np.ndarray:
@@ -87,7 +89,7 @@ def test_rows_match_reference(rng, float_kind, code_kind, shape_index, mode) -> 
 
 
 @pytest.mark.parametrize(("code_kind", "q_min", "q_max"), [(EK.S8, -127, 127), (EK.S8, -100, 127), (EK.S4, -7, 5)])
-@pytest.mark.parametrize(("rows", "prefetch"), [(12, False), (1200, True)])
+@pytest.mark.parametrize(("rows", "prefetch"), [(36, False), (1200, True)])
 def test_rows_narrowed_ranges(rng, code_kind, q_min, q_max, rows, prefetch) -> None:
     shape = (rows, 2048)
     desc = qp.DynamicRangeQuantizeDescriptor(
@@ -100,7 +102,7 @@ def test_rows_narrowed_ranges(rng, code_kind, q_min, q_max, rows, prefetch) -> N
 
 @pytest.mark.parametrize("kind", FLOATS, ids=lambda k: k.name)
 @pytest.mark.parametrize(("mode", "bits"), [(SYM, 8), (ASYM, 8), (SYM, 2), (ASYM, 3)])
-@pytest.mark.parametrize(("rows", "length", "prefetch"), [(7, 8192, False), (9, 2048, False), (1500, 2048, True)])
+@pytest.mark.parametrize(("rows", "length", "prefetch"), [(40, 8192, False), (50, 2048, False), (1500, 2048, True)])
 def test_fake_rows_match_reference(rng, kind, mode, bits, rows, length, prefetch) -> None:
     desc = qp.DynamicRangeFakeQuantizeDescriptor(
         shape=(rows, length), scope=qp.TokenScope(), mode=mode, element=kind, bits=bits
@@ -115,3 +117,19 @@ def test_fake_rows_in_place(rng, shape, kind, mode) -> None:
     desc = qp.DynamicRangeFakeQuantizeDescriptor(shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=8)
     _variant(qp.DynamicRangeFakeQuantizePlan.select(None, desc), True)
     _dynamic(desc, _rows_data(rng, shape, kind), in_place=True)
+
+
+@pytest.mark.parametrize("kind", FLOATS, ids=lambda k: k.name)
+@pytest.mark.parametrize(("mode", "bits"), [(SYM, 8), (ASYM, 8), (SYM, 2), (ASYM, 3)])
+@pytest.mark.parametrize(("rows", "length"), [(16, 8192), (33, 2048), (3, 4096)])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+def test_fake_cluster_match_reference(rng, kind, mode, bits, rows, length, in_place) -> None:
+    """Few long rows on sm_90: ``dynamic_fake_quantize_cluster`` (one row per cluster of 8 blocks)."""
+    import cupy
+
+    desc = qp.DynamicRangeFakeQuantizeDescriptor(
+        shape=(rows, length), scope=qp.TokenScope(), mode=mode, element=kind, bits=bits
+    )
+    variant = qp.DynamicRangeFakeQuantizePlan.select(None, desc).sku().variant
+    assert ("dense-cluster" in variant) == (int(cupy.cuda.Device().compute_capability) >= 90), variant
+    _dynamic(desc, _rows_data(rng, (rows, length), kind), in_place=in_place)
