@@ -232,13 +232,13 @@ ROWS_BLOCK = 256
 
 
 def rows_kernel_name(
-    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, nv: int, prefetch: bool
+    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, nv: int, paired: bool
 ) -> str:
     """One instantiation of ``dynamic_quantize_rows`` (``mode``: 0 SYMMETRIC, 1 ASYMMETRIC; ``nv``:
-    one of :data:`ROWS_NV`; ``prefetch``: the persistent grid that stages the next row)."""
+    one of :data:`ROWS_NV`; ``paired``: each thread's vectors adjacent in pairs, even ``nv``)."""
     code = ELEMENTS[code_kind]
     flag = high_first and code.is_packed
-    return template_name("dynamic_quantize_rows", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, nv, prefetch)
+    return template_name("dynamic_quantize_rows", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, nv, paired)
 
 
 def dynamic_segments_unit(
@@ -248,7 +248,7 @@ def dynamic_segments_unit(
     ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``;
     F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``,
     ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES`, ``dynamic_quantize_cluster`` and
-    ``dynamic_quantize_rows`` at every :data:`ROWS_NV` (with and without prefetch), per mode."""
+    ``dynamic_quantize_rows`` at every :data:`ROWS_NV` (even ones also paired), per mode."""
     unit = row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
     if rounding is Rounding.NEAREST_EVEN and float_kind in DENSE_FLOAT_KINDS:
         unit += [dense_kernel_name(float_kind, code_kind, high_first, nv) for nv in DENSE_NV]
@@ -256,9 +256,9 @@ def dynamic_segments_unit(
             unit += [lanes_kernel_name(float_kind, code_kind, high_first, mode, shape) for shape in LANES_SHAPES]
             unit.append(cluster_kernel_name(float_kind, code_kind, high_first, mode))
             unit += [
-                rows_kernel_name(float_kind, code_kind, high_first, mode, nv, prefetch)
+                rows_kernel_name(float_kind, code_kind, high_first, mode, nv, paired)
                 for nv in ROWS_NV
-                for prefetch in (False, True)
+                for paired in ((False, True) if nv % 2 == 0 else (False,))
             ]
     return unit
 
@@ -309,10 +309,10 @@ def dynamic_fake_dense_name(element: ElementKind, nv: int, stochastic: bool) -> 
     return template_name("dynamic_fake_quantize_dense", ELEMENTS[element].cpp_tag, nv, stochastic)
 
 
-def dynamic_fake_rows_name(element: ElementKind, mode: int, nv: int, prefetch: bool) -> str:
+def dynamic_fake_rows_name(element: ElementKind, mode: int, nv: int) -> str:
     """One instantiation of ``dynamic_fake_quantize_rows`` (nearest rounding; ``mode``: 0 SYMMETRIC,
-    1 ASYMMETRIC; ``nv``: one of :data:`ROWS_NV`; ``prefetch``: the persistent grid)."""
-    return template_name("dynamic_fake_quantize_rows", ELEMENTS[element].cpp_tag, mode, nv, prefetch)
+    1 ASYMMETRIC; ``nv``: one of :data:`ROWS_NV`)."""
+    return template_name("dynamic_fake_quantize_rows", ELEMENTS[element].cpp_tag, mode, nv)
 
 
 def dynamic_fake_cluster_name(element: ElementKind, mode: int) -> str:
@@ -325,7 +325,7 @@ def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
     (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic; F16 /
     BF16 add ``dynamic_fake_quantize_dense`` at every ``DENSE_NV``, both roundings, and
-    ``dynamic_fake_quantize_rows`` (nearest) per mode, :data:`ROWS_NV` and prefetch, and
+    ``dynamic_fake_quantize_rows`` (nearest) per mode and :data:`ROWS_NV`, and
     ``dynamic_fake_quantize_cluster`` (nearest) per mode."""
     info = ELEMENTS[element]
     unit = [
@@ -335,12 +335,7 @@ def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     ]
     if element in DENSE_FLOAT_KINDS:
         unit += [dynamic_fake_dense_name(element, nv, s) for nv in DENSE_NV for s in (False, True)]
-        unit += [
-            dynamic_fake_rows_name(element, mode, nv, prefetch)
-            for mode in (0, 1)
-            for nv in ROWS_NV
-            for prefetch in (False, True)
-        ]
+        unit += [dynamic_fake_rows_name(element, mode, nv) for mode in (0, 1) for nv in ROWS_NV]
         unit += [dynamic_fake_cluster_name(element, mode) for mode in (0, 1)]
     return unit
 

@@ -233,44 +233,39 @@ def cluster_geometry(
     return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block), grid
 
 
-#: Blocks of a rows kernel resident per multiprocessor (``__launch_bounds__`` minimum: 32 registers,
-#: one 16 KiB staging buffer at nv = 4).
-ROWS_RESIDENT = 8
+#: ``dynamic_quantize_rows`` with each thread's vectors adjacent in pairs (one 16-byte store of
+#: codes per pair; 8 bytes for 4-bit codes) where ``nv`` is even.
+ROWS_PAIRED = True
 
 
 @dataclass(frozen=True)
 class RowsLaunch:
     """The launch of ``dynamic_quantize_rows`` / ``dynamic_fake_quantize_rows``: ``geometry`` (team =
     block = :data:`~quantplan._families.ROWS_BLOCK` threads per segment), ``nv`` vectors of 8
-    elements per thread, ``prefetch`` (a persistent grid staging the next segment) and ``grid``."""
+    elements per thread, ``grid`` (one block per segment) and ``paired`` (the quantize kernel's
+    vectors adjacent in pairs: :data:`ROWS_PAIRED` and an even ``nv``)."""
 
     geometry: SegmentGeometry
     nv: int
-    prefetch: bool
     grid: int
+    paired: bool
 
 
-def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo) -> RowsLaunch | None:
+def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry) -> RowsLaunch | None:
     """The launch of the rows kernels for the fused pass ``geometry``, or None where they do not apply.
 
     They serve nearest rounding of F16 / BF16 segments of exactly ``ROWS_BLOCK * 8 * nv``
     elements (nv in :data:`~quantplan._families.ROWS_NV`: rows of 2048, 4096, 8192) with 16-byte
-    vector I/O. More segments than the resident blocks (:data:`ROWS_RESIDENT` per multiprocessor)
-    take the persistent grid with prefetch, sized so that every block takes the same number of
-    segments (give or take one); fewer take one block per segment, no prefetch.
+    vector I/O: one block per segment (grid-stride past the grid's limit). Measured faster than a
+    persistent grid that prefetches each block's next row (kernels/dynamic_range.cu).
     """
     if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
         return None
     nv, rem = divmod(geometry.length, ROWS_BLOCK * 8)
     if rem or nv not in ROWS_NV:
         return None
-    segments = geometry.segments
-    resident = ROWS_RESIDENT * info.sm_count
-    g = SegmentGeometry(segments, geometry.length, 8, True, ROWS_BLOCK, ROWS_BLOCK)
-    if segments <= resident:
-        return RowsLaunch(g, nv, False, segments)
-    trips = -(-segments // resident)
-    return RowsLaunch(g, nv, True, -(-segments // trips))
+    g = SegmentGeometry(geometry.segments, geometry.length, 8, True, ROWS_BLOCK, ROWS_BLOCK)
+    return RowsLaunch(g, nv, min(geometry.segments, 2**31 - 1), ROWS_PAIRED and nv % 2 == 0)
 
 
 def range_divisor(problem: AffineProblem) -> float:
@@ -460,9 +455,9 @@ __all__ = [
     "dense_geometry",
     "cluster_geometry",
     "lanes_geometry",
-    "ROWS_RESIDENT",
     "RowsLaunch",
     "rows_geometry",
+    "ROWS_PAIRED",
     "MAX_TEAM",
     "SEGMENT_PARAMS",
     "RangePasses",

@@ -175,14 +175,13 @@ def _prepare_fused(
         )
         tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{geometry.team}t-per-segment,1vec8-per-thread]"
         return pair, tag
-    rows = None if problem.stochastic else rows_geometry(problem, geometries[0], info)
+    rows = None if problem.stochastic else rows_geometry(problem, geometries[0])
     if rows is not None:
-        kernel = dynamic_fake_rows_name(problem.float_kind, mode_code(problem.mode), rows.nv, rows.prefetch)
+        kernel = dynamic_fake_rows_name(problem.float_kind, mode_code(problem.mode), rows.nv)
         pair = prepare_segments(
             problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, rows.geometry), rows.grid
         )
-        extra = ",prefetch" if rows.prefetch else ""
-        return pair, f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread{extra}]"
+        return pair, f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread]"
     # dense_geometry serves nearest rounding of the quantize kernels; the fake kernel takes both.
     found = dense_geometry(replace(problem, rounding=Rounding.NEAREST_EVEN), geometries[0], busy)
     if found is None:

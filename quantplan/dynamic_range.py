@@ -7,7 +7,7 @@ SPEC section 4, dynamic range. Two CUDA paths, chosen in ``select``:
   nearest rounding and aligned operands, specialised twins: ``dynamic_quantize_lanes`` (groups
   of 128 held by a few lanes of a warp), ``dynamic_quantize_cluster`` (few long rows, a
   thread-block cluster per row, sm_90), ``dynamic_quantize_rows`` (rows of 2048 / 4096 / 8192
-  held in one block's registers, the next row prefetched), ``dynamic_quantize_dense`` (a
+  held in one block's registers), ``dynamic_quantize_dense`` (a
   block-sized team);
 * multi-pass otherwise: statistics reset, per-segment range (lo, hi, non-finite flag) by
   order-independent integer atomics (TensorScope: reduced per block first), parameters
@@ -283,12 +283,15 @@ def _prepare_fused(
         geometry, shape, grid = lanes
         tag = f"fused-single-pass[dense-lanes,{shape[0]}t-per-segment,{shape[1]}vec8-per-thread,x{shape[2]}]"
         return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid), tag
-    rows = rows_geometry(problem, geometries[0], info)
+    rows = rows_geometry(problem, geometries[0])
     if rows is not None:
-        kernel = rows_kernel_name(f, c, high_first, mode, rows.nv, rows.prefetch)
-        extra = ",prefetch" if rows.prefetch else ""
-        tag = f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread{extra}]"
-        return prepare(kernel, rows.geometry, rows.grid), tag
+        kernel = rows_kernel_name(f, c, high_first, mode, rows.nv, rows.paired)
+        pairs = ",paired" if rows.paired else ""
+        tag = f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread{pairs}]"
+        pair = prepare(kernel, rows.geometry, rows.grid)
+        if rows.paired:  # a pair's codes go out in one store of twice the vector's
+            pair.align_out *= 2
+        return pair, tag
     found = dense_geometry(problem, geometries[0], info.busy_threads)
     if found is None:
         pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)

@@ -2,11 +2,10 @@
 reference bit for bit.
 
 They serve contiguous rows of 2048, 4096 and 8192 16-bit elements (token rows, channel axis 0)
-with nearest rounding: one block per row, its vectors in registers; more rows than the resident
-blocks take a persistent grid that stages each block's next row while it works. Covered here:
-both launch forms at every row length, every code kind and mode, rows that leave the division-free
-range (NaN / Inf, all-zero, tiny and huge magnitudes) placed across the persistent grid's trips,
-narrowed code ranges, in-place fake quantization, and the variant each shape selects; and
+with nearest rounding: one block per row, its vectors in registers. Covered here: every row
+length, every code kind and mode, rows that leave the division-free range (NaN / Inf, all-zero,
+tiny and huge magnitudes) at the start, middle and end of many-block grids, narrowed code ranges,
+in-place fake quantization, and the variant each shape selects; and
 ``dynamic_fake_quantize_cluster`` (sm_90: few long rows, one per thread-block cluster).
 """
 
@@ -26,8 +25,8 @@ pytestmark = pytest.mark.gpu
 
 SYM, ASYM = qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC
 FLOATS = [EK.F16, EK.BF16]
-# (rows, length, prefetch on an H200 / H100: more rows than 8 blocks x 132 SMs). At least 34
-# rows: fewer take dynamic_quantize_cluster on sm_90.
+# (rows, length, large): at least 34 rows (fewer take dynamic_quantize_cluster on sm_90); the large
+# shapes have more blocks than an H200 holds at once.
 SHAPES = [(50, 2048, False), (37, 4096, False), (40, 8192, False), (1500, 2048, True), (1100, 4096, True)]
 
 
@@ -57,22 +56,30 @@ def _rows_data(rng: np.random.Generator, shape: tuple[int, int], kind: EK) -> np
         return x.astype(ELEMENTS[kind].numpy_dtype)
 
 
-def _variant(plan: qp.DynamicRangeQuantizePlan | qp.DynamicRangeFakeQuantizePlan, prefetch: bool) -> None:
+def _variant(plan: qp.DynamicRangeQuantizePlan | qp.DynamicRangeFakeQuantizePlan) -> None:
     variant = plan.sku().variant
     assert "dense-rows" in variant, variant
-    assert ("prefetch" in variant) == prefetch, variant
+
+
+@pytest.fixture(params=[True, False], ids=["paired", "unpaired"])
+def paired(request, monkeypatch) -> bool:  # noqa: ANN001
+    """Both vector layouts of dynamic_quantize_rows (pairs of adjacent vectors, or strided)."""
+    from quantplan import _segments
+
+    monkeypatch.setattr(_segments, "ROWS_PAIRED", request.param)
+    return bool(request.param)
 
 
 @pytest.mark.parametrize("float_kind", FLOATS)
 @pytest.mark.parametrize("code_kind", CODES)
 @pytest.mark.parametrize("shape_index", range(len(SHAPES)))
 @pytest.mark.parametrize("mode", [SYM, ASYM])
-def test_rows_match_reference(rng, float_kind, code_kind, shape_index, mode) -> None:
+def test_rows_match_reference(rng, float_kind, code_kind, shape_index, mode, paired) -> None:
     if ELEMENTS[code_kind].is_fp8 and mode is ASYM:
         pytest.skip("FP8 codes are symmetric only")
-    rows, length, prefetch = SHAPES[shape_index]
-    if prefetch and code_kind not in (EK.S8, EK.U4, EK.FP8_E4M3):
-        pytest.skip("the persistent grid: one code kind per packing")
+    rows, length, large = SHAPES[shape_index]
+    if large and code_kind not in (EK.S8, EK.U4, EK.FP8_E4M3):
+        pytest.skip("large shapes: one code kind per packing")
     order = qp.NibbleOrder.HIGH_FIRST if shape_index % 2 else qp.NibbleOrder.LOW_FIRST
     scope = qp.ChannelScope(axis=0) if shape_index == 1 else qp.TokenScope()
     desc = qp.DynamicRangeQuantizeDescriptor(
@@ -83,39 +90,41 @@ def test_rows_match_reference(rng, float_kind, code_kind, shape_index, mode) -> 
         output_element=code_kind,
         nibble_order=order,
     )
-    _variant(qp.DynamicRangeQuantizePlan.select(None, desc), prefetch)
+    plan = qp.DynamicRangeQuantizePlan.select(None, desc)
+    _variant(plan)
+    assert ("paired" in plan.sku().variant) == (paired and length > 2048), plan.sku().variant
     ref, got = run_both(desc, _rows_data(rng, (rows, length), float_kind))
     assert_same(ref, got)
 
 
 @pytest.mark.parametrize(("code_kind", "q_min", "q_max"), [(EK.S8, -127, 127), (EK.S8, -100, 127), (EK.S4, -7, 5)])
-@pytest.mark.parametrize(("rows", "prefetch"), [(36, False), (1200, True)])
-def test_rows_narrowed_ranges(rng, code_kind, q_min, q_max, rows, prefetch) -> None:
-    shape = (rows, 2048)
+@pytest.mark.parametrize("rows", [36, 1200])
+def test_rows_narrowed_ranges(rng, code_kind, q_min, q_max, rows, paired) -> None:
+    shape = (rows, 4096)
     desc = qp.DynamicRangeQuantizeDescriptor(
         shape=shape, scope=qp.TokenScope(), input_element=EK.F16, output_element=code_kind, q_min=q_min, q_max=q_max
     )
-    _variant(qp.DynamicRangeQuantizePlan.select(None, desc), prefetch)
+    _variant(qp.DynamicRangeQuantizePlan.select(None, desc))
     ref, got = run_both(desc, _rows_data(rng, shape, EK.F16))
     assert_same(ref, got)
 
 
 @pytest.mark.parametrize("kind", FLOATS, ids=lambda k: k.name)
 @pytest.mark.parametrize(("mode", "bits"), [(SYM, 8), (ASYM, 8), (SYM, 2), (ASYM, 3)])
-@pytest.mark.parametrize(("rows", "length", "prefetch"), [(40, 8192, False), (50, 2048, False), (1500, 2048, True)])
-def test_fake_rows_match_reference(rng, kind, mode, bits, rows, length, prefetch) -> None:
+@pytest.mark.parametrize(("rows", "length"), [(40, 8192), (50, 2048), (1500, 2048)])
+def test_fake_rows_match_reference(rng, kind, mode, bits, rows, length) -> None:
     desc = qp.DynamicRangeFakeQuantizeDescriptor(
         shape=(rows, length), scope=qp.TokenScope(), mode=mode, element=kind, bits=bits
     )
-    _variant(qp.DynamicRangeFakeQuantizePlan.select(None, desc), prefetch)
+    _variant(qp.DynamicRangeFakeQuantizePlan.select(None, desc))
     _dynamic(desc, _rows_data(rng, (rows, length), kind))
 
 
 @pytest.mark.parametrize(("shape", "kind", "mode"), [((1100, 4096), EK.BF16, SYM), ((1200, 2048), EK.F16, ASYM)])
 def test_fake_rows_in_place(rng, shape, kind, mode) -> None:
-    """In place on the persistent grid: the staged next row is read before any block writes it."""
+    """In place on many blocks: each thread reads its vectors before it writes them."""
     desc = qp.DynamicRangeFakeQuantizeDescriptor(shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=8)
-    _variant(qp.DynamicRangeFakeQuantizePlan.select(None, desc), True)
+    _variant(qp.DynamicRangeFakeQuantizePlan.select(None, desc))
     _dynamic(desc, _rows_data(rng, shape, kind), in_place=True)
 
 
@@ -133,3 +142,20 @@ def test_fake_cluster_match_reference(rng, kind, mode, bits, rows, length, in_pl
     variant = qp.DynamicRangeFakeQuantizePlan.select(None, desc).sku().variant
     assert ("dense-cluster" in variant) == (int(cupy.cuda.Device().compute_capability) >= 90), variant
     _dynamic(desc, _rows_data(rng, (rows, length), kind), in_place=in_place)
+
+
+def test_rows_paired_misaligned_output(rng) -> None:
+    """Codes 8 bytes but not 16 bytes aligned: the paired kernel's 16-byte stores do not apply,
+    the plan takes its element-I/O twin."""
+    import cupy
+
+    desc = qp.DynamicRangeQuantizeDescriptor(
+        shape=(40, 4096), scope=qp.TokenScope(), input_element=EK.F16, output_element=EK.S8
+    )
+    x = _rows_data(rng, (40, 4096), EK.F16)
+    ref, _ = run_both(desc, x)
+    plan = qp.DynamicRangeQuantizePlan.select(None, desc)
+    q = cupy.zeros(40 * 4096 + 8, np.int8)[8:].reshape(40, 4096)
+    s = cupy.zeros((40, 1), np.float32)
+    plan.run(None, None, qp.DynamicRangeQuantizeArgs(cupy.asarray(x), q, s))
+    assert np.array_equal(q.get(), ref[0])
