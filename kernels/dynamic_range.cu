@@ -489,43 +489,31 @@ __device__ __forceinline__ u32 low_bytes4(u32 a, u32 b, u32 c, u32 d) {
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
-// Eight codes (their low byte, or low nibble for 4-bit) packed: 8 bytes, or 4 bytes (in .x) of
+// Eight codes (their low byte, or low nibble for 4-bit) stored at dst: 8 bytes, or 4 bytes of
 // nibble pairs in the HIGH_FIRST / low-first order of qp_packing.cuh.
 template <int KIND, bool HIGH_FIRST>
-__device__ __forceinline__ uint2 pack_codes8(const u32 (&c)[8]) {
-  uint2 w;
+__device__ __forceinline__ void store_codes8(u8* dst, const u32 (&c)[8]) {
   if constexpr (KIND == 1) {
     const u32 even = low_bytes4(c[0], c[2], c[4], c[6]), odd = low_bytes4(c[1], c[3], c[5], c[7]);
     const u32 lo = HIGH_FIRST ? odd : even, hi = HIGH_FIRST ? even : odd;
-    w.x = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
-    w.y = 0;
+    *reinterpret_cast<u32*>(dst) = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
   } else {
+    uint2 w;
     w.x = low_bytes4(c[0], c[1], c[2], c[3]);
     w.y = low_bytes4(c[4], c[5], c[6], c[7]);
-  }
-  return w;
-}
-
-// Eight codes stored at dst (pack_codes8: 8 bytes, or 4 bytes for 4-bit codes).
-template <int KIND, bool HIGH_FIRST>
-__device__ __forceinline__ void store_codes8(u8* dst, const u32 (&c)[8]) {
-  const uint2 w = pack_codes8<KIND, HIGH_FIRST>(c);
-  if constexpr (KIND == 1) {
-    *reinterpret_cast<u32*>(dst) = w.x;
-  } else {
     *reinterpret_cast<uint2*>(dst) = w;
   }
 }
 
 // The codes of 8 elements (one 16-byte vector) under a division-free parameter p (`fast`, zp its
-// zero point): the quotient by Markstein's correction, the rounding add, then SYMMETRIC integer
-// codes with q_min <= -q_max: the low byte / nibble of the rounding word (the two's-complement
-// code; |rne(x / scale)| <= q_max needs no clamp); other SYMMETRIC integer codes: the clamp;
-// ASYMMETRIC: the zero point and the upper clamp only (the lower bound holds:
+// zero point), stored at dst: the quotient by Markstein's correction, the rounding add, then
+// SYMMETRIC integer codes with q_min <= -q_max: the low byte / nibble of the rounding word (the
+// two's-complement code; |rne(x / scale)| <= q_max needs no clamp); other SYMMETRIC integer
+// codes: the clamp; ASYMMETRIC: the zero point and the upper clamp only (the lower bound holds:
 // dynamic_quantize_lanes); FP8: the pair conversion.
 template <class In, class Out, bool HIGH_FIRST, int MODE>
-__device__ __forceinline__ void codes_vector8(const uint4& v, const IntQuantParam<float>& p, int zp, int q_min,
-                                              int q_max, u32 (&c)[8]) {
+__device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantParam<float>& p, int zp, int q_min,
+                                                 int q_max, u8* dst) {
   constexpr int KIND = QuantElement<Out>::kind;
   const u32 words[4] = {v.x, v.y, v.z, v.w};
   float xf[8];
@@ -534,6 +522,7 @@ __device__ __forceinline__ void codes_vector8(const uint4& v, const IntQuantPara
     xf[2 * k] = pair_lo<In>(words[k]);
     xf[2 * k + 1] = pair_hi<In>(words[k]);
   }
+  u32 c[8];
   if constexpr (KIND == 2) {
     float qv[8];
 #pragma unroll
@@ -568,15 +557,7 @@ __device__ __forceinline__ void codes_vector8(const uint4& v, const IntQuantPara
       }
     }
   }
-}
-
-// codes_vector8 stored at dst (store_codes8).
-template <class In, class Out, bool HIGH_FIRST, int MODE>
-__device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantParam<float>& p, int zp, int q_min,
-                                                 int q_max, u8* dst) {
-  u32 c[8];
-  codes_vector8<In, Out, HIGH_FIRST, MODE>(v, p, zp, q_min, q_max, c);
-  store_codes8<QuantElement<Out>::kind, HIGH_FIRST>(dst, c);
+  store_codes8<KIND, HIGH_FIRST>(dst, c);
 }
 
 }  // namespace qp
@@ -774,13 +755,14 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
 // copy of the same bytes (dynamic_quantize_dense: 53.7 us); a persistent grid of 8 resident
 // blocks per SM whose blocks stage their next row by cp.async while working on this one ran at
 // 55.0 us (achieved occupancy 77%: the barrier per row idles the block's warps; 1024 or 1056
-// blocks alike), bf16 and FP8 likewise.
+// blocks alike), bf16 and FP8 likewise; each thread's vectors adjacent in pairs (one 16-byte
+// store of codes per pair) measured the same as the strided layout (50.9 / 51.0 us).
 static const int kRowsBlock = 256;
 
 #ifndef QP_ROWS_MIN_BLOCKS
 #define QP_ROWS_MIN_BLOCKS 8
 #endif
-template <class In, class Out, bool HIGH_FIRST, int MODE, int NV, bool PAIRED>
+template <class In, class Out, bool HIGH_FIRST, int MODE, int NV>
 __global__ void __launch_bounds__(kRowsBlock, QP_ROWS_MIN_BLOCKS)
 dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                       float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
@@ -792,7 +774,6 @@ dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__
   constexpr int WARPS = kRowsBlock / 32;
   static_assert(sizeof(typename qp::FloatElement<In>::storage) == 2, "16-bit floats");
   static_assert(MODE == 0 || KIND != 2, "FP8 codes are symmetric");
-  static_assert(!PAIRED || NV % 2 == 0, "pairs of vectors");
   __shared__ __align__(16) u32 slots[2][WARPS];
   const int tid = threadIdx.x;
   const int q_min = lay.q_min, q_max = lay.q_max;
@@ -800,12 +781,9 @@ dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__
   int par = 0;
   for (i64 seg = blockIdx.x; seg < lay.segments; seg += gridDim.x, par ^= 1) {
     uint4 v[NV];
-    // Vector w of the thread: column (tid + w * kRowsBlock) * 8; PAIRED: vectors 2 i and 2 i + 1
-    // are adjacent, at column (tid + i * kRowsBlock) * 16 (their codes: one 16-byte store, 8 for
-    // 4-bit codes).
     const uint4* src = reinterpret_cast<const uint4*>(x + seg * S);
 #pragma unroll
-    for (int w = 0; w < NV; ++w) v[w] = PAIRED ? src[(tid + (w / 2) * kRowsBlock) * 2 + (w & 1)] : src[tid + w * kRowsBlock];
+    for (int w = 0; w < NV; ++w) v[w] = src[tid + w * kRowsBlock];
     const qp::RowRange<In, MODE> range(
         qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, NV>(v), slots[par]));
     qp::IntQuantParam<float> p;
@@ -820,27 +798,10 @@ dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__
       if (scale_out) scale_out[seg] = p.scale;
       if (MODE != 0 && zp_out) zp_out[seg] = zp;
     }
-    if constexpr (PAIRED) {
 #pragma unroll
-      for (int i = 0; i < NV / 2; ++i) {
-        const int col = (tid + i * kRowsBlock) * 16;
-        u32 c[8];
-        qp::codes_vector8<In, Out, HIGH_FIRST, MODE>(v[2 * i], p, zp, q_min, q_max, c);
-        const uint2 a = qp::pack_codes8<KIND, HIGH_FIRST>(c);
-        qp::codes_vector8<In, Out, HIGH_FIRST, MODE>(v[2 * i + 1], p, zp, q_min, q_max, c);
-        const uint2 b = qp::pack_codes8<KIND, HIGH_FIRST>(c);
-        if constexpr (KIND == 1) {
-          *reinterpret_cast<uint2*>(qs + col / 2) = make_uint2(a.x, b.x);
-        } else {
-          *reinterpret_cast<uint4*>(qs + col) = make_uint4(a.x, a.y, b.x, b.y);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int w = 0; w < NV; ++w) {
-        const int col = (tid + w * kRowsBlock) * 8;
-        qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col));
-      }
+    for (int w = 0; w < NV; ++w) {
+      const int col = (tid + w * kRowsBlock) * 8;
+      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col));
     }
   }
 }

@@ -231,14 +231,12 @@ ROWS_NV = (1, 2, 4)
 ROWS_BLOCK = 256
 
 
-def rows_kernel_name(
-    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, nv: int, paired: bool
-) -> str:
+def rows_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, nv: int) -> str:
     """One instantiation of ``dynamic_quantize_rows`` (``mode``: 0 SYMMETRIC, 1 ASYMMETRIC; ``nv``:
-    one of :data:`ROWS_NV`; ``paired``: each thread's vectors adjacent in pairs, even ``nv``)."""
+    one of :data:`ROWS_NV`)."""
     code = ELEMENTS[code_kind]
     flag = high_first and code.is_packed
-    return template_name("dynamic_quantize_rows", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, nv, paired)
+    return template_name("dynamic_quantize_rows", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, nv)
 
 
 def dynamic_segments_unit(
@@ -248,18 +246,14 @@ def dynamic_segments_unit(
     ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``;
     F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``,
     ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES`, ``dynamic_quantize_cluster`` and
-    ``dynamic_quantize_rows`` at every :data:`ROWS_NV` (even ones also paired), per mode."""
+    ``dynamic_quantize_rows`` at every :data:`ROWS_NV`, per mode."""
     unit = row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
     if rounding is Rounding.NEAREST_EVEN and float_kind in DENSE_FLOAT_KINDS:
         unit += [dense_kernel_name(float_kind, code_kind, high_first, nv) for nv in DENSE_NV]
         for mode in _mode_codes(code_kind):
             unit += [lanes_kernel_name(float_kind, code_kind, high_first, mode, shape) for shape in LANES_SHAPES]
             unit.append(cluster_kernel_name(float_kind, code_kind, high_first, mode))
-            unit += [
-                rows_kernel_name(float_kind, code_kind, high_first, mode, nv, paired)
-                for nv in ROWS_NV
-                for paired in ((False, True) if nv % 2 == 0 else (False,))
-            ]
+            unit += [rows_kernel_name(float_kind, code_kind, high_first, mode, nv) for nv in ROWS_NV]
     return unit
 
 

@@ -233,22 +233,15 @@ def cluster_geometry(
     return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block), grid
 
 
-#: ``dynamic_quantize_rows`` with each thread's vectors adjacent in pairs (one 16-byte store of
-#: codes per pair; 8 bytes for 4-bit codes) where ``nv`` is even.
-ROWS_PAIRED = True
-
-
 @dataclass(frozen=True)
 class RowsLaunch:
     """The launch of ``dynamic_quantize_rows`` / ``dynamic_fake_quantize_rows``: ``geometry`` (team =
     block = :data:`~quantplan._families.ROWS_BLOCK` threads per segment), ``nv`` vectors of 8
-    elements per thread, ``grid`` (one block per segment) and ``paired`` (the quantize kernel's
-    vectors adjacent in pairs: :data:`ROWS_PAIRED` and an even ``nv``)."""
+    elements per thread and ``grid`` (one block per segment)."""
 
     geometry: SegmentGeometry
     nv: int
     grid: int
-    paired: bool
 
 
 def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry) -> RowsLaunch | None:
@@ -265,7 +258,7 @@ def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry) -> RowsLaun
     if rem or nv not in ROWS_NV:
         return None
     g = SegmentGeometry(geometry.segments, geometry.length, 8, True, ROWS_BLOCK, ROWS_BLOCK)
-    return RowsLaunch(g, nv, min(geometry.segments, 2**31 - 1), ROWS_PAIRED and nv % 2 == 0)
+    return RowsLaunch(g, nv, min(geometry.segments, 2**31 - 1))
 
 
 def range_divisor(problem: AffineProblem) -> float:
@@ -457,7 +450,6 @@ __all__ = [
     "lanes_geometry",
     "RowsLaunch",
     "rows_geometry",
-    "ROWS_PAIRED",
     "MAX_TEAM",
     "SEGMENT_PARAMS",
     "RangePasses",

@@ -285,13 +285,9 @@ def _prepare_fused(
         return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid), tag
     rows = rows_geometry(problem, geometries[0])
     if rows is not None:
-        kernel = rows_kernel_name(f, c, high_first, mode, rows.nv, rows.paired)
-        pairs = ",paired" if rows.paired else ""
-        tag = f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread{pairs}]"
-        pair = prepare(kernel, rows.geometry, rows.grid)
-        if rows.paired:  # a pair's codes go out in one store of twice the vector's
-            pair.align_out *= 2
-        return pair, tag
+        kernel = rows_kernel_name(f, c, high_first, mode, rows.nv)
+        tag = f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread]"
+        return prepare(kernel, rows.geometry, rows.grid), tag
     found = dense_geometry(problem, geometries[0], info.busy_threads)
     if found is None:
         pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)
