@@ -442,10 +442,6 @@ class _ThreadCaches(threading.local):
 
 
 _LOCAL = _ThreadCaches()
-#: This thread's caches: ``thread_caches.plans`` is the plan cache (plans and front-end replays,
-#: None before the thread's first plan). A front-end's hot path reads a replay with
-#: ``thread_caches.plans.get(key)`` (AttributeError before the first plan) instead of :func:`replay_of`.
-thread_caches = _LOCAL
 _ALL_CACHES: list[OrderedDict[Hashable, Any]] = []
 _ALL_CACHES_LOCK = threading.Lock()
 
@@ -570,6 +566,34 @@ def replay_of(key: Hashable) -> Callable[..., Any] | None:
     return None if cache is None else cache.get(key)
 
 
+_NO_ARRAY: Any = object()
+
+
+def array_signature(a: Any, b: Any = _NO_ARRAY) -> tuple[Any, ...] | None:
+    """``(type, dtype, shape)`` of ``a`` (and of ``b``), flat: the array part of a replay key;
+    None when one of them is not an array."""
+    try:
+        if b is _NO_ARRAY:
+            return (type(a), a.dtype, a.shape)
+        return (type(a), a.dtype, a.shape, type(b), b.dtype, b.shape)
+    except AttributeError:
+        return None
+
+
+def replayed(key: Hashable | None, *arrays: Any) -> Any:
+    """The result of the call this thread remembered under ``key`` (:func:`remember_replay`),
+    replayed on ``arrays``; None when there is none (no key, no such call, an unhashable key) or
+    the replay declined (another device, a non-contiguous array, another alignment): the caller
+    then takes its full path. A front-end's hot path: one dictionary lookup, then the replay."""
+    if key is None:
+        return None
+    try:
+        fast = _LOCAL.plans.get(key)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # no plan cache yet; an unhashable argument
+        return None
+    return None if fast is None else fast(*arrays)
+
+
 def _declined(*arrays: Any) -> None:
     """The replay of a call that has none: every call takes the full path."""
     return None
@@ -583,14 +607,18 @@ def remember_replay(key: Hashable, make: Callable[[], Callable[..., Any] | None]
     cache = _LOCAL.plans
     if cache is None:
         cache = _new_cache()
-    elif key in cache:
+    try:
+        if key in cache:
+            return
+    except TypeError:  # an unhashable argument in the key: nothing to remember
         return
     _store(cache, key, make() or _declined)
 
 
 __all__ = [
-    "thread_caches",
+    "array_signature",
     "remember_replay",
+    "replayed",
     "replay",
     "replay_of",
     "CUPY",

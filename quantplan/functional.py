@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ._frontend import TORCH, Target, dtype_name, remember_replay, replay, thread_caches
+from ._frontend import TORCH, Target, array_signature, dtype_name, remember_replay, replay, replayed
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
 from .errors import InvalidProblem
@@ -249,18 +249,23 @@ def quantize(
     replay_key: tuple[Any, ...] | None = None
     if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
-        fast: Any = None
-        try:
-            scope_key = None if scope is None else (type(scope), *scope.__dict__.values())
-            replay_key = (quantize, type(x), x.dtype, x.shape, dtype, scope_key, group_size, axis, asymmetric, q_min)
-            replay_key = (*replay_key, q_max, nibble_order)
-            fast = thread_caches.plans.get(replay_key)  # type: ignore[union-attr]
-        except AttributeError:  # not an array (no key), or no plan cache yet
-            pass
-        except TypeError:  # an unhashable argument: the full path reports or serves it
-            replay_key = None
-        if fast is not None:
-            result = fast(x)
+        signature = array_signature(x)
+        fields = None if scope is None else getattr(scope, "__dict__", None)
+        if signature is not None and (scope is None or fields is not None):
+            scope_key = None if fields is None else (type(scope), *fields.values())
+            replay_key = (
+                quantize,
+                *signature,
+                dtype,
+                scope_key,
+                group_size,
+                axis,
+                asymmetric,
+                q_min,
+                q_max,
+                nibble_order,
+            )
+            result = replayed(replay_key, x)
             if result is not None:
                 return result  # type: ignore[no-any-return]
     replayable = replay_key is not None

@@ -78,14 +78,15 @@ from .._frontend import (
     NUMPY,
     PhiloxCounter,
     Target,
+    array_signature,
     check_seed,
     dtype_name,
     flat,
     remember_replay,
     replay,
+    replayed,
     shaped,
 )
-from .._frontend import thread_caches as _CACHES
 from ..errors import InvalidProblem, MisalignedOperand, Unsupported
 from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
 from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding
@@ -346,19 +347,11 @@ def quantize(input_vals: Any, groups: int, num_bits: int, quant_type: Any) -> tu
     **Precision guarantee:** float32 arithmetic, deterministic, the same bits on every backend
     (see the module's differences).
     """
-    key: tuple[Any, ...] | None = None
-    fast: Any = None
-    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
-        key = (quantize, type(input_vals), input_vals.dtype, input_vals.shape, groups, num_bits, quant_type)
-        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
-    except AttributeError:  # not an array (no key), or no plan cache yet
-        pass
-    except TypeError:  # an unhashable argument: the full path reports or serves it
-        key = None
-    if fast is not None:
-        result = fast(input_vals)
-        if result is not None:
-            return result  # type: ignore[no-any-return]
+    signature = array_signature(input_vals)  # a call like an earlier one: replayed
+    key = None if signature is None else (quantize, *signature, groups, num_bits, quant_type)
+    result = replayed(key, input_vals)
+    if result is not None:
+        return result  # type: ignore[no-any-return]
     shape = tuple(getattr(input_vals, "shape", ()))
     packed = _packed_shape(shape, num_bits, math.prod(shape)) if type(num_bits) is int else shape
 
@@ -393,30 +386,15 @@ def swizzle_quant(
 
     **Precision guarantee:** float32 arithmetic, deterministic.
     """
-    key: tuple[Any, ...] | None = None
-    fast: Any = None
-    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
-        key = (
-            swizzle_quant,
-            type(input_vals),
-            input_vals.dtype,
-            input_vals.shape,
-            groups,
-            num_bits,
-            quant_type,
-            pipeline_size,
-            nodes,
-            devices_per_node,
-        )
-        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
-    except AttributeError:  # not an array (no key), or no plan cache yet
-        pass
-    except TypeError:  # an unhashable argument: the full path reports or serves it
-        key = None
-    if fast is not None:
-        result = fast(input_vals)
-        if result is not None:
-            return result  # type: ignore[no-any-return]
+    signature = array_signature(input_vals)  # a call like an earlier one: replayed
+    key = (
+        None
+        if signature is None
+        else (swizzle_quant, *signature, groups, num_bits, quant_type, pipeline_size, nodes, devices_per_node)
+    )
+    result = replayed(key, input_vals)
+    if result is not None:
+        return result  # type: ignore[no-any-return]
     shape = tuple(getattr(input_vals, "shape", ()))
     numel = math.prod(shape)
     learn = None if key is None else (key, 1, _codes_and_params, (numel if num_bits == 8 else numel // 2,))
@@ -458,31 +436,11 @@ def loco_swizzle_quant(
 
 
 def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, quant_type: Any, out: ElementKind) -> Any:
-    key: tuple[Any, ...] | None = None
-    fast: Any = None
-    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
-        key = (
-            _dequantize,
-            type(quantized_data),
-            quantized_data.dtype,
-            quantized_data.shape,
-            type(params),
-            params.dtype,
-            params.shape,
-            groups,
-            num_bits,
-            quant_type,
-            out,
-        )
-        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
-    except AttributeError:  # not an array (no key), or no plan cache yet
-        pass
-    except TypeError:  # an unhashable argument: the full path reports or serves it
-        key = None
-    if fast is not None:
-        result = fast(quantized_data, params)
-        if result is not None:
-            return result
+    signature = array_signature(quantized_data, params)  # a call like an earlier one: replayed
+    key = None if signature is None else (_dequantize, *signature, groups, num_bits, quant_type, out)
+    result = replayed(key, quantized_data, params)
+    if result is not None:
+        return result
     target_ = target(quantized_data, params, names=_DEQUANTIZE_NAMES)
     q = _codes_input(target_, quantized_data, "quantized_data")
     mode = _mode(quant_type)
@@ -659,32 +617,15 @@ def quantized_reduction(
 
     **Precision guarantee:** float32 dequantization and summation in a fixed order; deterministic.
     """
-    key: tuple[Any, ...] | None = None
-    fast: Any = None
-    try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
-        key = (
-            quantized_reduction,
-            type(input_vals),
-            input_vals.dtype,
-            input_vals.shape,
-            type(input_scales),
-            input_scales.dtype,
-            input_scales.shape,
-            in_groups,
-            out_groups,
-            num_bits,
-            quant_type,
-            devices_per_node,
-        )
-        fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
-    except AttributeError:  # not an array (no key), or no plan cache yet
-        pass
-    except TypeError:  # an unhashable argument: the full path reports or serves it
-        key = None
-    if fast is not None:
-        result = fast(input_vals, input_scales)
-        if result is not None:
-            return result  # type: ignore[no-any-return]
+    signature = array_signature(input_vals, input_scales)  # a call like an earlier one: replayed
+    key = (
+        None
+        if signature is None
+        else (quantized_reduction, *signature, in_groups, out_groups, num_bits, quant_type, devices_per_node)
+    )
+    result = replayed(key, input_vals, input_scales)
+    if result is not None:
+        return result  # type: ignore[no-any-return]
     return _reduce(input_vals, input_scales, in_groups, out_groups, num_bits, quant_type, devices_per_node, key=key)
 
 
@@ -826,19 +767,11 @@ def _moq_function(name: str, mode: QuantMode, rounding: Rounding, fixed: str) ->
             raise InvalidProblem(f"{name} rounds to nearest; rng_seed / rng_offset apply only to ds_sr_* functions")
         if stochastic:  # every call draws new Philox numbers: no replay
             return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset)
-        key: tuple[Any, ...] | None = None
-        fast: Any = None
-        try:  # a call like an earlier one: replayed on its arrays (see _frontend.replay)
-            key = (moq, type(vals), vals.dtype, vals.shape, groups, bits)
-            fast = _CACHES.plans.get(key)  # type: ignore[union-attr]
-        except AttributeError:  # not an array (no key), or no plan cache yet
-            pass
-        except TypeError:  # an unhashable argument: the full path reports or serves it
-            key = None
-        if fast is not None:
-            result = fast(vals)
-            if result is not None:
-                return result
+        signature = array_signature(vals)  # a call like an earlier one: replayed
+        key = None if signature is None else (moq, *signature, groups, bits)
+        result = replayed(key, vals)
+        if result is not None:
+            return result
         return _moq(vals, groups, bits, mode, rounding, rng_seed, rng_offset, key)
 
     moq.__name__ = moq.__qualname__ = name
