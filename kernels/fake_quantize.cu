@@ -740,10 +740,7 @@ dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, type
       if (zp_out) zp_out[seg] = zp;
     }
     qp::DynamicFakeParam<float> p;
-    p.scale = ip.scale;
-    p.inv = ip.inv;
-    p.lo = (float)(q_min - zp);
-    p.hi = (float)(q_max - zp);
+    p.set(ip.scale, ip.inv, zp, q_min, q_max);
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
       const int col = (tid + w * kFakeRowsBlock) * 8;
@@ -804,10 +801,7 @@ dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
     if (zp_out) zp_out[seg] = zp;
   }
   qp::DynamicFakeParam<float> p;
-  p.scale = ip.scale;
-  p.inv = ip.inv;
-  p.lo = (float)(q_min - zp);
-  p.hi = (float)(q_max - zp);
+  p.set(ip.scale, ip.inv, zp, q_min, q_max);
   qp::ElementVector<qp::u16, 8> xv;
   xv.bytes.w[0] = v;
   float vals[8];

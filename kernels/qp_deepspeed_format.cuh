@@ -312,52 +312,32 @@ struct DeepSpeedPeerDecode {
 #define QP_DS_DENSE_MIN_BLOCKS 8
 #endif
 
-// A thread's packed range word of NV vectors of 8 16-bit floats (see above).
+// A thread's packed range word of NV vectors of 8 16-bit floats (see above): qp_range.cuh's
+// range_word_n, the asymmetric minima / maxima started from +Inf / -Inf pairs.
 template <class In, bool ASYM, int NV>
 __device__ __forceinline__ u32 ds_range_word(const uint4 (&v)[NV]) {
   typedef FloatBits<In> FB;
-  typedef HalfPairs<In> HP;
-  if constexpr (!ASYM) {
-    u32 a = 0;
-#pragma unroll
-    for (int w = 0; w < NV; ++w) {
-      a = max_u16x2(a, v[w].x & 0x7FFF7FFFu);
-      a = max_u16x2(a, v[w].y & 0x7FFF7FFFu);
-      a = max_u16x2(a, v[w].z & 0x7FFF7FFFu);
-      a = max_u16x2(a, v[w].w & 0x7FFF7FFFu);
-    }
-    return a;
-  } else {
-    u32 lo2 = FB::inf * 0x10001u, hi2 = (FB::inf | 0x8000u) * 0x10001u;  // +Inf / -Inf pairs
-#pragma unroll
-    for (int w = 0; w < NV; ++w) {
-      lo2 = HP::min_nan(HP::min_nan(lo2, v[w].x), v[w].y);
-      lo2 = HP::min_nan(HP::min_nan(lo2, v[w].z), v[w].w);
-      hi2 = HP::max_nan(HP::max_nan(hi2, v[w].x), v[w].y);
-      hi2 = HP::max_nan(HP::max_nan(hi2, v[w].z), v[w].w);
-    }
-    const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
-    const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
-    return (lo_h ^ 0x8000u) | (hi_h << 16);
-  }
+  return range_word_n<In, ASYM ? 1 : 0, NV>(v, FB::inf * 0x10001u, (FB::inf | 0x8000u) * 0x10001u);
 }
 
+// Two range words combined (qp_range.cuh's range_combine).
 template <class In, bool ASYM>
 __device__ __forceinline__ u32 ds_range_combine(u32 a, u32 b) {
-  if constexpr (ASYM) {
-    return HalfPairs<In>::max_nan(a, b);
-  } else {
-    return max_u16x2(a, b);
-  }
+  return range_combine<In, ASYM ? 1 : 0>(a, b);
 }
 
-// The range word of a team of `team` threads (aligned, a power of two): every thread of the
-// block calls this with the same team; `slots` holds one word per warp (this group's buffer).
-template <class In, bool ASYM>
-__device__ __forceinline__ u32 ds_team_range(u32 r, int team, u32* slots) {
+// A value reduced over a team of `team` threads (aligned, a power of two) in a fixed order:
+// `step(r, d)` combines r with lane ^ d's (shuffles), `combine(r, o)` combines r with o; BREAK:
+// the shuffle loop leaves at the team's size instead of skipping the steps above it. Every
+// thread of the block calls this with the same team; `slots` holds one value per warp (this
+// group's buffer).
+template <bool BREAK, class T, class Step, class Combine>
+__device__ __forceinline__ T ds_team_reduce(T r, int team, T* slots, Step step, Combine combine) {
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1)  // steps at or above the team are skipped (uniform branches)
-    if (d < team) r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
+  for (int d = 1; d < 32; d <<= 1) {  // steps at or above the team are skipped (uniform branches)
+    if (BREAK && d >= team) break;    // the loop forms measured best for each caller
+    if (BREAK || d < team) step(r, d);
+  }
   if (team <= 32) return r;
   const int warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0) slots[warp] = r;
@@ -366,8 +346,16 @@ __device__ __forceinline__ u32 ds_team_range(u32 r, int team, u32* slots) {
   r = slots[first];
 #pragma unroll
   for (int k = 1; k < QP_DS_DENSE_BLOCK / 32; ++k)
-    if (k < warps) r = ds_range_combine<In, ASYM>(r, slots[first + k]);
+    if (k < warps) combine(r, slots[first + k]);
   return r;
+}
+
+// The range word of a team of `team` threads (ds_team_reduce of ds_range_combine).
+template <class In, bool ASYM>
+__device__ __forceinline__ u32 ds_team_range(u32 r, int team, u32* slots) {
+  return ds_team_reduce<false>(
+      r, team, slots, [](u32& w, int d) { w = ds_range_combine<In, ASYM>(w, __shfl_xor_sync(0xFFFFFFFFu, w, d)); },
+      [](u32& w, const u32& o) { w = ds_range_combine<In, ASYM>(w, o); });
 }
 
 // The group range of a reduced word: (lo, hi) (ASYMMETRIC) or |x|max, and whether it is not finite.
@@ -610,40 +598,18 @@ __device__ __forceinline__ u32 ds_range_identity() {
 // Phase 1 of the cluster reduction: arrive before the loads (waited on before the first remote store).
 __device__ __forceinline__ void ds_cluster_arrive() {
 #if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  cluster_arrive_relaxed();
 #endif
 }
 
 // The range word of the cluster's group (every thread of every block of the cluster calls this,
-// after ds_cluster_arrive): `warp_slots` one word per warp, `shares` one per block of the cluster.
+// after ds_cluster_arrive): qp_range.cuh's cluster_reduce_word with DeepSpeed's range combine;
+// `warp_slots` one word per warp, `shares` one per block of the cluster.
 template <class In, bool ASYM>
 __device__ __forceinline__ u32 ds_cluster_range(u32 r, u32* warp_slots, u32* shares) {
 #if __CUDA_ARCH__ >= 900
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if ((threadIdx.x & 31) == 0) warp_slots[warp] = r;
-  __syncthreads();
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
-  if (warp == 0) {
-    r = (int)threadIdx.x < warps ? warp_slots[threadIdx.x] : ds_range_identity<In, ASYM>();
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) r = ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
-    // Lane b stores the block's share into slot `rank` of block b of the cluster.
-    if (threadIdx.x < QP_DS_CLUSTER_BLOCKS) {
-      const u32 rank = blockIdx.x % QP_DS_CLUSTER_BLOCKS;
-      const u32 local = (u32)__cvta_generic_to_shared(&shares[rank]);
-      u32 remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((int)threadIdx.x));
-      asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(r) : "memory");
-    }
-  }
-  // Phase 2: after it every block holds every share and no block touches another's memory again.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-  u32 acc = shares[0];
-#pragma unroll
-  for (int b = 1; b < QP_DS_CLUSTER_BLOCKS; ++b) acc = ds_range_combine<In, ASYM>(acc, shares[b]);
-  return acc;
+  return cluster_reduce_word<QP_DS_CLUSTER_BLOCKS>(r, ds_range_identity<In, ASYM>(), warp_slots, shares,
+                                                   [](u32 a, u32 b) { return ds_range_combine<In, ASYM>(a, b); });
 #else
   return r;
 #endif
@@ -681,30 +647,22 @@ __device__ __forceinline__ void ds_float_range_combine(DsFloatRange& r, const Ds
   }
 }
 
-// The range of a team of `team` threads (as ds_team_range; `slots`: this group's buffer).
+// The range of a team of `team` threads (ds_team_reduce of ds_float_range_combine; `slots`:
+// this group's buffer).
 template <bool ASYM>
 __device__ __forceinline__ DsFloatRange ds_team_float_range(DsFloatRange r, int team, DsFloatRange* slots) {
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    if (d >= team) break;
-    DsFloatRange o;
-    o.amax = __shfl_xor_sync(0xFFFFFFFFu, r.amax, d);
-    if (ASYM) {
-      o.lo = __shfl_xor_sync(0xFFFFFFFFu, r.lo, d);
-      o.hi = __shfl_xor_sync(0xFFFFFFFFu, r.hi, d);
-    }
-    ds_float_range_combine<ASYM>(r, o);
-  }
-  if (team <= 32) return r;
-  const int warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) slots[warp] = r;
-  __syncthreads();
-  const int warps = team >> 5, first = warp & ~(warps - 1);
-  r = slots[first];
-#pragma unroll
-  for (int k = 1; k < QP_DS_DENSE_BLOCK / 32; ++k)
-    if (k < warps) ds_float_range_combine<ASYM>(r, slots[first + k]);
-  return r;
+  return ds_team_reduce<true>(
+      r, team, slots,
+      [](DsFloatRange& x, int d) {
+        DsFloatRange o;
+        o.amax = __shfl_xor_sync(0xFFFFFFFFu, x.amax, d);
+        if (ASYM) {
+          o.lo = __shfl_xor_sync(0xFFFFFFFFu, x.lo, d);
+          o.hi = __shfl_xor_sync(0xFFFFFFFFu, x.hi, d);
+        }
+        ds_float_range_combine<ASYM>(x, o);
+      },
+      [](DsFloatRange& x, const DsFloatRange& o) { ds_float_range_combine<ASYM>(x, o); });
 }
 
 // s[k] = sum over peers j (in order) of DeepSpeed's dequantization of code i + k of peer j.

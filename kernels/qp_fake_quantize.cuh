@@ -186,9 +186,12 @@ template <class Acc> struct FakeShortParam {
 template <class Acc> struct DynamicFakeParam {
   Acc scale, inv, lo, hi;  // lo / hi: q_min - zp, q_max - zp
 
-  __device__ __forceinline__ void set(Acc s, int zp, int q_min, int q_max) {
+  __device__ __forceinline__ void set(Acc s, int zp, int q_min, int q_max) { set(s, acc_rcp(s), zp, q_min, q_max); }
+
+  // With the reciprocal already known (rn(1 / s)).
+  __device__ __forceinline__ void set(Acc s, Acc inv_s, int zp, int q_min, int q_max) {
     scale = s;
-    inv = acc_rcp(s);
+    inv = inv_s;
     lo = (Acc)(q_min - zp);
     hi = (Acc)(q_max - zp);
   }

@@ -361,9 +361,11 @@ __device__ __forceinline__ u32 range_combine(u32 a, u32 b) {
   }
 }
 
-// The range word of NV vectors (the words of every vector first, one finish).
+// The range word of NV vectors (the words of every vector first, one finish). Asymmetric:
+// `lo_seed` / `hi_seed` start the packed minima / maxima (0: a range that holds zero, as the plans'
+// segments do; +Inf / -Inf pairs: the values' own range, as DeepSpeed's groups take it).
 template <class In, int MODE, int NV>
-__device__ __forceinline__ u32 range_word_n(const uint4 (&v)[NV]) {
+__device__ __forceinline__ u32 range_word_n(const uint4 (&v)[NV], u32 lo_seed = 0u, u32 hi_seed = 0u) {
   if constexpr (MODE == 0) {
     u32 a = 0;
 #pragma unroll
@@ -376,7 +378,7 @@ __device__ __forceinline__ u32 range_word_n(const uint4 (&v)[NV]) {
     return a;  // both halves: combined by the caller's per-half maxima, split in RowRange
   } else {
     typedef HalfPairs<In> HP;
-    u32 lo2 = 0, hi2 = 0;
+    u32 lo2 = lo_seed, hi2 = hi_seed;
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
       lo2 = HP::min_nan(HP::min_nan(lo2, v[w].x), v[w].y);
@@ -480,25 +482,27 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 
-// The range word of a segment held by a cluster of CLUSTER blocks (blockDim.x a multiple of 32;
-// every thread calls it with its own word, after cluster_arrive_relaxed): every block reduces
+// A 32-bit word reduced over a segment held by a cluster of CLUSTER blocks (blockDim.x a
+// multiple of 32; every thread calls it with its own word, after cluster_arrive_relaxed):
+// `combine(a, b)` is associative and commutative with neutral `identity`. Every block reduces
 // its share (shuffles, one slot per warp in `warp_slots`, 32 words) and stores it into slot
 // `rank` of `shares` (CLUSTER words) in every block of the cluster (distributed shared memory);
-// after one cluster barrier every thread combines the shares locally. No block touches another's
-// memory after it, so no barrier is needed before exiting.
-template <class In, int MODE, int CLUSTER>
-__device__ __forceinline__ u32 cluster_range_word(u32 r, u32* warp_slots, u32* shares) {
+// after one cluster barrier every thread combines the shares locally, in rank order. No block
+// touches another's memory after it, so no barrier is needed before exiting.
+template <int CLUSTER, class Combine>
+__device__ __forceinline__ u32 cluster_reduce_word(u32 r, u32 identity, u32* warp_slots, u32* shares,
+                                                   Combine combine) {
   const int rank = blockIdx.x % CLUSTER;
 #pragma unroll
-  for (int s = 1; s < 32; s <<= 1) r = range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+  for (int s = 1; s < 32; s <<= 1) r = combine(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if ((threadIdx.x & 31) == 0) warp_slots[warp] = r;
   __syncthreads();
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
   if (warp == 0) {
-    r = (threadIdx.x < warps) ? warp_slots[threadIdx.x] : 0u;
+    r = (threadIdx.x < warps) ? warp_slots[threadIdx.x] : identity;
 #pragma unroll
-    for (int s = 1; s < 32; s <<= 1) r = range_combine<In, MODE>(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
+    for (int s = 1; s < 32; s <<= 1) r = combine(r, __shfl_xor_sync(0xFFFFFFFFu, r, s));
     // Lane b stores the block's share in slot `rank` of block b of the cluster.
     if (threadIdx.x < CLUSTER) {
       const u32 local = (u32)__cvta_generic_to_shared(&shares[rank]);
@@ -510,8 +514,15 @@ __device__ __forceinline__ u32 cluster_range_word(u32 r, u32* warp_slots, u32* s
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
   u32 acc = shares[0];
 #pragma unroll
-  for (int b = 1; b < CLUSTER; ++b) acc = range_combine<In, MODE>(acc, shares[b]);
+  for (int b = 1; b < CLUSTER; ++b) acc = combine(acc, shares[b]);
   return acc;
+}
+
+// The range word (range_word / range_combine) of a segment held by a cluster of CLUSTER blocks.
+template <class In, int MODE, int CLUSTER>
+__device__ __forceinline__ u32 cluster_range_word(u32 r, u32* warp_slots, u32* shares) {
+  return cluster_reduce_word<CLUSTER>(r, 0u, warp_slots, shares,
+                                      [](u32 a, u32 b) { return range_combine<In, MODE>(a, b); });
 }
 #endif
 
