@@ -442,18 +442,25 @@ def reduction_inputs(
     return q, params, in_groups
 
 
-@pytest.mark.parametrize("bits,chunk,g_in,g_out", REDUCTION_CASES)
-@pytest.mark.parametrize("dpn", [1, 3, 4])
-@QUANT_TYPES
-def test_quantized_reduction_matches_numpy(
+def check_quantized_reduction(
     rng: np.random.Generator, bits: int, chunk: int, g_in: int, g_out: int, dpn: int, quant_type: int
 ) -> None:
+    """quantized_reduction on the GPU against NumPy, on ``dpn`` fresh peer chunks (swizzled for 3 peers)."""
     q, params, in_groups = reduction_inputs(rng, dpn, chunk, g_in, bits, quant_type, swizzled=dpn == 3)
     out_groups = chunk // g_out
     q_dev, p_dev = to_cupy(q), to_cupy(params)
     got = ds.quantized_reduction(q_dev, p_dev, in_groups, out_groups, bits, quant_type, dpn)
     want = ds.quantized_reduction(q, params, in_groups, out_groups, bits, quant_type, dpn)
     assert_outputs(got, want, q_dev, "quantized_reduction")
+
+
+@pytest.mark.parametrize("bits,chunk,g_in,g_out", REDUCTION_CASES)
+@pytest.mark.parametrize("dpn", [1, 3, 4])
+@QUANT_TYPES
+def test_quantized_reduction_matches_numpy(
+    rng: np.random.Generator, bits: int, chunk: int, g_in: int, g_out: int, dpn: int, quant_type: int
+) -> None:
+    check_quantized_reduction(rng, bits, chunk, g_in, g_out, dpn, quant_type)
 
 
 # (bits, chunk, input group, output group): the dense reduction (output groups of team * 8,
@@ -475,12 +482,7 @@ DENSE_REDUCTION_CASES = [
 def test_dense_quantized_reduction_matches_numpy(
     rng: np.random.Generator, bits: int, chunk: int, g_in: int, g_out: int, dpn: int, quant_type: int
 ) -> None:
-    q, params, in_groups = reduction_inputs(rng, dpn, chunk, g_in, bits, quant_type, swizzled=dpn == 3)
-    out_groups = chunk // g_out
-    q_dev, p_dev = to_cupy(q), to_cupy(params)
-    got = ds.quantized_reduction(q_dev, p_dev, in_groups, out_groups, bits, quant_type, dpn)
-    want = ds.quantized_reduction(q, params, in_groups, out_groups, bits, quant_type, dpn)
-    assert_outputs(got, want, q_dev, "quantized_reduction")
+    check_quantized_reduction(rng, bits, chunk, g_in, g_out, dpn, quant_type)
 
 
 @pytest.mark.parametrize("bits", [8, 4])
