@@ -2,7 +2,9 @@
 
 One table (SPEC section 6): for each workload, the plan's median kernel time (CUDA events, L2
 flushed by size or rotated buffers, see :mod:`harness`), the same bytes moved by a
-device-to-device copy (``% of copy``), DeepSpeed's quantizer kernels built from source (``×
+device-to-device copy (``% of copy``), the pure bandwidth floor of the plan's bytes read and
+written (``floor µs``: ``harness.floor_time``, the fastest of a few one-pass load-one-vector /
+store-one-vector kernels with no math; on an H200 it ties the copy), DeepSpeed's quantizer kernels built from source (``×
 DeepSpeed`` = DeepSpeed's time / the plan's, > 1 means the plan is faster), ``torch.compile``
 and PyTorch eager of the same math (``× torch.compile``), ``quantplan.compat.deepspeed`` on the
 same input where it has the function (its time and × DeepSpeed), the kernel variant
@@ -995,6 +997,7 @@ class Result:
     plan_us: float | None = None
     nocheck_us: float | None = None
     copy_us: float | None = None
+    floor_us: float | None = None
     ds_us: float | None = None
     compile_us: float | None = None
     eager_us: float | None = None
@@ -1043,6 +1046,22 @@ def _new_set(built: Built) -> dict[str, Any]:
 def _plan_bytes(built: Built, s: Arrays) -> int:
     names = list(built.plan_in) + list(built.outputs)
     return sum(int(s[n].numel() * s[n].element_size()) for n in names)
+
+
+#: Floors measured in this run, by (bytes read, bytes written).
+_FLOORS: dict[tuple[int, int], float | None] = {}
+
+
+def _floor(built: Built, s: Arrays, opt: Options) -> float | None:
+    """The pure bandwidth floor for the plan's bytes read and written (``harness.floor_time``),
+    measured once per byte split in a run."""
+    read = sum(int(s[n].numel() * s[n].element_size()) for n in built.plan_in)
+    written = sum(int(s[n].numel() * s[n].element_size()) for n in built.outputs)
+    key = (read, written)
+    if key not in _FLOORS:
+        got = harness.floor_time(read, written, warmup=opt.warmup, reps=opt.reps)
+        _FLOORS[key] = None if got is None else got[0]
+    return _FLOORS[key]
 
 
 def _reference_check(built: Built, s: Arrays) -> tuple[bool, str]:
@@ -1156,6 +1175,7 @@ def measure(spec: Spec, opt: Options) -> list[Result]:
         row.copy_us, _ = harness.copy_time(
             row.nbytes // 2, row.nbytes - row.nbytes // 2, warmup=opt.warmup, reps=opt.reps
         )
+        row.floor_us = _floor(built, first, opt)
 
     # DeepSpeed and the compat layer: compare their outputs on the same input, then time them.
     _peers(built, first, sets, opt, convert, row)
@@ -1385,6 +1405,7 @@ COLUMNS = [
     "run(check=False) µs",
     "copy µs",
     "% of copy",
+    "floor µs",
     "DeepSpeed µs",
     "× DeepSpeed",
     "torch.compile µs",
@@ -1403,7 +1424,7 @@ COLUMNS = [
 
 def markdown(rows: Sequence[Result]) -> str:
     """The table: ratios are peer time / plan time (> 1: the plan is faster)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---", "---"] + ["---:"] * 11 + ["---"] * 6) + "|"]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(["---", "---"] + ["---:"] * 12 + ["---"] * 6) + "|"]
     for r in rows:
         pct = NA if r.copy_us is None or not r.plan_us else f"{100 * r.copy_us / r.plan_us:.1f}%"
         notes = list(r.notes)
@@ -1416,6 +1437,7 @@ def markdown(rows: Sequence[Result]) -> str:
             _us(r.nocheck_us),
             _us(r.copy_us),
             pct,
+            _us(r.floor_us),
             _us(r.ds_us),
             _ratio(r.ds_us, r.plan_us),
             _us(r.compile_us),
@@ -1467,7 +1489,8 @@ def write_report(path: Path, rows: Sequence[Result], header: dict[str, Any], don
         "Command: `python3 benchmarks/bench_peers.py` (its docstring says what every column means).",
         "GPU rows: median kernel µs (CUDA events; L2 flushed by size or rotated buffer sets). Ratios are",
         "the peer's time over the plan's (> 1: the plan is faster); `% of copy` is a device copy's time over",
-        "the plan's for the same bytes read plus written. Host rows: µs per call on the host (no sync inside",
+        "the plan's for the same bytes read plus written; `floor µs`: the fastest pure load/store kernel moving the",
+        "plan's bytes read and bytes written (no math: no kernel with these bytes can beat it by much). Host rows: µs per call on the host (no sync inside",
         "the timed calls; median of 5 rounds of 2000 calls; a peer's call alone, on arguments made once). DeepSpeed and compat run DeepSpeed's formulas (stored 1/scale, symmetric",
         "`2**b / (2 * absmax)`, int4 high nibble first) on the same input: same bytes, other math.",
         "`plan vs reference`: the plan's outputs against the reference backend, bit for bit.",

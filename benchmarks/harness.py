@@ -30,13 +30,14 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = [
     "Row",
     "copy_time",
+    "floor_time",
     "device_summary",
     "host_overhead_us",
     "l2_cache_bytes",
@@ -226,6 +227,91 @@ def copy_time(nbytes_read: int, nbytes_written: int, *, warmup: int = 10, reps: 
     fns: list[Thunk] = [lambda src=src, dst=dst: dst.copy_(src) for src, dst in pairs]
     us = time_gpu(fns, warmup=warmup, reps=reps)
     return us, 2 * half / us / 1e6
+
+
+#: (bytes read, bytes written) per thread of :func:`floor_time`'s kernel, by read:write ratio.
+_FLOOR_VECTORS = {8.0: (16, 2), 4.0: (16, 4), 2.0: (16, 8), 1.0: (16, 16), 0.5: (8, 16), 0.25: (4, 16)}
+
+_FLOOR_SOURCE = r"""
+template <int N> struct qp_floor_word;
+template <> struct qp_floor_word<2> { typedef unsigned short type; };
+template <> struct qp_floor_word<4> { typedef unsigned int type; };
+template <> struct qp_floor_word<8> { typedef uint2 type; };
+template <> struct qp_floor_word<16> { typedef uint4 type; };
+__device__ __forceinline__ unsigned qp_floor_fold(unsigned short v) { return v; }
+__device__ __forceinline__ unsigned qp_floor_fold(unsigned v) { return v; }
+__device__ __forceinline__ unsigned qp_floor_fold(uint2 v) { return v.x ^ v.y; }
+__device__ __forceinline__ unsigned qp_floor_fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+__device__ __forceinline__ void qp_floor_fill(unsigned short& o, unsigned v) { o = (unsigned short)v; }
+__device__ __forceinline__ void qp_floor_fill(unsigned& o, unsigned v) { o = v; }
+__device__ __forceinline__ void qp_floor_fill(uint2& o, unsigned v) { o = make_uint2(v, v + 1u); }
+__device__ __forceinline__ void qp_floor_fill(uint4& o, unsigned v) { o = make_uint4(v, v + 1u, v + 2u, v + 3u); }
+// One thread: one R-byte load, one W-byte store derived from it; one pass (no loop), no math.
+template <int R, int W, bool STREAMING>
+__global__ void qp_floor_pattern(const void* __restrict__ x, void* __restrict__ y, long long n) {
+  typedef typename qp_floor_word<R>::type In;
+  typedef typename qp_floor_word<W>::type Out;
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const In* xp = reinterpret_cast<const In*>(x) + i;
+  In v = STREAMING ? __ldcs(xp) : *xp;
+  Out o;
+  qp_floor_fill(o, qp_floor_fold(v));
+  reinterpret_cast<Out*>(y)[i] = o;
+}
+"""
+
+
+def floor_time(nbytes_read: int, nbytes_written: int, *, warmup: int = 10, reps: int = 100) -> tuple[float, str] | None:
+    """The fastest pure bandwidth kernel moving about ``nbytes_read`` and ``nbytes_written``: the
+    floor any kernel with these bytes meets (no math, no parameters, no reduction).
+
+    Each thread loads one vector and stores one vector derived from it, in a one-pass grid (the
+    shape a sweep of per-thread vectors, loops, block sizes and cache hints found fastest on an
+    H200: it ties a copy of the same bytes). The read:write ratio is rounded to the nearest of
+    8:1 ... 1:4 (the op's parameters, a fraction of a percent, are left out). Returns the best
+    median µs over block 128 / 256 and plain / streaming loads, with that configuration; None
+    when the ratio is outside that range."""
+    import cupy
+    import numpy
+    import torch
+
+    if nbytes_read <= 0 or nbytes_written <= 0:
+        return None
+    ratio = min(_FLOOR_VECTORS, key=lambda r: abs(math.log(r) - math.log(nbytes_read / nbytes_written)))
+    if abs(math.log(ratio) - math.log(nbytes_read / nbytes_written)) > 0.05:
+        return None
+    r, w = _FLOOR_VECTORS[ratio]
+    n = nbytes_read // r
+    module = _floor_module()
+    src = torch.empty(n * r, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(n * w, dtype=torch.uint8, device="cuda")
+    sets = rotation_sets(n * (r + w))
+    buffers = [(src, dst)] + [(torch.empty_like(src), torch.empty_like(dst)) for _ in range(sets - 1)]
+    best: tuple[float, str] | None = None
+    for streaming in (False, True):
+        kernel = module.get_function(f"qp_floor_pattern<{r}, {w}, {str(streaming).lower()}>")
+        for block in (128, 256):
+            grid = (n + block - 1) // block
+
+            def launch(a: Any = None, b: Any = None, k: Any = kernel, g: int = grid, t: int = block) -> None:
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                    k((g,), (t,), (numpy.uint64(a.data_ptr()), numpy.uint64(b.data_ptr()), numpy.int64(n)))
+
+            fns: list[Thunk] = [partial(launch, a, b) for a, b in buffers]
+            us = time_gpu(fns, warmup=warmup, reps=reps)
+            label = f"{r} B in / {w} B out per thread, block {block}, {'streaming' if streaming else 'plain'} loads"
+            if best is None or us < best[0]:
+                best = (us, label)
+    return best
+
+
+@lru_cache(maxsize=1)
+def _floor_module() -> Any:
+    import cupy
+
+    names = [f"qp_floor_pattern<{r}, {w}, {s}>" for r, w in _FLOOR_VECTORS.values() for s in ("false", "true")]
+    return cupy.RawModule(code=_FLOOR_SOURCE, options=("-std=c++17",), name_expressions=names)
 
 
 def host_overhead_us(fn: Thunk, n: int = 2000, *, batch: int = 100, repeats: int = 5) -> float:
