@@ -187,15 +187,7 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
   constexpr bool packed = qp::QuantElement<Code>::kind == 1;
   constexpr int bits = packed ? 4 : 8;
   __shared__ qp::DsFloatRange slots[2][QP_DS_DENSE_BLOCK / 32];
-  const int team_log2 = lay.seg_log2, team = 1 << team_log2;
-  const int lane = threadIdx.x & (team - 1);
-  const u32 per_block = blockDim.x >> team_log2;
-  const u32 segments = (u32)lay.segments;
-  const u32 stride = gridDim.x * per_block;
-  int parity = 0;
-  for (u32 base = blockIdx.x * per_block; base < segments; base += stride, parity ^= 1) {
-    const u32 seg = base + (threadIdx.x >> team_log2);
-    const bool active = seg < segments;
+  qp::ds_dense_group_loop(lay, [&](u32 seg, int lane, int team, bool active, int parity) {
     float s[NV][8];
     qp::DsFloatRange r;
     r.amax = 0u;
@@ -219,7 +211,7 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
       }
     }
     r = qp::ds_team_float_range<ASYM>(r, team, slots[parity]);
-    if (!active) continue;
+    if (!active) return;
     const bool bad = r.amax >= 0x7F800000u;
     const float absmax = __uint_as_float(r.amax);
     const qp::DeepSpeedDenseParam p = qp::deepspeed_dense_params<ASYM, bits>(r.lo, r.hi, absmax, bad);
@@ -243,7 +235,7 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
         for (int k = 0; k < 8; ++k) v.v[k] = s[w][k];
         qp::deepspeed_float_generic_codes<Code>(v, qs + (packed ? col / 2 : col), g, ASYM);
       }
-      continue;
+      return;
     }
     if (lane == 0) {
       if (ASYM) {
@@ -261,7 +253,7 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
       for (int k = 0; k < 8; ++k) c[k] = qp::deepspeed_dense_code<ASYM, bits>(s[w][k], p);
       qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
     }
-  }
+  });
 }
 
 // One group per thread-block cluster (qp_deepspeed_format.cuh), sm_90: groups of

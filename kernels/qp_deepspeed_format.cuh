@@ -402,15 +402,12 @@ __device__ __forceinline__ uint4 ds_load16(const uint4* p) {
   }
 }
 
-// The loop of the dense passes: groups of S = team * 8 * NV elements, team = 1 << lay.seg_log2
-// threads each; per block and step blockDim.x / team groups (block-uniform, so every thread
-// reaches the barriers). body(seg, lane, v, r): the thread's vectors (columns (lane + w * team)
-// * 8) and the group's range word, for the threads of a group that exists. READ_ONLY: nothing
-// writes x during the pass (see QP_DS_LOAD).
-template <class In, bool ASYM, int NV, bool READ_ONLY, class Body>
-__device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>::storage* x, const SegmentLayout& lay,
-                                                Body body) {
-  __shared__ u32 slots[2][QP_DS_DENSE_BLOCK / 32];
+// The group loop of the dense passes: groups of team = 1 << lay.seg_log2 threads, per block and
+// step blockDim.x / team groups (block-uniform, so every thread reaches a team reduction's
+// barriers). step(seg, lane, team, active, parity): this thread's part of group seg (which exists
+// when active), lane its rank in the team, parity the step's shared-slot half.
+template <class Step>
+__device__ __forceinline__ void ds_dense_group_loop(const SegmentLayout& lay, Step step) {
   const int team_log2 = lay.seg_log2, team = 1 << team_log2;
   const int lane = threadIdx.x & (team - 1);
   const u32 per_block = blockDim.x >> team_log2;
@@ -419,7 +416,19 @@ __device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>:
   int parity = 0;
   for (u32 base = blockIdx.x * per_block; base < segments; base += stride, parity ^= 1) {
     const u32 seg = base + (threadIdx.x >> team_log2);
-    const bool active = seg < segments;
+    step(seg, lane, team, seg < segments, parity);
+  }
+}
+
+// The dense passes over 16-bit input: groups of S = team * 8 * NV elements (ds_dense_group_loop).
+// body(seg, lane, v, r): the thread's vectors (columns (lane + w * team) * 8) and the group's range
+// word, for the threads of a group that exists. READ_ONLY: nothing writes x during the pass (see
+// QP_DS_LOAD).
+template <class In, bool ASYM, int NV, bool READ_ONLY, class Body>
+__device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>::storage* x, const SegmentLayout& lay,
+                                                Body body) {
+  __shared__ u32 slots[2][QP_DS_DENSE_BLOCK / 32];
+  ds_dense_group_loop(lay, [&](u32 seg, int lane, int team, bool active, int parity) {
     uint4 v[NV];
     if (active) {
       const uint4* src = reinterpret_cast<const uint4*>(x + (i64)seg * lay.S) + lane;
@@ -431,7 +440,7 @@ __device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>:
     }
     const u32 r = ds_team_range<In, ASYM>(ds_range_word<In, ASYM, NV>(v), team, slots[parity]);
     if (active) body(seg, lane, v, r);
-  }
+  });
 }
 
 // The two 16-bit floats of a word as floats (element 0 in the low half).
