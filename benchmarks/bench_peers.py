@@ -19,7 +19,9 @@ int4 of 8 peers (groups of 512); the 16x8192 row of every plan family (GPU µs a
 plus host rows: ``plan.run`` with checks and with ``check=False`` where the plan has the
 keyword, the compat call, DeepSpeed's binding, the ``torch.compile``d call and, when the package
 has it, the cached functional ``qp.quantize``; 2000 calls each, wall clock, the device
-synchronised only between batches of 100, outside the timed region; the median of 5 such rounds;
+synchronised only between batches of 100, outside the timed region; the median of 5 such rounds,
+the rounds of a row's calls interleaved with each other and with an empty kernel's launch, whose
+time goes in the row's notes;
 DeepSpeed's and the compat layer's calls are timed alone, on arguments the bench made once); and
 the headline shapes
 of every plan family (static quantize / dequantize per-token int8 and group(128) int4, FP8
@@ -72,7 +74,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -1261,14 +1263,17 @@ def _host_rows(
     spec: Spec, built: Built, plan: Any, ws: Any, s: Arrays, a0: Any, compiled: Any, opt: Options, convert: Any
 ) -> list[Result]:
     """Host µs per call (``opt.host_calls`` calls, no sync inside) of the plan and its peers, and
-    of the functional ``qp.quantize`` where the package has it."""
+    of the functional ``qp.quantize`` where the package has it. The plan's, the peers' and the
+    functional calls and an empty kernel's launch (the floor, in the notes) are timed in
+    interleaved rounds (``harness.host_overhead_interleaved``): a slow spell of the host falls on
+    all of them; ``torch.compile``'s call is timed on its own afterwards."""
     import torch
 
     stream = None if opt.cpu else torch.cuda.current_stream()
     row = Result(f"host µs/call: {spec.name}", spec.dtype, metric="host")
-    row.plan_us = _host(lambda: plan.run(stream, ws, a0), opt)
+    timed: dict[str, Callable[[], Any]] = {"plan_us": lambda: plan.run(stream, ws, a0)}
     if _takes_check(plan):
-        row.nocheck_us = _host(lambda: plan.run(stream, ws, a0, check=False), opt)
+        timed["nocheck_us"] = lambda: plan.run(stream, ws, a0, check=False)
     else:
         row.notes.append("run has no check keyword")
     ds = opt.deepspeed
@@ -1279,41 +1284,59 @@ def _host_rows(
     if built.ds is not None and ds is not None:
         ds_fn = built.ds
         peers.append(("ds_us", lambda: ds_fn(ds, s)))
-    if compiled is not None:
-        names = built.math_in
-        peers.append(("compile_us", lambda: compiled(*(s[n] for n in names))))
     for attr, fn in peers:
         try:
-            if attr != "compile_us":
-                fn = _library_call(fn, [m for m in (ds, _compat_module()) if m is not None])
-            setattr(row, attr, _host(fn, opt))
+            timed[attr] = _library_call(fn, [m for m in (ds, _compat_module()) if m is not None])
         except Exception as exc:
             row.notes.append(f"{attr[:-3]} failed: {_brief(exc)}")
     rows = [row]
     functional = _functional(spec)
+    f_row: Result | None = None
     if functional is not None:
         # The functional layer (qp.quantize): its cached host path, beside plan.run and the peers.
         f_row = Result(f'host µs/call: qp.quantize(x, "int8", TokenScope()) {spec.name}', spec.dtype, metric="host")
-        f_row.ds_us, f_row.compat_us = row.ds_us, row.compat_us
         try:
             qt = functional(s)
             differ = diff_vs_plan((qt.codes, qt.scale), ("q", "s"), s)
             f_row.reference = "= plan bits" if not differ else f"≠ plan: {differ}"
             f_row.failed = bool(differ)
-            f_row.plan_us = _host(lambda: functional(s), opt)
-            f_row.notes.append(f"plan.run {_us(row.plan_us)} µs")
+            timed["functional"] = lambda: functional(s)
         except Exception as exc:
             f_row.notes.append(f"qp.quantize failed: {_brief(exc)}")
         rows.append(f_row)
+    if not opt.cpu:
+        timed["floor"] = _empty_launch()
+    times = _host_many(timed, opt)
+    for attr, us in times.items():
+        if attr == "functional" and f_row is not None:
+            f_row.plan_us = us
+        elif attr == "floor":
+            row.notes.append(f"empty-kernel launch in the same rounds: {_us(us)} µs")
+        else:
+            setattr(row, attr, us)
+    if f_row is not None:
+        f_row.ds_us, f_row.compat_us = row.ds_us, row.compat_us
+        f_row.notes.append(f"plan.run {_us(row.plan_us)} µs")
+    if compiled is not None:
+        names = built.math_in
+        try:
+            row.compile_us = _host(lambda: compiled(*(s[n] for n in names)), opt)
+        except Exception as exc:
+            row.notes.append(f"compile failed: {_brief(exc)}")
     return rows
 
 
-def host_floor_rows(opt: Options) -> list[Result]:
-    """What any host row pays on this machine: one ``cuLaunchKernel`` of an empty kernel through
-    CuPy's ``driver.launchKernel`` (the driver call every plan makes), and one ``torch.empty`` (a
-    front-end allocates one per output). The host's speed moves every host row together (between
-    machines and between runs on one machine, by up to ~1.5x); these rows and DeepSpeed's binding
-    show it."""
+def _host_many(fns: dict[str, Callable[[], Any]], opt: Options) -> dict[str, float]:
+    """:func:`_host` of each of ``fns``, in interleaved rounds on a GPU."""
+    if opt.cpu:
+        return {name: _host(fn, opt) for name, fn in fns.items()}
+    return harness.host_overhead_interleaved(fns, opt.host_calls)
+
+
+@lru_cache(maxsize=1)
+def _empty_launch() -> Callable[[], Any]:
+    """One ``cuLaunchKernel`` of an empty kernel through CuPy's ``driver.launchKernel`` on
+    PyTorch's current stream: the driver call every plan makes, and nothing else."""
     import cupy
     import torch
     from cupy.cuda import driver
@@ -1323,10 +1346,21 @@ def host_floor_rows(opt: Options) -> list[Result]:
     function = kernel.kernel.ptr
     stream = torch.cuda.current_stream().cuda_stream
     launch = driver.launchKernel
+    return lambda: launch(function, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0)
+
+
+def host_floor_rows(opt: Options) -> list[Result]:
+    """What any host row pays on this machine: one ``cuLaunchKernel`` of an empty kernel through
+    CuPy's ``driver.launchKernel`` (the driver call every plan makes), and one ``torch.empty`` (a
+    front-end allocates one per output). The host's speed moves every host row together (between
+    machines and between runs on one machine, by up to ~1.5x); these rows and DeepSpeed's binding
+    show it."""
+    import torch
+
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
     for name, fn in (
-        ("cuLaunchKernel of an empty kernel", lambda: launch(function, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0)),
+        ("cuLaunchKernel of an empty kernel", _empty_launch()),
         ("torch.empty(16, 8192, dtype=int8)", lambda: torch.empty(16, 8192, dtype=torch.int8, device=device)),
     ):
         row = Result(f"host µs/call: floor: {name}", "-", metric="host")
@@ -1491,7 +1525,7 @@ def write_report(path: Path, rows: Sequence[Result], header: dict[str, Any], don
         "the peer's time over the plan's (> 1: the plan is faster); `% of copy` is a device copy's time over",
         "the plan's for the same bytes read plus written; `floor µs`: the fastest pure load/store kernel moving the",
         "plan's bytes read and bytes written (no math: no kernel with these bytes can beat it by much). Host rows: µs per call on the host (no sync inside",
-        "the timed calls; median of 5 rounds of 2000 calls; a peer's call alone, on arguments made once). DeepSpeed and compat run DeepSpeed's formulas (stored 1/scale, symmetric",
+        "the timed calls; median of 5 rounds of 2000 calls, the rounds of a row's calls and of an empty kernel's launch interleaved; a peer's call alone, on arguments made once). DeepSpeed and compat run DeepSpeed's formulas (stored 1/scale, symmetric",
         "`2**b / (2 * absmax)`, int4 high nibble first) on the same input: same bytes, other math.",
         "`plan vs reference`: the plan's outputs against the reference backend, bit for bit.",
         "",

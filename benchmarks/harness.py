@@ -39,6 +39,7 @@ __all__ = [
     "copy_time",
     "floor_time",
     "device_summary",
+    "host_overhead_interleaved",
     "host_overhead_us",
     "l2_cache_bytes",
     "print_markdown",
@@ -316,34 +317,45 @@ def _floor_module() -> Any:
 
 def host_overhead_us(fn: Thunk, n: int = 2000, *, batch: int = 100, repeats: int = 5) -> float:
     """Host time of one call of ``fn`` in µs (e.g. ``plan.run``): the median over ``repeats``
-    rounds of the mean of ``n`` calls.
+    rounds of the mean of ``n`` calls (:func:`host_overhead_interleaved` of ``fn`` alone)."""
+    return host_overhead_interleaved({"fn": fn}, n, batch=batch, repeats=repeats)["fn"]
 
-    After a warm-up of up to 200 calls, the device is synchronized before and after each batch of
-    ``batch`` calls, outside the timed region, so the launch queue never fills and the figure is
-    the Python/driver cost alone. Each round is ``n`` calls timed by the wall clock with no sync
-    inside; the median of the rounds keeps one round slowed by the host (another process, a clock
-    change) out of the figure.
+
+def host_overhead_interleaved(
+    fns: dict[str, Thunk], n: int = 2000, *, batch: int = 100, repeats: int = 5
+) -> dict[str, float]:
+    """Host time of one call of each of ``fns`` in µs: for each, the median over ``repeats``
+    rounds of the mean of ``n`` calls, the rounds of all ``fns`` interleaved (round 1 of each,
+    then round 2 of each, ...), so a slow spell of the host (another process, a clock change)
+    falls on every callable alike and their ratios keep.
+
+    After a warm-up of up to 200 calls each, the device is synchronized before and after each
+    batch of ``batch`` calls, outside the timed region, so the launch queue never fills and the
+    figure is the Python/driver cost alone. Each round is ``n`` calls timed by the wall clock with
+    no sync inside.
     """
     import torch
 
-    for _ in range(min(n, 200)):  # warm up: caches, the allocator, the CPU's clock
-        fn()
+    for fn in fns.values():  # warm up: caches, the allocator, the CPU's clock
+        for _ in range(min(n, 200)):
+            fn()
     torch.cuda.synchronize()
-    rounds = []
+    rounds: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(max(1, repeats)):
-        total = 0.0
-        left = n
-        while left > 0:
-            m = min(batch, left)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(m):
-                fn()
-            total += time.perf_counter() - t0
-            left -= m
-        rounds.append(total * 1e6 / max(1, n))
+        for name, fn in fns.items():
+            total = 0.0
+            left = n
+            while left > 0:
+                m = min(batch, left)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(m):
+                    fn()
+                total += time.perf_counter() - t0
+                left -= m
+            rounds[name].append(total * 1e6 / max(1, n))
     torch.cuda.synchronize()
-    return statistics.median(rounds)
+    return {name: statistics.median(r) for name, r in rounds.items()}
 
 
 # ---- reporting --------------------------------------------------------------------------------

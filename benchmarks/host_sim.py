@@ -9,7 +9,7 @@ the package's own Python per call, without the driver's launch (measured on the 
 ``bench_peers.py``: add the ``launch floor`` it prints).
 
 Rows: the 16x8192 host rows of ``bench_peers.py`` with CuPy operands (fp16), ``plan.run`` checked
-and ``check=False``, plus ``qp.quantize`` and ``quantplan.compat.deepspeed.quantize`` on CuPy
+and ``check=False`` and the compat call where the row has one, plus ``qp.quantize`` and ``quantplan.compat.deepspeed.quantize`` on CuPy
 arrays. ``--profile NAME``: cProfile of one row (the top functions by own time).
 
 Usage::
@@ -26,6 +26,7 @@ import pstats
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,12 @@ def rows() -> list[tuple[str, Callable[[], Any]]]:
         ws = qp.Workspace.allocate(plan.workspace_size()) if plan.workspace_size() else None
         out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a)))
         out.append((f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a, check=False)))
+        if built.compat is not None:  # the compat call alone, as bench_peers times it
+            try:
+                call = bp._library_call(partial(built.compat, None, arrays), [compat])
+            except TypeError:  # the bench's own reshapes around the call are PyTorch-only
+                continue
+            out.append((f"compat: {spec.name}", call))
     x = cupy.empty((16, 8192), dtype="float16")
     out.append(("qp.quantize(x, 'int8', TokenScope())", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())))
     out.append(("compat.quantize(x, 16, 8, Symmetric)", lambda: compat.quantize(x, 16, 8, compat.Symmetric)))
