@@ -194,23 +194,37 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // straddles a group). quantplan/_fake_rows.py (dense_row_layout) decides when a layout
 // qualifies and fills lay.Co with the row coefficient; lay.M, A, Ca, Cm, g_rows and seg_log2 are
 // not read. One (row, chunk) item per block at a time (chunk_cols = blockDim.x * VEC * unroll
-// columns, unroll <= fake_dense_unroll(); vector u of thread t at chunk * chunk_cols +
+// columns, unroll <= fake_dense_unroll<OP>(); vector u of thread t at chunk * chunk_cols +
 // (u * blockDim.x + t) * VEC; `unroll` may be below the kernel's U), grid-stride over items (fewer than 2^31). No 64-bit index
 // arithmetic per element: one row base per item, 32-bit columns; the parameter of a row is
 // loaded once per item; parameters with 8-bit-like ranges take FakeShortParam's forms (six
 // operations per element forward). Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
-// divisions per item) these hold 40 registers (6 blocks of 256 per SM).
+// divisions per item) these hold 40 registers forward (6 blocks of 256 per SM) and 32 for the
+// straight-through backward (8 blocks).
 #ifndef QP_FAKE_DENSE_ROWS_MIN_BLOCKS
 #define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 40 registers (8: 32 and a spill; H200 8192 x 8192: 70.2 us against 69.8)
+#endif
+#ifndef QP_FAKE_DENSE_STE_MIN_BLOCKS
+#define QP_FAKE_DENSE_STE_MIN_BLOCKS 8  // one vector of each input per thread: 32 registers
+#endif
+// Bytes of each input one thread takes per item: the forward kernels (one input) 32, the
+// straight-through backward (two inputs) 16. Measured on H200 (8192 x 8192, one-shot grid of
+// 256-thread blocks): forward 69.2 us at 32 bytes against 69.9 at 16; backward 96.2 us at 16
+// against 97.0 at 32 (32 bytes of the two inputs together either way).
+#ifndef QP_FAKE_DENSE_THREAD_BYTES
+#define QP_FAKE_DENSE_THREAD_BYTES 32
+#endif
+#ifndef QP_FAKE_DENSE_STE_THREAD_BYTES
+#define QP_FAKE_DENSE_STE_THREAD_BYTES 16
 #endif
 
 namespace qp {
 
-// Vectors per thread and item (at most; dense_unroll in quantplan/_fake_rows.py): 32 bytes of
-// each input (two 16-byte vectors, or one of 32; four spill). 48 KiB in flight per SM at 6
-// blocks: more than an H200's bandwidth-latency product per SM.
-template <class T, int VEC> __host__ __device__ constexpr int fake_dense_unroll() {
-  return sizeof(T) * VEC >= 32 ? 1 : 32 / (int)(sizeof(T) * VEC);
+// Vectors per thread and item of op OP (at most; dense_unroll in quantplan/_fake_rows.py mirrors
+// it): the op's bytes of each input (above), at least one vector; four vectors spill.
+template <class T, int VEC, int OP> __host__ __device__ constexpr int fake_dense_unroll() {
+  constexpr int bytes = OP == kFakeSte ? QP_FAKE_DENSE_STE_THREAD_BYTES : QP_FAKE_DENSE_THREAD_BYTES;
+  return (int)sizeof(T) * VEC >= bytes ? 1 : bytes / (int)(sizeof(T) * VEC);
 }
 
 // The general forms of one vector of the dense-rows kernels (nearest rounding or the
@@ -246,7 +260,7 @@ struct FakeDenseItem {
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
   typedef FakeQuantParam<acc_t> Param;
-  static constexpr int U = fake_dense_unroll<in_t, VEC>();
+  static constexpr int U = fake_dense_unroll<in_t, VEC, OP>();
   static constexpr bool ste = OP == kFakeSte;
 
   const acc_t* scale_ptr;
@@ -356,7 +370,7 @@ fake_quantize_dense_rows(const typename qp::FloatElement<In>::storage* x, typena
 }
 
 template <class In, int VEC>
-__global__ void __launch_bounds__(256, 6)
+__global__ void __launch_bounds__(256, QP_FAKE_DENSE_STE_MIN_BLOCKS)
 fake_quantize_ste_dense_rows(const typename qp::FloatElement<In>::storage* x,
                              const typename qp::FloatElement<In>::storage* dy,
                              typename qp::FloatElement<In>::storage* dx,

@@ -216,7 +216,8 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 // VectorQuantizer::code, the generic kernel's own path. Same parameters as quantize_rows (the
 // seed and offset are not read). 256-thread blocks at most, 32 registers, no stack.
 //
-// quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 16, or 4). The mask and
+// quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 8: one 16-byte vector of
+// each input per thread; 4 on small problems; H200 8192 x 8192: 96.0 us against 98.4 at 16). The mask and
 // the gradient take the division-free quotient of qp_rounding.cuh (exact: Markstein's
 // correction, inv = rn(1 / scale), scale in [2^-60, 2^100], |x| and |quotient| >= 2^-100 or
 // x = 0, quotient below 2^21):

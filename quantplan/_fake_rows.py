@@ -38,14 +38,17 @@ _DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = 256, 64, 32
 #: are faster; 64 blocks of 256 threads: 4.38 µs forward, 4.51 backward, against 4.58 and 4.64 for
 #: 256 blocks of 64.
 _DENSE_SM_SHARE = 4
-#: Bytes of each input one thread of a dense-rows kernel takes per item (fake_dense_unroll).
-_DENSE_THREAD_BYTES = 32
+#: Bytes of each input one thread of a dense-rows kernel takes per item: the forward kernels, the
+#: straight-through backward (QP_FAKE_DENSE_THREAD_BYTES / QP_FAKE_DENSE_STE_THREAD_BYTES).
+_DENSE_THREAD_BYTES, _DENSE_STE_THREAD_BYTES = 32, 16
 
 
-def dense_unroll(vec: int, element_bytes: int) -> int:
+def dense_unroll(vec: int, element_bytes: int, ste: bool = False) -> int:
     """Vectors per thread and item of the dense-rows kernels (``fake_dense_unroll`` in the kernel):
-    32 bytes of each input, at least one vector."""
-    return max(1, _DENSE_THREAD_BYTES // (vec * element_bytes))
+    32 bytes of the input forward, 16 of each input for the straight-through backward, at least
+    one vector."""
+    per_thread = _DENSE_STE_THREAD_BYTES if ste else _DENSE_THREAD_BYTES
+    return max(1, per_thread // (vec * element_bytes))
 
 
 class FakeOp(enum.IntEnum):
@@ -255,7 +258,7 @@ def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) 
     primary = row_layout(problem.shape, problem.scope, vec, False, info.busy_threads)
     fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
     align = min(16, primary.vec * in_bytes)
-    dense = dense_rows(primary, vec, dense_unroll(vec, in_bytes), info.sm_count)
+    dense = dense_rows(primary, vec, dense_unroll(vec, in_bytes, op is FakeOp.STE), info.sm_count)
     prefix = f"{problem.scope.kind}/{problem.mode.value}/"
     if dense is not None:
         fn = functions[template_name(FAKE_DENSE_ROW_KERNELS[op], tag, vec)]

@@ -106,8 +106,9 @@ def dense_row_kernel_name(
 
 
 def dense_row_kernel_names(kernel: str, float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> Unit:
-    """``kernel`` at each of its vector widths (:data:`quantplan._layout.DENSE_ROW_SHAPES`)."""
-    return [dense_row_kernel_name(kernel, float_kind, code_kind, high_first, v) for v in dense_row_widths(kernel)]
+    """``kernel`` at each of its vector widths on ``float_kind`` (:func:`quantplan._layout.dense_row_shape`)."""
+    widths = dense_row_widths(kernel, float_kind)
+    return [dense_row_kernel_name(kernel, float_kind, code_kind, high_first, v) for v in widths]
 
 
 def quantize_backward_names(float_kind: ElementKind, code_kind: ElementKind) -> Unit:

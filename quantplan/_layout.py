@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .errors import InvalidProblem, Unsupported
-from .types import ChannelScope, GroupScope, Scope, TensorScope, TokenScope
+from .types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope
 
 #: Threads per block of the row kernels; must match __launch_bounds__ in the .cu files.
 BLOCK_THREADS = 256
@@ -258,9 +258,15 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
 #: constants (kernels/quantize.cu, kernels/dequantize.cu: kDense*Unroll).
 DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
     "quantize_dense": (16, 1),
-    "quantize_backward_dense": (16, 1),
+    "quantize_backward_dense": (8, 1),
     "dequantize_dense": (8, 2),
     "dequantize_backward_dense": (8, 1),
+}
+#: Exceptions to DENSE_ROW_SHAPES for one float kind. Measured on H200 (8192 x 8192): the fp16
+#: quantize backward is faster with vectors of 8 (96.0 against 98.4 µs, same run), the bf16 one
+#: slower (99.5 against 98.4 µs at 16, other runs), so bf16 keeps vectors of 16.
+DENSE_ROW_SHAPES_BY_FLOAT: dict[tuple[str, ElementKind], tuple[int, int]] = {
+    ("quantize_backward_dense", ElementKind.BF16): (16, 1),
 }
 #: Elements per vector of each dense kernel on small problems (fewer elements than one 256-thread
 #: block of full vectors per SM). Measured on H200 (16 x 8192, data in L2, launch- and
@@ -272,6 +278,10 @@ DENSE_SMALL_VEC: dict[str, int] = {
     "dequantize_dense": 8,
     "dequantize_backward_dense": 4,
 }
+#: Most threads of a dense block (``__launch_bounds__`` of the dense kernels). Measured on H200
+#: (8192 x 8192, one-shot grids): 256-thread blocks are as fast as 128-thread ones or faster
+#: (quantize backward 96.0 against 96.4 µs, dequantize backward 68.3 against 68.8).
+DENSE_MAX_THREADS = 256
 #: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
 _DENSE_MIN_THREADS = 64
 #: A small problem's block narrows while its grid holds fewer blocks than 1 / _DENSE_SM_SHARE of
@@ -281,25 +291,39 @@ _DENSE_MIN_THREADS = 64
 _DENSE_SM_SHARE = 4
 
 
-def dense_row_widths(kernel: str) -> tuple[int, ...]:
-    """The vector widths ``kernel`` is instantiated at: its own, and the small problems' one."""
-    return tuple(dict.fromkeys((DENSE_ROW_SHAPES[kernel][0], DENSE_SMALL_VEC[kernel])))
+def dense_row_shape(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, int]:
+    """``(elements per vector, vectors per thread)`` of ``kernel`` on ``float_kind`` data."""
+    if float_kind is None:
+        return DENSE_ROW_SHAPES[kernel]
+    return DENSE_ROW_SHAPES_BY_FLOAT.get((kernel, float_kind), DENSE_ROW_SHAPES[kernel])
+
+
+def dense_row_widths(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, ...]:
+    """The vector widths ``kernel`` is instantiated at for ``float_kind``: its own, and the small
+    problems' one."""
+    return tuple(dict.fromkeys((dense_row_shape(kernel, float_kind)[0], DENSE_SMALL_VEC[kernel])))
 
 
 def dense_row_layout(
-    shape: tuple[int, ...], scope: Scope, kernel: str, packed: bool, sm_count: int
+    shape: tuple[int, ...],
+    scope: Scope,
+    kernel: str,
+    packed: bool,
+    sm_count: int,
+    float_kind: ElementKind | None = None,
 ) -> RowLayout | None:
     """The dense layout of ``kernels/qp_row_layout.cuh`` (``dense_item``) for ``kernel``, or None
     when the problem is not one: contiguous rows whose parameter index is ``row * Co + (col //
     gc) * cs`` (tensor, token and last-axis group scopes; a channel scope over whole rows), rows a
     multiple of the vector, groups of whole vectors, fewer than 2**31 blocks.
 
-    Vectors: the kernel's width, or its :data:`DENSE_SMALL_VEC` for a problem of fewer elements
-    than ``sm_count`` blocks of 256 full-width vectors. Blocks: 256 threads, each taking the
-    kernel's vectors per thread; a row shorter than that takes fewer threads; a problem whose grid
-    would cover less than a quarter of the SMs halves the threads (down to 64).
+    Vectors: the kernel's width on ``float_kind`` (:func:`dense_row_shape`), or its
+    :data:`DENSE_SMALL_VEC` for a problem of fewer elements than ``sm_count`` blocks of 256
+    full-width vectors. Blocks: :data:`DENSE_MAX_THREADS` threads, each taking the kernel's vectors
+    per thread; a row shorter than that takes fewer threads; a problem whose grid would cover less
+    than a quarter of the SMs halves the threads (down to 64).
     """
-    vec, unroll = DENSE_ROW_SHAPES[kernel]
+    vec, unroll = dense_row_shape(kernel, float_kind)
     if math.prod(shape) < sm_count * BLOCK_THREADS * vec:
         vec = DENSE_SMALL_VEC[kernel]
     base = row_layout(shape, scope, vec, packed)
@@ -314,7 +338,7 @@ def dense_row_layout(
     if base.cs != 0 and base.gc % vec:
         return None
     vectors = base.L // vec
-    threads = BLOCK_THREADS
+    threads = DENSE_MAX_THREADS
     while threads > 32 and (threads // 2) * unroll >= vectors:
         threads //= 2
 
@@ -360,9 +384,12 @@ __all__ = [
     "BLOCK_THREADS",
     "RowLayout",
     "RowLayoutArgs",
+    "DENSE_MAX_THREADS",
     "DENSE_ROW_SHAPES",
+    "DENSE_ROW_SHAPES_BY_FLOAT",
     "contiguous_segment_length",
     "dense_row_layout",
+    "dense_row_shape",
     "dense_row_widths",
     "division_magic",
     "expand_params",

@@ -194,7 +194,9 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
         fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
         primary_launch: PreparedLaunch | None = None
         if problem.float_kind in ROW_DENSE_FLOAT_KINDS:
-            dense = dense_row_layout(problem.shape, problem.scope, cls._dense_kernel, False, info.sm_count)
+            dense = dense_row_layout(
+                problem.shape, problem.scope, cls._dense_kernel, False, info.sm_count, problem.float_kind
+            )
             if dense is not None:
                 primary = dense
                 name = dense_row_kernel_name(cls._dense_kernel, problem.float_kind, problem.code_kind, False, dense.vec)

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan._layout import DENSE_ROW_SHAPES, DENSE_SMALL_VEC, dense_row_layout, division_magic
+from quantplan._layout import (
+    DENSE_MAX_THREADS,
+    DENSE_ROW_SHAPES,
+    DENSE_SMALL_VEC,
+    dense_row_layout,
+    dense_row_shape,
+    dense_row_widths,
+    division_magic,
+)
+from quantplan.types import ElementKind
 
 
 def test_division_magic_is_exact_below_2_to_the_31() -> None:
@@ -35,6 +44,8 @@ def test_dense_layout_selection(kernel: str) -> None:
     assert d is not None and d.dense and d.vec == big and d.Co == 1 and d.cs == 0
     assert d.items == 8192 * d.chunks_per_row and d.chunk_cols * d.chunks_per_row >= 8192
     assert "dense" in d.describe()
+    # one-shot grid: DENSE_MAX_THREADS threads per block, the kernel's vectors per thread
+    assert d.threads == DENSE_MAX_THREADS and d.chunk_cols == DENSE_MAX_THREADS * big * DENSE_ROW_SHAPES[kernel][1]
     g = layout((4096, 8192), qp.GroupScope(axis=-1, group_size=128))
     assert g is not None and g.gc == 128 and g.cs == 1 and g.Co == 64
     c = layout((1024, 4096), qp.ChannelScope(axis=0))
@@ -42,10 +53,27 @@ def test_dense_layout_selection(kernel: str) -> None:
     small = layout((16, 8192), qp.TokenScope())
     assert small is not None and small.vec == DENSE_SMALL_VEC[kernel] and 4 * small.items >= 132
     # small problems: fewer, wider blocks, down to a grid over a quarter of the SMs
-    assert small.threads == {"quantize_dense": 128, "dequantize_dense": 128}.get(kernel, 256), small.describe()
+    assert 64 <= small.threads <= DENSE_MAX_THREADS, small.describe()
     # not dense: ragged rows, groups that split vectors, channel(-1), a group axis not last
     assert layout((64, 8190), qp.TokenScope()) is None
     assert layout((512, 4096), qp.GroupScope(axis=-1, group_size=2)) is None
     assert layout((512, 4096), qp.ChannelScope(axis=-1)) is None
     assert layout((512, 4096), qp.GroupScope(axis=0, group_size=4)) is None
     assert layout((3, 170, 4096), qp.ChannelScope(axis=1)) is None
+
+
+def test_dense_row_shape_per_float_kind() -> None:
+    """The quantize backward takes vectors of 8 on fp16 and keeps 16 on bf16; the others one shape."""
+    kernel = "quantize_backward_dense"
+    assert dense_row_shape(kernel, ElementKind.F16) == DENSE_ROW_SHAPES[kernel] == (8, 1)
+    assert dense_row_shape(kernel, ElementKind.BF16) == (16, 1)
+    assert dense_row_widths(kernel, ElementKind.BF16) == (16, DENSE_SMALL_VEC[kernel])
+    for float_kind, vec in ((ElementKind.F16, 8), (ElementKind.BF16, 16)):
+        d = dense_row_layout((8192, 8192), qp.TokenScope(), kernel, False, 132, float_kind)
+        assert d is not None and d.vec == vec and d.threads == DENSE_MAX_THREADS, d
+    # rows of 16 k + 8 elements: dense on fp16 only (past the small problems' vectors of 4)
+    assert dense_row_layout((140, 2056), qp.TokenScope(), kernel, False, 132, ElementKind.F16) is not None
+    big_odd = dense_row_layout((300, 2056), qp.TokenScope(), kernel, False, 132, ElementKind.BF16)
+    assert big_odd is None
+    for other in ("quantize_dense", "dequantize_dense", "dequantize_backward_dense"):
+        assert dense_row_shape(other, ElementKind.BF16) == dense_row_shape(other, ElementKind.F16)
