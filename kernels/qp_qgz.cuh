@@ -677,6 +677,12 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 #define QP_REDUCE_DENSE_MIN_BLOCKS 4
 #endif
 
+// 1: 4-bit codes under scales of magnitude below 0.5 take one fused multiply-add per code and
+// peer (DenseCodes::products_fma) instead of a subtraction and a product.
+#ifndef QP_REDUCE_DENSE_FMA
+#define QP_REDUCE_DENSE_FMA 1
+#endif
+
 // Streamed codes: read once, kept out of L1.
 __device__ __forceinline__ u32 load_stream(const u32* p) {
   u32 v;
@@ -754,6 +760,32 @@ struct DenseCodes {
       }
     }
   }
+
+  // 4-bit codes, |scale| < 0.5: the products y = q * scale, each rounded once, by one fused
+  // multiply-add per code. Offset binary n = q + 8 (signed; n = q unsigned) times 16, as the third
+  // byte of a word whose other bytes are zero, is the float n * 2^-129 (bit patterns below 2^24
+  // are the multiples of 2^-149: subnormals and the first normal binade, one linear scale; --ftz
+  // is off), so fma(n * 2^-129, scale * 2^129, -8 * scale) rounds n * scale - 8 * scale = q * scale
+  // exactly once. Both scalings are exact for |scale| < 0.5; unsigned codes add -0 (x + -0 = x).
+  // A zero product may be +0 where q * scale is -0 (signed q = 0, negative scale): the sum's sign
+  // of zero never reaches the codes or the scale (both see |sum|; a zero sum gives code 0).
+  __device__ __forceinline__ void products_fma(float (&y)[EPT], float scale) const {
+    static_assert(packed, "4-bit codes");
+    const float big = __fmul_rn(__fmul_rn(scale, 0x1p64f), 0x1p65f);
+    const float offset = is_signed ? __fmul_rn(scale, -8.0f) : -0.0f;
+#pragma unroll
+    for (int i = 0; i < words; ++i) {
+      const u32 x = w[i] ^ (is_signed ? 0x88888888u : 0u);
+      const u32 lo = (x << 4) & 0xF0F0F0F0u, hi = x & 0xF0F0F0F0u;  // 16 n of the even / odd nibbles
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const float fl = __fmaf_rn(__uint_as_float(__byte_perm(lo, 0u, 0x4044 | (b << 8))), big, offset);
+        const float fh = __fmaf_rn(__uint_as_float(__byte_perm(hi, 0u, 0x4044 | (b << 8))), big, offset);
+        y[8 * i + 2 * b] = HIGH_FIRST ? fh : fl;
+        y[8 * i + 2 * b + 1] = HIGH_FIRST ? fl : fh;
+      }
+    }
+  }
 };
 
 // acc = ((y_0 + y_1) + ...) for peers [0, peers) (PEERS > 0: that many, unrolled), y_j = q_j * s_j;
@@ -764,6 +796,17 @@ __device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* 
                                                u32 two23, u32 two19) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
   auto add = [&](const Codes& c, float scale, bool first) {
+#if QP_REDUCE_DENSE_FMA
+    if constexpr (Codes::packed) {
+      if (fabsf(scale) < 0.5f) {  // false for NaN and +-Inf
+        float y[EPT];
+        c.products_fma(y, scale);
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) acc[k] = first ? y[k] : __fadd_rn(acc[k], y[k]);
+        return;
+      }
+    }
+#endif
     float v[EPT];
     c.values(v, two23, two19);
 #pragma unroll

@@ -5,7 +5,8 @@ Every input code x output code x mode; 1, 3 and 8 peers; input and output groups
 sizes (vector widths 16 down to 1), the two-pass path (4-bit outputs with odd groups, groups
 above 32768 elements); averaging; LoCo with every buffer element; float outputs; NaN input
 scales; misaligned operands; fresh random codes and parameters; the dense reduction (peer counts,
-team widths, group sizes, non-fast groups, several grid-stride passes).
+team widths, group sizes, non-fast groups, several grid-stride passes; 4-bit codes under small
+scales).
 """
 
 from __future__ import annotations
@@ -193,6 +194,42 @@ def test_dense_reduction_large_chunk_grid_stride(rng) -> None:  # noqa: ANN001
     desc = descriptor(2, 16 * 512 * 500, 512, 512, input_element=EK.S4, output_element=EK.S4)
     assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense[")
     run_both(desc, *peer_inputs(rng, desc))
+
+
+# 4-bit input codes under scales of magnitude below 0.5 take one fused multiply-add per code
+# (DenseCodes::products_fma); larger, NaN or infinite scales the decoded product. Scales on both
+# sides of 0.5 (peer by peer), negative, subnormal and signed-zero scales; unrolled peer counts
+# and the loop; 8 and 16 elements per thread; both nibble orders; averaging.
+FMA_CASES = [
+    (8, 16 * 1024, 512, 512),
+    (8, 1 << 20, 512, 512),
+    (2, 4096 * 3, 64, 1024),
+    (16, 8192, 256, 128),
+    (3, 2048 * 6, 96, 2048),
+]
+
+
+@pytest.mark.parametrize("peers,chunk,g_in,g_out", FMA_CASES)
+@pytest.mark.parametrize("code_in,code_out", [(EK.S4, EK.S4), (EK.U4, EK.S8), (EK.S4, EK.U4)])
+@pytest.mark.parametrize("order", [qp.NibbleOrder.LOW_FIRST, qp.NibbleOrder.HIGH_FIRST])
+@pytest.mark.parametrize("average", [False, True])
+def test_dense_reduction_small_scales(rng, peers, chunk, g_in, g_out, code_in, code_out, order, average) -> None:  # noqa: ANN001
+    desc = descriptor(
+        peers, chunk, g_in, g_out, input_element=code_in, output_element=code_out, nibble_order=order, average=average
+    )
+    assert qp.DequantReducePlan.select(None, desc).sku().variant.startswith("dense[")
+    q, _, _ = peer_inputs(rng, desc)
+    shape = desc.input_param_shape
+    scale = np.exp(rng.uniform(-14, np.log(0.5), size=shape)).astype(np.float32)  # below 0.5: the FMA
+    scale *= rng.choice(np.array([-1, 1], np.float32), size=shape)
+    flat = scale.reshape(-1)
+    specials = np.array(
+        [0.49999997, -0.49999997, 0.5, -0.5, 0.75, 1e-40, -1e-42, 0.0, -0.0, 1e-30, np.nan, np.inf, -np.inf, 3e38],
+        np.float32,
+    )
+    picks = rng.choice(flat.size, size=min(flat.size // 4, 64), replace=False)
+    flat[picks] = specials[rng.integers(0, specials.size, size=picks.size)]
+    run_both(desc, q, scale, None)
 
 
 @pytest.mark.parametrize("offset", [1, 8])
