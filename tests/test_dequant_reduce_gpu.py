@@ -197,9 +197,10 @@ def test_dense_reduction_large_chunk_grid_stride(rng) -> None:  # noqa: ANN001
 
 
 # 4-bit input codes under scales of magnitude below 0.5 take one fused multiply-add per code
-# (DenseCodes::products_fma); larger, NaN or infinite scales the decoded product. Scales on both
-# sides of 0.5 (peer by peer), negative, subnormal and signed-zero scales; unrolled peer counts
-# and the loop; 8 and 16 elements per thread; both nibble orders; averaging.
+# (DenseCodes::products_fma, 16 elements per thread); larger, NaN or infinite scales, and the
+# kernels of 8 elements per thread, the decoded product. Scales on both sides of 0.5 (peer by
+# peer), negative, subnormal and signed-zero scales; unrolled peer counts and the loop; 8 and 16
+# elements per thread; both nibble orders; averaging.
 FMA_CASES = [
     (8, 16 * 1024, 512, 512),
     (8, 1 << 20, 512, 512),
