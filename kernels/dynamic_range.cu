@@ -443,8 +443,15 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 //  * registers only, no barrier: a warp's loads cover 32 consecutive 16-byte vectors, each team
 //    reduces its range by xor shuffles alone (SYMMETRIC: the pair of |x| bit maxima;
 //    ASYMMETRIC: the pair (-lo, hi), both maxima, one shuffle per step);
-//  * U segments per thread and iteration (template), their loads issued together: 1 is the
-//    instantiated shape (2 spills at 32 registers and ran at half speed);
+//  * U segments per thread (template), their loads issued together: 1 is the instantiated shape
+//    (2 spills at 32 registers and ran at half speed);
+//  * one pass, no grid-stride loop: the grid covers every segment (lanes_geometry), a thread's
+//    segment follows from its block and team in 32 bits, and its load is the kernel's first
+//    memory instruction (16 x 8192 f16 U4, sm_90 SASS: the 20th instruction, the 41st with the
+//    loop's 64-bit bounds and its spilled segment count);
+//  * the rare-path test off the chain: the codes are computed and stored first, a rare segment
+//    then overwrites them (lanes_rare_segment), so the division-free inverse and the codes do
+//    not wait for the range / scale tests;
 //  * the parameters without a division: scale = rn(range / divisor) by Markstein's correction
 //    from rn(1 / divisor) (exact where range lies in [2^-80, 2^100], the division elsewhere),
 //    zp from the division-free quotient rn(lo / scale) (qp_rounding.cuh: exact in the `fast`
@@ -490,10 +497,16 @@ __device__ __forceinline__ u32 low_bytes4(u32 a, u32 b, u32 c, u32 d) {
 }
 
 // Eight codes (their low byte, or low nibble for 4-bit) stored at dst: 8 bytes, or 4 bytes of
-// nibble pairs in the HIGH_FIRST / low-first order of qp_packing.cuh.
-template <int KIND, bool HIGH_FIRST>
+// nibble pairs in the HIGH_FIRST / low-first order of qp_packing.cuh. NONNEG: every code lies in
+// [0, 15] (unsigned 4-bit codes: q_min >= 0), so a nibble pair is one shift-and-add, no masks.
+template <int KIND, bool HIGH_FIRST, bool NONNEG = false>
 __device__ __forceinline__ void store_codes8(u8* dst, const u32 (&c)[8]) {
-  if constexpr (KIND == 1) {
+  if constexpr (KIND == 1 && NONNEG) {
+    u32 pair[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) pair[k] = HIGH_FIRST ? (c[2 * k] << 4) + c[2 * k + 1] : (c[2 * k + 1] << 4) + c[2 * k];
+    *reinterpret_cast<u32*>(dst) = low_bytes4(pair[0], pair[1], pair[2], pair[3]);
+  } else if constexpr (KIND == 1) {
     const u32 even = low_bytes4(c[0], c[2], c[4], c[6]), odd = low_bytes4(c[1], c[3], c[5], c[7]);
     const u32 lo = HIGH_FIRST ? odd : even, hi = HIGH_FIRST ? even : odd;
     *reinterpret_cast<u32*>(dst) = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
@@ -506,14 +519,14 @@ __device__ __forceinline__ void store_codes8(u8* dst, const u32 (&c)[8]) {
 }
 
 // The codes of 8 elements (one 16-byte vector) under a division-free parameter p (`fast`, zp its
-// zero point), stored at dst: the quotient by Markstein's correction, the rounding add, then
+// zero point, zp_bias = zp - QP_RNE_MAGIC_BITS, which the caller may have at hand), stored at dst: the quotient by Markstein's correction, the rounding add, then
 // SYMMETRIC integer codes with q_min <= -q_max: the low byte / nibble of the rounding word (the
 // two's-complement code; |rne(x / scale)| <= q_max needs no clamp); other SYMMETRIC integer
 // codes: the clamp; ASYMMETRIC: the zero point and the upper clamp only (the lower bound holds:
 // dynamic_quantize_lanes); FP8: the pair conversion.
 template <class In, class Out, bool HIGH_FIRST, int MODE>
 __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantParam<float>& p, int zp, int q_min,
-                                                 int q_max, u8* dst) {
+                                                 int q_max, u8* dst, int zp_bias) {
   constexpr int KIND = QuantElement<Out>::kind;
   const u32 words[4] = {v.x, v.y, v.z, v.w};
   float xf[8];
@@ -543,7 +556,6 @@ __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantP
 #endif
   } else {
     const bool raw = MODE == 0 && q_min <= -q_max;
-    const int zp_bias = zp - QP_RNE_MAGIC_BITS;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       bool unused = true;
@@ -557,7 +569,7 @@ __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantP
       }
     }
   }
-  store_codes8<KIND, HIGH_FIRST>(dst, c);
+  store_codes8<KIND, HIGH_FIRST, KIND == 1 && !QuantElement<Out>::is_signed>(dst, c);
 }
 
 }  // namespace qp
@@ -580,104 +592,109 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
   static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
   static_assert(MODE == 0 || KIND != 2, "FP8 codes are symmetric");
   static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "a team within a warp");
+  // One pass: the grid covers every segment (lanes_geometry), so a thread's segments follow from
+  // its block and team alone, in 32 bits (segments < 2^31), and its loads issue first.
   const int lane = threadIdx.x & (LANES - 1);
-  const int teams = blockDim.x / LANES;
-  const int team = threadIdx.x / LANES;
-  const int q_min = lay.q_min, q_max = lay.q_max;
+  const u32 teams = blockDim.x / LANES;
+  const u32 first = blockIdx.x * (teams * U) + threadIdx.x / LANES;
+  const u32 segments = (u32)lay.segments;
   const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
-  const i64 per_block = (i64)teams * U;
-  for (i64 base = (i64)blockIdx.x * per_block; base < lay.segments; base += (i64)gridDim.x * per_block) {
-    uint4 v[U][NV];
+  uint4 v[U][NV];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const i64 seg = base + u * teams + team;
-      if (seg < lay.segments) {
-        const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + lane;
+  for (int u = 0; u < U; ++u) {
+    const u32 seg = first + u * teams;
+    if (seg < segments) {
+      const uint4* src = reinterpret_cast<const uint4*>(x) + ((qp::u64)seg * (S / 8) + lane);
 #pragma unroll
-        for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
-      } else {
+      for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
+    } else {
 #pragma unroll
-        for (int w = 0; w < NV; ++w) v[u][w] = make_uint4(0, 0, 0, 0);
-      }
+      for (int w = 0; w < NV; ++w) v[u][w] = make_uint4(0, 0, 0, 0);
     }
+  }
+  const int q_min = lay.q_min, q_max = lay.q_max;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const i64 seg = base + u * teams + team;
-      // Scan and reduce: SYMMETRIC the |x| bit maxima per half; ASYMMETRIC the NaN-propagating
-      // min and max from +0 (a NaN or +-Inf shows in lo or hi), as (-lo, hi): two maxima.
-      u32 acc;
-      if constexpr (MODE == 0) {
-        u32 a = 0;
-#pragma unroll
-        for (int w = 0; w < NV; ++w) {
-          a = qp::max_u16x2(a, v[u][w].x & 0x7FFF7FFFu);
-          a = qp::max_u16x2(a, v[u][w].y & 0x7FFF7FFFu);
-          a = qp::max_u16x2(a, v[u][w].z & 0x7FFF7FFFu);
-          a = qp::max_u16x2(a, v[u][w].w & 0x7FFF7FFFu);
-        }
-#pragma unroll
-        for (int s = 1; s < LANES; s <<= 1) a = qp::max_u16x2(a, __shfl_xor_sync(0xFFFFFFFFu, a, s));
-        acc = max(a & 0xFFFFu, a >> 16);
-      } else {
-        u32 lo2 = 0, hi2 = 0;
-#pragma unroll
-        for (int w = 0; w < NV; ++w) {
-          lo2 = HP::min_nan(HP::min_nan(lo2, v[u][w].x), v[u][w].y);
-          lo2 = HP::min_nan(HP::min_nan(lo2, v[u][w].z), v[u][w].w);
-          hi2 = HP::max_nan(HP::max_nan(hi2, v[u][w].x), v[u][w].y);
-          hi2 = HP::max_nan(HP::max_nan(hi2, v[u][w].z), v[u][w].w);
-        }
-        const u32 lo_h = HP::min_nan(lo2, lo2 >> 16) & 0xFFFFu;
-        const u32 hi_h = HP::max_nan(hi2, hi2 >> 16) & 0xFFFFu;
-        u32 p = (lo_h ^ 0x8000u) | (hi_h << 16);
-#pragma unroll
-        for (int s = 1; s < LANES; s <<= 1) p = HP::max_nan(p, __shfl_xor_sync(0xFFFFFFFFu, p, s));
-        acc = p;
-      }
-      if (seg >= lay.segments) continue;
-      // Parameters: the division-free path where the range lies in [2^-80, 2^100] (or is 0:
-      // scale 1, SPEC section 4) and the scale in the `fast` range of qp_rounding.cuh,
-      // [2^-60, 2^100]; out of line otherwise.
-      float lo = 0.0f, range, hi;
-      bool bad;
-      if constexpr (MODE == 0) {
-        bad = acc >= FB::inf;
-        range = hi = FE::to_acc((qp::u16)acc);
-      } else {
-        const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
-        bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
-        lo = -FE::to_acc((qp::u16)nlo);
-        hi = FE::to_acc((qp::u16)hi_bits);
-        range = __fsub_rn(hi, lo);
-      }
-      qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
-      qp::IntQuantParam<float> p;
-      p.scale = range == 0.0f ? 1.0f : qp::div_by_divisor(range, d, inv_d);
-      p.zp = 0;
-      if (bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
-          !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f)) {
-        qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + seg * S, qs, scale_out, zp_out, seg, lane, LANES, lo, hi,
-                                                        bad, MODE, q_min, q_max, d);
-        continue;
-      }
-      p.inv = qp::rcp_rn_normal(p.scale);
-      p.fast = true;
-      int zp = 0;
-      if constexpr (MODE != 0) {
-        bool unused = true;
-        const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
-        zp = min(max(q_min - (__float_as_int(rb) - QP_RNE_MAGIC_BITS), q_min), q_max);
-      }
-      if (lane == 0) {
-        if (scale_out) scale_out[seg] = p.scale;
-        if (MODE != 0 && zp_out) zp_out[seg] = zp;
-      }
+  for (int u = 0; u < U; ++u) {
+    const u32 seg = first + u * teams;
+    // Scan and reduce: SYMMETRIC the |x| bit maxima per half; ASYMMETRIC the NaN-propagating
+    // min and max from +0 (a NaN or +-Inf shows in lo or hi), as (-lo, hi): two maxima.
+    u32 acc;
+    if constexpr (MODE == 0) {
+      u32 a = 0;
 #pragma unroll
       for (int w = 0; w < NV; ++w) {
-        const int col = (lane + w * LANES) * 8;
-        qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[u][w], p, zp, q_min, q_max,
-                                                        qs + (KIND == 1 ? col / 2 : col));
+        a = qp::max_u16x2(a, v[u][w].x & 0x7FFF7FFFu);
+        a = qp::max_u16x2(a, v[u][w].y & 0x7FFF7FFFu);
+        a = qp::max_u16x2(a, v[u][w].z & 0x7FFF7FFFu);
+        a = qp::max_u16x2(a, v[u][w].w & 0x7FFF7FFFu);
       }
+#pragma unroll
+      for (int s = 1; s < LANES; s <<= 1) a = qp::max_u16x2(a, __shfl_xor_sync(0xFFFFFFFFu, a, s));
+      acc = max(a & 0xFFFFu, a >> 16);
+    } else {
+      u32 lo2 = 0, hi2 = 0;
+#pragma unroll
+      for (int w = 0; w < NV; ++w) {
+        lo2 = HP::min_nan(HP::min_nan(lo2, v[u][w].x), v[u][w].y);
+        lo2 = HP::min_nan(HP::min_nan(lo2, v[u][w].z), v[u][w].w);
+        hi2 = HP::max_nan(HP::max_nan(hi2, v[u][w].x), v[u][w].y);
+        hi2 = HP::max_nan(HP::max_nan(hi2, v[u][w].z), v[u][w].w);
+      }
+      // (-lo, hi) per half pair: the halves' negated minima (sign flips) beside their maxima,
+      // combined by one pair maximum (the sign of a zero lo does not reach the parameters).
+      const u32 nlo2 = lo2 ^ 0x80008000u;
+      u32 p = HP::max_nan(__byte_perm(nlo2, hi2, 0x5410), __byte_perm(nlo2, hi2, 0x7632));
+#pragma unroll
+      for (int s = 1; s < LANES; s <<= 1) p = HP::max_nan(p, __shfl_xor_sync(0xFFFFFFFFu, p, s));
+      acc = p;
+    }
+    if (seg >= segments) continue;
+    // Parameters: the division-free path where the range lies in [2^-80, 2^100] (or is 0:
+    // scale 1, SPEC section 4), the scale in the `fast` range of qp_rounding.cuh, [2^-60,
+    // 2^100], and ASYMMETRIC the unclamped zero point in [q_min, q_max]. The codes are computed
+    // and stored without waiting for that test; a segment that fails it (`rare`) then takes
+    // lanes_rare_segment, out of line, which stores its parameters and overwrites the same
+    // bytes (each lane its own vectors, in program order).
+    float lo = 0.0f, range, hi;
+    bool bad;
+    if constexpr (MODE == 0) {
+      bad = acc >= FB::inf;
+      range = hi = FE::to_acc((qp::u16)acc);
+    } else {
+      const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
+      bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
+      lo = -FE::to_acc((qp::u16)nlo);
+      hi = FE::to_acc((qp::u16)hi_bits);
+      range = __fsub_rn(hi, lo);
+    }
+    qp::u8* qs = q + (KIND == 1 ? (qp::u64)seg * (S / 2) : (qp::u64)seg * S);
+    qp::IntQuantParam<float> p;
+    p.scale = range == 0.0f ? 1.0f : qp::div_by_divisor(range, d, inv_d);
+    p.zp = 0;
+    p.inv = qp::rcp_rn_normal(p.scale);
+    p.fast = true;
+    bool rare = bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
+                !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f);
+    int zp = 0, zp_bias = -QP_RNE_MAGIC_BITS;  // zp_bias = zp - QP_RNE_MAGIC_BITS
+    if constexpr (MODE != 0) {
+      bool unused = true;
+      const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
+      zp_bias = q_min - __float_as_int(rb);
+      zp = zp_bias + QP_RNE_MAGIC_BITS;
+      rare = rare || zp < q_min || zp > q_max;
+    }
+#pragma unroll
+    for (int w = 0; w < NV; ++w) {
+      const int col = (lane + w * LANES) * 8;
+      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[u][w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
+                                                      zp_bias);
+    }
+    if (rare) {
+      qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + (i64)seg * S, qs, scale_out, zp_out, seg, lane, LANES, lo, hi,
+                                                      bad, MODE, q_min, q_max, d);
+    } else if (lane == 0) {
+      if (scale_out) scale_out[seg] = p.scale;
+      if (MODE != 0 && zp_out) zp_out[seg] = zp;
     }
   }
 }
@@ -731,7 +748,8 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
       if (scale_out) scale_out[seg] = p.scale;
       if (MODE != 0 && zp_out) zp_out[seg] = zp;
     }
-    qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v, p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col));
+    qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v, p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
+                                                 zp - QP_RNE_MAGIC_BITS);
   }
 #else
   __trap();
@@ -801,7 +819,8 @@ dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
       const int col = (tid + w * kRowsBlock) * 8;
-      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col));
+      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
+                                                      zp - QP_RNE_MAGIC_BITS);
     }
   }
 }

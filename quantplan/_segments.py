@@ -190,9 +190,11 @@ def lanes_geometry(
     one of the shapes, with 16-byte vector I/O. Large problems take the first shape of that
     length, problems whose threads would leave multiprocessors idle the last (more lanes per
     segment); blocks of 256 threads, halved (to 64) while the grid has fewer than two blocks per
-    multiprocessor.
+    multiprocessor. The grid covers every segment (the kernel makes one pass, no grid-stride loop).
     """
     if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
+        return None
+    if geometry.segments >= 2**31:  # the kernel indexes segments in 32 bits
         return None
     shapes = [shape for shape in LANES_SHAPES if shape[0] * 8 * shape[1] == geometry.length]
     if not shapes:

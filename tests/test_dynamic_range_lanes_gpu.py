@@ -168,3 +168,27 @@ def test_scales_outside_the_fast_range(rng, float_kind, code_kind, mode, case) -
     with np.errstate(over="ignore"):
         ref, got = run_both(desc, x.astype(ELEMENTS[float_kind].numpy_dtype))
     assert_same(ref, got)
+
+
+@pytest.mark.parametrize("float_kind", FLOATS16)
+@pytest.mark.parametrize("code_kind", [EK.U4, EK.S4, EK.U8])
+@pytest.mark.parametrize("order", [qp.NibbleOrder.LOW_FIRST, qp.NibbleOrder.HIGH_FIRST])
+@pytest.mark.parametrize("shape", [(16, 8192), (3, 1408)])
+def test_rare_segments_beside_fast_ones(rng, float_kind, code_kind, order, shape) -> None:
+    """16 lanes x 1 vector, ASYMMETRIC: the codes of every segment are stored before the rare-path
+    test, and a rare segment (non-finite, tiny or huge range) then overwrites its own bytes while
+    the other teams of its warp keep theirs; (3, 1408): 33 segments, a block's last teams idle."""
+    x = random_floats(rng, shape, float_kind, specials=False).astype(np.float64)
+    flat = x.reshape(-1, 128)
+    flat[1, 5] = np.nan  # team 1 of warp 0: non-finite
+    flat[2] *= 1e-30  # scale below the fast range
+    flat[5, 127] = np.inf
+    flat[6] = 0.0
+    if flat.shape[0] > 40:
+        flat[33] *= 1e35  # scale above the fast range
+        flat[-1, 0] = -np.inf
+    desc = _desc(shape, GROUP, qp.QuantMode.ASYMMETRIC, float_kind, code_kind, order)
+    _expect_variant(desc, "dense-lanes,16t")
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref, got = run_both(desc, x.astype(ELEMENTS[float_kind].numpy_dtype))
+    assert_same(ref, got)
