@@ -581,7 +581,7 @@ template <class In, class Out, bool HIGH_FIRST, int MODE, int LANES, int NV, int
 __global__ void __launch_bounds__(256, QP_LANES_MIN_BLOCKS)
 dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                        float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
-                       float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+                       float divisor, const qp::i64*, const qp::i64*, qp::u64 inverse_bits, qp::u64) {
   typedef qp::FloatElement<In> FE;
   typedef qp::FloatBits<In> FB;
   typedef qp::HalfPairs<In> HP;
@@ -598,19 +598,18 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
   const u32 teams = blockDim.x / LANES;
   const u32 first = blockIdx.x * (teams * U) + threadIdx.x / LANES;
   const u32 segments = (u32)lay.segments;
-  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  // inv_d = rn(1 / divisor) from the host (the Philox seed field, free under nearest rounding:
+  // quantplan/_segments.py inverse_bits), a constant operand: no reciprocal on the chain.
+  const float d = divisor, inv_d = __uint_as_float((u32)inverse_bits);
   uint4 v[U][NV];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const u32 seg = first + u * teams;
-    if (seg < segments) {
-      const uint4* src = reinterpret_cast<const uint4*>(x) + ((qp::u64)seg * (S / 8) + lane);
+    // A team past the last segment loads the last one (no branch before the loads) and stores
+    // nothing.
+    const u32 seg = min(first + u * teams, segments - 1);
+    const uint4* src = reinterpret_cast<const uint4*>(x) + ((qp::u64)seg * (S / 8) + lane);
 #pragma unroll
-      for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
-    } else {
-#pragma unroll
-      for (int w = 0; w < NV; ++w) v[u][w] = make_uint4(0, 0, 0, 0);
-    }
+    for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
   }
   const int q_min = lay.q_min, q_max = lay.q_max;
 #pragma unroll
@@ -649,12 +648,12 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
       acc = p;
     }
     if (seg >= segments) continue;
-    // Parameters: the division-free path where the range lies in [2^-80, 2^100] (or is 0:
+    // Parameters (stored by lane 0 as soon as known): the division-free path where the range lies in [2^-80, 2^100] (or is 0:
     // scale 1, SPEC section 4), the scale in the `fast` range of qp_rounding.cuh, [2^-60,
-    // 2^100], and ASYMMETRIC the unclamped zero point in [q_min, q_max]. The codes are computed
-    // and stored without waiting for that test; a segment that fails it (`rare`) then takes
-    // lanes_rare_segment, out of line, which stores its parameters and overwrites the same
-    // bytes (each lane its own vectors, in program order).
+    // 2^100], and ASYMMETRIC the unclamped zero point in [q_min, q_max]. The parameters and codes
+    // are computed and stored without waiting for that test; a segment that fails it (`rare`)
+    // then takes lanes_rare_segment, out of line, which overwrites the same words and bytes
+    // (lane 0 the parameters, each lane its own vectors: one thread's stores, in program order).
     float lo = 0.0f, range, hi;
     bool bad;
     if constexpr (MODE == 0) {
@@ -675,6 +674,7 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
     p.fast = true;
     bool rare = bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
                 !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f);
+    if (lane == 0 && scale_out) scale_out[seg] = p.scale;
     int zp = 0, zp_bias = -QP_RNE_MAGIC_BITS;  // zp_bias = zp - QP_RNE_MAGIC_BITS
     if constexpr (MODE != 0) {
       bool unused = true;
@@ -682,6 +682,7 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
       zp_bias = q_min - __float_as_int(rb);
       zp = zp_bias + QP_RNE_MAGIC_BITS;
       rare = rare || zp < q_min || zp > q_max;
+      if (lane == 0 && zp_out) zp_out[seg] = zp;
     }
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
@@ -689,13 +690,9 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
       qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[u][w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
                                                       zp_bias);
     }
-    if (rare) {
+    if (rare)
       qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + (i64)seg * S, qs, scale_out, zp_out, seg, lane, LANES, lo, hi,
                                                       bad, MODE, q_min, q_max, d);
-    } else if (lane == 0) {
-      if (scale_out) scale_out[seg] = p.scale;
-      if (MODE != 0 && zp_out) zp_out[seg] = zp;
-    }
   }
 }
 

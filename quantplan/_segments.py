@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ._affine import AffineProblem
 from ._device import DeviceInfo, device_info
 from ._families import (
@@ -272,6 +274,11 @@ def range_divisor(problem: AffineProblem) -> float:
     return range_divisor_of(problem.mode, problem.q_min, problem.q_max)
 
 
+def inverse_bits(divisor: float) -> int:
+    """The float32 bits of ``rn(1 / divisor)`` (IEEE float32 division), as kernels compute it."""
+    return int(np.array([np.float32(1.0) / np.float32(divisor)], np.float32).view(np.uint32)[0])
+
+
 def range_divisor_of(mode: QuantMode, q_min: int, q_max: int) -> float:
     """The divisor of the dynamic scale of integer codes: ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
     return float(q_max if mode is QuantMode.SYMMETRIC else q_max - q_min)
@@ -303,13 +310,15 @@ def prepare_segments(
     device_id: int,
     dense: tuple[str, SegmentGeometry] | None = None,
     dense_grid: int | None = None,
+    dense_fields: dict[str, int] | None = None,
 ) -> LaunchPair:
     """Compile (first use) ``unit`` of ``family`` and prepare the fused pass of ``problem``
     (argument block :data:`SEGMENT_PARAMS`) for aligned operands and its element-I/O twin.
     ``name(geometry)``: the kernel's name expression; ``out_bits``: bits per output element;
     ``dense``: (name, geometry) of a specialised kernel for aligned operands (one block per
     block-full of segments, no grid-stride, unless ``dense_grid`` gives the grid), same argument
-    block."""
+    block; ``dense_fields``: fixed values of its other fields (``dynamic_quantize_lanes``: the
+    divisor's float32 inverse in ``seed_value``, a nearest-rounding launch's free field)."""
     info = device_info(device_id)
     functions = load_kernels(family, unit, info.arch, device_id, compile_options())
     params_type = SEGMENT_PARAMS[problem.precision]
@@ -322,7 +331,8 @@ def prepare_segments(
             grid = g.blocks(2**31 - 1) if dense_grid is None else dense_grid
         else:
             grid = occupancy_grid(fn, g.block, g.blocks(2**62), info)
-        return PreparedLaunch(fn, grid, g.block, params_type, layout=layout, divisor=divisor)
+        extra = dense_fields if kernel and dense_fields else {}
+        return PreparedLaunch(fn, grid, g.block, params_type, layout=layout, divisor=divisor, **extra)
 
     primary, fallback = geometries
     in_bits = ELEMENTS[problem.float_kind].storage_bits
@@ -461,6 +471,7 @@ __all__ = [
     "fused_segment_geometry",
     "mode_code",
     "prepare_segments",
+    "inverse_bits",
     "range_divisor",
     "range_divisor_of",
     "segment_elements_per_thread",
