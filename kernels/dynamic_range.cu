@@ -438,7 +438,8 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 // 128: asymmetric U4 44.5 us (99% of a copy; dynamic_quantize_dense 60.7 us), symmetric S8
 // 52.0 us (99%; dense 62.0 us) with 4 lanes x 4 vectors; 16 lanes x 1 vector ran at 69.6 /
 // 63.7 us there (four times the per-segment work per element) but serves small problems, where
-// it keeps more multiprocessors busy (16 x 8192: 4.4 us against 4.8 us for dense).
+// it keeps more multiprocessors busy (16 x 8192: 4.4 us against 4.8 us for dense; 4.16-4.26 us,
+// 1.10-1.11x a copy, with the one-pass prologue and the parameters off the rare-path test below).
 // Against dynamic_quantize_dense, which stages a segment in shared memory for teams spanning warps:
 //  * registers only, no barrier: a warp's loads cover 32 consecutive 16-byte vectors, each team
 //    reduces its range by xor shuffles alone (SYMMETRIC: the pair of |x| bit maxima;
@@ -447,11 +448,11 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 //    (2 spills at 32 registers and ran at half speed);
 //  * one pass, no grid-stride loop: the grid covers every segment (lanes_geometry), a thread's
 //    segment follows from its block and team in 32 bits, and its load is the kernel's first
-//    memory instruction (16 x 8192 f16 U4, sm_90 SASS: the 20th instruction, the 41st with the
-//    loop's 64-bit bounds and its spilled segment count);
-//  * the rare-path test off the chain: the codes are computed and stored first, a rare segment
-//    then overwrites them (lanes_rare_segment), so the division-free inverse and the codes do
-//    not wait for the range / scale tests;
+//    memory instruction, no branch before it (16 x 8192 f16 U4, sm_90 SASS: the 16th
+//    instruction; the 41st with the loop's 64-bit bounds and its spilled segment count);
+//  * the rare-path test off the chain: the parameters and codes are computed and stored first, a
+//    rare segment then overwrites them (lanes_rare_segment), so the division-free inverse and the
+//    codes do not wait for the range / scale tests; rn(1 / divisor) comes from the host;
 //  * the parameters without a division: scale = rn(range / divisor) by Markstein's correction
 //    from rn(1 / divisor) (exact where range lies in [2^-80, 2^100], the division elsewhere),
 //    zp from the division-free quotient rn(lo / scale) (qp_rounding.cuh: exact in the `fast`
