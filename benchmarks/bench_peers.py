@@ -1045,9 +1045,17 @@ def _new_set(built: Built) -> dict[str, Any]:
     return s
 
 
+def _plan_io_bytes(built: Built, s: Arrays) -> tuple[int, int]:
+    """The plan's bytes read (its inputs) and bytes written (its outputs) in buffer set ``s``."""
+
+    def nbytes(names: Sequence[str]) -> int:
+        return sum(int(s[n].numel() * s[n].element_size()) for n in names)
+
+    return nbytes(built.plan_in), nbytes(list(built.outputs))
+
+
 def _plan_bytes(built: Built, s: Arrays) -> int:
-    names = list(built.plan_in) + list(built.outputs)
-    return sum(int(s[n].numel() * s[n].element_size()) for n in names)
+    return sum(_plan_io_bytes(built, s))
 
 
 #: Floors measured in this run, by (bytes read, bytes written).
@@ -1057,9 +1065,7 @@ _FLOORS: dict[tuple[int, int], float | None] = {}
 def _floor(built: Built, s: Arrays, opt: Options) -> float | None:
     """The pure bandwidth floor for the plan's bytes read and written (``harness.floor_time``),
     measured once per byte split in a run."""
-    read = sum(int(s[n].numel() * s[n].element_size()) for n in built.plan_in)
-    written = sum(int(s[n].numel() * s[n].element_size()) for n in built.outputs)
-    key = (read, written)
+    read, written = key = _plan_io_bytes(built, s)
     if key not in _FLOORS:
         got = harness.floor_time(read, written, warmup=opt.warmup, reps=opt.reps)
         _FLOORS[key] = None if got is None else got[0]
