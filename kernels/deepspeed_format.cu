@@ -8,6 +8,8 @@
 //   moq_fake_quantize_segments / _group_params / _elements    MoQ fake quantization
 //   deepspeed_quantize_dense / moq_fake_quantize_dense        the fused pass specialised for
 //                                                             aligned 16-bit groups of team * 8 * NV
+//   deepspeed_quantize_lanes                                  and for teams within a warp, one vector
+//                                                             per thread, unswizzled
 //   deepspeed_reduce_dense                                    and for output groups of team * 8 * NV
 //   deepspeed_quantize_cluster / moq_fake_quantize_cluster    few long groups: a thread-block
 //                                                             cluster per group (sm_90)
@@ -148,6 +150,57 @@ deepspeed_quantize_dense(const typename qp::FloatElement<In>::storage* __restric
       qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
     }
   });
+}
+
+// The dense pass of quantize for teams within a warp (TEAM a compile-time power of two up to 32,
+// one 16-byte vector per thread: groups of TEAM * 8 elements, e.g. 16 x 8 = 128), selected when
+// the group map is the identity (plain quantize, or a swizzle of one slice): its parameters and
+// codes are deepspeed_quantize_dense's, bit for bit. Against it, on small problems (16 x 8192 f16,
+// groups of 128), where one group's latency chain is the kernel's time:
+//  * one pass: the grid covers every group (_dense_pass), a thread's group follows from its block
+//    and lane in 32 bits, and its load is the kernel's first memory instruction, no branch before
+//    it (a thread past the last group loads the last one and stores nothing);
+//  * the team's range by xor shuffles alone, unrolled at TEAM (no shared stage, no barrier);
+//  * no swizzle map (the identity: `map` unused);
+//  * the codes stored first, then lane 0's parameters; a group outside the division-free path
+//    then takes deepspeed_dense_generic, out of line, which overwrites the same bytes and words
+//    (each thread its own, in program order).
+template <class In, class Code, bool ASYM, int TEAM>
+__global__ void __launch_bounds__(QP_DS_DENSE_BLOCK, QP_DS_DENSE_MIN_BLOCKS)
+deepspeed_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict__ x,
+                         const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay, const qp::SwizzleMap) {
+  using qp::u32;
+  constexpr bool packed = qp::QuantElement<Code>::kind == 1;
+  constexpr int bits = packed ? 4 : 8;
+  static_assert(TEAM >= 1 && TEAM <= 32 && (TEAM & (TEAM - 1)) == 0, "a team within a warp");
+  const int lane = threadIdx.x & (TEAM - 1);
+  const u32 seg = blockIdx.x * (blockDim.x / TEAM) + threadIdx.x / TEAM;
+  const u32 segments = (u32)lay.segments;
+  const u32 at = min(seg, segments - 1u) * TEAM + lane;  // 16-byte vectors: below 2^28
+  const uint4 v[1] = {reinterpret_cast<const uint4*>(x)[at]};
+  u32 r = qp::ds_range_word<In, ASYM, 1>(v);
+#pragma unroll
+  for (int d = 1; d < TEAM; d <<= 1) r = qp::ds_range_combine<In, ASYM>(r, __shfl_xor_sync(0xFFFFFFFFu, r, d));
+  if (seg >= segments) return;
+  float lo, hi, absmax;
+  bool bad;
+  qp::ds_range_values<In, ASYM>(r, lo, hi, absmax, bad);
+  const qp::DeepSpeedDenseParam p = qp::deepspeed_dense_params<ASYM, bits>(lo, hi, absmax, bad);
+  qp::u8* qs = out.q + (packed ? seg * (u32)(TEAM * 4) : seg * (u32)(TEAM * 8));
+  int c[8];
+  qp::deepspeed_dense_codes<In, ASYM, bits>(v[0], p, c);
+  qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? lane * 4 : lane * 8), c);
+  if (lane == 0) {
+    if (ASYM) {
+      out.params[2 * seg] = p.inv;
+      out.params[2 * seg + 1] = p.offset;
+    } else {
+      out.params[seg] = p.inv;
+    }
+  }
+  if (!p.fast)
+    qp::deepspeed_dense_generic<In, Code, 1>(x + (qp::i64)seg * (TEAM * 8), qs, out.params, seg, lane, TEAM, lo, hi,
+                                             absmax, bad, ASYM);
 }
 
 // The dense pass of MoQ, SYMMETRIC with nearest rounding (out.q: the float output, may be x

@@ -458,7 +458,8 @@ def deepspeed_code_kind(bits: int) -> ElementKind:
 
 def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | None, bits: int) -> Unit:
     """The kernels of one (input, error buffer, bits): fused pass, then the two-pass kernels; F16 /
-    BF16 without a LoCo buffer add ``deepspeed_quantize_dense`` per mode at every ``QGZ_DENSE_NV``."""
+    BF16 without a LoCo buffer add ``deepspeed_quantize_dense`` per mode at every ``QGZ_DENSE_NV``,
+    the cluster passes and ``deepspeed_quantize_lanes`` per mode at every ``DEEPSPEED_LANES_TEAMS``."""
     code = ELEMENTS[deepspeed_code_kind(bits)]
     tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), code.cpp_tag)
     unit = [
@@ -469,7 +470,21 @@ def deepspeed_quantize_unit(input_kind: ElementKind, error_kind: ElementKind | N
     if input_kind in DENSE_FLOAT_KINDS and error_kind is None:
         unit += [deepspeed_dense_name(input_kind, bits, asym, nv) for asym in (False, True) for nv in QGZ_DENSE_NV]
         unit += [deepspeed_cluster_name(input_kind, bits, asym) for asym in (False, True)]
+        unit += [
+            deepspeed_lanes_name(input_kind, bits, asym, t) for asym in (False, True) for t in DEEPSPEED_LANES_TEAMS
+        ]
     return unit
+
+
+#: Teams of ``deepspeed_quantize_lanes`` (one vector of 8 elements per thread, a team within a warp):
+#: 16 serves groups of 128 on small problems (16 x 8192).
+DEEPSPEED_LANES_TEAMS = (16,)
+
+
+def deepspeed_lanes_name(input_kind: ElementKind, bits: int, asym: bool, team: int) -> str:
+    """One instantiation of ``deepspeed_quantize_lanes`` (``team`` threads per group of ``team * 8``)."""
+    code = ELEMENTS[deepspeed_code_kind(bits)]
+    return template_name("deepspeed_quantize_lanes", ELEMENTS[input_kind].cpp_tag, code.cpp_tag, asym, team)
 
 
 def deepspeed_cluster_name(input_kind: ElementKind, bits: int, asym: bool) -> str:
@@ -605,6 +620,8 @@ __all__ = [
     "deepspeed_code_kind",
     "deepspeed_cluster_name",
     "deepspeed_dense_name",
+    "deepspeed_lanes_name",
+    "DEEPSPEED_LANES_TEAMS",
     "deepspeed_reduce_dense_name",
     "DEEPSPEED_REDUCE_DENSE_NV",
     "moq_cluster_name",

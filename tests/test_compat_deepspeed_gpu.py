@@ -266,11 +266,14 @@ def test_dequantize_matches_numpy(
 
 # (shape, groups): every (team, vectors per thread) shape class of deepspeed_quantize_dense and
 # moq_fake_quantize_dense: teams of 1, a few lanes, a warp, several warps and a full block; many
-# groups (4 lanes x 4 vectors, the large-problem shape) and few (widened); and few long groups,
-# which take a thread-block cluster per group on sm_90 (the cluster passes).
+# groups (4 lanes x 4 vectors, the large-problem shape) and few (widened: for quantize, 16 lanes x
+# 1 vector is deepspeed_quantize_lanes, also with a part block); and few long groups, which take a
+# thread-block cluster per group on sm_90 (the cluster passes).
 DENSE_CASES = [
     pytest.param((70000, 128), 70000, id="70000g-of-128"),  # 4 lanes x 4 vectors
     pytest.param((64, 128), 64, id="64g-of-128"),  # widened: 16 lanes x 1 vector
+    pytest.param((16, 8192), 1024, id="1024g-of-128"),  # 16 lanes x 1 vector: the 16 x 8192 row
+    pytest.param((37, 128), 37, id="37g-of-128"),  # 16 lanes x 1 vector, the last block in part
     pytest.param((40, 8192), 40, id="40g-of-8192"),  # a block of 256 x 4 vectors per group
     pytest.param((40, 512), 40, id="40g-of-512"),  # 64 threads x 1 vector: a team over two warps
     pytest.param((100, 256), 100, id="100g-of-256"),  # a warp x 1 vector
@@ -335,15 +338,52 @@ def test_dense_quantize_extreme_groups(
 
 @pytest.mark.parametrize("split", [(2, 4, 1), (2, 2, 2), (1, 8, 1)], ids=lambda s: "n{}d{}p{}".format(*s))
 @pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("groups", [512, 2048], ids=["g512", "g2048"])
 @QUANT_TYPES
 def test_dense_swizzle_quant_matches_numpy(
-    rng: np.random.Generator, split: tuple[int, int, int], bits: int, quant_type: int
+    rng: np.random.Generator, split: tuple[int, int, int], bits: int, groups: int, quant_type: int
 ) -> None:
+    # Groups of 512 through the swizzle map; groups of 128 (16 lanes x 1 vector): the dense pass
+    # where the map is not the identity, the lanes pass where it is (1 node: n1d8p1).
     nodes, dpn, pipeline = split
-    x = random_floats(rng, (64, 4096), EK.F16)  # groups of 512 through the swizzle map
+    x = random_floats(rng, (64, 4096), EK.F16)
     x_dev = to_cupy(x)
-    got = ds.swizzle_quant(x_dev, 512, bits, quant_type, pipeline, nodes, dpn)
-    assert_outputs(got, ds.swizzle_quant(x, 512, bits, quant_type, pipeline, nodes, dpn), x_dev, "swizzle_quant")
+    got = ds.swizzle_quant(x_dev, groups, bits, quant_type, pipeline, nodes, dpn)
+    want = ds.swizzle_quant(x, groups, bits, quant_type, pipeline, nodes, dpn)
+    assert_outputs(got, want, x_dev, "swizzle_quant")
+
+
+@pytest.mark.parametrize(
+    "numel,groups,split,variant",
+    [
+        (16 * 8192, 1024, (1, 1, 1), "lanes[16t-per-group,1vec8-per-thread]"),
+        (37 * 128, 37, (1, 1, 1), "lanes[16t-per-group,1vec8-per-thread]"),
+        (64 * 4096, 2048, (1, 8, 1), "lanes[16t-per-group,1vec8-per-thread]"),
+        (64 * 4096, 2048, (2, 4, 1), "dense[16t-per-group,1vec8-per-thread]"),
+        (8192 * 8192, 8192 * 64, (1, 1, 1), "dense[4t-per-group,4vec8-per-thread]"),
+    ],
+)
+@pytest.mark.parametrize("bits", [8, 4])
+@QUANT_TYPES
+def test_dense_quantize_variants(
+    numel: int, groups: int, split: tuple[int, int, int], variant: str, bits: int, quant_type: int
+) -> None:
+    # The pass each shape selects: the lanes pass only for 16 lanes x 1 vector under the identity map.
+    from quantplan.compat._deepspeed_plans import DeepSpeedQuantizeDescriptor, DeepSpeedQuantizePlan
+
+    nodes, dpn, pipeline = split
+    mode = qp.QuantMode.ASYMMETRIC if quant_type == ASYM else qp.QuantMode.SYMMETRIC
+    desc = DeepSpeedQuantizeDescriptor(
+        numel=numel,
+        groups=groups,
+        num_bits=bits,
+        mode=mode,
+        input_element=EK.F16,
+        nodes=nodes,
+        devices_per_node=dpn,
+        pipeline=pipeline,
+    )
+    assert DeepSpeedQuantizePlan.select(None, desc).sku().variant == f"deepspeed-format:{variant}"
 
 
 @pytest.mark.parametrize("shape,groups", DENSE_CASES)

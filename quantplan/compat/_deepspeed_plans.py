@@ -31,6 +31,7 @@ from pydantic import ConfigDict
 
 from .._device import DeviceInfo, device_info, stream_device_id
 from .._families import (
+    DEEPSPEED_LANES_TEAMS,
     DEEPSPEED_REDUCE_DENSE_NV,
     DENSE_FLOAT_KINDS,
     QGZ_WIDTHS,
@@ -38,6 +39,7 @@ from .._families import (
     deepspeed_code_kind,
     deepspeed_dense_name,
     deepspeed_dequantize_unit,
+    deepspeed_lanes_name,
     deepspeed_quantize_unit,
     deepspeed_reduce_dense_name,
     deepspeed_reduce_unit,
@@ -280,6 +282,7 @@ def _dense_pass(
     dense_name: Callable[[int], str],
     cluster_name: str,
     functions: dict[str, Any],
+    lanes_name: Callable[[int], str] | None = None,
 ) -> _Dense | None:
     """The pass replacing the fused one for ``groups`` aligned groups of 16-bit ``element``
     (below 2**31 elements), or None.
@@ -288,7 +291,10 @@ def _dense_pass(
       of ``CLUSTER_BLOCKS * 8 * block`` elements (block a multiple of 32, at most ``DENSE_BLOCK``):
       one vector per thread;
     * dense: groups of ``team * 8 * nv`` (:func:`~quantplan._qgz_launch.dense_quantize_geometry`,
-      ``dense_name(nv)``), blocks of ``DENSE_BLOCK`` threads.
+      ``dense_name(nv)``), blocks of ``DENSE_BLOCK`` threads; where that is one vector per thread
+      for a team in ``DEEPSPEED_LANES_TEAMS`` and ``lanes_name`` is given (quantize with the
+      identity group map), ``lanes_name(team)`` instead: the same geometry, the team's size a
+      compile-time constant (``deepspeed_quantize_lanes``: 16 x 8192 f16, groups of 128).
 
     The grid covers every group at once (measured on H200, 8192 x 8192 f16 per-token int8: 51.1 us
     against 55.3 us for a grid of resident blocks striding over the groups)."""
@@ -305,6 +311,9 @@ def _dense_pass(
     if shape is None:
         return None
     team, nv = shape
+    if lanes_name is not None and nv == 1 and team in DEEPSPEED_LANES_TEAMS:
+        launch = DenseLaunch(functions[lanes_name(team)], team, 8, f"lanes[{team}t-per-group,1vec8-per-thread]")
+        return _Dense(launch, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // team)))
     launch = DenseLaunch(functions[dense_name(nv)], team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
     return _Dense(launch, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // team)))
 
@@ -415,6 +424,10 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
             lambda nv: deepspeed_dense_name(desc.input_element, desc.num_bits, asym, nv),
             deepspeed_cluster_name(desc.input_element, desc.num_bits, asym),
             functions,
+            # The lanes pass has no group map: only where the map is the identity (ds_map32).
+            (lambda team: deepspeed_lanes_name(desc.input_element, desc.num_bits, asym, team))
+            if desc.pipeline == 1 and (desc.nodes == 1 or desc.devices_per_node == 1)
+            else None,
         )
     )
     launches = prepare_qgz_launches(
@@ -457,8 +470,9 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
     4-bit: even slices.
 
     **Kernel variants:** ``dense[...]`` (F16 / BF16 without LoCo, below 2**31 elements, aligned
-    input, groups of ``team * 8 * nv``: registers only, division-free parameters and codes) or
-    ``cluster[...]`` (the same on sm_90 for few groups of ``8 * 8 * block`` elements, a
+    input, groups of ``team * 8 * nv``: registers only, division-free parameters and codes),
+    ``lanes[...]`` (the same for one vector per thread of a team of 16 without a swizzle: groups
+    of 128 on small problems) or ``cluster[...]`` (the same on sm_90 for few groups of ``8 * 8 * block`` elements, a
     thread-block cluster per group); otherwise the fused single pass (groups of at most 32768
     elements; 4-bit: even groups); an element-I/O twin for misaligned operands; two passes for
     larger groups.
