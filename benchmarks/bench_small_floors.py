@@ -6,7 +6,9 @@ rows), 5 interleaved rounds of 200 calls, the median: a device copy of the per-t
 a pure pattern kernel (one 16-byte load and one 8-byte store per thread, no math); a minimal
 per-token int8 kernel (one 1024-thread block per 8192-element row, one vector per thread: absmax
 by packed-half max, warp shuffles and one shared-memory stage, then the scale, the codes and the
-store; no exactness care, no rare path); a minimal group(128) int8 kernel (16 threads per group,
+store; no exactness care, no rare path); the same per-token kernel where each of a row's 4 / 8 / 16
+blocks loads the whole row (L2 serves the repeats), reduces it alone and quantizes its own share (no
+exchange between blocks); a minimal group(128) int8 kernel (16 threads per group,
 four shuffles); and the plans' 16 x 8192 rows of the same shapes. Each is printed as µs and as a
 multiple of the copy's time.
 
@@ -70,6 +72,35 @@ extern "C" __global__ void __launch_bounds__(1024) token_rows(const uint4* __res
   __syncthreads();
   quant8(v, 127.f / share, y + i);
 }
+// per-token, every block of a row loads the whole row (L2 serves the repeats) and reduces it alone
+// (no cluster or grid exchange), then quantizes its own share: VPT = 1024 / blockDim vectors per
+// thread, VPT blocks per row, block b's share = vectors [b * blockDim, (b + 1) * blockDim) of the row
+template <int VPT>
+__device__ __forceinline__ void token_redundant(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) {
+  __shared__ unsigned red[32];
+  const int threads = 1024 / VPT, row = blockIdx.x / VPT, part = blockIdx.x % VPT;
+  const uint4* xr = x + row * 1024 + threadIdx.x;
+  const uint4 own = xr[part * threads];
+  unsigned m = habs2max(habs2max(own.x, own.y), habs2max(own.z, own.w));
+  #pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const uint4 v = xr[j * threads];
+    m = habs2max(m, habs2max(habs2max(v.x, v.y), habs2max(v.z, v.w)));
+  }
+  #pragma unroll
+  for (int o = 16; o; o >>= 1) m = habs2max(m, __shfl_xor_sync(~0u, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red[0];
+  for (int w = 1; w < threads / 32; ++w) m = habs2max(m, red[w]);
+  __half2 h = *reinterpret_cast<__half2*>(&m);
+  const float a = fmaxf(__low2float(h), __high2float(h));
+  if (part == 0 && threadIdx.x == 0) s[row] = a / 127.f;
+  quant8(own, 127.f / a, y + row * 1024 + part * threads + threadIdx.x);
+}
+extern "C" __global__ void __launch_bounds__(256) token_redundant4(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) { token_redundant<4>(x, y, s); }
+extern "C" __global__ void __launch_bounds__(128) token_redundant8(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) { token_redundant<8>(x, y, s); }
+extern "C" __global__ void __launch_bounds__(64) token_redundant16(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) { token_redundant<16>(x, y, s); }
 // group(128) symmetric int8: 16 threads per group, shuffles only
 extern "C" __global__ void group_sym(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -130,6 +161,9 @@ def thunks() -> dict[str, Callable[[], Any]]:
         "pattern 16 B in / 8 B out, 128 blocks x 128": raw("pattern", n // 128, 128, (ptr(x), ptr(y), np.int32(n))),
         "pattern 16 B in / 8 B out, 64 blocks x 256": raw("pattern", n // 256, 256, (ptr(x), ptr(y), np.int32(n))),
         "minimal per-token int8, 16 blocks x 1024": raw("token_rows", ROWS, 1024, (ptr(x), ptr(y), ptr(s))),
+        "per-token, whole row per block, 64 blocks x 256": raw("token_redundant4", ROWS * 4, 256, (ptr(x), ptr(y), ptr(s))),
+        "per-token, whole row per block, 128 blocks x 128": raw("token_redundant8", ROWS * 8, 128, (ptr(x), ptr(y), ptr(s))),
+        "per-token, whole row per block, 256 blocks x 64": raw("token_redundant16", ROWS * 16, 64, (ptr(x), ptr(y), ptr(s))),
         "minimal group(128) int8, 128 blocks x 128": raw(
             "group_sym", n // 128, 128, (ptr(x), ptr(y), ptr(s), np.int32(n))
         ),
