@@ -161,9 +161,15 @@ def thunks() -> dict[str, Callable[[], Any]]:
         "pattern 16 B in / 8 B out, 128 blocks x 128": raw("pattern", n // 128, 128, (ptr(x), ptr(y), np.int32(n))),
         "pattern 16 B in / 8 B out, 64 blocks x 256": raw("pattern", n // 256, 256, (ptr(x), ptr(y), np.int32(n))),
         "minimal per-token int8, 16 blocks x 1024": raw("token_rows", ROWS, 1024, (ptr(x), ptr(y), ptr(s))),
-        "per-token, whole row per block, 64 blocks x 256": raw("token_redundant4", ROWS * 4, 256, (ptr(x), ptr(y), ptr(s))),
-        "per-token, whole row per block, 128 blocks x 128": raw("token_redundant8", ROWS * 8, 128, (ptr(x), ptr(y), ptr(s))),
-        "per-token, whole row per block, 256 blocks x 64": raw("token_redundant16", ROWS * 16, 64, (ptr(x), ptr(y), ptr(s))),
+        "per-token, whole row per block, 64 blocks x 256": raw(
+            "token_redundant4", ROWS * 4, 256, (ptr(x), ptr(y), ptr(s))
+        ),
+        "per-token, whole row per block, 128 blocks x 128": raw(
+            "token_redundant8", ROWS * 8, 128, (ptr(x), ptr(y), ptr(s))
+        ),
+        "per-token, whole row per block, 256 blocks x 64": raw(
+            "token_redundant16", ROWS * 16, 64, (ptr(x), ptr(y), ptr(s))
+        ),
         "minimal group(128) int8, 128 blocks x 128": raw(
             "group_sym", n // 128, 128, (ptr(x), ptr(y), ptr(s), np.int32(n))
         ),
