@@ -690,6 +690,16 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 #endif
 
 // Streamed codes: read once, kept out of L1.
+__device__ __forceinline__ u8 load_stream(const u8* p) {
+  u16 v;
+  asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=h"(v) : "l"(p));
+  return (u8)v;
+}
+__device__ __forceinline__ u16 load_stream(const u16* p) {
+  u16 v;
+  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ u32 load_stream(const u32* p) {
   u32 v;
   asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -716,24 +726,29 @@ __device__ __forceinline__ float max_abs_nan(float m, float v) {
   return d;
 }
 
-// A thread's EPT codes of one peer (W 32-bit words) and their exact values q as floats.
+// A thread's EPT codes of one peer (in `words` 32-bit words; fewer than 4 bytes sit in the low
+// bytes of w[0]) and their exact values q as floats.
 template <class Code, int EPT, bool HIGH_FIRST>
 struct DenseCodes {
   static const bool packed = QuantElement<Code>::kind == 1;
   static const bool is_signed = QuantElement<Code>::is_signed;
   static const int bytes = packed ? EPT / 2 : EPT;
-  static const int words = bytes / 4;
+  static const int words = bytes < 4 ? 1 : bytes / 4;
   typedef typename VectorWord<bytes < 16 ? bytes : 16>::type word_t;
   static const int loads = bytes < 16 ? 1 : bytes / 16;
   u32 w[words];
 
   __device__ __forceinline__ void load(const u8* q) {
+    if constexpr (bytes < 4) {
+      w[0] = load_stream(reinterpret_cast<const word_t*>(q));
+    } else {
 #pragma unroll
-    for (int i = 0; i < loads; ++i) {
-      const word_t v = load_stream(reinterpret_cast<const word_t*>(q) + i);
-      const u32* vw = reinterpret_cast<const u32*>(&v);
+      for (int i = 0; i < loads; ++i) {
+        const word_t v = load_stream(reinterpret_cast<const word_t*>(q) + i);
+        const u32* vw = reinterpret_cast<const u32*>(&v);
 #pragma unroll
-      for (int k = 0; k < (int)(sizeof(word_t) / 4); ++k) w[i * (sizeof(word_t) / 4) + k] = vw[k];
+        for (int k = 0; k < (int)(sizeof(word_t) / 4); ++k) w[i * (sizeof(word_t) / 4) + k] = vw[k];
+      }
     }
   }
 
@@ -750,6 +765,7 @@ struct DenseCodes {
         const u32 lo = x & 0x0F0F0F0Fu, hi = x & 0xF0F0F0F0u;
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
+          if (8 * i + 2 * b >= EPT) break;
           const float fl = __fsub_rn(__uint_as_float(__byte_perm(lo, two23, 0x7440 | b)), k23);
           const float fh = __fsub_rn(__uint_as_float(__byte_perm(hi, two19, 0x7440 | b)), k19);
           q[8 * i + 2 * b] = HIGH_FIRST ? fh : fl;
@@ -762,19 +778,22 @@ struct DenseCodes {
       for (int i = 0; i < words; ++i) {
         const u32 n = w[i] ^ (is_signed ? 0x80808080u : 0u);
 #pragma unroll
-        for (int b = 0; b < 4; ++b) q[4 * i + b] = __fsub_rn(__uint_as_float(__byte_perm(n, two23, 0x7440 | b)), k23);
+        for (int b = 0; b < 4; ++b)
+          if (4 * i + b < EPT) q[4 * i + b] = __fsub_rn(__uint_as_float(__byte_perm(n, two23, 0x7440 | b)), k23);
       }
     }
   }
 
   // 4-bit codes, |scale| < 0.5: the products y = q * scale, each rounded once, by one fused
-  // multiply-add per code. Offset binary n = q + 8 (signed; n = q unsigned) times 16, as the third
-  // byte of a word whose other bytes are zero, is the float n * 2^-129 (bit patterns below 2^24
-  // are the multiples of 2^-149: subnormals and the first normal binade, one linear scale; --ftz
-  // is off), so fma(n * 2^-129, scale * 2^129, -8 * scale) rounds n * scale - 8 * scale = q * scale
-  // exactly once. Both scalings are exact for |scale| < 0.5; unsigned codes add -0 (x + -0 = x).
-  // A zero product may be +0 where q * scale is -0 (signed q = 0, negative scale): the sum's sign
-  // of zero never reaches the codes or the scale (both see |sum|; a zero sum gives code 0).
+  // multiply-add per code and peer. Offset binary n = q + 8 (signed; n = q unsigned) times 16, as
+  // the third byte of a word whose other bytes are zero, is the float n * 2^-129 (bit patterns
+  // below 2^24 are the multiples of 2^-149: subnormals and the first normal binade, one linear
+  // scale; --ftz is off), so fma(n * 2^-129, scale * 2^129, -8 * scale) rounds
+  // n * scale - 8 * scale = q * scale exactly once. Both scalings are exact for |scale| < 0.5;
+  // unsigned codes add -0 (x + -0 = x). A zero product may be +0 where q * scale is -0 (signed
+  // q = 0, negative scale): the sum's sign of zero never reaches the codes or the scale (both
+  // see |sum|; a zero sum gives code 0). The sign flip is one immediate XOR per word, before the
+  // two masks (no mask constant lives in a register).
   __device__ __forceinline__ void products_fma(float (&y)[EPT], float scale) const {
     static_assert(packed, "4-bit codes");
     const float big = __fmul_rn(__fmul_rn(scale, 0x1p64f), 0x1p65f);
@@ -785,6 +804,7 @@ struct DenseCodes {
       const u32 lo = (x << 4) & 0xF0F0F0F0u, hi = x & 0xF0F0F0F0u;  // 16 n of the even / odd nibbles
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
+        if (8 * i + 2 * b >= EPT) break;
         const float fl = __fmaf_rn(__uint_as_float(__byte_perm(lo, 0u, 0x4044 | (b << 8))), big, offset);
         const float fh = __fmaf_rn(__uint_as_float(__byte_perm(hi, 0u, 0x4044 | (b << 8))), big, offset);
         y[8 * i + 2 * b] = HIGH_FIRST ? fh : fl;
@@ -794,6 +814,71 @@ struct DenseCodes {
   }
 };
 
+#ifndef QP_REDUCE_DENSE_FMA_MIN_EPT
+#define QP_REDUCE_DENSE_FMA_MIN_EPT 16
+#endif
+// 1: with PEERS unrolled, the FMA products' condition is tested once for all the peers of a
+// pass (the largest |scale|, NaN-propagating), not per peer.
+#ifndef QP_REDUCE_DENSE_HOIST
+#define QP_REDUCE_DENSE_HOIST 1
+#endif
+// 1: with PEERS unrolled and at most 16 code words per thread in all, the codes and scales of
+// a thread's next pass are loaded into registers right after this pass's sums, so the loads are
+// in flight while the pass quantizes and stores.
+#ifndef QP_REDUCE_DENSE_PIPE
+#define QP_REDUCE_DENSE_PIPE 1
+#endif
+
+// acc = acc + y (or y, first), y = q * scale of one peer's codes c: FMA products (4-bit codes,
+// EPT >= QP_REDUCE_DENSE_FMA_MIN_EPT) where `small` (|scale| < 0.5), else the decoded values
+// times the scale.
+template <class Code, int EPT, bool HIGH_FIRST>
+__device__ __forceinline__ void dense_add_peer(const DenseCodes<Code, EPT, HIGH_FIRST>& c, float scale, bool first,
+                                               bool small, float (&acc)[EPT], u32 two23, u32 two19) {
+  typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
+#if QP_REDUCE_DENSE_FMA
+  if constexpr (Codes::packed && EPT >= QP_REDUCE_DENSE_FMA_MIN_EPT) {
+    if (small) {
+      float y[EPT];
+      c.products_fma(y, scale);
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) acc[k] = first ? y[k] : __fadd_rn(acc[k], y[k]);
+      return;
+    }
+  }
+#endif
+  float v[EPT];
+  c.values(v, two23, two19);
+#pragma unroll
+  for (int k = 0; k < EPT; ++k) {
+    const float y = __fmul_rn(v[k], scale);
+    acc[k] = first ? y : __fadd_rn(acc[k], y);
+  }
+}
+
+// The unrolled peer sum of PEERS peers already in registers (c, sc), in peer order.
+template <class Code, int EPT, bool HIGH_FIRST, int PEERS>
+__device__ __forceinline__ void dense_sum_loaded(const DenseCodes<Code, EPT, HIGH_FIRST> (&c)[PEERS],
+                                                 const float (&sc)[PEERS], float (&acc)[EPT], u32 two23,
+                                                 u32 two19) {
+  typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
+#if QP_REDUCE_DENSE_FMA && QP_REDUCE_DENSE_HOIST
+  if constexpr (Codes::packed && EPT >= QP_REDUCE_DENSE_FMA_MIN_EPT) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PEERS; ++j) m = max_abs_nan(m, sc[j]);
+    if (m < 0.5f) {  // false for NaN and +-Inf
+#pragma unroll
+      for (int j = 0; j < PEERS; ++j) dense_add_peer(c[j], sc[j], j == 0, true, acc, two23, two19);
+      return;
+    }
+  }
+#endif
+#pragma unroll
+  for (int j = 0; j < PEERS; ++j)
+    dense_add_peer(c[j], sc[j], j == 0, fabsf(sc[j]) < 0.5f, acc, two23, two19);
+}
+
 // acc = ((y_0 + y_1) + ...) for peers [0, peers) (PEERS > 0: that many, unrolled), y_j = q_j * s_j;
 // q points at this thread's codes of peer 0, s at its scale of peer 0; two23 / two19 as
 // DenseCodes::values takes them.
@@ -801,26 +886,6 @@ template <class Code, int EPT, bool HIGH_FIRST, int PEERS>
 __device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* q, const float* s, float (&acc)[EPT],
                                                u32 two23, u32 two19) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
-  auto add = [&](const Codes& c, float scale, bool first) {
-#if QP_REDUCE_DENSE_FMA
-    if constexpr (Codes::packed && EPT >= 16) {
-      if (fabsf(scale) < 0.5f) {  // false for NaN and +-Inf
-        float y[EPT];
-        c.products_fma(y, scale);
-#pragma unroll
-        for (int k = 0; k < EPT; ++k) acc[k] = first ? y[k] : __fadd_rn(acc[k], y[k]);
-        return;
-      }
-    }
-#endif
-    float v[EPT];
-    c.values(v, two23, two19);
-#pragma unroll
-    for (int k = 0; k < EPT; ++k) {
-      const float y = __fmul_rn(v[k], scale);
-      acc[k] = first ? y : __fadd_rn(acc[k], y);
-    }
-  };
   if constexpr (PEERS > 0) {
     // Batches of B peers (at most QP_REDUCE_DENSE_BATCH_BYTES of codes per thread): loads
     // first, then the sums.
@@ -836,21 +901,28 @@ __device__ __forceinline__ void dense_peer_sum(const PeerSumArgs& in, const u8* 
           sc[j] = __ldg(s + (i64)(j0 + j) * in.peer_params);
         }
       }
+      if constexpr (B == PEERS) {
+        dense_sum_loaded<Code, EPT, HIGH_FIRST, PEERS>(c, sc, acc, two23, two19);
+      } else {
 #pragma unroll
-      for (int j = 0; j < B; ++j)
-        if (j0 + j < PEERS) add(c[j], sc[j], j0 + j == 0);
+        for (int j = 0; j < B; ++j)
+          if (j0 + j < PEERS)
+            dense_add_peer(c[j], sc[j], j0 + j == 0, fabsf(sc[j]) < 0.5f, acc, two23, two19);
+      }
     }
   } else {
     {
       Codes c0;
       c0.load(q);
-      add(c0, __ldg(s), true);
+      const float s0 = __ldg(s);
+      dense_add_peer(c0, s0, true, fabsf(s0) < 0.5f, acc, two23, two19);
     }
 #pragma unroll 4
     for (int j = 1; j < in.peers; ++j) {
       Codes c;
       c.load(q + (i64)j * in.peer_bytes);
-      add(c, __ldg(s + (i64)j * in.peer_params), false);
+      const float sj = __ldg(s + (i64)j * in.peer_params);
+      dense_add_peer(c, sj, false, fabsf(sj) < 0.5f, acc, two23, two19);
     }
   }
 }
@@ -864,32 +936,83 @@ __device__ __noinline__ void dense_reduce_exact_pair(u8* dst, float v0, float v1
   VectorQuantizer<f32, Out, 2, HIGH_FIRST>::template store<false>(dst, 2, c);
 }
 
-// The dense reduction over a chunk of lay.segments groups of lay.S = team * EPT elements.
-// The loop is block-uniform (teams wider than a warp reduce through shared memory).
+// N codes (N = 2 or 4) stored at dst as VectorQuantizer<., Out, N, HIGH_FIRST>::store stores
+// them, from codes whose low byte (nibble) is the code (qgz_dense_store_codes for fewer than 8).
+template <class Out, bool HIGH_FIRST, int N>
+__device__ __forceinline__ void dense_store_few_codes(u8* dst, const int (&c)[N]) {
+  constexpr bool packed = QuantElement<Out>::kind == 1;
+  if constexpr (packed) {
+    u32 word = 0;
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const u32 lo = (u32)c[HIGH_FIRST ? k + 1 : k] & 0xFu, hi = (u32)c[HIGH_FIRST ? k : k + 1] & 0xFu;
+      word |= (lo | (hi << 4)) << (4 * k);
+    }
+    if constexpr (N == 4) {
+      *reinterpret_cast<u16*>(dst) = (u16)word;
+    } else {
+      *dst = (u8)word;
+    }
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<u32*>(dst) = __byte_perm(__byte_perm((u32)c[0], (u32)c[1], 0x0040),
+                                               __byte_perm((u32)c[2], (u32)c[3], 0x0040), 0x5410);
+  } else {
+    *reinterpret_cast<u16*>(dst) = (u16)__byte_perm((u32)c[0], (u32)c[1], 0x0040);
+  }
+}
+
+// The dense reduction over a chunk of lay.segments groups of lay.S = team * EPT elements, the
+// groups spread as DenseSchedule spreads them (teams of up to a warp: each warp its own unit of
+// work, interleaved over the blocks; wider teams: a block-uniform loop, their reduction holds
+// barriers).
 template <class Code, class Out, int EPT, bool HIGH_FIRST, int PEERS>
 __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOutputArgs& o, const SegmentLayout& lay,
                                              float divisor) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
   typedef SegmentRange<float, u32> Range;
   constexpr bool out_packed = QuantElement<Out>::kind == 1;
+  constexpr bool pipe = QP_REDUCE_DENSE_PIPE && PEERS > 0 && PEERS * Codes::words <= 16;
   __shared__ Range team_slots[QP_REDUCE_DENSE_BLOCK / 32];
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool raw = lay.q_min <= -lay.q_max;
-  const u32 units = (u32)lay.segments << lay.seg_log2;
-  const u32 stride = gridDim.x * blockDim.x;
+  const DenseSchedule sched(lay.seg_log2, blockDim.x);
+  const u32 segments = (u32)lay.segments;
   // lay.pad is 0 at run time: the compiler cannot fold these words into the byte permutes.
   const u32 two23 = 0x4B000000u | (u32)lay.pad, two19 = 0x49000000u | (u32)lay.pad;
-  for (u32 base = blockIdx.x * blockDim.x; base < units; base += stride) {
-    const u32 u = base + threadIdx.x;
-    const bool active = u < units;
-    const u32 unit = active ? u : units - 1;  // an idle thread reads a valid unit, writes nothing
+  // The unit (thread of elements) a thread takes at pass `base`: an idle thread (past the last
+  // group) reads the last group, writes nothing.
+  auto unit_of = [&](u32 base) {
+    const u32 seg = base + sched.sub < segments ? base + sched.sub : segments - 1;
+    return (seg << lay.seg_log2) + (u32)lane;
+  };
+  auto group_of = [&](u32 first) {
+    return in.in_group_shift >= 0 ? first >> in.in_group_shift : first / (u32)in.in_group;
+  };
+  constexpr int PN = pipe ? PEERS : 1;
+  Codes pc[PN];
+  float ps[PN];
+  auto load_all = [&](u32 unit) {
+    if constexpr (pipe) {
+      const u8* q = in.q + (size_t)unit * Codes::bytes;
+      const float* s = in.scale + group_of(unit * EPT);
+#pragma unroll
+      for (int j = 0; j < PEERS; ++j) {
+        pc[j].load(q + (i64)j * in.peer_bytes);
+        ps[j] = __ldg(s + (i64)j * in.peer_params);
+      }
+    }
+  };
+  if (sched.first < segments) load_all(unit_of(sched.first));
+  for (u32 base = sched.first; base < segments; base += sched.stride) {
+    const bool active = base + sched.sub < segments;
+    const u32 unit = unit_of(base);
     const u32 first = unit * EPT;
-    const u32 g_in = in.in_group_shift >= 0 ? first >> in.in_group_shift : first / (u32)in.in_group;
+    const bool more = base + sched.stride < segments;
     float acc[EPT];
 #if QP_REDUCE_DENSE_PREFETCH
-    if (u + stride < units) {
-      const u8* next = in.q + (size_t)(u + stride) * Codes::bytes;
+    if (!pipe && more) {
+      const u8* next = in.q + (size_t)unit_of(base + sched.stride) * Codes::bytes;
       if constexpr (PEERS > 0) {
 #pragma unroll
         for (int j = 0; j < PEERS; ++j) prefetch_l2(next + (i64)j * in.peer_bytes);
@@ -898,8 +1021,13 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
       }
     }
 #endif
-    dense_peer_sum<Code, EPT, HIGH_FIRST, PEERS>(in, in.q + (size_t)unit * Codes::bytes, in.scale + g_in, acc, two23,
-                                                 two19);
+    if constexpr (pipe) {
+      dense_sum_loaded<Code, EPT, HIGH_FIRST, PEERS>(pc, ps, acc, two23, two19);
+      if (more) load_all(unit_of(base + sched.stride));
+    } else {
+      dense_peer_sum<Code, EPT, HIGH_FIRST, PEERS>(in, in.q + (size_t)unit * Codes::bytes, in.scale + group_of(first),
+                                                   acc, two23, two19);
+    }
     if (in.average) {
 #pragma unroll
       for (int k = 0; k < EPT; ++k) acc[k] = __fdiv_rn(acc[k], in.peers_f);
@@ -930,7 +1058,11 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
     }
     int codes[EPT];
     qgz_dense_codes<EPT>(acc, p, raw, lay.q_min, lay.q_max, codes);
-    qgz_dense_store_codes<Out, HIGH_FIRST, EPT>(dst, codes);
+    if constexpr (EPT >= 8) {
+      qgz_dense_store_codes<Out, HIGH_FIRST, EPT>(dst, codes);
+    } else {
+      dense_store_few_codes<Out, HIGH_FIRST, EPT>(dst, codes);
+    }
   }
 }
 

@@ -426,7 +426,7 @@ def dequant_reduce_unit(
 
 #: Elements per thread of ``dequant_reduce_dense`` (one load of that many codes per peer): 16,
 #: or 8 for chunks too small to give every SM a block.
-DENSE_REDUCE_EPT = (16, 8)
+DENSE_REDUCE_EPT = (16, 8, 4)
 #: Peer counts ``dequant_reduce_dense`` is unrolled for; 0: any count (a loop).
 DENSE_REDUCE_PEERS = (0, 2, 4, 8, 16)
 

@@ -240,7 +240,10 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         fn = functions[dequant_reduce_dense_name(desc.input_element, desc.output_element, high_first, ept, peers)]
         unrolled = f"{peers}-peers-unrolled" if peers else "peer-loop"
         describe = f"dense[{team}t-per-group,{ept}-per-thread,{unrolled},{block}t]"
-        dense = DenseLaunch(fn, team, ept, describe, block, even_passes=True)
+        # Teams of up to a warp: every warp its own unit of work, interleaved over the blocks (the
+        # kernel's DenseSchedule), so every resident block launches; wider teams: the fewest
+        # blocks that take the same number of passes.
+        dense = DenseLaunch(fn, team, ept, describe, block, even_passes=team > 32)
     return prepare_qgz_launches(
         kernels,
         geometry,
@@ -265,10 +268,11 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
     ``desc``, or None where it does not apply: it serves SYMMETRIC code outputs without LoCo,
     chunks of fewer than ``DENSE_MAX_ELEMENTS`` elements, input groups holding whole threads
     (``ept`` divides them), output groups of exactly ``team * ept`` elements (team a power of two
-    up to one block of ``DENSE_BLOCK``). ``ept`` is 16, or 8 where 16 would leave the SMs fewer
-    than ``DENSE_BLOCK`` threads each (latency then matters more than instructions). Blocks of ``DENSE_REDUCE_BLOCK`` threads (at least the
-    team; small blocks spread the grid evenly over the SMs), shrinking to a warp while the chunk
-    would leave most SMs without a block."""
+    up to one block of ``DENSE_BLOCK``). ``ept`` is the largest of ``DENSE_REDUCE_EPT`` (16) that
+    gives the SMs ``DENSE_BLOCK`` threads each, else the smallest that fits (a small chunk: its
+    time is one thread's dependent chain, so more threads with fewer elements each). Blocks of
+    ``DENSE_REDUCE_BLOCK`` threads (at least the team), shrinking to a warp while the chunk would
+    leave most SMs without a block."""
     size = desc.output_group_size
     if (
         desc.mode is not QuantMode.SYMMETRIC
@@ -286,8 +290,8 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
     if not fitting:
         return None
     ept, team = fitting[0]
-    if len(fitting) > 1 and desc.chunk_elements // ept < DENSE_BLOCK * sm_count:
-        ept, team = fitting[1]  # a small chunk: more threads, each with less work
+    if desc.chunk_elements // ept < DENSE_BLOCK * sm_count:
+        ept, team = fitting[-1]  # a small chunk: more threads, each with less work
     threads = desc.chunk_elements // ept
     block = max(DENSE_REDUCE_BLOCK, team)
     while block > max(32, team) and threads < block * sm_count:
