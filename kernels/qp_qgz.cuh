@@ -478,6 +478,35 @@ struct DenseSchedule {
   }
 };
 
+// The largest of a team's u32 values (team a power of two up to the block; every thread of the
+// block calls this in step, teams aligned): one redux.sync over the team's lanes (at most a
+// warp: a team of fewer lanes names its own lanes in the member mask), then, for teams spanning
+// warps (at most 8), one shared-memory slot per warp. The slots come in two sets taken in turn (`parity`
+// flips every call), so one barrier per call suffices: a warp writes a set again only after the
+// next call's barrier, which every reader of this call's set has reached.
+__device__ __forceinline__ u32 dense_team_max(u32 v, int team, u32 (*slots)[32], int& parity) {
+  const int lane = threadIdx.x & 31;
+#if __CUDA_ARCH__ >= 800
+  const u32 mask = team >= 32 ? 0xFFFFFFFFu : ((0xFFFFFFFFu >> (32 - team)) << (lane & ~(team - 1)));
+  asm volatile("redux.sync.max.u32 %0, %0, %1;" : "+r"(v) : "r"(mask));
+#else
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1)
+    if (d < team) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, d));
+#endif
+  if (team <= 32) return v;
+  const int warp = threadIdx.x >> 5, warps = team >> 5;
+  u32* set = slots[parity];
+  parity ^= 1;
+  if (lane == 0) set[warp] = v;
+  __syncthreads();
+  const int w0 = warp & ~(warps - 1);
+#pragma unroll
+  for (int k = 0; k < 8; ++k)  // teams of up to 256 threads (QP_QGZ_DENSE_BLOCK, QP_REDUCE_DENSE_BLOCK)
+    if (k < warps) v = max(v, set[w0 + k]);
+  return v;
+}
+
 // The dense passes' codes of N float values under one group parameter p: the division-free
 // code (no per-element check: p.fast and the group's range bound every quotient, see above),
 // `raw`: SYMMETRIC with q_min <= -q_max (the rounding word's low bits are the code).
@@ -556,7 +585,9 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   typedef FloatBits<In> FB;
   static_assert(sizeof(in_t) == 2, "16-bit floats");
   __shared__ Range team_slots[BLOCK / 32];
+  __shared__ u32 amax_slots[2][32];
   __shared__ uint4 stage[NV * BLOCK];
+  int parity = 0;
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool asym = lay.mode != 0;
@@ -604,7 +635,11 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
         range.amax_bits = max(a2 & 0xFFFFu, a2 >> 16);
       }
     }
-    team_range_reduce<true>(range, asym, team, team_slots);
+    if (asym) {
+      team_range_reduce<true>(range, asym, team, team_slots);
+    } else {
+      range.amax_bits = dense_team_max(range.amax_bits, team, amax_slots, parity);
+    }
     if (!active) continue;
     int zp;
     const float scale = segment_params<float>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
@@ -969,10 +1004,10 @@ template <class Code, class Out, int EPT, bool HIGH_FIRST, int PEERS>
 __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOutputArgs& o, const SegmentLayout& lay,
                                              float divisor) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
-  typedef SegmentRange<float, u32> Range;
   constexpr bool out_packed = QuantElement<Out>::kind == 1;
   constexpr bool pipe = QP_REDUCE_DENSE_PIPE && PEERS > 0 && PEERS * Codes::words <= 16;
-  __shared__ Range team_slots[QP_REDUCE_DENSE_BLOCK / 32];
+  __shared__ u32 amax_slots[2][32];
+  int parity = 0;
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool raw = lay.q_min <= -lay.q_max;
@@ -1035,15 +1070,11 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < EPT; ++k) amax = max_abs_nan(amax, acc[k]);
-    Range range;
-    range.lo = range.hi = 0.0f;
-    range.amax_bits = __float_as_uint(amax);
-    team_range_reduce<true>(range, false, team, team_slots);
+    const u32 amax_bits = dense_team_max(__float_as_uint(amax), team, amax_slots, parity);
     if (!active) continue;
     int zp;
-    const float scale = segment_params<float>(0.0f, range_amax<f32>(range.amax_bits),
-                                              range_nonfinite<f32>(range.amax_bits), 0, lay.q_min, lay.q_max,
-                                              divisor, zp);
+    const float scale = segment_params<float>(0.0f, range_amax<f32>(amax_bits), range_nonfinite<f32>(amax_bits), 0,
+                                              lay.q_min, lay.q_max, divisor, zp);
     const u32 g = unit >> lay.seg_log2;
     if (lane == 0) o.scale_out[g] = scale;
     IntQuantParam<float> p;

@@ -233,6 +233,34 @@ def test_dense_reduction_small_scales(rng, peers, chunk, g_in, g_out, code_in, c
     run_both(desc, q, scale, None)
 
 
+# Chunks of several grid-stride passes with the next pass's codes and scales loaded into
+# registers during this one (unrolled peers whose codes fit 16 words per thread), warps as units
+# of work (teams of a warp): small scales with specials scattered, so passes take the one-test FMA
+# path or the per-peer test; a ragged last pass (4501 groups of 512).
+@pytest.mark.parametrize("peers,code_in,code_out", [(8, EK.S4, EK.S4), (4, EK.S8, EK.U4), (2, EK.U4, EK.S8)])
+def test_dense_reduction_pipelined_passes(rng, peers, code_in, code_out) -> None:  # noqa: ANN001
+    desc = descriptor(peers, 512 * 4501, 512, 512, input_element=code_in, output_element=code_out)
+    assert "16-per-thread" in qp.DequantReducePlan.select(None, desc).sku().variant
+    q, _, _ = peer_inputs(rng, desc)
+    shape = desc.input_param_shape
+    scale = np.exp(rng.uniform(-14, np.log(0.5), size=shape)).astype(np.float32)
+    scale *= rng.choice(np.array([-1, 1], np.float32), size=shape)
+    flat = scale.reshape(-1)
+    specials = np.array([0.5, -0.75, 1e-40, -0.0, np.nan, np.inf, 3e38, 0.49999997], np.float32)
+    picks = rng.choice(flat.size, size=48, replace=False)
+    flat[picks] = specials[rng.integers(0, specials.size, size=picks.size)]
+    run_both(desc, q, scale, None)
+
+
+def test_small_chunks_take_four_elements_per_thread() -> None:
+    """A chunk too small to give every SM a block of threads at 16 elements each takes the
+    smallest fitting count (4 here); a large one keeps 16."""
+    small = descriptor(8, 16 * 1024, 512, 512, input_element=EK.S4, output_element=EK.S4)
+    assert "4-per-thread" in qp.DequantReducePlan.select(None, small).sku().variant
+    large = descriptor(8, 8192 * 1024, 512, 512, input_element=EK.S4, output_element=EK.S4)
+    assert "16-per-thread" in qp.DequantReducePlan.select(None, large).sku().variant
+
+
 @pytest.mark.parametrize("offset", [1, 8])
 def test_dense_reduction_misaligned_takes_the_twin(rng, offset) -> None:  # noqa: ANN001
     desc = descriptor(8, 4096, 512, 512, input_element=EK.S8, output_element=EK.S8)
