@@ -592,7 +592,7 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   const int lane = threadIdx.x & (team - 1);
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
-  const DenseSchedule sched(lay.seg_log2, BLOCK);
+  const DenseSchedule sched(lay.seg_log2, blockDim.x);  // blockDim.x: a power of two, the team to BLOCK
   const u32 segments = (u32)lay.segments;
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const u32 seg = base + sched.sub;
@@ -850,7 +850,7 @@ struct DenseCodes {
 };
 
 #ifndef QP_REDUCE_DENSE_FMA_MIN_EPT
-#define QP_REDUCE_DENSE_FMA_MIN_EPT 16
+#define QP_REDUCE_DENSE_FMA_MIN_EPT 4
 #endif
 // 1: with PEERS unrolled, the FMA products' condition is tested once for all the peers of a
 // pass (the largest |scale|, NaN-propagating), not per peer.
@@ -862,6 +862,12 @@ struct DenseCodes {
 // in flight while the pass quantizes and stores.
 #ifndef QP_REDUCE_DENSE_PIPE
 #define QP_REDUCE_DENSE_PIPE 1
+#endif
+// With the registers' pipeline: D > 0 prefetches into L2, at the top of each pass, the codes of
+// the pass D passes ahead (and, before the first pass, those of passes 1 .. D - 1), so the
+// register loads find them there; 0: no L2 prefetch.
+#ifndef QP_REDUCE_DENSE_PIPE_PREFETCH
+#define QP_REDUCE_DENSE_PIPE_PREFETCH 0
 #endif
 
 // acc = acc + y (or y, first), y = q * scale of one peer's codes c: FMA products (4-bit codes,
@@ -1038,7 +1044,24 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
       }
     }
   };
+  // The L2 prefetch of a pass's codes (every peer's).
+  auto prefetch_pass = [&](u32 base) {
+    const u8* q = in.q + (size_t)unit_of(base) * Codes::bytes;
+    if constexpr (PEERS > 0) {
+#pragma unroll
+      for (int j = 0; j < PEERS; ++j) prefetch_l2(q + (i64)j * in.peer_bytes);
+    } else {
+      for (int j = 0; j < in.peers; ++j) prefetch_l2(q + (i64)j * in.peer_bytes);
+    }
+  };
   if (sched.first < segments) load_all(unit_of(sched.first));
+#if QP_REDUCE_DENSE_PIPE_PREFETCH > 1
+  if constexpr (pipe) {
+#pragma unroll
+    for (int d = 1; d < QP_REDUCE_DENSE_PIPE_PREFETCH; ++d)
+      if (sched.first + d * sched.stride < segments) prefetch_pass(sched.first + d * sched.stride);
+  }
+#endif
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const bool active = base + sched.sub < segments;
     const u32 unit = unit_of(base);
@@ -1046,15 +1069,11 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
     const bool more = base + sched.stride < segments;
     float acc[EPT];
 #if QP_REDUCE_DENSE_PREFETCH
-    if (!pipe && more) {
-      const u8* next = in.q + (size_t)unit_of(base + sched.stride) * Codes::bytes;
-      if constexpr (PEERS > 0) {
-#pragma unroll
-        for (int j = 0; j < PEERS; ++j) prefetch_l2(next + (i64)j * in.peer_bytes);
-      } else {
-        for (int j = 0; j < in.peers; ++j) prefetch_l2(next + (i64)j * in.peer_bytes);
-      }
-    }
+    if (!pipe && more) prefetch_pass(base + sched.stride);
+#endif
+#if QP_REDUCE_DENSE_PIPE_PREFETCH > 0
+    if (pipe && base + QP_REDUCE_DENSE_PIPE_PREFETCH * sched.stride < segments)
+      prefetch_pass(base + QP_REDUCE_DENSE_PIPE_PREFETCH * sched.stride);
 #endif
     if constexpr (pipe) {
       dense_sum_loaded<Code, EPT, HIGH_FIRST, PEERS>(pc, ps, acc, two23, two19);

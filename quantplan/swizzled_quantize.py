@@ -42,6 +42,7 @@ from ._qgz_launch import (
     check_code_kind,
     check_error_kind,
     check_float_kind,
+    dense_quantize_block,
     dense_quantize_geometry,
     dynamic_code_range,
     prepare_qgz_launches,
@@ -115,7 +116,8 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         if shape is not None:
             team, nv = shape
             fn = functions[swizzled_dense_name(desc.input_element, desc.output_element, high_first, nv)]
-            dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+            block = dense_quantize_block(desc.groups * team, team, info.sm_count)
+            dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread,{block}t]", block)
     return prepare_qgz_launches(
         kernels,
         geometry,

@@ -197,10 +197,10 @@ def test_dense_reduction_large_chunk_grid_stride(rng) -> None:  # noqa: ANN001
 
 
 # 4-bit input codes under scales of magnitude below 0.5 take one fused multiply-add per code
-# (DenseCodes::products_fma, 16 elements per thread); larger, NaN or infinite scales, and the
-# kernels of 8 elements per thread, the decoded product. Scales on both sides of 0.5 (peer by
-# peer), negative, subnormal and signed-zero scales; unrolled peer counts and the loop; 8 and 16
-# elements per thread; both nibble orders; averaging.
+# (DenseCodes::products_fma; with unrolled peers, when every peer's scale of the pass is below
+# 0.5); larger, NaN or infinite scales, the decoded product. Scales on both sides of 0.5 (peer by
+# peer), negative, subnormal and signed-zero scales; unrolled peer counts and the loop; 4, 8 and
+# 16 elements per thread; both nibble orders; averaging.
 FMA_CASES = [
     (8, 16 * 1024, 512, 512),
     (8, 1 << 20, 512, 512),
@@ -250,6 +250,15 @@ def test_dense_reduction_pipelined_passes(rng, peers, code_in, code_out) -> None
     picks = rng.choice(flat.size, size=48, replace=False)
     flat[picks] = specials[rng.integers(0, specials.size, size=picks.size)]
     run_both(desc, q, scale, None)
+
+
+@pytest.mark.parametrize("code_in,code_out", [(EK.S4, EK.S8), (EK.U8, EK.S4)])
+def test_dense_reduction_wide_teams_several_passes(rng, code_in, code_out) -> None:  # noqa: ANN001
+    """Teams of 128 threads (groups of 2048 at 16 per thread) over two passes per block: the
+    reduction's shared-memory slot sets taken in turn."""
+    desc = descriptor(2, 1 << 22, 512, 2048, input_element=code_in, output_element=code_out)
+    assert "128t-per-group,16-per-thread" in qp.DequantReducePlan.select(None, desc).sku().variant
+    run_both(desc, *peer_inputs(rng, desc))
 
 
 def test_small_chunks_take_four_elements_per_thread() -> None:
