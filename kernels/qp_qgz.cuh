@@ -478,8 +478,8 @@ struct DenseSchedule {
   }
 };
 
-// The largest of a team's u32 values (team a power of two up to the block; every thread of the
-// block calls this in step, teams aligned): one redux.sync over the team's lanes (at most a
+// The largest of a team's u32 values (dense_reduce; team a power of two up to the block; every
+// thread of the block calls this in step, teams aligned): one redux.sync over the team's lanes (at most a
 // warp: a team of fewer lanes names its own lanes in the member mask), then, for teams spanning
 // warps (at most 8), one shared-memory slot per warp. The slots come in two sets taken in turn (`parity`
 // flips every call), so one barrier per call suffices: a warp writes a set again only after the
@@ -585,14 +585,12 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
   typedef FloatBits<In> FB;
   static_assert(sizeof(in_t) == 2, "16-bit floats");
   __shared__ Range team_slots[BLOCK / 32];
-  __shared__ u32 amax_slots[2][32];
   __shared__ uint4 stage[NV * BLOCK];
-  int parity = 0;
   const int team = 1 << lay.seg_log2;
   const int lane = threadIdx.x & (team - 1);
   const bool asym = lay.mode != 0;
   const bool raw = lay.mode == 0 && lay.q_min <= -lay.q_max;
-  const DenseSchedule sched(lay.seg_log2, blockDim.x);  // blockDim.x: a power of two, the team to BLOCK
+  const DenseSchedule sched(lay.seg_log2, BLOCK);
   const u32 segments = (u32)lay.segments;
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const u32 seg = base + sched.sub;
@@ -635,11 +633,7 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
         range.amax_bits = max(a2 & 0xFFFFu, a2 >> 16);
       }
     }
-    if (asym) {
-      team_range_reduce<true>(range, asym, team, team_slots);
-    } else {
-      range.amax_bits = dense_team_max(range.amax_bits, team, amax_slots, parity);
-    }
+    team_range_reduce<true>(range, asym, team, team_slots);
     if (!active) continue;
     int zp;
     const float scale = segment_params<float>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
@@ -694,6 +688,16 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 // Tried there: 40 registers with 32-byte load batches 25.1 us, 64 registers 23.6 us (fewer
 // resident warps hide the loads better with more of them in flight), 8 elements per thread
 // 29.4 us (16 x 8192: 4.6 us against 5.4 with 16), blocks of 128 or 256 threads no faster.
+// Since then (same row, H200, bench medians): the FMA condition tested once per pass (the
+// largest |scale| of the pass's peers) instead of once per peer, warps as units of work over a
+// full-residency grid (DenseSchedule), the next pass's codes and scales loaded into registers
+// right after this pass's sums (QP_REDUCE_DENSE_PIPE), the team's maximum by redux.sync: 20.9-21.0
+// us against 22.3 (12.33 M warp instructions, 65% issue-active, 34% achieved occupancy of 50%,
+// SM active 90% of the elapsed cycles under ncu). Without the register pipeline 22.4 us, without
+// it and the one-test FMA 24.0 us; an L2 prefetch one or two passes ahead of the pipeline 21.9 /
+// 22.4 us; 80 registers (3 blocks of 256) 20.8 us; launch blocks of 256 threads 20.6 us (128:
+// 21.0); the even-passes grid of 2048 blocks 21.1 us. 16 x 8192 (one pass, a dependent chain per
+// thread): 4 elements per thread 4.4-4.6 us against 4.5-4.7 at 8 (FMA or decode within 0.05 us).
 
 #ifndef QP_REDUCE_DENSE_BLOCK
 #define QP_REDUCE_DENSE_BLOCK 256
@@ -713,10 +717,12 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 #endif
 
 // 1: 4-bit codes under scales of magnitude below 0.5 take one fused multiply-add per code and
-// peer (DenseCodes::products_fma) instead of a subtraction and a product, at 16 elements per
-// thread. Measured on H200 (8 peers, int4, groups of 512, 8192 x 8192 codes): 22.98 us against
-// 24.06 (12.58 M warp instructions against 13.25 M, 70% issue-active); at 8 elements per thread
-// (the 16 x 8192 row, latency-bound) 4.64 us against 4.45, so the small kernels keep the decode.
+// peer (DenseCodes::products_fma) instead of a subtraction and a product, from
+// QP_REDUCE_DENSE_FMA_MIN_EPT elements per thread. Measured on H200 (8 peers, int4, groups of
+// 512, 8192 x 8192 codes): 22.98 us against 24.06 (12.58 M warp instructions against 13.25 M, 70%
+// issue-active); at 8 elements per thread with the test per peer (the 16 x 8192 row,
+// latency-bound) 4.64 us against 4.45; with the test once per pass, 4 and 8 elements per thread
+// are within 0.05 us either way.
 // Tried and slower there: staging the next pass's codes and scales in shared memory by cp.async
 // (30.5 us: MIO throttle and short-scoreboard stalls), plus a per-warp table of the 16 products
 // of each peer read by shared-memory loads (38.5 us, 12.2 M instructions, 36% issue-active).
@@ -865,7 +871,8 @@ struct DenseCodes {
 #endif
 // With the registers' pipeline: D > 0 prefetches into L2, at the top of each pass, the codes of
 // the pass D passes ahead (and, before the first pass, those of passes 1 .. D - 1), so the
-// register loads find them there; 0: no L2 prefetch.
+// register loads find them there; 0: no L2 prefetch (1 and 2 measured slower on the 8-peer
+// int4 8192 x 8192 row: 21.9 and 22.4 us against 21.0).
 #ifndef QP_REDUCE_DENSE_PIPE_PREFETCH
 #define QP_REDUCE_DENSE_PIPE_PREFETCH 0
 #endif

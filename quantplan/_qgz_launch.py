@@ -247,17 +247,6 @@ def dense_quantize_geometry(groups: int, group_size: int, busy_threads: int) -> 
     return None
 
 
-def dense_quantize_block(threads: int, team: int, sm_count: int) -> int:
-    """Threads per block of ``swizzled_quantize_dense`` for ``threads`` threads in teams of
-    ``team``: ``DENSE_BLOCK``, halved (down to the team, at least a warp) while the blocks would
-    not reach every SM (a small problem: one wave, each thread's dependent chain is its time, so
-    the teams spread over more SMs and a wide team's barrier holds fewer warps)."""
-    block = DENSE_BLOCK
-    while block > max(32, team) and threads < block * sm_count:
-        block //= 2
-    return block
-
-
 def group_params_block(group_size: int) -> int:
     """Threads of a block of the group-parameter pass: a power of two, 32 to ``MAX_TEAM``, about one per element."""
     block = 32
@@ -452,7 +441,6 @@ __all__ = [
     "check_code_kind",
     "check_error_kind",
     "check_float_kind",
-    "dense_quantize_block",
     "dense_quantize_geometry",
     "dynamic_code_range",
     "group_params_block",

@@ -42,7 +42,6 @@ from ._qgz_launch import (
     check_code_kind,
     check_error_kind,
     check_float_kind,
-    dense_quantize_block,
     dense_quantize_geometry,
     dynamic_code_range,
     prepare_qgz_launches,
@@ -116,8 +115,7 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         if shape is not None:
             team, nv = shape
             fn = functions[swizzled_dense_name(desc.input_element, desc.output_element, high_first, nv)]
-            block = dense_quantize_block(desc.groups * team, team, info.sm_count)
-            dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread,{block}t]", block)
+            dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
     return prepare_qgz_launches(
         kernels,
         geometry,

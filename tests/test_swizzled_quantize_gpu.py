@@ -221,9 +221,8 @@ def test_bad_input_raises_before_launch(rng) -> None:  # noqa: ANN001
 # The dense pass (16-bit input, no LoCo, groups of team * 8 * nv elements): 4 vectors per thread
 # (the grid fills the GPU: 18432 groups of 512), 2 and 1 (small problems widen the team), a team
 # of one thread (groups of 8) and of a block (2048), non-finite and all-zero groups, both nibble
-# orders and a hierarchical split; symmetric teams spanning warps (the slot sets taken in turn)
-# over several passes per block (4608 groups of 2048) and of a whole block of 256 threads in a
-# small problem (blocks shrunk to the team).
+# orders and a hierarchical split; symmetric teams spanning warps over several passes per block
+# (4608 groups of 2048) and a symmetric team of a whole block in a small problem.
 DENSE_CASES = [
     ((2304, 4096), 512, (2, 4, 1), EK.F16, EK.S4, SYM, qp.NibbleOrder.LOW_FIRST),
     ((2304, 4096), 512, (1, 8, 1), EK.BF16, EK.U8, ASYM, qp.NibbleOrder.LOW_FIRST),
