@@ -205,7 +205,7 @@ dynamic_quantize_segments(const typename qp::FloatElement<In>::storage* __restri
                           typename qp::FloatElement<In>::acc* __restrict__ scale_out, int* __restrict__ zp_out,
                           const qp::SegmentLayout lay, typename qp::FloatElement<In>::acc divisor,
                           const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr,
-                          qp::u64 seed_value, qp::u64 offset_value) {
+                          qp::u64 seed_value, qp::u64 offset_value, float /* divisor_inverse */) {
   typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::acc_t acc_t;
   constexpr int NV = qp::segment_vectors<typename VQ::in_t, VEC>();
@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(kDenseBlock, QP_DENSE_MIN_BLOCKS)
 dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                        typename qp::FloatElement<In>::acc* __restrict__ scale_out, int* __restrict__ zp_out,
                        const qp::SegmentLayout lay, typename qp::FloatElement<In>::acc divisor,
-                       const qp::i64*, const qp::i64*, qp::u64, qp::u64) {  // dynamic_quantize_segments' parameters
+                       const qp::i64*, const qp::i64*, qp::u64, qp::u64,
+                       float) {  // dynamic_quantize_segments' parameters
   constexpr int VEC = 8;
   typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::acc_t acc_t;
@@ -465,6 +466,19 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 // rne(x / scale) + zp >= rne(lo / scale) + q_min - rne(lo / scale) = q_min, where zp = q_min -
 // rne(lo / scale) is not clamped: rne(lo / scale) <= 0 and |lo / scale| <= rn(hi - lo) / scale
 // <= d (1 + 2^-22) < d + 1/2.
+// The small shape (16 lanes x 1 vector, U = 1: SMALL) is one dependent chain per thread, load ->
+// range -> parameters -> codes -> store, so it shortens that chain (sm_90 SASS, f16 U4): the
+// vector index is the grid's thread index (3 instructions from the thread / block ids to the
+// load); both teams of a warp reduce by four redux.sync maxima of 16-bit keys (QP_LANES_REDUX),
+// not four shuffle rounds; the zero-range test leaves the chain (the scale's constants no longer
+// load behind it: the code of zero is stored after the codes); and the zero point comes as the
+// bits of rn((MAGIC + q_min) - lo / scale) = MAGIC_BITS + zp, added to each code's rounding word
+// with the upper clamp in one add-and-min (QP_LANES_ZPFOLD; even q_min: rne's ties to even are
+// those of the sum; an odd q_min takes the out-of-line path). Measured on H200 (16 x 8192 f16 U4,
+// blocks of 64): 4.22 and 4.26 us in two runs against a copy of the same bytes at 3.87 / 3.81
+// and DeepSpeed at 4.11 / 4.06 (the shuffle form: 4.16-4.42 us in earlier runs, not the same
+// process). The compat pass deepspeed_quantize_lanes, the same chain in blocks of 256, ran at
+// DeepSpeed's time in the same process.
 namespace qp {
 
 // A segment of dynamic_quantize_lanes outside its division-free path (a non-finite range, or a
@@ -519,13 +533,26 @@ __device__ __forceinline__ void store_codes8(u8* dst, const u32 (&c)[8]) {
   }
 }
 
+// Eight copies of one integer code stored at dst (8 bytes, or 4 bytes of nibbles), as a
+// separate store after the codes' own (volatile: not merged into it, which would put the
+// choice between the two on the codes' chain).
+template <int KIND>
+__device__ __forceinline__ void store_same_code8(u8* dst, int code) {
+  if constexpr (KIND == 1) {
+    asm volatile("st.global.b32 [%0], %1;" ::"l"(dst), "r"(((u32)code & 0xFu) * 0x11111111u) : "memory");
+  } else {
+    const u32 w = ((u32)code & 0xFFu) * 0x01010101u;
+    asm volatile("st.global.v2.b32 [%0], {%1, %1};" ::"l"(dst), "r"(w) : "memory");
+  }
+}
+
 // The codes of 8 elements (one 16-byte vector) under a division-free parameter p (`fast`, zp its
 // zero point, zp_bias = zp - QP_RNE_MAGIC_BITS, which the caller may have at hand), stored at dst: the quotient by Markstein's correction, the rounding add, then
 // SYMMETRIC integer codes with q_min <= -q_max: the low byte / nibble of the rounding word (the
 // two's-complement code; |rne(x / scale)| <= q_max needs no clamp); other SYMMETRIC integer
 // codes: the clamp; ASYMMETRIC: the zero point and the upper clamp only (the lower bound holds:
 // dynamic_quantize_lanes); FP8: the pair conversion.
-template <class In, class Out, bool HIGH_FIRST, int MODE>
+template <class In, class Out, bool HIGH_FIRST, int MODE, bool FOLDED = false>
 __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantParam<float>& p, int zp, int q_min,
                                                  int q_max, u8* dst, int zp_bias) {
   constexpr int KIND = QuantElement<Out>::kind;
@@ -561,7 +588,11 @@ __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantP
     for (int k = 0; k < 8; ++k) {
       bool unused = true;
       const int bits = __float_as_int(__fadd_rn(quotient_fast(xf[k], p, unused), QP_RNE_MAGIC));
-      if (MODE != 0) {
+      if (MODE != 0 && FOLDED) {
+        // zp_bias = MAGIC_BITS + zp: the sum is 2 MAGIC_BITS + the code (modulo 2^32, no signed
+        // wrap between the two), whose low byte / nibble is the code's.
+        c[k] = (u32)min((int)((u32)bits + (u32)zp_bias), (int)(2u * (u32)QP_RNE_MAGIC_BITS + (u32)q_max));
+      } else if (MODE != 0) {
         c[k] = (u32)min(bits + zp_bias, q_max);
       } else if (raw) {
         c[k] = (u32)bits;
@@ -578,11 +609,17 @@ __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantP
 #ifndef QP_LANES_MIN_BLOCKS
 #define QP_LANES_MIN_BLOCKS 8
 #endif
+#ifndef QP_LANES_REDUX
+#define QP_LANES_REDUX 1
+#endif
+#ifndef QP_LANES_ZPFOLD
+#define QP_LANES_ZPFOLD 1
+#endif
 template <class In, class Out, bool HIGH_FIRST, int MODE, int LANES, int NV, int U>
 __global__ void __launch_bounds__(256, QP_LANES_MIN_BLOCKS)
 dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                        float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
-                       float divisor, const qp::i64*, const qp::i64*, qp::u64 inverse_bits, qp::u64) {
+                       float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float divisor_inverse) {
   typedef qp::FloatElement<In> FE;
   typedef qp::FloatBits<In> FB;
   typedef qp::HalfPairs<In> HP;
@@ -593,24 +630,41 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
   static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
   static_assert(MODE == 0 || KIND != 2, "FP8 codes are symmetric");
   static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "a team within a warp");
+  // SMALL: two teams of 16 lanes per warp, one vector per thread (small problems: one dependent
+  // chain per thread, latency-bound); the other shapes keep the throughput form.
+  constexpr bool SMALL = LANES == 16 && NV == 1 && U == 1;
+#if QP_LANES_REDUX && __CUDA_ARCH__ >= 800
+  constexpr bool REDUX = SMALL;
+#else
+  constexpr bool REDUX = false;
+#endif
+  constexpr bool FOLD = SMALL && QP_LANES_ZPFOLD && MODE != 0;
   // One pass: the grid covers every segment (lanes_geometry), so a thread's segments follow from
-  // its block and team alone, in 32 bits (segments < 2^31), and its loads issue first.
+  // its block and team alone, in 32 bits (segments < 2^31, vectors < 2^32), and its loads issue
+  // first.
   const int lane = threadIdx.x & (LANES - 1);
   const u32 teams = blockDim.x / LANES;
   const u32 first = blockIdx.x * (teams * U) + threadIdx.x / LANES;
   const u32 segments = (u32)lay.segments;
-  // inv_d = rn(1 / divisor) from the host (the Philox seed field, free under nearest rounding:
-  // quantplan/_segments.py inverse_bits), a constant operand: no reciprocal on the chain.
-  const float d = divisor, inv_d = __uint_as_float((u32)inverse_bits);
+  // inv_d = rn(1 / divisor) from the host (quantplan/_segments.py divisor_inverse), a constant
+  // operand: no reciprocal on the chain.
+  const float d = divisor, inv_d = divisor_inverse;
   uint4 v[U][NV];
+  if constexpr (SMALL) {
+    // The thread's vector is the grid's thread index (segment * 16 + lane), clamped to the last
+    // vector: a team past the last segment loads it (no predicate or branch before the load) and
+    // stores nothing.
+    v[0][0] = reinterpret_cast<const uint4*>(x)[min(blockIdx.x * blockDim.x + threadIdx.x, segments * (S / 8) - 1)];
+  } else {
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    // A team past the last segment loads the last one (no branch before the loads) and stores
-    // nothing.
-    const u32 seg = min(first + u * teams, segments - 1);
-    const uint4* src = reinterpret_cast<const uint4*>(x) + ((qp::u64)seg * (S / 8) + lane);
+    for (int u = 0; u < U; ++u) {
+      // A team past the last segment loads the last one (no branch before the loads) and stores
+      // nothing.
+      const u32 seg = min(first + u * teams, segments - 1);
+      const uint4* src = reinterpret_cast<const uint4*>(x) + ((qp::u64)seg * (S / 8) + lane);
 #pragma unroll
-    for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
+      for (int w = 0; w < NV; ++w) v[u][w] = src[w * LANES];
+    }
   }
   const int q_min = lay.q_min, q_max = lay.q_max;
 #pragma unroll
@@ -618,8 +672,31 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
     const u32 seg = first + u * teams;
     // Scan and reduce: SYMMETRIC the |x| bit maxima per half; ASYMMETRIC the NaN-propagating
     // min and max from +0 (a NaN or +-Inf shows in lo or hi), as (-lo, hi): two maxima.
-    u32 acc;
-    if constexpr (MODE == 0) {
+    u32 acc, nlo, hi_bits;  // SYMMETRIC: acc; ASYMMETRIC: the bits of -lo and hi (low halves)
+    if constexpr (REDUX) {
+      // Both teams of the warp by warp-wide maxima (redux.sync, one instruction each, against
+      // four shuffle rounds) of 16-bit keys, each lane's key masked to zero in the other team's:
+      // SYMMETRIC |x| bits, ASYMMETRIC |lo| and |hi| bits (lo <= 0 <= hi, or NaN: a zero's sign
+      // drops, a NaN stays above Inf above every finite value, as in the pair maxima).
+      const bool upper = threadIdx.x & 16;
+      const u32 key_mask = MODE == 0 ? 0xFFFFu : 0x7FFFu;
+      const u32 mask_a = upper ? 0u : key_mask, mask_b = upper ? key_mask : 0u;
+      const uint4& w = v[0][0];
+      if constexpr (MODE == 0) {
+        u32 a = qp::max_u16x2(w.x & 0x7FFF7FFFu, w.y & 0x7FFF7FFFu);
+        a = qp::max_u16x2(a, w.z & 0x7FFF7FFFu);
+        a = HP::max_nan_halves(qp::max_u16x2(a, w.w & 0x7FFF7FFFu));
+        const u32 ka = __reduce_max_sync(0xFFFFFFFFu, a & mask_a), kb = __reduce_max_sync(0xFFFFFFFFu, a & mask_b);
+        acc = upper ? kb : ka;
+      } else {
+        const u32 lo1 = HP::min_nan_halves(HP::min_nan(HP::min_nan(HP::min_nan(HP::min_nan(0u, w.x), w.y), w.z), w.w));
+        const u32 hi1 = HP::max_nan_halves(HP::max_nan(HP::max_nan(HP::max_nan(HP::max_nan(0u, w.x), w.y), w.z), w.w));
+        const u32 ha = __reduce_max_sync(0xFFFFFFFFu, hi1 & mask_a), la = __reduce_max_sync(0xFFFFFFFFu, lo1 & mask_a);
+        const u32 hb = __reduce_max_sync(0xFFFFFFFFu, hi1 & mask_b), lb = __reduce_max_sync(0xFFFFFFFFu, lo1 & mask_b);
+        nlo = upper ? lb : la;
+        hi_bits = upper ? hb : ha;
+      }
+    } else if constexpr (MODE == 0) {
       u32 a = 0;
 #pragma unroll
       for (int w = 0; w < NV; ++w) {
@@ -646,7 +723,8 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
       u32 p = HP::max_nan(__byte_perm(nlo2, hi2, 0x5410), __byte_perm(nlo2, hi2, 0x7632));
 #pragma unroll
       for (int s = 1; s < LANES; s <<= 1) p = HP::max_nan(p, __shfl_xor_sync(0xFFFFFFFFu, p, s));
-      acc = p;
+      nlo = p & 0xFFFFu;
+      hi_bits = p >> 16;
     }
     if (seg >= segments) continue;
     // Parameters (stored by lane 0 as soon as known): the division-free path where the range lies in [2^-80, 2^100] (or is 0:
@@ -661,7 +739,6 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
       bad = acc >= FB::inf;
       range = hi = FE::to_acc((qp::u16)acc);
     } else {
-      const u32 nlo = acc & 0xFFFFu, hi_bits = acc >> 16;
       bad = (nlo & 0x7FFFu) >= FB::inf || (hi_bits & 0x7FFFu) >= FB::inf;
       lo = -FE::to_acc((qp::u16)nlo);
       hi = FE::to_acc((qp::u16)hi_bits);
@@ -669,27 +746,61 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
     }
     qp::u8* qs = q + (KIND == 1 ? (qp::u64)seg * (S / 2) : (qp::u64)seg * S);
     qp::IntQuantParam<float> p;
-    p.scale = range == 0.0f ? 1.0f : qp::div_by_divisor(range, d, inv_d);
+    // SMALL, integer codes: a zero range (every element +-0; scale 1 and the code of zero, SPEC
+    // section 4) is tested off the chain: the chain runs with the scale rn(0 / d) = 0 (garbage
+    // codes), the parameters' stores select 1 and q_min, and the code of zero overwrites the codes
+    // after their store. (Otherwise the test gates the scale: its constants load behind it.)
+    constexpr bool ZERO_AFTER = SMALL && KIND != 2;
+    const bool zero = range == 0.0f;
+    p.scale = ZERO_AFTER ? qp::div_by_divisor(range, d, inv_d) : zero ? 1.0f : qp::div_by_divisor(range, d, inv_d);
     p.zp = 0;
     p.inv = qp::rcp_rn_normal(p.scale);
     p.fast = true;
-    bool rare = bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
-                !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f);
-    if (lane == 0 && scale_out) scale_out[seg] = p.scale;
-    int zp = 0, zp_bias = -QP_RNE_MAGIC_BITS;  // zp_bias = zp - QP_RNE_MAGIC_BITS
+    bool rare;
+    if constexpr (ZERO_AFTER) {
+      // (Bitwise: predicates, no branch.)
+      rare = bad | !(zero | ((range >= 8.271806125530277e-25f) & (range <= 1.2676506002282294e+30f) &
+                             (p.scale >= 8.673617379884035e-19f) & (p.scale <= 1.2676506002282294e+30f)));
+    } else {
+      rare = bad || !(range == 0.0f || (range >= 8.271806125530277e-25f && range <= 1.2676506002282294e+30f)) ||
+             !(p.scale >= 8.673617379884035e-19f && p.scale <= 1.2676506002282294e+30f);
+    }
+    if (lane == 0 && scale_out) scale_out[seg] = ZERO_AFTER && zero ? 1.0f : p.scale;
+    int zp = 0, zp_bias = -QP_RNE_MAGIC_BITS;  // zp_bias = zp - QP_RNE_MAGIC_BITS (FOLD: + 2 MAGIC_BITS)
     if constexpr (MODE != 0) {
       bool unused = true;
-      const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
-      zp_bias = q_min - __float_as_int(rb);
-      zp = zp_bias + QP_RNE_MAGIC_BITS;
-      rare = rare || zp < q_min || zp > q_max;
-      if (lane == 0 && zp_out) zp_out[seg] = zp;
+      if constexpr (FOLD) {
+        // The zero point as the bits of rn((MAGIC + q_min) - lo / scale) = MAGIC_BITS + zp (ties
+        // to even as rne(lo / scale) when q_min is even; an odd q_min takes the rare path): the
+        // codes add these bits to theirs, no subtraction between (quantize_vector8 FOLDED).
+        const float zb = __fsub_rn(__int_as_float(QP_RNE_MAGIC_BITS + q_min), qp::quotient_fast(lo, p, unused));
+        zp_bias = __float_as_int(zb);
+        zp = zp_bias - QP_RNE_MAGIC_BITS;
+      } else {
+        const float rb = __fadd_rn(qp::quotient_fast(lo, p, unused), QP_RNE_MAGIC);
+        zp_bias = q_min - __float_as_int(rb);
+        zp = zp_bias + QP_RNE_MAGIC_BITS;
+      }
+      if constexpr (ZERO_AFTER) {
+        rare = rare | (!zero & ((zp < q_min) | (zp > q_max))) | (FOLD && (q_min & 1) != 0);
+        if (lane == 0 && zp_out) zp_out[seg] = zero ? q_min : zp;
+      } else {
+        rare = rare || zp < q_min || zp > q_max;
+        if (lane == 0 && zp_out) zp_out[seg] = zp;
+      }
     }
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
       const int col = (lane + w * LANES) * 8;
-      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[u][w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
-                                                      zp_bias);
+      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE, FOLD>(v[u][w], p, zp, q_min, q_max,
+                                                            qs + (KIND == 1 ? col / 2 : col), zp_bias);
+    }
+    if constexpr (ZERO_AFTER) {
+      if (zero & !rare) {
+        // The code of zero in every element: zp = q_min (ASYMMETRIC), clamp(0) (SYMMETRIC).
+        const int code = MODE != 0 ? q_min : min(max(0, q_min), q_max);
+        qp::store_same_code8<KIND>(qs + (KIND == 1 ? lane * 4 : lane * 8), code);
+      }
     }
     if (rare)
       qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + (i64)seg * S, qs, scale_out, zp_out, seg, lane, LANES, lo, hi,
@@ -712,7 +823,7 @@ template <class In, class Out, bool HIGH_FIRST, int MODE>
 __global__ void QP_CLUSTER_DIMS __launch_bounds__(1024)
 dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                          float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
-                         float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+                         float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
 #if __CUDA_ARCH__ >= 900
   typedef qp::FloatElement<In> FE;
   using qp::i64;
@@ -782,7 +893,7 @@ template <class In, class Out, bool HIGH_FIRST, int MODE, int NV>
 __global__ void __launch_bounds__(kRowsBlock, QP_ROWS_MIN_BLOCKS)
 dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                       float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
-                      float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+                      float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
   using qp::i64;
   using qp::u32;
   constexpr int KIND = qp::QuantElement<Out>::kind;

@@ -468,7 +468,7 @@ dynamic_fake_quantize_segments(const typename qp::FloatElement<In>::storage* x,
                                typename qp::FloatElement<In>::acc* __restrict__ scale_out, int* __restrict__ zp_out,
                                const qp::SegmentLayout lay, typename qp::FloatElement<In>::acc divisor,
                                const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr,
-                               qp::u64 seed_value, qp::u64 offset_value) {
+                               qp::u64 seed_value, qp::u64 offset_value, float /* divisor_inverse */) {
   typedef qp::FloatElement<In> FE;
   typedef typename FE::storage in_t;
   typedef typename FE::acc acc_t;
@@ -581,7 +581,8 @@ __global__ void __launch_bounds__(qp::kFakeDenseBlock, QP_FAKE_DENSE_MIN_BLOCKS)
 dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
                             float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
                             float divisor, const qp::i64* __restrict__ seed_ptr,
-                            const qp::i64* __restrict__ offset_ptr, qp::u64 seed_value, qp::u64 offset_value) {
+                            const qp::i64* __restrict__ offset_ptr, qp::u64 seed_value, qp::u64 offset_value,
+                            float /* divisor_inverse */) {
   typedef qp::FloatElement<In> FE;
   typedef qp::u16 in_t;
   typedef qp::SegmentRange<float, qp::u32> Range;
@@ -722,7 +723,7 @@ template <class In, int MODE, int NV>
 __global__ void __launch_bounds__(kFakeRowsBlock, QP_FAKE_ROWS_MIN_BLOCKS)
 dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
                            float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
-                           float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+                           float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
   using qp::i64;
   using qp::u32;
   typedef qp::FloatElement<In> FE;
@@ -782,7 +783,7 @@ __global__ void QP_CLUSTER_DIMS __launch_bounds__(1024)
 dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
                               typename qp::FloatElement<In>::storage* y, float* __restrict__ scale_out,
                               int* __restrict__ zp_out, const qp::SegmentLayout lay, float divisor, const qp::i64*,
-                              const qp::i64*, qp::u64, qp::u64) {
+                              const qp::i64*, qp::u64, qp::u64, float) {
 #if __CUDA_ARCH__ >= 900
   typedef qp::FloatElement<In> FE;
   using qp::i64;

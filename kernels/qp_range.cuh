@@ -135,20 +135,35 @@ __device__ __forceinline__ void team_range_reduce(SegmentRange<float, u32>& r, b
     asm(instruction " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));         \
     return d;                                                           \
   }
+// NAME_halves(a): the operation of a word's two halves, in the low half (the high half: the
+// operation of the high half with itself).
+#define QP_HALF_HALVES_OP(NAME, OP)                                                                         \
+  static __device__ __forceinline__ u32 NAME(u32 a) {                                                      \
+    u32 d;                                                                                                 \
+    asm("{.reg .b16 l, h; .reg .b32 hh; mov.b32 {l, h}, %1; mov.b32 hh, {h, h}; " OP " %0, %1, hh;}" \
+        : "=r"(d)                                                                                          \
+        : "r"(a));                                                                                         \
+    return d;                                                                                              \
+  }
 template <class In> struct HalfPairs;
 template <> struct HalfPairs<f16> {
   QP_HALF_PAIR_OP(min2, "min.f16x2")
   QP_HALF_PAIR_OP(max2, "max.f16x2")
   QP_HALF_PAIR_OP(min_nan, "min.NaN.f16x2")
   QP_HALF_PAIR_OP(max_nan, "max.NaN.f16x2")
+  QP_HALF_HALVES_OP(min_nan_halves, "min.NaN.f16x2")
+  QP_HALF_HALVES_OP(max_nan_halves, "max.NaN.f16x2")
 };
 template <> struct HalfPairs<bf16> {
   QP_HALF_PAIR_OP(min2, "min.bf16x2")
   QP_HALF_PAIR_OP(max2, "max.bf16x2")
   QP_HALF_PAIR_OP(min_nan, "min.NaN.bf16x2")
   QP_HALF_PAIR_OP(max_nan, "max.NaN.bf16x2")
+  QP_HALF_HALVES_OP(min_nan_halves, "min.NaN.bf16x2")
+  QP_HALF_HALVES_OP(max_nan_halves, "max.NaN.bf16x2")
 };
 #undef QP_HALF_PAIR_OP
+#undef QP_HALF_HALVES_OP
 
 __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 #if __CUDA_ARCH__ >= 900

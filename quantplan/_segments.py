@@ -196,8 +196,8 @@ def lanes_geometry(
     """
     if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
         return None
-    if geometry.segments >= 2**31:  # the kernel indexes segments in 32 bits
-        return None
+    if geometry.segments >= 2**31 or geometry.segments * geometry.length // 8 >= 2**32:
+        return None  # the kernel indexes segments and 16-byte vectors in 32 bits
     shapes = [shape for shape in LANES_SHAPES if shape[0] * 8 * shape[1] == geometry.length]
     if not shapes:
         return None
@@ -274,9 +274,9 @@ def range_divisor(problem: AffineProblem) -> float:
     return range_divisor_of(problem.mode, problem.q_min, problem.q_max)
 
 
-def inverse_bits(divisor: float) -> int:
-    """The float32 bits of ``rn(1 / divisor)`` (IEEE float32 division), as kernels compute it."""
-    return int(np.array([np.float32(1.0) / np.float32(divisor)], np.float32).view(np.uint32)[0])
+def divisor_inverse(divisor: float) -> float:
+    """``rn(1 / divisor)`` in float32 (IEEE float32 division, as kernels compute it), as a Python float."""
+    return float(np.float32(1.0) / np.float32(divisor))
 
 
 def range_divisor_of(mode: QuantMode, q_min: int, q_max: int) -> float:
@@ -285,7 +285,9 @@ def range_divisor_of(mode: QuantMode, q_min: int, q_max: int) -> float:
 
 
 #: The fused-pass argument block of ``dynamic_quantize_segments`` / ``dynamic_fake_quantize_segments``
-#: per precision: input, output, parameter outputs, layout, divisor, Philox seed / offset.
+#: (and their specialised kernels) per precision: input, output, parameter outputs, layout, divisor,
+#: Philox seed / offset, and ``divisor_inverse``: rn(1 / divisor) in float32 (:func:`divisor_inverse`,
+#: read by ``dynamic_quantize_lanes``; last, so the other fields keep their offsets).
 SEGMENT_PARAMS = {
     precision: params_struct(
         "SegmentKernelParams",
@@ -294,6 +296,7 @@ SEGMENT_PARAMS = {
             ("layout", SegmentLayoutArgs),
             ("divisor", acc_ctype(precision)),
             *fields(ctypes.c_uint64, "seed_ptr", "offset_ptr", "seed_value", "offset_value"),
+            ("divisor_inverse", ctypes.c_float),
         ],
     )
     for precision in MathPrecision
@@ -310,19 +313,18 @@ def prepare_segments(
     device_id: int,
     dense: tuple[str, SegmentGeometry] | None = None,
     dense_grid: int | None = None,
-    dense_fields: dict[str, int] | None = None,
 ) -> LaunchPair:
     """Compile (first use) ``unit`` of ``family`` and prepare the fused pass of ``problem``
     (argument block :data:`SEGMENT_PARAMS`) for aligned operands and its element-I/O twin.
     ``name(geometry)``: the kernel's name expression; ``out_bits``: bits per output element;
     ``dense``: (name, geometry) of a specialised kernel for aligned operands (one block per
     block-full of segments, no grid-stride, unless ``dense_grid`` gives the grid), same argument
-    block; ``dense_fields``: fixed values of its other fields (``dynamic_quantize_lanes``: the
-    divisor's float32 inverse in ``seed_value``, a nearest-rounding launch's free field)."""
+    block."""
     info = device_info(device_id)
     functions = load_kernels(family, unit, info.arch, device_id, compile_options())
     params_type = SEGMENT_PARAMS[problem.precision]
     divisor = range_divisor(problem)
+    inverse = divisor_inverse(divisor)
 
     def prepare(g: SegmentGeometry, kernel: str | None = None) -> PreparedLaunch:
         fn = functions[kernel or name(g)]
@@ -331,8 +333,7 @@ def prepare_segments(
             grid = g.blocks(2**31 - 1) if dense_grid is None else dense_grid
         else:
             grid = occupancy_grid(fn, g.block, g.blocks(2**62), info)
-        extra = dense_fields if kernel and dense_fields else {}
-        return PreparedLaunch(fn, grid, g.block, params_type, layout=layout, divisor=divisor, **extra)
+        return PreparedLaunch(fn, grid, g.block, params_type, layout=layout, divisor=divisor, divisor_inverse=inverse)
 
     primary, fallback = geometries
     in_bits = ELEMENTS[problem.float_kind].storage_bits
@@ -459,6 +460,7 @@ __all__ = [
     "DENSE_BLOCK",
     "dense_geometry",
     "cluster_geometry",
+    "divisor_inverse",
     "lanes_geometry",
     "RowsLaunch",
     "rows_geometry",
@@ -471,7 +473,6 @@ __all__ = [
     "fused_segment_geometry",
     "mode_code",
     "prepare_segments",
-    "inverse_bits",
     "range_divisor",
     "range_divisor_of",
     "segment_elements_per_thread",

@@ -46,11 +46,9 @@ from ._segments import (
     cluster_geometry,
     dense_geometry,
     fused_geometries,
-    inverse_bits,
     lanes_geometry,
     mode_code,
     prepare_segments,
-    range_divisor,
     rows_geometry,
 )
 from .elements import ELEMENTS, param_numpy_dtype
@@ -270,11 +268,9 @@ def _prepare_fused(
     code_bits = ELEMENTS[c].storage_bits
     mode = mode_code(problem.mode)
 
-    def prepare(
-        kernel: str, geometry: SegmentGeometry, grid: int | None = None, fields: dict[str, int] | None = None
-    ) -> LaunchPair:
+    def prepare(kernel: str, geometry: SegmentGeometry, grid: int | None = None) -> LaunchPair:
         return prepare_segments(
-            problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, geometry), grid, fields
+            problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, geometry), grid
         )
 
     cluster = cluster_geometry(problem, geometries[0], info)
@@ -286,8 +282,7 @@ def _prepare_fused(
     if lanes is not None:
         geometry, shape, grid = lanes
         tag = f"fused-single-pass[dense-lanes,{shape[0]}t-per-segment,{shape[1]}vec8-per-thread,x{shape[2]}]"
-        inverse = {"seed_value": inverse_bits(range_divisor(problem))}
-        return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid, inverse), tag
+        return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid), tag
     rows = rows_geometry(problem, geometries[0])
     if rows is not None:
         kernel = rows_kernel_name(f, c, high_first, mode, rows.nv)

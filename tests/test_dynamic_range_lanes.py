@@ -62,6 +62,14 @@ def test_lanes_do_not_apply(shape, scope, kwargs) -> None:  # noqa: ANN001
     assert lanes_geometry(problem, g, H200) is None
 
 
+def test_lanes_index_vectors_in_32_bits() -> None:
+    """The kernel indexes 16-byte vectors in 32 bits: 2^32 vectors or more take another kernel."""
+    problem, g = _problem((2**24, 2048), GROUP)
+    assert lanes_geometry(problem, g, H200) is None
+    problem, g = _problem((2**24 - 1, 2048), GROUP)
+    assert lanes_geometry(problem, g, H200) is not None
+
+
 def test_few_long_rows_take_a_cluster_on_sm90_only() -> None:
     problem, g = _problem((16, 8192), qp.TokenScope())
     cluster = cluster_geometry(problem, g, H200)

@@ -192,3 +192,40 @@ def test_rare_segments_beside_fast_ones(rng, float_kind, code_kind, order, shape
     with np.errstate(over="ignore", invalid="ignore"):
         ref, got = run_both(desc, x.astype(ELEMENTS[float_kind].numpy_dtype))
     assert_same(ref, got)
+
+
+@pytest.mark.parametrize("float_kind", FLOATS16)
+@pytest.mark.parametrize(
+    ("code_kind", "q_min", "q_max"),
+    [
+        (EK.U4, None, None),
+        (EK.S4, None, None),
+        (EK.S8, None, None),
+        (EK.FP8_E4M3, None, None),
+        (EK.U8, 3, 250),
+        (EK.U4, 2, 13),
+        (EK.U4, 1, 14),
+        (EK.S8, -127, 127),
+    ],
+)
+@pytest.mark.parametrize("mode", [qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC])
+@pytest.mark.parametrize("shape", [(16, 8192), (3, 1408)])
+def test_zero_groups_and_zero_points(rng, float_kind, code_kind, q_min, q_max, mode, shape) -> None:
+    """16 lanes x 1 vector: all-zero groups (+0, -0, mixed) beside others take scale 1 and the
+    code of zero (for integer codes stored after the codes computed from a zero scale), even and
+    odd q_min (an odd one takes the out-of-line path, ASYMMETRIC), narrowed ranges where the code
+    of zero is clamped (SYMMETRIC U8 in [3, 250])."""
+    if ELEMENTS[code_kind].is_fp8 and mode is qp.QuantMode.ASYMMETRIC:
+        pytest.skip("FP8 codes are symmetric only")
+    x = random_floats(rng, shape, float_kind, specials=False).astype(np.float64)
+    flat = x.reshape(-1, 128)
+    flat[0] = 0.0
+    flat[3] = -0.0
+    flat[4] = np.where(rng.integers(0, 2, size=128) == 1, 0.0, -0.0)
+    flat[-1] = 0.0
+    flat[7, :64] = 0.0  # half a group: not a zero range
+    kw = {} if q_min is None else {"q_min": q_min, "q_max": q_max}
+    desc = _desc(shape, GROUP, mode, float_kind, code_kind, **kw)
+    _expect_variant(desc, "dense-lanes,16t")
+    ref, got = run_both(desc, x.astype(ELEMENTS[float_kind].numpy_dtype))
+    assert_same(ref, got)
