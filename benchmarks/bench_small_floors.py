@@ -9,8 +9,9 @@ by packed-half max, warp shuffles and one shared-memory stage, then the scale, t
 store; no exactness care, no rare path); the same per-token kernel where each of a row's 4 / 8 / 16
 blocks loads the whole row (L2 serves the repeats), reduces it alone and quantizes its own share (no
 exchange between blocks); a minimal group(128) int8 kernel (16 threads per group,
-four shuffles); and the plans' 16 x 8192 rows of the same shapes. Each is printed as µs and as a
-multiple of the copy's time.
+four shuffles); and the plans' 16 x 8192 rows of the same shapes (and the MoQ fake-quantize row,
+beside a copy of its own bytes). Each is printed as µs and as a multiple of the per-token copy's
+time.
 
 Usage (on a GPU machine, from the repository root)::
 
@@ -122,6 +123,7 @@ PLAN_ROWS = (
     "dynamic group(128) asym int4 16x8192",
     "static quantize per-token int8 16x8192",
     "dequantize per-token int8 16x8192",
+    "MoQ fake quant row nearest 16x8192",
 )
 
 
@@ -156,8 +158,11 @@ def thunks() -> dict[str, Callable[[], Any]]:
     half = (x.numel() * 2 + y.numel() + ROWS * 4 + 1) // 2  # the per-token row's bytes, half each way
     src = torch.empty(half, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
+    moq_src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")  # the MoQ row: fp16 in, fp16 out
+    moq_dst = torch.empty_like(moq_src)
     fns: dict[str, Callable[[], Any]] = {
         "copy_ of the per-token row's bytes": lambda: dst.copy_(src),
+        "copy_ of the MoQ row's bytes": lambda: moq_dst.copy_(moq_src),
         "pattern 16 B in / 8 B out, 128 blocks x 128": raw("pattern", n // 128, 128, (ptr(x), ptr(y), np.int32(n))),
         "pattern 16 B in / 8 B out, 64 blocks x 256": raw("pattern", n // 256, 256, (ptr(x), ptr(y), np.int32(n))),
         "minimal per-token int8, 16 blocks x 1024": raw("token_rows", ROWS, 1024, (ptr(x), ptr(y), ptr(s))),

@@ -828,6 +828,80 @@ dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
 #endif
 }
 
+// ---- DynamicRangeFakeQuantizePlan, nearest: one row over a few blocks that each read all of it ----
+// dynamic_fake_quantize_row_shares: the row-shares layout of dynamic_quantize_row_shares
+// (dynamic_range.cu) for fake quantization. Each segment of S = BLOCKS * kFakeSharesBlock * 8
+// 16-bit elements takes BLOCKS consecutive blocks; every block loads the whole segment (its own
+// vector first), reduces the range alone (one barrier) and writes only its share: the parameters
+// of dynamic_fake_quantize_cluster, the values by DynamicFakeParam.
+// In place (y == x) a block must not write its share while another block may still read it, so
+// there block 0 of each segment writes every share (it holds the whole segment: each thread reads
+// its vectors before writing them) and the others return before loading. The plan sends in-place
+// calls to an in-place kernel (dynamic_fake_quantize_cluster / _rows); this branch keeps a call
+// that still arrives here in place correct (run(check=False) replaying an out-of-place launch).
+static const int kFakeSharesBlock = 256;
+
+template <class In, int MODE, int BLOCKS>
+__global__ void __launch_bounds__(kFakeSharesBlock)
+dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x,
+                                 typename qp::FloatElement<In>::storage* y, float* __restrict__ scale_out,
+                                 int* __restrict__ zp_out, const qp::SegmentLayout lay, float divisor, const qp::i64*,
+                                 const qp::i64*, qp::u64, qp::u64) {
+  typedef qp::FloatElement<In> FE;
+  using qp::i64;
+  using qp::u32;
+  constexpr int S = BLOCKS * kFakeSharesBlock * 8;  // elements per segment (lay.S)
+  constexpr int WARPS = kFakeSharesBlock / 32;
+  static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
+  static_assert(BLOCKS >= 2 && (BLOCKS & (BLOCKS - 1)) == 0, "a power of two of blocks per segment");
+  __shared__ __align__(16) u32 slots[WARPS];
+  const bool in_place = static_cast<const void*>(x) == static_cast<const void*>(y);
+  const u32 part = blockIdx.x % BLOCKS;  // this block's share of the segment
+  if (in_place && part != 0) return;
+  const i64 seg = blockIdx.x / BLOCKS;
+  const i64 first = seg * S;
+  const uint4* row = reinterpret_cast<const uint4*>(x + first) + threadIdx.x;
+  uint4 v[BLOCKS];  // the own vector first, then the other shares' vectors (in place: share j)
+#pragma unroll
+  for (int j = 0; j < BLOCKS; ++j) v[j] = row[((part + j) & (BLOCKS - 1)) * kFakeSharesBlock];
+  const qp::RowRange<In, MODE> range(
+      qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, BLOCKS>(v), slots));
+  const int q_min = lay.q_min, q_max = lay.q_max;
+  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+  const int col = (part * kFakeSharesBlock + threadIdx.x) * 8;
+  qp::IntQuantParam<float> ip;
+  int zp;
+  const bool writer = part == 0 && threadIdx.x == 0;
+  if (!range.fast_params(d, inv_d, q_min, q_max, ip, zp)) {
+    if (in_place) {  // every share of the segment, as dynamic_fake_quantize_rows
+      qp::fake_rows_rare_segment<In, BLOCKS>(x + first, y + first, scale_out, zp_out, seg, threadIdx.x,
+                                             kFakeSharesBlock, range.lo, range.hi, range.bad, MODE, q_min, q_max, d);
+      return;
+    }
+    // This thread's one vector (lane 0 of a team of one; only the writer stores parameters).
+    qp::fake_rows_rare_segment<In, 1>(x + first + col, y + first + col, writer ? scale_out : nullptr,
+                                      writer ? zp_out : nullptr, seg, 0, 1, range.lo, range.hi, range.bad, MODE, q_min,
+                                      q_max, d);
+    return;
+  }
+  if (writer) {
+    if (scale_out) scale_out[seg] = ip.scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  qp::DynamicFakeParam<float> p;
+  p.set(ip.scale, ip.inv, zp, q_min, q_max);
+#pragma unroll
+  for (int j = 0; j < BLOCKS; ++j) {
+    if (j > 0 && !in_place) break;
+    qp::ElementVector<qp::u16, 8> xv;
+    xv.bytes.w[0] = v[j];
+    float vals[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
+    qp::vector_from_acc<In, 8>(vals).template store<true>(y + first + col + j * (kFakeSharesBlock * 8), 8);
+  }
+}
+
 // Learnable backward, pass 1. Each team takes one (segment, chunk) item at a time (the loop is
 // block-uniform, so every thread reaches every barrier): dx for its elements, and the chunk's
 // sums of the dscale / dzp contributions (double), each thread over its vectors in order, then

@@ -225,6 +225,23 @@ def cluster_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_fi
     return template_name("dynamic_quantize_cluster", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode)
 
 
+#: Blocks per segment of ``dynamic_quantize_row_shares`` / ``dynamic_fake_quantize_row_shares``
+#: (``BLOCKS``: segments of ``SHARES_BLOCK * 8 * blocks`` 16-bit elements, 4096 / 8192 / 16384).
+SHARES_BLOCKS = (2, 4, 8)
+#: Threads per block of the row-shares kernels (``kSharesBlock`` / ``kFakeSharesBlock``).
+SHARES_BLOCK = 256
+
+
+def shares_kernel_name(
+    float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, blocks: int
+) -> str:
+    """One instantiation of ``dynamic_quantize_row_shares`` (``mode``: 0 SYMMETRIC, 1 ASYMMETRIC;
+    ``blocks``: one of :data:`SHARES_BLOCKS`)."""
+    code = ELEMENTS[code_kind]
+    flag = high_first and code.is_packed
+    return template_name("dynamic_quantize_row_shares", ELEMENTS[float_kind].cpp_tag, code.cpp_tag, flag, mode, blocks)
+
+
 #: Vectors (of 8 elements) per thread of ``dynamic_quantize_rows`` / ``dynamic_fake_quantize_rows``
 #: (whole rows of ``ROWS_BLOCK * 8 * nv`` 16-bit elements held in registers by one block).
 ROWS_NV = (1, 2, 4)
@@ -246,14 +263,16 @@ def dynamic_segments_unit(
     """The fused single-pass kernels of one (input, code, nibble order, rounding):
     ``dynamic_quantize_segments`` has the template signature and the widths of ``quantize_rows``;
     F16 / BF16 with nearest rounding add ``dynamic_quantize_dense`` at every ``DENSE_NV``,
-    ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES`, ``dynamic_quantize_cluster`` and
-    ``dynamic_quantize_rows`` at every :data:`ROWS_NV`, per mode."""
+    ``dynamic_quantize_lanes`` at every :data:`LANES_SHAPES`, ``dynamic_quantize_cluster``,
+    ``dynamic_quantize_row_shares`` at every :data:`SHARES_BLOCKS` and ``dynamic_quantize_rows`` at
+    every :data:`ROWS_NV`, per mode."""
     unit = row_kernel_unit("dynamic_quantize_segments", True, float_kind, code_kind, high_first, rounding)
     if rounding is Rounding.NEAREST_EVEN and float_kind in DENSE_FLOAT_KINDS:
         unit += [dense_kernel_name(float_kind, code_kind, high_first, nv) for nv in DENSE_NV]
         for mode in _mode_codes(code_kind):
             unit += [lanes_kernel_name(float_kind, code_kind, high_first, mode, shape) for shape in LANES_SHAPES]
             unit.append(cluster_kernel_name(float_kind, code_kind, high_first, mode))
+            unit += [shares_kernel_name(float_kind, code_kind, high_first, mode, b) for b in SHARES_BLOCKS]
             unit += [rows_kernel_name(float_kind, code_kind, high_first, mode, nv) for nv in ROWS_NV]
     return unit
 
@@ -316,12 +335,19 @@ def dynamic_fake_cluster_name(element: ElementKind, mode: int) -> str:
     return template_name("dynamic_fake_quantize_cluster", ELEMENTS[element].cpp_tag, mode)
 
 
+def dynamic_fake_shares_name(element: ElementKind, mode: int, blocks: int) -> str:
+    """One instantiation of ``dynamic_fake_quantize_row_shares`` (nearest rounding; ``mode``: 0
+    SYMMETRIC, 1 ASYMMETRIC; ``blocks``: one of :data:`SHARES_BLOCKS`)."""
+    return template_name("dynamic_fake_quantize_row_shares", ELEMENTS[element].cpp_tag, mode, blocks)
+
+
 def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
     """The fused single pass of DynamicRangeFakeQuantizePlan for one data type: each vector width
     (the widest dividing the segment; 1 for misaligned operands), nearest and stochastic; F16 /
     BF16 add ``dynamic_fake_quantize_dense`` at every ``DENSE_NV``, both roundings, and
-    ``dynamic_fake_quantize_rows`` (nearest) per mode and :data:`ROWS_NV`, and
-    ``dynamic_fake_quantize_cluster`` (nearest) per mode."""
+    ``dynamic_fake_quantize_rows`` (nearest) per mode and :data:`ROWS_NV`,
+    ``dynamic_fake_quantize_cluster`` (nearest) per mode, and ``dynamic_fake_quantize_row_shares``
+    (nearest) per mode and :data:`SHARES_BLOCKS`."""
     info = ELEMENTS[element]
     unit = [
         template_name("dynamic_fake_quantize_segments", info.cpp_tag, v, True, stochastic)
@@ -332,6 +358,7 @@ def dynamic_fake_quantize_unit(element: ElementKind) -> Unit:
         unit += [dynamic_fake_dense_name(element, nv, s) for nv in DENSE_NV for s in (False, True)]
         unit += [dynamic_fake_rows_name(element, mode, nv) for mode in (0, 1) for nv in ROWS_NV]
         unit += [dynamic_fake_cluster_name(element, mode) for mode in (0, 1)]
+        unit += [dynamic_fake_shares_name(element, mode, b) for mode in (0, 1) for b in SHARES_BLOCKS]
     return unit
 
 
@@ -608,6 +635,10 @@ __all__ = [
     "rows_kernel_name",
     "dynamic_fake_rows_name",
     "dynamic_fake_cluster_name",
+    "dynamic_fake_shares_name",
+    "SHARES_BLOCK",
+    "SHARES_BLOCKS",
+    "shares_kernel_name",
     "FAMILIES",
     "QGZ_CODE_KINDS",
     "QGZ_DENSE_NV",

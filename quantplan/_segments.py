@@ -27,6 +27,8 @@ from ._families import (
     LANES_SHAPES,
     ROWS_BLOCK,
     ROWS_NV,
+    SHARES_BLOCK,
+    SHARES_BLOCKS,
     dynamic_range_unit,
 )
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
@@ -235,6 +237,53 @@ def cluster_geometry(
         return None
     grid = geometry.segments * CLUSTER_BLOCKS
     return SegmentGeometry(geometry.segments, geometry.length, 8, True, per_block, per_block), grid
+
+
+#: ``shares_geometry``: at least this many multiprocessors per segment (few segments).
+SHARES_SMS_PER_SEGMENT = 4
+
+
+@dataclass(frozen=True)
+class SharesLaunch:
+    """The launch of ``dynamic_quantize_row_shares`` / ``dynamic_fake_quantize_row_shares``:
+    ``geometry`` (team = block = :data:`~quantplan._families.SHARES_BLOCK` threads), ``blocks``
+    per segment (the template's ``BLOCKS``, one of :data:`~quantplan._families.SHARES_BLOCKS`) and
+    ``grid`` (``segments * blocks``)."""
+
+    geometry: SegmentGeometry
+    blocks: int
+    grid: int
+
+    def describe(self) -> str:
+        """Short variant tag for KernelSku.variant."""
+        team = self.geometry.team
+        return f"fused-single-pass[dense-row-shares,{self.blocks}x{team}t-per-segment,{self.blocks}vec8-per-thread]"
+
+
+def shares_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: DeviceInfo) -> SharesLaunch | None:
+    """The launch of the row-shares kernels for the fused pass ``geometry``, or None where they do
+    not apply.
+
+    They serve nearest rounding of F16 / BF16 segments of ``SHARES_BLOCK * 8 * blocks`` elements
+    (blocks in :data:`~quantplan._families.SHARES_BLOCKS`: rows of 4096, 8192, 16384) with 16-byte
+    vector I/O when they are few: at least :data:`SHARES_SMS_PER_SEGMENT` multiprocessors per
+    segment (at most 33 rows on an H200; 16 rows of 8192: 64 blocks), where one block per segment
+    would leave most multiprocessors idle. Every block of a segment reads all of it (L2 serves the repeats) and
+    writes its share, so no block waits for another (no cluster: any architecture); measured
+    faster than ``dynamic_quantize_cluster`` on H200 (16 x 8192 f16 S8). The kernels read the
+    whole segment after other blocks may have written theirs: the output must not overlap the
+    input (the fake-quantize plan keeps an in-place launch beside it).
+    """
+    if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
+        return None
+    blocks, rem = divmod(geometry.length, SHARES_BLOCK * 8)
+    if rem or blocks not in SHARES_BLOCKS:
+        return None
+    if geometry.segments * SHARES_SMS_PER_SEGMENT > info.sm_count:
+        return None
+    grid = geometry.segments * blocks
+    g = SegmentGeometry(geometry.segments, geometry.length, 8, True, SHARES_BLOCK, SHARES_BLOCK)
+    return SharesLaunch(g, blocks, grid)
 
 
 @dataclass(frozen=True)
@@ -461,6 +510,8 @@ __all__ = [
     "dense_geometry",
     "cluster_geometry",
     "divisor_inverse",
+    "shares_geometry",
+    "SharesLaunch",
     "lanes_geometry",
     "RowsLaunch",
     "rows_geometry",

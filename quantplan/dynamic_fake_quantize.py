@@ -37,6 +37,7 @@ from ._families import (
     dynamic_fake_dense_name,
     dynamic_fake_quantize_unit,
     dynamic_fake_rows_name,
+    dynamic_fake_shares_name,
 )
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
@@ -51,6 +52,7 @@ from ._segments import (
     mode_code,
     prepare_segments,
     rows_geometry,
+    shares_geometry,
 )
 from .compiler import template_name
 from .elements import ELEMENTS, param_numpy_dtype
@@ -147,9 +149,11 @@ def _align(n: int) -> int:
 
 
 def _prepare_fused(
-    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int
+    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, shares: bool = True
 ) -> tuple[LaunchPair, str]:
     """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
+    ``dynamic_fake_quantize_row_shares`` for nearest rounding of few rows of 4096 / 8192 / 16384
+    where ``shares`` (out of place only: :func:`~quantplan._segments.shares_geometry`),
     ``dynamic_fake_quantize_cluster`` for nearest rounding of few long rows (sm_90:
     :func:`~quantplan._segments.cluster_geometry`), ``dynamic_fake_quantize_rows`` for nearest rounding where
     :func:`~quantplan._segments.rows_geometry` applies (rows of 2048 / 4096 / 8192 in a block's
@@ -166,6 +170,14 @@ def _prepare_fused(
     bits = ELEMENTS[problem.float_kind].storage_bits
     info = device_info(device_id)
     busy = info.busy_threads
+    found_shares = shares_geometry(problem, geometries[0], info) if shares else None
+    if found_shares is not None:
+        kernel = dynamic_fake_shares_name(problem.float_kind, mode_code(problem.mode), found_shares.blocks)
+        launch = (kernel, found_shares.geometry)
+        pair = prepare_segments(
+            problem, geometries, "fake_quantize", unit, name, bits, device_id, launch, found_shares.grid
+        )
+        return pair, found_shares.describe()
     cluster = cluster_geometry(problem, geometries[0], info)
     if cluster is not None:
         geometry, grid = cluster
@@ -270,12 +282,17 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         fused: LaunchPair | None = None,
         passes: RangePasses | None = None,
         rows: FakeRowLaunches | None = None,
+        in_place: LaunchPair | None = None,
     ) -> None:
+        """``in_place``: the fused pass for calls whose output is the input, where ``fused`` must
+        not run in place (row shares); None: ``fused`` serves both."""
         count = math.prod(problem.param_shape) if problem.param_shape else 1
         param_dtype = param_numpy_dtype(problem.precision)
         asym = problem.mode is QuantMode.ASYMMETRIC
         scale_offset = zp_offset = workspace = 0
         prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()
+        if in_place is not None:
+            prepared += in_place.launches
         if passes is not None and rows is not None:
             scale_offset = _align(passes.stats_bytes)
             zp_offset = scale_offset + _align(count * param_dtype.itemsize)
@@ -285,6 +302,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         super().__init__(problem, device_id, *kinds, variant, workspace_bytes=workspace, prepared=prepared)
         self.descriptor = desc
         self._fused, self._passes, self._rows = fused, passes, rows
+        self._in_place = in_place
         self._scale_offset, self._zp_offset = scale_offset, zp_offset
         self._stochastic = problem.stochastic
         self._asymmetric = asym
@@ -310,11 +328,16 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return cls(desc, problem)
         device_id = stream_device_id(stream)
-        geometries = fused_geometries(problem, device_info(device_id).busy_threads)
+        info = device_info(device_id)
+        geometries = fused_geometries(problem, info.busy_threads)
         if geometries is not None:
             fused, kind = _prepare_fused(problem, geometries, device_id)
+            in_place = None
+            if shares_geometry(problem, geometries[0], info) is not None:  # not in place: a twin that is
+                in_place, in_place_kind = _prepare_fused(problem, geometries, device_id, shares=False)
+                kind = f"{kind}+in-place:{in_place_kind}"
             variant = f"{problem.scope.kind}/{problem.mode.value}/{kind}"
-            return cls(desc, problem, device_id, variant, fused=fused)
+            return cls(desc, problem, device_id, variant, fused=fused, in_place=in_place)
         passes = RangePasses.prepare(problem, device_id)
         rows, rows_variant = prepare_fake_rows(problem, FakeOp.forward(problem.rounding), device_id)
         return cls(desc, problem, device_id, f"{passes.kind}+{rows_variant}", passes=passes, rows=rows)
@@ -343,8 +366,11 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         scale_ptr = 0 if a.scale is None else a.scale.ptr
         zp_ptr = 0 if a.zp is None else a.zp.ptr
         stochastic = self._stochastic
-        if self._fused is not None:
-            launch = self._fused.pick(a.x.ptr, a.y.ptr)
+        fused = self._fused
+        if fused is not None:
+            if a.x.ptr == a.y.ptr and self._in_place is not None:  # in place: the twin that may run so
+                fused = self._in_place
+            launch = fused.pick(a.x.ptr, a.y.ptr)
             params = launch.params
             params.x, params.y, params.scale_out, params.zp_out = a.x.ptr, a.y.ptr, scale_ptr, zp_ptr
             if stochastic:

@@ -5,8 +5,9 @@ SPEC section 4, dynamic range. Two CUDA paths, chosen in ``select``:
 * fused single pass (``dynamic_quantize_segments``) where segments are contiguous and fit one
   team's registers: one launch, one read of the input, no workspace; for 16-bit input with
   nearest rounding and aligned operands, specialised twins: ``dynamic_quantize_lanes`` (groups
-  of 128 held by a few lanes of a warp), ``dynamic_quantize_cluster`` (few long rows, a
-  thread-block cluster per row, sm_90), ``dynamic_quantize_rows`` (rows of 2048 / 4096 / 8192
+  of 128 held by a few lanes of a warp), ``dynamic_quantize_row_shares`` (few rows of 4096 /
+  8192 / 16384, a few blocks per row that each read all of it), ``dynamic_quantize_cluster``
+  (few long rows, a thread-block cluster per row, sm_90), ``dynamic_quantize_rows`` (rows of 2048 / 4096 / 8192
   held in one block's registers), ``dynamic_quantize_dense`` (a
   block-sized team);
 * multi-pass otherwise: statistics reset, per-segment range (lo, hi, non-finite flag) by
@@ -36,6 +37,7 @@ from ._families import (
     lanes_kernel_name,
     row_kernel_name,
     rows_kernel_name,
+    shares_kernel_name,
 )
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
@@ -50,6 +52,7 @@ from ._segments import (
     mode_code,
     prepare_segments,
     rows_geometry,
+    shares_geometry,
 )
 from .elements import ELEMENTS, param_numpy_dtype
 from .errors import InvalidProblem
@@ -114,8 +117,8 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     TensorScope up to 32768 elements) of at most 32768 elements (16384 for F64; 4-bit codes:
     even segments and rows): a team of N threads (1 to 1024, chosen from the segment length and
     the problem size) reads its segment once, reduces the range by shuffles and shared memory,
-    and quantizes from registers (``dense``, ``dense-lanes``, ``dense-cluster``, ``dense-rows``: the specialised
-    kernels for 16-bit input). Otherwise ``range-atomics`` / ``block-reduced-range``
+    and quantizes from registers (``dense``, ``dense-lanes``, ``dense-row-shares``, ``dense-cluster``, ``dense-rows``:
+    the specialised kernels for 16-bit input). Otherwise ``range-atomics`` / ``block-reduced-range``
     (TensorScope) followed by the QuantizePlan row kernel.
 
     **Workspace:** ``workspace_size()`` bytes on the GPU: 0 for the fused pass, three integers
@@ -250,7 +253,9 @@ def _prepare_fused(
     problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, info: DeviceInfo
 ) -> tuple[LaunchPair, str]:
     """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag. For
-    aligned operands, the first that applies of ``dynamic_quantize_cluster`` (few long segments,
+    aligned operands, the first that applies of ``dynamic_quantize_row_shares`` (few rows of 4096
+    / 8192 / 16384, a few blocks per row that each read all of it:
+    :func:`~quantplan._segments.shares_geometry`), ``dynamic_quantize_cluster`` (few long segments,
     sm_90: :func:`~quantplan._segments.cluster_geometry`), ``dynamic_quantize_lanes`` (segments
     within a warp: :func:`~quantplan._segments.lanes_geometry`), ``dynamic_quantize_rows`` (rows
     of 2048 / 4096 / 8192 in a block's registers: :func:`~quantplan._segments.rows_geometry`),
@@ -273,6 +278,10 @@ def _prepare_fused(
             problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, geometry), grid
         )
 
+    shares = shares_geometry(problem, geometries[0], info)
+    if shares is not None:
+        kernel = shares_kernel_name(f, c, high_first, mode, shares.blocks)
+        return prepare(kernel, shares.geometry, shares.grid), shares.describe()
     cluster = cluster_geometry(problem, geometries[0], info)
     if cluster is not None:
         geometry, grid = cluster

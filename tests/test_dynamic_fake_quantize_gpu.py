@@ -328,3 +328,69 @@ def test_bad_input_raises_before_launch(rng) -> None:
         plan.run(None, qp.Workspace.allocate(plan.workspace_size()), qp.DynamicRangeFakeQuantizeArgs(x, y[:, :32]))
     cupy.cuda.runtime.deviceSynchronize()
     assert bool((y == 3.0).all())
+
+
+# ---- dynamic_fake_quantize_row_shares: few rows of 4096 / 8192 / 16384, nearest ---------------
+
+# (shape, blocks per row): token rows; the most rows it takes on an H200 (33).
+SHARES_CASES = [((16, 8192), 4), ((3, 4096), 2), ((2, 16384), 8), ((1, 8192), 4), ((33, 4096), 2)]
+
+
+@pytest.mark.parametrize("case", range(len(SHARES_CASES)))
+@pytest.mark.parametrize("kind", [EK.F16, EK.BF16], ids=lambda k: k.name)
+@pytest.mark.parametrize(("mode", "bits"), [(SYM, 8), (ASYM, 8), (SYM, 2), (ASYM, 3)])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+def test_row_shares_match_reference(rng, case, kind, mode, bits, in_place) -> None:
+    """Out of place: ``dynamic_fake_quantize_row_shares``; in place the plan's in-place twin
+    (``dynamic_fake_quantize_cluster`` on sm_90, ``dynamic_fake_quantize_rows`` before)."""
+    import cupy
+    from test_dynamic_range_shares_gpu import shares_data
+
+    shape, blocks = SHARES_CASES[case]
+    if shape[0] * 4 > cupy.cuda.Device().attributes["MultiProcessorCount"]:
+        pytest.skip("more rows than the row-shares kernel takes on this device")
+    desc = qp.DynamicRangeFakeQuantizeDescriptor(shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=bits)
+    variant = qp.DynamicRangeFakeQuantizePlan.select(None, desc).sku().variant
+    assert f"dense-row-shares,{blocks}x256t-per-segment" in variant, variant
+    twin = "dense-cluster" if int(cupy.cuda.Device().compute_capability) >= 90 else "dense-rows"
+    assert f"+in-place:fused-single-pass[{twin}" in variant, variant
+    x = shares_data(rng, shape, kind)
+    assert_same(reference_run(desc, x), device_run(desc, x, in_place=in_place))
+
+
+@pytest.mark.parametrize(("mode", "kind"), [(SYM, EK.F16), (ASYM, EK.BF16)])
+def test_row_shares_kernel_in_place(rng, mode, kind) -> None:
+    """The row-shares launch itself given the same array as input and output (``run(check=False)``
+    may replay an out-of-place call's launch for an in-place one): block 0 of each row writes the
+    whole row, the others return; the result equals the reference. Then the same through ``run``
+    with ``check=False``, after out-of-place calls taught its fast path."""
+    import cupy
+
+    from quantplan._launch import launch_on
+
+    shape = (16, 8192)
+    desc = qp.DynamicRangeFakeQuantizeDescriptor(shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=8)
+    plan = qp.DynamicRangeFakeQuantizePlan.select(None, desc)
+    x = random_floats(rng, shape, kind).astype(np.float64)
+    x[3, 5000] = np.nan  # a rare row: the in-place branch's out-of-line path
+    x[7] *= 1e-30
+    x = x.astype(ELEMENTS[kind].numpy_dtype)
+    ref = reference_run(desc, x)
+    buf = to_device(x)
+    s = cupy.zeros(desc.param_shape, np.float32)
+    z = cupy.zeros(desc.param_shape, np.int32) if mode is ASYM else None
+    assert "dense-row-shares" in plan.sku().variant, plan.sku().variant
+    launch = plan._fused.primary
+    p = launch.params
+    p.x, p.y, p.scale_out, p.zp_out = buf.data.ptr, buf.data.ptr, s.data.ptr, 0 if z is None else z.data.ptr
+    launch_on(0, cupy.cuda.get_current_stream().ptr, launch)
+    assert_same(ref, (buf.get().view(x.dtype), s.get(), None if z is None else z.get()))
+    # run(check=False): out of place twice (remembered), then in place.
+    y = cupy.zeros_like(buf)
+    for _ in range(3):
+        plan.run(None, None, qp.DynamicRangeFakeQuantizeArgs(to_device(x), y, s, z), check=False)
+    assert_same(ref, (y.get().view(x.dtype), s.get(), None if z is None else z.get()))
+    for _ in range(2):
+        buf = to_device(x)
+        plan.run(None, None, qp.DynamicRangeFakeQuantizeArgs(buf, buf, s, z), check=False)
+        assert_same(ref, (buf.get().view(x.dtype), s.get(), None if z is None else z.get()))

@@ -9,8 +9,14 @@ import pytest
 import quantplan as qp
 from quantplan._affine import quantize_problem
 from quantplan._device import DeviceInfo
-from quantplan._families import CLUSTER_BLOCKS, LANES_SHAPES, dynamic_segments_unit
-from quantplan._segments import cluster_geometry, fused_geometries, lanes_geometry
+from quantplan._families import (
+    CLUSTER_BLOCKS,
+    LANES_SHAPES,
+    SHARES_BLOCKS,
+    dynamic_fake_quantize_unit,
+    dynamic_segments_unit,
+)
+from quantplan._segments import cluster_geometry, fused_geometries, lanes_geometry, shares_geometry
 from quantplan.types import ArchSku, Rounding
 from quantplan.types import ElementKind as EK
 
@@ -91,3 +97,47 @@ def test_units_hold_the_specialised_kernels() -> None:
     fp8 = dynamic_segments_unit(EK.F16, EK.FP8_E4M3, False, Rounding.NEAREST_EVEN)
     assert sum("dynamic_quantize_lanes" in n for n in fp8) == len(LANES_SHAPES)
     assert not any("lanes" in n for n in dynamic_segments_unit(EK.F32, EK.S8, False, Rounding.NEAREST_EVEN))
+
+
+@pytest.mark.parametrize(("length", "blocks"), [(4096, 2), (8192, 4), (16384, 8)])
+@pytest.mark.parametrize("device", [H200, A100], ids=["H200", "A100"])
+def test_few_rows_take_row_shares_on_every_arch(length, blocks, device) -> None:
+    problem, g = _problem((16, length), qp.TokenScope())
+    found = shares_geometry(problem, g, device)
+    assert found is not None
+    assert found.blocks == blocks and found.grid == 16 * blocks
+    assert found.geometry.team == found.geometry.block == 256
+    assert f"dense-row-shares,{blocks}x256t-per-segment" in found.describe()
+    rows = device.sm_count // 4  # the most rows it takes
+    most, g2 = _problem((rows, length), qp.TokenScope())
+    assert shares_geometry(most, g2, device) is not None
+    past, g3 = _problem((rows + 1, length), qp.TokenScope())
+    assert shares_geometry(past, g3, device) is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "kwargs"),
+    [
+        ((8192, 8192), {}),  # many rows: the rows kernel
+        ((64, 8192), {}),
+        ((16, 2048), {}),  # one share per row
+        ((16, 6144), {}),  # three shares
+        ((16, 32768), {}),  # sixteen shares
+        ((16, 8192), {"rounding": Rounding.STOCHASTIC}),
+        ((16, 8192), {"float_kind": EK.F32}),
+    ],
+)
+def test_row_shares_do_not_apply(shape, kwargs) -> None:  # noqa: ANN001
+    problem, g = _problem(shape, qp.TokenScope(), **kwargs)
+    assert shares_geometry(problem, g, H200) is None
+
+
+def test_units_hold_the_row_shares_kernels() -> None:
+    unit = dynamic_segments_unit(EK.F16, EK.U4, False, Rounding.NEAREST_EVEN)
+    assert sum("dynamic_quantize_row_shares" in n for n in unit) == 2 * len(SHARES_BLOCKS)
+    fp8 = dynamic_segments_unit(EK.BF16, EK.FP8_E5M2, False, Rounding.NEAREST_EVEN)
+    assert sum("dynamic_quantize_row_shares" in n for n in fp8) == len(SHARES_BLOCKS)
+    assert not any("row_shares" in n for n in dynamic_segments_unit(EK.F16, EK.S8, False, Rounding.STOCHASTIC))
+    fake = dynamic_fake_quantize_unit(EK.BF16)
+    assert sum("dynamic_fake_quantize_row_shares" in n for n in fake) == 2 * len(SHARES_BLOCKS)
+    assert not any("row_shares" in n for n in dynamic_fake_quantize_unit(EK.F32))
