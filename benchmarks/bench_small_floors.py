@@ -8,10 +8,10 @@ per-token int8 kernel (one 1024-thread block per 8192-element row, one vector pe
 by packed-half max, warp shuffles and one shared-memory stage, then the scale, the codes and the
 store; no exactness care, no rare path); the same per-token kernel where each of a row's 4 / 8 / 16
 blocks loads the whole row (L2 serves the repeats), reduces it alone and quantizes its own share (no
-exchange between blocks); a minimal group(128) int8 kernel (16 threads per group,
-four shuffles); and the plans' 16 x 8192 rows of the same shapes (and the MoQ fake-quantize row,
-beside a copy of its own bytes). Each is printed as µs and as a multiple of the per-token copy's
-time.
+exchange between blocks), and the MoQ row (fp16 out) in that layout with 4 blocks per row; a
+minimal group(128) int8 kernel (16 threads per group, four shuffles); and the plans' 16 x 8192 rows
+of the same shapes (and the MoQ fake-quantize row, beside a copy of its own bytes). Each is printed
+as µs and as a multiple of the per-token copy's time.
 
 Usage (on a GPU machine, from the repository root)::
 
@@ -99,6 +99,37 @@ __device__ __forceinline__ void token_redundant(const uint4* __restrict__ x, uin
   if (part == 0 && threadIdx.x == 0) s[row] = a / 127.f;
   quant8(own, 127.f / a, y + row * 1024 + part * threads + threadIdx.x);
 }
+// the MoQ row (fake quantization, fp16 out) in the same layout: 4 blocks x 256 per row
+__device__ __forceinline__ uint4 fake8(uint4 v, float inv, float scale) {
+  __half2* h = reinterpret_cast<__half2*>(&v);
+  #pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float2 f = __half22float2(h[k]);
+    h[k] = __floats2half2_rn(rintf(f.x * inv) * scale, rintf(f.y * inv) * scale);
+  }
+  return v;
+}
+extern "C" __global__ void __launch_bounds__(256) moq_redundant4(const uint4* __restrict__ x, uint4* __restrict__ y) {
+  __shared__ unsigned red[32];
+  const int row = blockIdx.x / 4, part = blockIdx.x % 4;
+  const uint4* xr = x + row * 1024 + threadIdx.x;
+  uint4 v[4];
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = xr[j * 256];
+  unsigned m = 0;
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) m = habs2max(m, habs2max(habs2max(v[j].x, v[j].y), habs2max(v[j].z, v[j].w)));
+  #pragma unroll
+  for (int o = 16; o; o >>= 1) m = habs2max(m, __shfl_xor_sync(~0u, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red[0];
+  for (int w = 1; w < 8; ++w) m = habs2max(m, red[w]);
+  __half2 h = *reinterpret_cast<__half2*>(&m);
+  const float a = fmaxf(__low2float(h), __high2float(h));
+  const uint4 own = part == 0 ? v[0] : part == 1 ? v[1] : part == 2 ? v[2] : v[3];
+  y[row * 1024 + part * 256 + threadIdx.x] = fake8(own, 127.f / a, a / 127.f);
+}
 extern "C" __global__ void __launch_bounds__(256) token_redundant4(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) { token_redundant<4>(x, y, s); }
 extern "C" __global__ void __launch_bounds__(128) token_redundant8(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) { token_redundant<8>(x, y, s); }
 extern "C" __global__ void __launch_bounds__(64) token_redundant16(const uint4* __restrict__ x, uint2* __restrict__ y, float* __restrict__ s) { token_redundant<16>(x, y, s); }
@@ -149,6 +180,7 @@ def thunks() -> dict[str, Callable[[], Any]]:
 
     x = torch.randn(ROWS, COLS, device="cuda", dtype=torch.float16)
     y = torch.empty(ROWS, COLS, device="cuda", dtype=torch.int8)
+    y16 = torch.empty_like(x)
     s = torch.empty(ROWS * COLS // 128, device="cuda", dtype=torch.float32)
     n = ROWS * COLS // 8
 
@@ -174,6 +206,9 @@ def thunks() -> dict[str, Callable[[], Any]]:
         ),
         "per-token, whole row per block, 256 blocks x 64": raw(
             "token_redundant16", ROWS * 16, 64, (ptr(x), ptr(y), ptr(s))
+        ),
+        "minimal MoQ row (fp16 out), whole row per block, 64 blocks x 256": raw(
+            "moq_redundant4", ROWS * 4, 256, (ptr(x), ptr(y16))
         ),
         "minimal group(128) int8, 128 blocks x 128": raw(
             "group_sym", n // 128, 128, (ptr(x), ptr(y), ptr(s), np.int32(n))

@@ -19,6 +19,7 @@
 #include "qp_quantize_vector.cuh"
 #include "qp_range.cuh"
 #include "qp_row_layout.cuh"
+#include "qp_row_shares.cuh"
 #include "qp_stage.cuh"
 
 namespace qp {
@@ -902,10 +903,8 @@ dynamic_quantize_row_shares(const typename qp::FloatElement<In>::storage* __rest
   const u32 part = blockIdx.x % BLOCKS;  // this block's share of the segment
   const i64 seg = blockIdx.x / BLOCKS;
   const uint4* row = reinterpret_cast<const uint4*>(x + seg * S) + threadIdx.x;
-  // The own vector first (the one quantized below), then the other shares' vectors.
-  uint4 v[BLOCKS];
-#pragma unroll
-  for (int j = 0; j < BLOCKS; ++j) v[j] = row[((part + j) & (BLOCKS - 1)) * kSharesBlock];
+  uint4 v[BLOCKS];  // the whole row; `own`: this block's share (the vector quantized below)
+  const uint4 own = qp::load_row_shares<BLOCKS, kSharesBlock>(row, part, v, [](const uint4* a) { return *a; });
   const qp::RowRange<In, MODE> range(
       qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, BLOCKS>(v), slots));
   const int q_min = lay.q_min, q_max = lay.q_max;
@@ -926,7 +925,7 @@ dynamic_quantize_row_shares(const typename qp::FloatElement<In>::storage* __rest
     if (scale_out) scale_out[seg] = p.scale;
     if (MODE != 0 && zp_out) zp_out[seg] = zp;
   }
-  qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[0], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
+  qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(own, p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
                                                   zp - QP_RNE_MAGIC_BITS);
 }
 

@@ -27,6 +27,7 @@
 #include "qp_fake_quantize.cuh"
 #include "qp_philox.cuh"
 #include "qp_row_layout.cuh"
+#include "qp_row_shares.cuh"
 #include "qp_stage.cuh"
 #include "qp_team.cuh"
 #include "qp_vector_io.cuh"
@@ -861,9 +862,13 @@ dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x
   const i64 seg = blockIdx.x / BLOCKS;
   const i64 first = seg * S;
   const uint4* row = reinterpret_cast<const uint4*>(x + first) + threadIdx.x;
-  uint4 v[BLOCKS];  // the own vector first, then the other shares' vectors (in place: share j)
-#pragma unroll
-  for (int j = 0; j < BLOCKS; ++j) v[j] = row[((part + j) & (BLOCKS - 1)) * kFakeSharesBlock];
+  uint4 v[BLOCKS];  // the whole row (in place: share j in v[j]); `own`: this block's share
+#if QP_SHARES_LOADS == 0
+  const uint4 own = qp::load_row_shares<BLOCKS, kFakeSharesBlock>(row, part, v, [](const uint4* a) { return *a; });
+#else  // read-only loads (ld.global.nc): in place, no block reads what another block writes
+  const uint4 own =
+      qp::load_row_shares<BLOCKS, kFakeSharesBlock>(row, part, v, [](const uint4* a) { return __ldg(a); });
+#endif
   const qp::RowRange<In, MODE> range(
       qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, BLOCKS>(v), slots));
   const int q_min = lay.q_min, q_max = lay.q_max;
@@ -894,7 +899,7 @@ dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x
   for (int j = 0; j < BLOCKS; ++j) {
     if (j > 0 && !in_place) break;
     qp::ElementVector<qp::u16, 8> xv;
-    xv.bytes.w[0] = v[j];
+    xv.bytes.w[0] = j == 0 ? own : v[j];  // in place: part 0, own == v[0]
     float vals[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
