@@ -834,7 +834,9 @@ dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
 // (dynamic_range.cu) for fake quantization. Each segment of S = BLOCKS * kFakeSharesBlock * 8
 // 16-bit elements takes BLOCKS consecutive blocks; every block loads the whole segment (its own
 // vector first), reduces the range alone (one barrier) and writes only its share: the parameters
-// of dynamic_fake_quantize_cluster, the values by DynamicFakeParam.
+// of dynamic_fake_quantize_cluster, the values by DynamicFakeParam. Measured on H200, 16 x 8192
+// f16 MoQ row (8 bits): 4.14-4.37 us, 1.12x a copy of its bytes (dynamic_fake_quantize_cluster
+// 4.59-4.70 us; a minimal kernel of this layout without the exactness care 4.10 us, 1.09x).
 // In place (y == x) a block must not write its share while another block may still read it, so
 // there block 0 of each segment writes every share (it holds the whole segment: each thread reads
 // its vectors before writing them) and the others return before loading. The plan sends in-place
@@ -865,7 +867,7 @@ dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x
   uint4 v[BLOCKS];  // the whole row (in place: share j in v[j]); `own`: this block's share
 #if QP_SHARES_LOADS == 0
   const uint4 own = qp::load_row_shares<BLOCKS, kFakeSharesBlock>(row, part, v, [](const uint4* a) { return *a; });
-#else  // read-only loads (ld.global.nc): in place, no block reads what another block writes
+#else  // read-only loads (ld.global.nc): in place too, no block reads what a block has written
   const uint4 own =
       qp::load_row_shares<BLOCKS, kFakeSharesBlock>(row, part, v, [](const uint4* a) { return __ldg(a); });
 #endif

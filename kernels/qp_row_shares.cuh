@@ -2,15 +2,18 @@
 // dynamic_fake_quantize_row_shares): a row of BLOCKS shares, one per block, every block reading
 // all of it, one 16-byte vector per share and thread.
 //
-// QP_SHARES_LOADS (a tuning knob, set through QUANTPLAN_NVRTC_OPTIONS): 0 loads the own share's
-// vector first, then the other shares' vectors, each at an address computed from the block's
-// share; 1 loads the row's vectors in order at constant offsets from one address and selects the
-// own vector afterwards.
+// QP_SHARES_LOADS (a tuning knob, set through QUANTPLAN_NVRTC_OPTIONS): 1 (the default) loads the
+// row's vectors in order at constant offsets from one address (the loads issue from the 9th
+// instruction, sm_90 SASS) and selects the own vector afterwards; 0 loads the own share's vector
+// first, then the other shares' vectors, each at an address computed from the block's share (the
+// loads from the 21st instruction). Measured on H200, 16 x 8192 f16 (bench_small_floors and
+// bench_peers, alternating processes): per-token S8 the same (4.10-4.22 us either way), the MoQ
+// row 4.22 / 4.37 us against 4.26-4.35 / 4.48 us.
 #pragma once
 #include "qp_elements.cuh"
 
 #ifndef QP_SHARES_LOADS
-#define QP_SHARES_LOADS 0
+#define QP_SHARES_LOADS 1
 #endif
 
 namespace qp {
