@@ -342,7 +342,7 @@ SHARES_CASES = [((16, 8192), 4), ((3, 4096), 2), ((2, 16384), 8), ((1, 8192), 4)
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
 def test_row_shares_match_reference(rng, case, kind, mode, bits, in_place) -> None:
     """Out of place: ``dynamic_fake_quantize_row_shares``; in place the plan's in-place twin
-    (``dynamic_fake_quantize_cluster`` on sm_90, ``dynamic_fake_quantize_rows`` before)."""
+    (``dynamic_fake_quantize_cluster`` on sm_90; before, ``_rows`` or ``_dense``)."""
     import cupy
     from test_dynamic_range_shares_gpu import shares_data
 
@@ -352,7 +352,7 @@ def test_row_shares_match_reference(rng, case, kind, mode, bits, in_place) -> No
     desc = qp.DynamicRangeFakeQuantizeDescriptor(shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=bits)
     variant = qp.DynamicRangeFakeQuantizePlan.select(None, desc).sku().variant
     assert f"dense-row-shares,{blocks}x256t-per-segment" in variant, variant
-    twin = "dense-cluster" if int(cupy.cuda.Device().compute_capability) >= 90 else "dense-rows"
+    twin = "dense-cluster" if int(cupy.cuda.Device().compute_capability) >= 90 else "dense"  # rows / dense
     assert f"+in-place:fused-single-pass[{twin}" in variant, variant
     x = shares_data(rng, shape, kind)
     assert_same(reference_run(desc, x), device_run(desc, x, in_place=in_place))
