@@ -894,7 +894,7 @@ template <class In, class Out, bool HIGH_FIRST, int MODE, int BLOCKS>
 __global__ void __launch_bounds__(kSharesBlock)
 dynamic_quantize_row_shares(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                             float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
-                            float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
+                            float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
   using qp::i64;
   using qp::u32;
   constexpr int KIND = qp::QuantElement<Out>::kind;

@@ -849,7 +849,7 @@ __global__ void __launch_bounds__(kFakeSharesBlock)
 dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x,
                                  typename qp::FloatElement<In>::storage* y, float* __restrict__ scale_out,
                                  int* __restrict__ zp_out, const qp::SegmentLayout lay, float divisor, const qp::i64*,
-                                 const qp::i64*, qp::u64, qp::u64) {
+                                 const qp::i64*, qp::u64, qp::u64, float) {
   typedef qp::FloatElement<In> FE;
   using qp::i64;
   using qp::u32;
