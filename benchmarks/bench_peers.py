@@ -50,7 +50,7 @@ About 4 minutes on an H200 (DeepSpeed loaded from its saved build; ``torch.compi
 compilations take most of it). The table goes to stdout and to ``benchmarks/results/<device>.md``
 (e.g. ``h200.md``; ``--out PATH``) with the device and the commit measured (``git rev-parse HEAD``;
 pass ``--commit`` where the tree has no ``.git``). ``--quick``: fewer repetitions, fp16 rows only
-(a smoke run). ``--only TEXT``: rows whose label contains TEXT. ``--no-compile``,
+(a smoke run). ``--only TEXT``: rows whose label contains TEXT (``A|B``: either). ``--no-compile``,
 ``--no-deepspeed``: leave those peers out. ``--time-limit S``: past S seconds, later rows skip
 ``torch.compile`` (default 330); ``--stop-after S``: past S seconds, the rows left are listed
 unrun (default 470, so one run stays under 8 minutes). ``--json PATH``: every figure as JSON.
@@ -1548,7 +1548,9 @@ def write_report(path: Path, rows: Sequence[Result], header: dict[str, Any], don
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions, fp16 rows only (a smoke run)")
-    p.add_argument("--only", default="", metavar="TEXT", help="only the rows whose label contains TEXT")
+    p.add_argument(
+        "--only", default="", metavar="TEXT", help="only the rows whose label contains TEXT (or one of A|B|...)"
+    )
     p.add_argument("--out", metavar="PATH", help="markdown file (default benchmarks/results/<device>.md)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     p.add_argument("--commit", help="the commit measured (default: git rev-parse HEAD)")
@@ -1574,7 +1576,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     import torch
 
-    rows = [s for s in specs() if args.only in s.name and not (args.quick and s.dtype == "bf16")]
+    wanted = args.only.split("|")
+    rows = [s for s in specs() if any(t in s.name for t in wanted) and not (args.quick and s.dtype == "bf16")]
     if args.cpu_smoke:
         _DEV = "cpu"
         rows = [replace(s, shape=(8, s.shape[1]) if s.kind != "reduce" else (16, s.shape[1])) for s in rows]

@@ -67,58 +67,40 @@ class RowProbe:
 
 
 _DQ = "_layout.DENSE_ROW_SHAPES['dequantize_dense']"
+_DQ_THREADS = "_layout.DENSE_ROW_THREADS['dequantize_dense']"
 _DQB = "_layout.DENSE_ROW_SHAPES['dequantize_backward_dense']"
 _QB_BF16 = "_layout.DENSE_ROW_SHAPES_BY_FLOAT[('quantize_backward_dense', 'BF16')]"
 _THREADS = "_layout.DENSE_MAX_THREADS"
-_FAKE_BLOCK = "_fake_rows._DENSE_BLOCK"
+_FAKE_BLOCK = "_fake_rows._DENSE_NEAREST_BLOCK"
 _FAKE_BYTES = "_fake_rows._DENSE_THREAD_BYTES"
+#: Candidate shapes against the defaults (dequantize: two 8-element vectors per thread in blocks of
+#: 256; the nearest fake forward: two 16-byte vectors in blocks of 256, 6 resident blocks).
+_DQ_VARIANTS = (
+    Variant("u1-128t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=1",), ((_DQ, (8, 1)), (_DQ_THREADS, 128))),
+    Variant("u2-128t", (), ((_DQ_THREADS, 128),)),
+    Variant("u1-256t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=1",), ((_DQ, (8, 1)),)),
+)
+_FAKE_ONE = ("-DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8", "-DQP_FAKE_DENSE_THREAD_BYTES=16")
+_FAKE_VARIANTS = (
+    Variant("u1-128t-8blk", _FAKE_ONE, ((_FAKE_BYTES, 16), (_FAKE_BLOCK, 128))),
+    Variant("u2-128t", (), ((_FAKE_BLOCK, 128),)),
+    Variant("u1-256t-8blk", _FAKE_ONE, ((_FAKE_BYTES, 16),)),
+)
 
 ROWS: dict[str, RowProbe] = {
     r.key: r
     for r in (
-        RowProbe(
-            "deq",
-            "dequantize per-token int8",
-            "fp16",
-            "dequantize:F16:S8",
-            (
-                Variant("u1-256t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=1",), ((_DQ, (8, 1)),)),
-                Variant("u1-128t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=1",), ((_DQ, (8, 1)), (_THREADS, 128))),
-                Variant("u2-128t", (), ((_THREADS, 128),)),
-                Variant("u4-256t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=4",), ((_DQ, (8, 4)),)),
-                Variant("u4-128t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=4",), ((_DQ, (8, 4)), (_THREADS, 128))),
-            ),
-        ),
-        RowProbe(
-            "fake",
-            "fake quant per-channel int8",
-            "fp16",
-            "fake_quantize:F16",
-            (
-                Variant("u2-128t", (), ((_FAKE_BLOCK, 128),)),
-                Variant("u2-256t-8blk", ("-DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8",)),
-                Variant("u2-128t-8blk", ("-DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8",), ((_FAKE_BLOCK, 128),)),
-                Variant(
-                    "u1-256t-8blk",
-                    ("-DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8", "-DQP_FAKE_DENSE_THREAD_BYTES=16"),
-                    ((_FAKE_BYTES, 16),),
-                ),
-                Variant(
-                    "u1-128t-8blk",
-                    ("-DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8", "-DQP_FAKE_DENSE_THREAD_BYTES=16"),
-                    ((_FAKE_BYTES, 16), (_FAKE_BLOCK, 128)),
-                ),
-            ),
-        ),
+        RowProbe("deq", "dequantize per-token int8", "fp16", "dequantize:F16:S8", _DQ_VARIANTS),
+        RowProbe("fake", "fake quant per-channel int8", "fp16", "fake_quantize:F16", _FAKE_VARIANTS),
         RowProbe(
             "qbwd",
             "quantize bwd per-token int8",
             "bf16",
             "quantize:BF16:S8",
             (
-                Variant("v16-128t", (), ((_THREADS, 128),)),
-                Variant("v8-256t", (), ((_QB_BF16, (8, 1)),)),
-                Variant("v8-128t", (), ((_QB_BF16, (8, 1)), (_THREADS, 128))),
+                Variant("main", ("-DQP_DENSE_QBWD_PAIR_RANGE=0", "-DQP_DENSE_QBWD_BF16_MIN_BLOCKS=8")),
+                Variant("elementwise-6blk", ("-DQP_DENSE_QBWD_PAIR_RANGE=0",)),
+                Variant("v8-pairs-6blk", (), ((_QB_BF16, (8, 1)),)),
             ),
         ),
         RowProbe(
@@ -126,23 +108,11 @@ ROWS: dict[str, RowProbe] = {
             "dequantize bwd per-token int8",
             "bf16",
             "dequantize:BF16:S8",
-            (
-                Variant("v8-128t", (), ((_THREADS, 128),)),
-                Variant("v16-256t", (), ((_DQB, (16, 1)),)),
-                Variant("v8x2-256t", ("-DQP_DENSE_DEQUANTIZE_BACKWARD_UNROLL=2",), ((_DQB, (8, 2)),)),
-            ),
+            (Variant("v8-128t", (), ((_THREADS, 128),)),),
         ),
-        RowProbe(
-            "deq8",
-            "dequantize fp8 e4m3 per-tensor",
-            "fp16",
-            "dequantize:F16:FP8_E4M3",
-            (
-                Variant("u1-128t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=1",), ((_DQ, (8, 1)), (_THREADS, 128))),
-                Variant("u2-128t", (), ((_THREADS, 128),)),
-                Variant("u4-256t", ("-DQP_DENSE_DEQUANTIZE_UNROLL=4",), ((_DQ, (8, 4)),)),
-            ),
-        ),
+        RowProbe("deq8", "dequantize fp8 e4m3 per-tensor", "fp16", "dequantize:F16:FP8_E4M3", _DQ_VARIANTS[:2]),
+        RowProbe("deqbf", "dequantize per-token int8", "bf16", "dequantize:BF16:S8", _DQ_VARIANTS[:1]),
+        RowProbe("fakebf", "fake quant per-channel int8", "bf16", "fake_quantize:BF16", _FAKE_VARIANTS[:1]),
     )
 }
 
@@ -447,8 +417,10 @@ def ncu_target(bp: Any, keys: Sequence[str], calls: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default="deq,fake,qbwd,dqbwd,deq8", help="comma list of " + ",".join(ROWS))
-    p.add_argument("--compile-rows", default="deq,fake,qbwd,dqbwd", help="rows that also time torch.compile")
+    p.add_argument("--rows", default="deq,fake,qbwd,dqbwd,deq8,deqbf,fakebf", help="comma list of " + ",".join(ROWS))
+    p.add_argument(
+        "--compile-rows", default="deq,fake,qbwd,dqbwd,deq8,deqbf,fakebf", help="rows that also time torch.compile"
+    )
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--budget", type=float, default=200.0, help="seconds; past it, later rows skip torch.compile")
     p.add_argument("--json", type=Path, default=None)

@@ -203,17 +203,27 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // divisions per item) these hold 40 registers forward (6 blocks of 256 per SM) and 32 for the
 // straight-through backward (8 blocks).
 #ifndef QP_FAKE_DENSE_ROWS_MIN_BLOCKS
-#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 40 registers (8: 32 and a spill; H200 8192 x 8192: 70.2 us against 69.8)
+#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 16-bit data: 40 registers at two vectors per thread (one: 32 at 8)
+#endif
+#ifndef QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS
+#define QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS 6  // 32- and 64-bit data: 40 registers (8: f64 spills)
 #endif
 #ifndef QP_FAKE_DENSE_STE_MIN_BLOCKS
 #define QP_FAKE_DENSE_STE_MIN_BLOCKS 8  // one vector of each input per thread: 32 registers
 #endif
-// Bytes of each input one thread takes per item: the forward kernels (one input) 32, the
-// straight-through backward (two inputs) 16. Measured on H200 (8192 x 8192, one-shot grid of
-// 256-thread blocks): forward 69.2 us at 32 bytes against 69.9 at 16; backward 96.2 us at 16
-// against 97.0 at 32 (32 bytes of the two inputs together either way).
+// Bytes of each input one thread takes per item: the nearest and stochastic forwards (one input)
+// 32, the straight-through backward (two inputs) 16. Measured on H200 (8192 x 8192, one-shot
+// grid of 256-thread blocks): forward 69.2 us at 32 bytes against 69.9 at 16; backward 96.2 us at
+// 16 against 97.0 at 32 (32 bytes of the two inputs together either way). The nearest forward at
+// 16 bytes in blocks of 128 with 8 resident blocks (-DQP_FAKE_DENSE_THREAD_BYTES=16
+// -DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8, quantplan._fake_rows._DENSE_THREAD_BYTES = 16,
+// _DENSE_NEAREST_BLOCK = 128) ran faster in benchmarks/probe_l2_state.py (fp16 67.64-68.02 us
+// against 68.78-69.60, the same runs) but at 70.64 in a bench_peers run: not the default.
 #ifndef QP_FAKE_DENSE_THREAD_BYTES
 #define QP_FAKE_DENSE_THREAD_BYTES 32
+#endif
+#ifndef QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES
+#define QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES 32
 #endif
 #ifndef QP_FAKE_DENSE_STE_THREAD_BYTES
 #define QP_FAKE_DENSE_STE_THREAD_BYTES 16
@@ -224,7 +234,9 @@ namespace qp {
 // Vectors per thread and item of op OP (at most; dense_unroll in quantplan/_fake_rows.py mirrors
 // it): the op's bytes of each input (above), at least one vector; four vectors spill.
 template <class T, int VEC, int OP> __host__ __device__ constexpr int fake_dense_unroll() {
-  constexpr int bytes = OP == kFakeSte ? QP_FAKE_DENSE_STE_THREAD_BYTES : QP_FAKE_DENSE_THREAD_BYTES;
+  constexpr int bytes = OP == kFakeSte          ? QP_FAKE_DENSE_STE_THREAD_BYTES
+                        : OP == kFakeStochastic ? QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES
+                                                : QP_FAKE_DENSE_THREAD_BYTES;
   return (int)sizeof(T) * VEC >= bytes ? 1 : bytes / (int)(sizeof(T) * VEC);
 }
 
@@ -362,7 +374,9 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
 }  // namespace qp
 
 template <class In, int VEC>
-__global__ void __launch_bounds__(256, QP_FAKE_DENSE_ROWS_MIN_BLOCKS)
+__global__ void __launch_bounds__(256, sizeof(typename qp::FloatElement<In>::storage) == 2
+                                           ? QP_FAKE_DENSE_ROWS_MIN_BLOCKS
+                                           : QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS)
 fake_quantize_dense_rows(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
                          const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr,
                          const void* __restrict__ zp_ptr, typename qp::FloatElement<In>::acc scale_value,

@@ -315,6 +315,44 @@ __device__ __noinline__ void quantize_vector_exact(const typename FloatElement<I
   }
 }
 
+// The gradient quotient's lower bound on 16-bit brain floats (above): every element of the vector
+// is 0 or at least 2^-25 in magnitude. By pairs, QP_DENSE_QBWD_PAIR_RANGE (default): the least
+// magnitude of the vector (sign bits cleared, an unsigned 16-bit minimum per half: the order of
+// non-negative bf16 bit patterns, 2^-25 = 0x3300; three-input VIMNMX3.U16x2 on sm_90), and only a
+// vector holding a zero or a smaller magnitude tests its elements one by one (the per-element
+// test: 0 passes). 0: the per-element test in the element loop for every vector (three
+// instructions per element).
+// A NaN passes here and fails quotient_fast's test.
+// Resident blocks of 256 threads per SM that quantize_backward_dense's registers allow on bf16
+// data (fp16: QP_DENSE_ROWS_MIN_BLOCKS). At 8 (32 registers) the 16-element bf16 kernel with the
+// pair test below spills (19 local loads and stores per thread; the per-element test fits); at 6
+// it holds 40 registers, no spill, either test. Measured on H200 (8192 x 8192 bf16,
+// per-token int8, benchmarks/probe_l2_state.py: the bench's protocol, interleaved rounds of one
+// run): 96.54 us at 6 with the pair test, 96.32 at 6 with the per-element test, 98.21 at 8 with the
+// per-element test (the kernel before), 148 at 8 with the pair test (spills), 103.9 for 8-element
+// vectors; torch.compile 95.55, the pure load/store floor 96.77. bench_peers.py: 96.70 against
+// torch.compile 95.84 (98.11 against 95.71 before).
+#ifndef QP_DENSE_QBWD_BF16_MIN_BLOCKS
+#define QP_DENSE_QBWD_BF16_MIN_BLOCKS 6
+#endif
+#ifndef QP_DENSE_QBWD_PAIR_RANGE
+#define QP_DENSE_QBWD_PAIR_RANGE 1
+#endif
+template <int VEC>
+__device__ __forceinline__ bool bf16_gradient_in_range(const ElementVector<FloatElement<bf16>::storage, VEC>& g) {
+  u32 least = 0x7FFF7FFFu;
+#pragma unroll
+  for (int k = 0; k < VEC / 2; ++k) least = __vminu2(least, g.words[k] & 0x7FFF7FFFu);
+  if ((least & 0xFFFFu) >= 0x3300u && (least >> 16) >= 0x3300u) return true;
+  bool ok = true;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float v = FloatElement<bf16>::to_acc(g.v[k]);
+    ok = ok & ((fabsf(v) >= 2.9802322387695312e-08f) | (v == 0.0f));  // 2^-25
+  }
+  return ok;
+}
+
 // The exact path of one vector of the quantize backward (VectorQuantizer::inside, then the IEEE
 // division: quantize_backward_rows's arithmetic), as above; each element is read before it is
 // written (dq may be dx).
@@ -382,7 +420,7 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
 }
 
 template <class In, class Code, int VEC>
-__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+__global__ void __launch_bounds__(256, qp::IsHalf<In>::value ? QP_DENSE_ROWS_MIN_BLOCKS : QP_DENSE_QBWD_BF16_MIN_BLOCKS)
 quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const typename qp::FloatElement<In>::storage* dq,
                         typename qp::FloatElement<In>::storage* dx, const float* __restrict__ scale_ptr,
                         const int* __restrict__ zp_ptr, float scale_value, int zp_value, const qp::RowLayout lay) {
@@ -415,13 +453,18 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
         const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
         const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
         bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
+#if QP_DENSE_QBWD_PAIR_RANGE
+        if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
+#endif
         float vals[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
           const float g = FE::to_acc(gv[u].v[k]);
           const float d = qp::quotient_fast(g, p, ok);
+#if !QP_DENSE_QBWD_PAIR_RANGE
           if constexpr (!qp::IsHalf<In>::value) ok = ok & ((fabsf(g) >= 2.9802322387695312e-08f) | (g == 0.0f));  // 2^-25
+#endif
           vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
         }
         if (ok) {

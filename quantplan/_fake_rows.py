@@ -38,17 +38,16 @@ _DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = 256, 64, 32
 #: are faster; 64 blocks of 256 threads: 4.38 µs forward, 4.51 backward, against 4.58 and 4.64 for
 #: 256 blocks of 64.
 _DENSE_SM_SHARE = 4
-#: Bytes of each input one thread of a dense-rows kernel takes per item: the forward kernels, the
-#: straight-through backward (QP_FAKE_DENSE_THREAD_BYTES / QP_FAKE_DENSE_STE_THREAD_BYTES).
-_DENSE_THREAD_BYTES, _DENSE_STE_THREAD_BYTES = 32, 16
-
-
-def dense_unroll(vec: int, element_bytes: int, ste: bool = False) -> int:
-    """Vectors per thread and item of the dense-rows kernels (``fake_dense_unroll`` in the kernel):
-    32 bytes of the input forward, 16 of each input for the straight-through backward, at least
-    one vector."""
-    per_thread = _DENSE_STE_THREAD_BYTES if ste else _DENSE_THREAD_BYTES
-    return max(1, per_thread // (vec * element_bytes))
+#: Bytes of each input one thread of a dense-rows kernel takes per item, by op: nearest forward,
+#: straight-through backward, stochastic forward (QP_FAKE_DENSE_THREAD_BYTES,
+#: QP_FAKE_DENSE_STE_THREAD_BYTES, QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES in the kernel).
+_DENSE_THREAD_BYTES, _DENSE_STE_THREAD_BYTES, _DENSE_STOCHASTIC_THREAD_BYTES = 32, 16, 32
+#: Most threads of a nearest-forward dense-rows block on 16-bit data (the others take
+#: _DENSE_BLOCK). One 16-byte vector per thread in blocks of 128 (with the kernel's
+#: QP_FAKE_DENSE_THREAD_BYTES=16, QP_FAKE_DENSE_ROWS_MIN_BLOCKS=8) measured 67.64-68.02 µs against
+#: 68.78-69.60 for these defaults in ``benchmarks/probe_l2_state.py`` (H200, 8192 x 8192 fp16,
+#: same runs) but 70.64 in a ``bench_peers.py`` run, so the defaults stay.
+_DENSE_NEAREST_BLOCK = _DENSE_BLOCK
 
 
 class FakeOp(enum.IntEnum):
@@ -62,6 +61,23 @@ class FakeOp(enum.IntEnum):
     def forward(cls, rounding: Rounding) -> FakeOp:
         """The forward kernel op of ``rounding``."""
         return cls.STOCHASTIC if rounding is Rounding.STOCHASTIC else cls.NEAREST
+
+
+def dense_unroll(vec: int, element_bytes: int, op: FakeOp = FakeOp.NEAREST) -> int:
+    """Vectors per thread and item of the dense-rows kernels (``fake_dense_unroll`` in the kernel)
+    for FakeOp ``op``: 32 bytes of the input for the forwards (_DENSE_THREAD_BYTES,
+    _DENSE_STOCHASTIC_THREAD_BYTES), 16 of each input for the straight-through backward, at least
+    one vector."""
+    per_thread = {FakeOp.STE: _DENSE_STE_THREAD_BYTES, FakeOp.STOCHASTIC: _DENSE_STOCHASTIC_THREAD_BYTES}.get(
+        op, _DENSE_THREAD_BYTES
+    )
+    return max(1, per_thread // (vec * element_bytes))
+
+
+def dense_block(op: FakeOp, element_bytes: int = 2) -> int:
+    """Most threads of a dense-rows block for FakeOp ``op`` on data of ``element_bytes`` bytes
+    (the nearest forward on 16-bit data: _DENSE_NEAREST_BLOCK; the others _DENSE_BLOCK)."""
+    return _DENSE_NEAREST_BLOCK if op is FakeOp.NEAREST and element_bytes == 2 else _DENSE_BLOCK
 
 
 #: A validated fake quantization problem (``float_kind``: the data type, in and out).
@@ -166,13 +182,15 @@ class DenseRows:
         return f"dense-rows[{self.block}t-per-item,vec{self.vec},unroll{self.unroll},chunks{self.chunks_per_row}]"
 
 
-def dense_rows(layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int) -> DenseRows | None:
+def dense_rows(
+    layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int, block_max: int = _DENSE_BLOCK
+) -> DenseRows | None:
     """The dense-rows geometry of ``layout``, or None where the kernels do not apply.
 
     They apply to aligned vector I/O at the widest vector (``L % vec_max == 0``, rows of at least
     32 vectors) when the parameter index is ``row * c + (col // gc) * cs`` for every row (no outer
     or inner axis around a channel / group axis) and a vector never straddles a group (``cs == 0``
-    or ``gc % vec == 0``). Blocks of 256 threads with ``unroll_max`` vectors each (at most
+    or ``gc % vec == 0``). Blocks of ``block_max`` threads with ``unroll_max`` vectors each (at most
     :func:`dense_unroll`), narrowed to the row; fewer vectors per thread while the grid has fewer
     than two blocks per SM, then smaller blocks (down to 64 threads) while it covers less than a
     quarter of the SMs.
@@ -190,7 +208,7 @@ def dense_rows(layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int) 
         return None
     if layout.cs and layout.gc % vec:
         return None
-    block, unroll = _DENSE_BLOCK, unroll_max
+    block, unroll = block_max, unroll_max
     while block > _DENSE_MIN_VECTORS and block * vec > L:
         block //= 2
     while unroll > 1 and block * vec * unroll >= 2 * L:
@@ -258,7 +276,7 @@ def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) 
     primary = row_layout(problem.shape, problem.scope, vec, False, info.busy_threads)
     fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
     align = min(16, primary.vec * in_bytes)
-    dense = dense_rows(primary, vec, dense_unroll(vec, in_bytes, op is FakeOp.STE), info.sm_count)
+    dense = dense_rows(primary, vec, dense_unroll(vec, in_bytes, op), info.sm_count, dense_block(op, in_bytes))
     prefix = f"{problem.scope.kind}/{problem.mode.value}/"
     if dense is not None:
         fn = functions[template_name(FAKE_DENSE_ROW_KERNELS[op], tag, vec)]
@@ -278,6 +296,7 @@ __all__ = [
     "FakeOp",
     "FakeQuantizeProblem",
     "FakeRowLaunches",
+    "dense_block",
     "dense_rows",
     "dense_unroll",
     "flat_geometry",

@@ -280,8 +280,15 @@ DENSE_SMALL_VEC: dict[str, int] = {
 }
 #: Most threads of a dense block (``__launch_bounds__`` of the dense kernels). Measured on H200
 #: (8192 x 8192, one-shot grids): 256-thread blocks are as fast as 128-thread ones or faster
-#: (quantize backward 96.0 against 96.4 µs, dequantize backward 68.3 against 68.8).
+#: (quantize backward 96.0 against 96.4 µs, dequantize backward 68.3 against 68.8; 67.0 against
+#: 67.5 in ``benchmarks/probe_l2_state.py``).
 DENSE_MAX_THREADS = 256
+#: Kernels whose blocks hold fewer threads than DENSE_MAX_THREADS on large problems (none by
+#: default). Dequantize with one 8-element vector per thread in blocks of 128 (and the kernel's
+#: QP_DENSE_DEQUANTIZE_UNROLL=1) measured 52.53-53.33 µs against 53.17-53.60 for (8, 2) in 256
+#: in ``benchmarks/probe_l2_state.py`` (H200, 8192 x 8192 int8 -> fp16, same runs; FP8 and bf16
+#: within 0.2 µs either way) but 56.37 in a ``bench_peers.py`` run, so it is not the default.
+DENSE_ROW_THREADS: dict[str, int] = {}
 #: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
 _DENSE_MIN_THREADS = 64
 #: A small problem's block narrows while its grid holds fewer blocks than 1 / _DENSE_SM_SHARE of
@@ -296,6 +303,11 @@ def dense_row_shape(kernel: str, float_kind: ElementKind | None = None) -> tuple
     if float_kind is None:
         return DENSE_ROW_SHAPES[kernel]
     return DENSE_ROW_SHAPES_BY_FLOAT.get((kernel, float_kind), DENSE_ROW_SHAPES[kernel])
+
+
+def dense_row_threads(kernel: str) -> int:
+    """Most threads of a block of ``kernel`` (DENSE_ROW_THREADS, else DENSE_MAX_THREADS)."""
+    return DENSE_ROW_THREADS.get(kernel, DENSE_MAX_THREADS)
 
 
 def dense_row_widths(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, ...]:
@@ -319,7 +331,7 @@ def dense_row_layout(
 
     Vectors: the kernel's width on ``float_kind`` (:func:`dense_row_shape`), or its
     :data:`DENSE_SMALL_VEC` for a problem of fewer elements than ``sm_count`` blocks of 256
-    full-width vectors. Blocks: :data:`DENSE_MAX_THREADS` threads, each taking the kernel's vectors
+    full-width vectors. Blocks: :func:`dense_row_threads` threads, each taking the kernel's vectors
     per thread; a row shorter than that takes fewer threads; a problem whose grid would cover less
     than a quarter of the SMs halves the threads (down to 64).
     """
@@ -338,7 +350,7 @@ def dense_row_layout(
     if base.cs != 0 and base.gc % vec:
         return None
     vectors = base.L // vec
-    threads = DENSE_MAX_THREADS
+    threads = dense_row_threads(kernel)
     while threads > 32 and (threads // 2) * unroll >= vectors:
         threads //= 2
 
@@ -387,9 +399,11 @@ __all__ = [
     "DENSE_MAX_THREADS",
     "DENSE_ROW_SHAPES",
     "DENSE_ROW_SHAPES_BY_FLOAT",
+    "DENSE_ROW_THREADS",
     "contiguous_segment_length",
     "dense_row_layout",
     "dense_row_shape",
+    "dense_row_threads",
     "dense_row_widths",
     "division_magic",
     "expand_params",

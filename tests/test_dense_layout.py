@@ -12,6 +12,7 @@ from quantplan._layout import (
     DENSE_SMALL_VEC,
     dense_row_layout,
     dense_row_shape,
+    dense_row_threads,
     dense_row_widths,
     division_magic,
 )
@@ -44,8 +45,10 @@ def test_dense_layout_selection(kernel: str) -> None:
     assert d is not None and d.dense and d.vec == big and d.Co == 1 and d.cs == 0
     assert d.items == 8192 * d.chunks_per_row and d.chunk_cols * d.chunks_per_row >= 8192
     assert "dense" in d.describe()
-    # one-shot grid: DENSE_MAX_THREADS threads per block, the kernel's vectors per thread
-    assert d.threads == DENSE_MAX_THREADS and d.chunk_cols == DENSE_MAX_THREADS * big * DENSE_ROW_SHAPES[kernel][1]
+    # one-shot grid: the kernel's threads per block and vectors per thread
+    threads = dense_row_threads(kernel)
+    assert 64 <= threads <= DENSE_MAX_THREADS
+    assert d.threads == threads and d.chunk_cols == threads * big * DENSE_ROW_SHAPES[kernel][1]
     g = layout((4096, 8192), qp.GroupScope(axis=-1, group_size=128))
     assert g is not None and g.gc == 128 and g.cs == 1 and g.Co == 64
     c = layout((1024, 4096), qp.ChannelScope(axis=0))
@@ -53,13 +56,29 @@ def test_dense_layout_selection(kernel: str) -> None:
     small = layout((16, 8192), qp.TokenScope())
     assert small is not None and small.vec == DENSE_SMALL_VEC[kernel] and 4 * small.items >= 132
     # small problems: fewer, wider blocks, down to a grid over a quarter of the SMs
-    assert 64 <= small.threads <= DENSE_MAX_THREADS, small.describe()
+    assert 64 <= small.threads <= threads, small.describe()
     # not dense: ragged rows, groups that split vectors, channel(-1), a group axis not last
     assert layout((64, 8190), qp.TokenScope()) is None
     assert layout((512, 4096), qp.GroupScope(axis=-1, group_size=2)) is None
     assert layout((512, 4096), qp.ChannelScope(axis=-1)) is None
     assert layout((512, 4096), qp.GroupScope(axis=0, group_size=4)) is None
     assert layout((3, 170, 4096), qp.ChannelScope(axis=1)) is None
+
+
+def test_dense_row_threads() -> None:
+    """Per-kernel block widths (DENSE_ROW_THREADS, empty by default: every kernel takes
+    DENSE_MAX_THREADS); an entry narrows that kernel's blocks alone."""
+    import quantplan._layout as lay
+
+    assert all(dense_row_threads(k) == DENSE_MAX_THREADS for k in DENSE_ROW_SHAPES)
+    lay.DENSE_ROW_THREADS["dequantize_dense"] = 128
+    try:
+        d = dense_row_layout((8192, 8192), qp.TokenScope(), "dequantize_dense", False, 132)
+        assert d is not None and d.threads == 128 and d.chunk_cols == 128 * 8 * DENSE_ROW_SHAPES["dequantize_dense"][1]
+        other = dense_row_layout((8192, 8192), qp.TokenScope(), "dequantize_backward_dense", False, 132)
+        assert other is not None and other.threads == DENSE_MAX_THREADS
+    finally:
+        del lay.DENSE_ROW_THREADS["dequantize_dense"]
 
 
 def test_dense_row_shape_per_float_kind() -> None:
@@ -77,3 +96,21 @@ def test_dense_row_shape_per_float_kind() -> None:
     assert big_odd is None
     for other in ("quantize_dense", "dequantize_dense", "dequantize_backward_dense"):
         assert dense_row_shape(other, ElementKind.BF16) == dense_row_shape(other, ElementKind.F16)
+
+
+def test_fake_dense_rows_shape_per_op() -> None:
+    """Fake quantization's dense rows (16-bit data): the forwards take two 16-byte vectors per
+    thread, the straight-through backward one vector of each input, in blocks of 256; small
+    problems take fewer vectors per thread."""
+    from quantplan._fake_rows import FakeOp, dense_block, dense_rows, dense_unroll
+    from quantplan._layout import row_layout
+
+    layout = row_layout((8192, 8192), qp.ChannelScope(axis=0), 8, False, 132 * 2048)
+    expect = {FakeOp.NEAREST: (256, 2, 2), FakeOp.STE: (256, 1, 4), FakeOp.STOCHASTIC: (256, 2, 2)}
+    for op, (block, unroll, chunks) in expect.items():
+        d = dense_rows(layout, 8, dense_unroll(8, 2, op), 132, dense_block(op))
+        assert d is not None and (d.block, d.unroll, d.chunks_per_row) == (block, unroll, chunks), (op, d)
+    assert dense_unroll(8, 4, FakeOp.NEAREST) == 1 and dense_unroll(2, 8, FakeOp.STE) == 1
+    assert dense_block(FakeOp.NEAREST, 4) == dense_block(FakeOp.STE) == 256
+    small = dense_rows(row_layout((16, 8192), qp.TokenScope(), 8, False, 132 * 2048), 8, 2, 132, 256)
+    assert small is not None and small.block == 256 and small.unroll == 1 and small.items == 64, small

@@ -241,3 +241,35 @@ def test_dense_shapes_with_misaligned_pointers_use_the_twin(rng, code_kind) -> N
     )
     y_gpu = y_buf[1:].get().reshape(shape)
     assert float_bits_equal(y_gpu, y_ref), first_mismatch(y_gpu, y_ref)
+
+
+@pytest.mark.parametrize("code_kind", [EK.S8, EK.U4, EK.FP8_E4M3], ids=lambda k: k.name)
+def test_dense_bf16_quantize_backward_gradient_range(rng, code_kind) -> None:
+    """bf16 quantize backward: gradients of 0, +-2**-25 and just below, bf16 subnormals, huge values
+    and NaN in some 16-element vectors (the per-element test of the vector's range), whole vectors
+    of zeros, and vectors of ordinary values beside them (the pair test alone)."""
+    shape = (160, 4096)  # past 132 blocks of 256 16-element vectors: the full vectors
+    scope = qp.TokenScope()
+    desc = qp.QuantizeBackwardDescriptor(
+        shape=shape, scope=scope, mode=SYM, input_element=EK.BF16, output_element=code_kind
+    )
+    x = _data(rng, shape, EK.BF16)
+    dq = random_floats(rng, shape, EK.BF16, specials=False).reshape(-1).copy()
+    edge = np.array(
+        [0.0, -0.0, 2.0**-25, -(2.0**-25), 2.0**-25 * (1 - 2.0**-8), 2.0**-26, 1e-39, -1e-39, 2.0**-133, 3.0e38, np.nan]
+    ).astype(dq.dtype)
+    vectors = dq.size // 16
+    for v in rng.choice(vectors, size=vectors // 8, replace=False):  # one edge value in some vectors
+        dq[v * 16 + int(rng.integers(16))] = edge[int(rng.integers(edge.size))]
+    for v in rng.choice(vectors, size=vectors // 16, replace=False):  # whole vectors of zeros
+        dq[v * 16 : v * 16 + 16] = 0.0
+    dq = dq.reshape(shape)
+    scale, _ = _params(rng, desc, code_kind)
+    dx_ref = np.zeros_like(dq)
+    qp.QuantizeBackwardPlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeBackwardArgs(x, dq, dx_ref, scale))
+    plan = qp.QuantizeBackwardPlan.select(None, desc)
+    assert "dense" in plan.sku().variant and "vec16" in plan.sku().variant, plan.sku().variant
+    dx_dev = to_device(np.full(shape, 7, dx_ref.dtype))
+    plan.run(None, None, qp.QuantizeBackwardArgs(to_device(x), to_device(dq), dx_dev, to_device(scale)))
+    dx_gpu = _get(dx_dev, dx_ref)
+    assert float_bits_equal(dx_gpu, dx_ref), first_mismatch(dx_gpu, dx_ref)
