@@ -46,13 +46,13 @@ def test_large_groups_take_four_lanes() -> None:
     assert grid * (256 // 4) * shape[2] >= 8192 * 64
 
 
-def test_small_groups_take_sixteen_lanes_and_smaller_blocks() -> None:
+def test_small_groups_take_sixteen_lanes() -> None:
     problem, g = _problem((16, 8192), GROUP, code_kind=EK.U4, mode=qp.QuantMode.ASYMMETRIC)
     found = lanes_geometry(problem, g, H200)
     assert found is not None
     geometry, shape, grid = found
     assert shape == LANES_SHAPES[-1] and geometry.team == 16
-    assert geometry.block == 64 and grid == 1024 // (64 // 16)
+    assert geometry.block == 256 and grid == 1024 // (256 // 16)
 
 
 @pytest.mark.parametrize(
