@@ -260,7 +260,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
 
 
 #: Threads per block of ``dequant_reduce_dense`` (at least the team).
-DENSE_REDUCE_BLOCK = 64
+DENSE_REDUCE_BLOCK = 256
 
 
 def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple[int, int, int, int] | None:
