@@ -134,14 +134,7 @@ deepspeed_quantize_dense(const typename qp::FloatElement<In>::storage* __restric
                                                 absmax, bad, ASYM);
       return;
     }
-    if (lane == 0) {
-      if (ASYM) {
-        out.params[2 * og] = p.inv;
-        out.params[2 * og + 1] = p.offset;
-      } else {
-        out.params[og] = p.inv;
-      }
-    }
+    if (lane == 0) qp::store_group_params(out.params, og, p.inv, p.offset, ASYM);
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
       const int col = (lane + w * team) * 8;
@@ -190,14 +183,7 @@ deepspeed_quantize_lanes(const typename qp::FloatElement<In>::storage* __restric
   int c[8];
   qp::deepspeed_dense_codes<In, ASYM, bits>(v[0], p, c);
   qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? lane * 4 : lane * 8), c);
-  if (lane == 0) {
-    if (ASYM) {
-      out.params[2 * seg] = p.inv;
-      out.params[2 * seg + 1] = p.offset;
-    } else {
-      out.params[seg] = p.inv;
-    }
-  }
+  if (lane == 0) qp::store_group_params(out.params, seg, p.inv, p.offset, ASYM);
   if (!p.fast)
     qp::deepspeed_dense_generic<In, Code, 1>(x + (qp::i64)seg * (TEAM * 8), qs, out.params, seg, lane, TEAM, lo, hi,
                                              absmax, bad, ASYM);
@@ -272,14 +258,7 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
     if (!p.fast) {
       typedef qp::DeepSpeedCodeSink<qp::f32, Code, qp::no_error, 8, true> Sink;
       const qp::DeepSpeedParam g = Sink::params_of(r.lo, r.hi, absmax, bad, bits, ASYM);
-      if (lane == 0) {
-        if (ASYM) {
-          out.params[2 * seg] = g.inv;
-          out.params[2 * seg + 1] = g.offset;
-        } else {
-          out.params[seg] = g.inv;
-        }
-      }
+      if (lane == 0) qp::store_group_params(out.params, seg, g.inv, g.offset, ASYM);
 #pragma unroll
       for (int w = 0; w < NV; ++w) {
         const int col = (lane + w * team) * 8;
@@ -290,14 +269,7 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
       }
       return;
     }
-    if (lane == 0) {
-      if (ASYM) {
-        out.params[2 * seg] = p.inv;
-        out.params[2 * seg + 1] = p.offset;
-      } else {
-        out.params[seg] = p.inv;
-      }
-    }
+    if (lane == 0) qp::store_group_params(out.params, seg, p.inv, p.offset, ASYM);
 #pragma unroll
     for (int w = 0; w < NV; ++w) {
       const int col = (lane + w * team) * 8;
@@ -340,14 +312,7 @@ deepspeed_quantize_cluster(const typename qp::FloatElement<In>::storage* __restr
                                              bad, ASYM);
     return;
   }
-  if (writer) {
-    if (ASYM) {
-      out.params[2 * og] = p.inv;
-      out.params[2 * og + 1] = p.offset;
-    } else {
-      out.params[og] = p.inv;
-    }
-  }
+  if (writer) qp::store_group_params(out.params, og, p.inv, p.offset, ASYM);
   int c[8];
   qp::deepspeed_dense_codes<In, ASYM, bits>(v[0], p, c);
   qp::qgz_dense_store_codes<Code, true, 8>(qs, c);

@@ -810,6 +810,35 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
   }
 }
 
+// ---- the end of a segment held across blocks (cluster and row-shares kernels) ----
+// quantize_segment_vector: this thread's one vector `v` (16-bit floats) at column `col` of segment
+// `seg` (input xs, codes qs), quantized with the segment's range: the division-free parameters
+// where the range allows them (the `writer` thread stores them), else the checked codes of this
+// vector out of line (lanes_rare_segment, a team of one, from the input again; only the writer
+// stores parameters).
+template <class In, class Out, bool HIGH_FIRST, int MODE>
+__device__ __forceinline__ void quantize_segment_vector(const qp::RowRange<In, MODE>& range, const uint4& v,
+                                                        const typename qp::FloatElement<In>::storage* xs, qp::u8* qs,
+                                                        int col, float* scale_out, int* zp_out, qp::i64 seg,
+                                                        bool writer, int q_min, int q_max, float d) {
+  constexpr int KIND = qp::QuantElement<Out>::kind;
+  const float inv_d = qp::rcp_rn_normal(d);
+  qp::IntQuantParam<float> p;
+  int zp;
+  qp::u8* qv = qs + (KIND == 1 ? col / 2 : col);
+  if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
+    qp::lanes_rare_segment<In, Out, HIGH_FIRST, 1>(xs + col, qv, writer ? scale_out : nullptr,
+                                                   writer ? zp_out : nullptr, seg, 0, 1, range.lo, range.hi,
+                                                   range.bad, MODE, q_min, q_max, d);
+    return;
+  }
+  if (writer) {
+    if (scale_out) scale_out[seg] = p.scale;
+    if (MODE != 0 && zp_out) zp_out[seg] = zp;
+  }
+  qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v, p, zp, q_min, q_max, qv, zp - QP_RNE_MAGIC_BITS);
+}
+
 // ---- one segment over a thread-block cluster (sm_90) ----
 // dynamic_quantize_cluster: few long segments (16 rows of 8192 elements: one block per row
 // would keep 16 SMs busy; measured on H200, 16 x 8192 f16 S8: 4.7 us against 5.3 us for
@@ -846,24 +875,9 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
   const uint4 v = *reinterpret_cast<const uint4*>(xs + col);
   const qp::RowRange<In, MODE> range(
       qp::cluster_range_word<In, MODE, qp::kClusterBlocks>(qp::range_word<In, MODE>(v), warp_slots, shares));
-  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
-  qp::IntQuantParam<float> p;
-  int zp;
-  qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
-  const bool writer = rank == 0 && threadIdx.x == 0;
-  if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
-    // The checked codes of this thread's one vector (lane = its vector, a team of one).
-    qp::lanes_rare_segment<In, Out, HIGH_FIRST, 1>(xs + col, qs + (KIND == 1 ? col / 2 : col),
-                                                   writer ? scale_out : nullptr, writer ? zp_out : nullptr, seg, 0, 1,
-                                                   range.lo, range.hi, range.bad, MODE, q_min, q_max, d);
-  } else {
-    if (writer) {
-      if (scale_out) scale_out[seg] = p.scale;
-      if (MODE != 0 && zp_out) zp_out[seg] = zp;
-    }
-    qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v, p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
-                                                 zp - QP_RNE_MAGIC_BITS);
-  }
+  quantize_segment_vector<In, Out, HIGH_FIRST, MODE>(range, v, xs, q + (KIND == 1 ? seg * (S / 2) : seg * S), col,
+                                                     scale_out, zp_out, seg, rank == 0 && threadIdx.x == 0, q_min,
+                                                     q_max, divisor);
 #else
   __trap();
 #endif
@@ -911,26 +925,9 @@ dynamic_quantize_row_shares(const typename qp::FloatElement<In>::storage* __rest
   const uint4 own = qp::load_row_shares<BLOCKS, kSharesBlock>(row, part, v, [](const uint4* a) { return *a; });
   const qp::RowRange<In, MODE> range(
       qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, BLOCKS>(v), slots));
-  const int q_min = lay.q_min, q_max = lay.q_max;
-  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
-  const int col = (part * kSharesBlock + threadIdx.x) * 8;
-  qp::IntQuantParam<float> p;
-  int zp;
-  qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
-  const bool writer = part == 0 && threadIdx.x == 0;
-  if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
-    // The checked codes of this thread's one vector (lane = its vector, a team of one).
-    qp::lanes_rare_segment<In, Out, HIGH_FIRST, 1>(x + seg * S + col, qs + (KIND == 1 ? col / 2 : col),
-                                                   writer ? scale_out : nullptr, writer ? zp_out : nullptr, seg, 0, 1,
-                                                   range.lo, range.hi, range.bad, MODE, q_min, q_max, d);
-    return;
-  }
-  if (writer) {
-    if (scale_out) scale_out[seg] = p.scale;
-    if (MODE != 0 && zp_out) zp_out[seg] = zp;
-  }
-  qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(own, p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
-                                                  zp - QP_RNE_MAGIC_BITS);
+  quantize_segment_vector<In, Out, HIGH_FIRST, MODE>(range, own, x + seg * S, q + (KIND == 1 ? seg * (S / 2) : seg * S),
+                                                     (part * kSharesBlock + threadIdx.x) * 8, scale_out, zp_out, seg,
+                                                     part == 0 && threadIdx.x == 0, lay.q_min, lay.q_max, divisor);
 }
 
 // ---- whole rows held in registers by a block (dense-rows) ----

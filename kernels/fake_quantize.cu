@@ -680,6 +680,34 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
   qp::stage_wait();  // no copy outlives the block
 }
 
+// ---- shared by the nearest-rounding row kernels (rows, cluster, row shares) ----
+// fake_segment_param: a segment's parameters on the division-free path: the `writer` thread stores
+// the scale and zero point; returns the value parameters (DynamicFakeParam).
+__device__ __forceinline__ qp::DynamicFakeParam<float> fake_segment_param(const qp::IntQuantParam<float>& ip, int zp,
+                                                                         int q_min, int q_max, bool writer,
+                                                                         float* scale_out, int* zp_out, qp::i64 seg) {
+  if (writer) {
+    if (scale_out) scale_out[seg] = ip.scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  qp::DynamicFakeParam<float> p;
+  p.set(ip.scale, ip.inv, zp, q_min, q_max);
+  return p;
+}
+
+// fake_vector8_nearest: one 16-byte vector of 16-bit floats fake-quantized (nearest) and stored at y.
+template <class In>
+__device__ __forceinline__ void fake_vector8_nearest(const qp::DynamicFakeParam<float>& p, const uint4& v,
+                                                     typename qp::FloatElement<In>::storage* y) {
+  typedef qp::FloatElement<In> FE;
+  qp::ElementVector<qp::u16, 8> xv;
+  xv.bytes.w[0] = v;
+  float vals[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
+  qp::vector_from_acc<In, 8>(vals).template store<true>(y, 8);
+}
+
 // ---- DynamicRangeFakeQuantizePlan, nearest: whole rows held in registers by a block ----
 // dynamic_fake_quantize_rows: the same results as dynamic_fake_quantize_segments for contiguous
 // segments of S = kFakeRowsBlock * 8 * NV 16-bit elements (rows of 2048, 4096, 8192), nearest
@@ -765,22 +793,9 @@ dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, type
                                          range.hi, range.bad, MODE, q_min, q_max, d);
       continue;
     }
-    if (tid == 0) {
-      if (scale_out) scale_out[seg] = ip.scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
-    qp::DynamicFakeParam<float> p;
-    p.set(ip.scale, ip.inv, zp, q_min, q_max);
+    const qp::DynamicFakeParam<float> p = fake_segment_param(ip, zp, q_min, q_max, tid == 0, scale_out, zp_out, seg);
 #pragma unroll
-    for (int w = 0; w < NV; ++w) {
-      const int col = (tid + w * kFakeRowsBlock) * 8;
-      qp::ElementVector<qp::u16, 8> xv;
-      xv.bytes.w[0] = v[w];
-      float vals[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
-      qp::vector_from_acc<In, 8>(vals).template store<true>(ys + col, 8);
-    }
+    for (int w = 0; w < NV; ++w) fake_vector8_nearest<In>(p, v[w], ys + (tid + w * kFakeRowsBlock) * 8);
   }
 }
 
@@ -826,18 +841,7 @@ dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
                                       q_max, d);
     return;
   }
-  if (writer) {
-    if (scale_out) scale_out[seg] = ip.scale;
-    if (zp_out) zp_out[seg] = zp;
-  }
-  qp::DynamicFakeParam<float> p;
-  p.set(ip.scale, ip.inv, zp, q_min, q_max);
-  qp::ElementVector<qp::u16, 8> xv;
-  xv.bytes.w[0] = v;
-  float vals[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
-  qp::vector_from_acc<In, 8>(vals).template store<true>(y + first + col, 8);
+  fake_vector8_nearest<In>(fake_segment_param(ip, zp, q_min, q_max, writer, scale_out, zp_out, seg), v, y + first + col);
 #else
   __trap();
 #endif
@@ -905,21 +909,12 @@ dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x
                                       q_max, d);
     return;
   }
-  if (writer) {
-    if (scale_out) scale_out[seg] = ip.scale;
-    if (zp_out) zp_out[seg] = zp;
-  }
-  qp::DynamicFakeParam<float> p;
-  p.set(ip.scale, ip.inv, zp, q_min, q_max);
+  const qp::DynamicFakeParam<float> p = fake_segment_param(ip, zp, q_min, q_max, writer, scale_out, zp_out, seg);
 #pragma unroll
   for (int j = 0; j < BLOCKS; ++j) {
     if (j > 0 && !in_place) break;
-    qp::ElementVector<qp::u16, 8> xv;
-    xv.bytes.w[0] = j == 0 ? own : v[j];  // in place: part 0, own == v[0]
-    float vals[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) vals[k] = p.nearest(FE::to_acc(xv.v[k]));
-    qp::vector_from_acc<In, 8>(vals).template store<true>(y + first + col + j * (kFakeSharesBlock * 8), 8);
+    // in place: part 0, own == v[0]
+    fake_vector8_nearest<In>(p, j == 0 ? own : v[j], y + first + col + j * (kFakeSharesBlock * 8));
   }
 }
 

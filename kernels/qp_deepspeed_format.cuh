@@ -51,6 +51,18 @@ struct DeepSpeedParam {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7FC00000); }
 
+// One group's stored parameters in DeepSpeed's layout: rows of 1 float (1/scale; SYMMETRIC) or 2
+// (1/scale, offset; ASYMMETRIC). The row index is computed in the caller's index type.
+template <class Index>
+__device__ __forceinline__ void store_group_params(float* params, Index g, float inv, float offset, bool asym) {
+  if (asym) {
+    params[2 * g] = inv;
+    params[2 * g + 1] = offset;
+  } else {
+    params[g] = inv;
+  }
+}
+
 template <class Scan, class Out, class Err, int VEC, bool VECTOR_IO>
 struct DeepSpeedCodeSink {
   typedef VectorQuantizer<Scan, Out, VEC, true> VQ;  // storage only: signed codes, high nibble first
@@ -89,12 +101,7 @@ struct DeepSpeedCodeSink {
   }
 
   __device__ __forceinline__ void params(i64 g, const param_t& p) const {
-    if (o.asym) {
-      o.params[2 * g] = p.inv;
-      o.params[2 * g + 1] = p.offset;
-    } else {
-      o.params[g] = p.inv;
-    }
+    store_group_params(o.params, g, p.inv, p.offset, o.asym != 0);
     if (o.work) o.work[g] = make_float2(p.bad ? quiet_nan() : p.mult, p.offset);
   }
 
@@ -521,14 +528,7 @@ __device__ __noinline__ void deepspeed_dense_generic(const typename FloatElement
   typedef VectorQuantizer<In, Code, 8, true> VQ;
   constexpr int bits = QuantElement<Code>::kind == 1 ? 4 : 8;
   const DeepSpeedParam p = Sink::params_of(lo, hi, absmax, bad, bits, asym);
-  if (lane == 0 && params != nullptr) {
-    if (asym) {
-      params[2 * og] = p.inv;
-      params[2 * og + 1] = p.offset;
-    } else {
-      params[og] = p.inv;
-    }
-  }
+  if (lane == 0 && params != nullptr) store_group_params(params, og, p.inv, p.offset, asym);
   for (int w = 0; w < NV; ++w) {
     const int col = (lane + w * team) * 8;
     ElementVector<typename FloatElement<In>::storage, 8> xv;

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import CODES, random_floats, to_device
 from test_dynamic_range_gpu import assert_same, run_both
-from test_dynamic_range_lanes_gpu import _boundary_data
+from test_dynamic_range_lanes_gpu import _boundary_data, _desc
 
 import quantplan as qp
 from quantplan._device import device_info
@@ -77,18 +77,6 @@ def shares_data(rng: np.random.Generator, shape: tuple[int, ...], kind: EK) -> n
             flat[r, pos] = 60000.0  # the range of the row from one share
     with np.errstate(over="ignore", under="ignore"):
         return flat.reshape(shape).astype(ELEMENTS[kind].numpy_dtype)
-
-
-def _desc(shape, scope, mode, float_kind, code_kind, order=qp.NibbleOrder.LOW_FIRST, **kw):  # noqa: ANN001, ANN202
-    return qp.DynamicRangeQuantizeDescriptor(
-        shape=shape,
-        scope=scope,
-        mode=mode,
-        input_element=float_kind,
-        output_element=code_kind,
-        nibble_order=order,
-        **kw,
-    )
 
 
 def _expect_shares(desc: qp.DynamicRangeQuantizeDescriptor, blocks: int) -> None:
