@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ._device import device_info
@@ -24,7 +25,8 @@ from ._operands import Operand, TensorArgs
 from ._plan import check_descriptor
 from .compiler import compile_options, load_kernels
 from .elements import ELEMENTS, acc_ctype
-from .errors import InvalidProblem
+from .errors import InvalidProblem, Unsupported
+from .formats import BLOCK_ONLY_KINDS, Format, affine_scale_element, format_of, is_served_code
 from .types import ElementKind, MathPrecision, Model, NibbleOrder, QuantMode, Rounding, Scope, Shape
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -48,6 +50,16 @@ class ScopedProblem:
     @property
     def precision(self) -> MathPrecision:
         return ELEMENTS[self.float_kind].math_precision
+
+    @property
+    def scale_kind(self) -> ElementKind:
+        """The scale element: the affine formats' scale for ``float_kind`` (:mod:`quantplan.formats`)."""
+        return affine_scale_element(self.float_kind)
+
+    @property
+    def scale_dtype(self) -> np.dtype:
+        """NumPy dtype of the scale tensor (the elements table's storage of :attr:`scale_kind`)."""
+        return ELEMENTS[self.scale_kind].numpy_dtype
 
     @property
     def param_shape(self) -> tuple[int, ...]:
@@ -87,6 +99,16 @@ class AffineProblem(CodeRangeProblem):
         return storage_shape(self.shape, self.code_kind)
 
     @property
+    def format(self) -> Format:
+        """The code format (:func:`quantplan.formats.format_of` of ``code_kind``)."""
+        return format_of(self.code_kind)
+
+    @property
+    def scale_kind(self) -> ElementKind:
+        """The scale element of :attr:`format` for ``float_kind``."""
+        return self.format.scale_element(self.float_kind)
+
+    @property
     def stochastic(self) -> bool:
         """True for ``Rounding.STOCHASTIC``."""
         return self.rounding is Rounding.STOCHASTIC
@@ -120,27 +142,32 @@ def resolve_affine_problem(
         raise InvalidProblem(f"shape {shape} has a negative extent")
     if not ELEMENTS[float_kind].is_float:
         raise InvalidProblem(f"float element must be one of F16, BF16, F32, F64, got {float_kind.name}")
-    code = ELEMENTS[code_kind]
-    if not code.is_code:
+    if code_kind in BLOCK_ONLY_KINDS:
+        raise Unsupported(
+            f"{code_kind.name} is an element of the block-scaled formats, which no plan serves yet; "
+            f"quantized element must be one of S8, U8, S4, U4, FP8_E4M3, FP8_E5M2"
+        )
+    if not is_served_code(code_kind):
         raise InvalidProblem(
             f"quantized element must be one of S8, U8, S4, U4, FP8_E4M3, FP8_E5M2, got {code_kind.name}"
         )
+    element = format_of(code_kind).element
     param_shape(shape, scope)  # validates axis and group divisibility
-    if code.is_fp8:
+    if element.code_range is None:
         if mode is QuantMode.ASYMMETRIC:
             raise InvalidProblem(f"{code_kind.name} codes are symmetric only; use QuantMode.SYMMETRIC")
         if q_min is not None or q_max is not None:
             raise InvalidProblem(f"q_min/q_max do not apply to {code_kind.name}; leave them None")
         lo, hi = 0, 0
     else:
-        assert code.code_range is not None
-        lo, hi = code.code_range
+        code_range = element.code_range
+        lo, hi = code_range
         lo = lo if q_min is None else q_min
         hi = hi if q_max is None else q_max
-        if not (code.code_range[0] <= lo <= code.code_range[1] and code.code_range[0] <= hi <= code.code_range[1]):
+        if not (code_range[0] <= lo <= code_range[1] and code_range[0] <= hi <= code_range[1]):
             raise InvalidProblem(
-                f"q_min={lo}, q_max={hi} fall outside the {code_kind.name} range {code.code_range}; "
-                f"narrow within it ({_range_hint(code_kind, code.code_range)})"
+                f"q_min={lo}, q_max={hi} fall outside the {code_kind.name} range {code_range}; "
+                f"narrow within it ({_range_hint(code_kind, code_range)})"
             )
         if lo > hi:
             raise InvalidProblem(f"q_min={lo} > q_max={hi}; q_min must not exceed q_max")
@@ -210,6 +237,13 @@ class QuantizeDescriptor(ScopedDescriptor):
         """Shape of the output storage array."""
         return storage_shape(self.shape, self.output_element)
 
+    @property
+    def format(self) -> Format:
+        """The code format of ``output_element`` (:mod:`quantplan.formats`): its element, scale
+        element per float kind, block geometries, packing and zero point. Unsupported for kinds
+        no plan serves."""
+        return format_of(self.output_element)
+
 
 class DequantizeDescriptor(ScopedDescriptor):
     """A dequantization problem: ``y = (q - zp) * scale`` rounded once to ``output_element``.
@@ -227,6 +261,12 @@ class DequantizeDescriptor(ScopedDescriptor):
     def input_shape(self) -> tuple[int, ...]:
         """Shape of the quantized input storage array."""
         return storage_shape(self.shape, self.input_element)
+
+    @property
+    def format(self) -> Format:
+        """The code format of ``input_element`` (:mod:`quantplan.formats`). Unsupported for kinds
+        no plan serves."""
+        return format_of(self.input_element)
 
     @property
     def output_shape(self) -> tuple[int, ...]:

@@ -3,7 +3,8 @@
 A *compile unit* is a list of C++ name expressions NVRTC compiles together (one program, one
 loaded module); a plan's ``select`` loads the unit holding its kernels, so plans of other shapes
 with the same element kinds reuse the module. :data:`FAMILIES` is the declarative table
-``family -> units``, built from the dtype table in :mod:`quantplan.elements`; the CPU compile
+``family -> units``, built from the dtype table in :mod:`quantplan.elements` (element tags) and
+the served code formats of :mod:`quantplan.formats` (code kinds, nibble orders); the CPU compile
 test and ``python -m quantplan precompile`` read it, plans read the unit functions.
 
 Vector widths: the element-wise kernels are instantiated at every width of
@@ -17,8 +18,10 @@ from collections.abc import Callable
 
 from ._layout import dense_row_widths
 from .compiler import template_name
-from .elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS, acc_cpp
-from .types import ElementKind, Rounding
+from .elements import ELEMENTS, FLOAT_KINDS, acc_cpp
+from .formats import SERVED_CODE_KINDS as CODE_KINDS
+from .formats import format_of, is_served_code
+from .types import ElementKind, NibbleOrder, Rounding
 
 #: Float kinds the qgZ plans read and the error buffers they keep.
 QGZ_FLOAT_KINDS = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
@@ -31,8 +34,10 @@ Unit = list[str]
 
 
 def _orders(*kinds: ElementKind) -> tuple[bool, ...]:
-    """Nibble orders to instantiate (high first or not): both when one of ``kinds`` is packed."""
-    return (False, True) if any(ELEMENTS[k].is_packed for k in kinds) else (False,)
+    """Nibble orders to instantiate (high first or not): both when the format of one of ``kinds``
+    accepts HIGH_FIRST (the 4-bit integer codes)."""
+    high = any(is_served_code(k) and NibbleOrder.HIGH_FIRST in format_of(k).nibble_orders for k in kinds)
+    return (False, True) if high else (False,)
 
 
 def _roundings() -> tuple[Rounding, ...]:

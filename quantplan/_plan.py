@@ -28,7 +28,7 @@ from ._device import cuda_available, device_info
 from ._fast_check import CallCache
 from ._launch import PreparedLaunch, check_stream, stream_handle
 from ._operands import pointer_view
-from .elements import param_element
+from .elements import acc_element
 from .errors import InvalidArgumentType, Unsupported
 from .types import (
     HOST_ARCH,
@@ -167,7 +167,7 @@ class Plan(Generic[ArgsT, CheckedT]):
     def precision_guarantee(self) -> PrecisionGuarantee:
         """Arithmetic type of the plan (float32, float64 for F64 data) and of its reductions;
         bit-exact to the reference and deterministic (see the plan's **Precision guarantee**)."""
-        return PrecisionGuarantee(math_precision=self._precision, accumulator=param_element(self._precision))
+        return PrecisionGuarantee(math_precision=self._precision, accumulator=acc_element(self._precision))
 
     def sku(self) -> KernelSku:
         """Identity of the selected kernels: category, op, element, aux element, variant, arch, backend."""

@@ -32,6 +32,7 @@ from ._operands import Operand, OperandChecks, is_scalar, pointer_view
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
+from .formats import BLOCK_ONLY_KINDS, format_of
 from .types import ElementKind, QuantMode
 
 #: Threads of a block of the element pass (``__launch_bounds__(256)``).
@@ -87,10 +88,11 @@ def check_float_kind(kind: ElementKind, name: str) -> None:
 
 
 def check_code_kind(kind: ElementKind, name: str) -> None:
-    """S8 / U8 / S4 / U4 pass; FP8 is Unsupported here; anything else InvalidProblem."""
+    """S8 / U8 / S4 / U4 pass; FP8 and the block-scaled elements are Unsupported here; anything
+    else InvalidProblem."""
     if kind in QGZ_CODE_KINDS:
         return
-    if ELEMENTS[kind].is_fp8:
+    if ELEMENTS[kind].is_fp8 or kind in BLOCK_ONLY_KINDS:
         raise Unsupported(f"{name}={kind.name}: the qgZ plans write integer codes only (S8, U8, S4, U4)")
     raise InvalidProblem(f"{name} must be one of S8, U8, S4, U4, got {kind.name}")
 
@@ -104,7 +106,7 @@ def check_error_kind(kind: ElementKind | None) -> None:
 def dynamic_code_range(mode: QuantMode, code: ElementKind, q_min: int | None, q_max: int | None) -> tuple[int, int]:
     """The code range of dynamic-range quantization to ``code``: the kind's default range,
     optionally narrowed; SYMMETRIC needs ``q_max > 0``, ASYMMETRIC ``q_min < q_max`` (InvalidProblem)."""
-    full = ELEMENTS[code].code_range
+    full = format_of(code).element.code_range
     assert full is not None
     lo = full[0] if q_min is None else q_min
     hi = full[1] if q_max is None else q_max

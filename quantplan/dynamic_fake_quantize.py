@@ -55,7 +55,7 @@ from ._segments import (
     shares_geometry,
 )
 from .compiler import template_name
-from .elements import ELEMENTS, param_numpy_dtype
+from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import (
     BackendKind,
@@ -287,7 +287,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         """``in_place``: the fused pass for calls whose output is the input, where ``fused`` must
         not run in place (row shares); None: ``fused`` serves both."""
         count = math.prod(problem.param_shape) if problem.param_shape else 1
-        param_dtype = param_numpy_dtype(problem.precision)
+        param_dtype = problem.scale_dtype
         asym = problem.mode is QuantMode.ASYMMETRIC
         scale_offset = zp_offset = workspace = 0
         prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()

@@ -54,7 +54,7 @@ from ._segments import (
     rows_geometry,
     shares_geometry,
 )
-from .elements import ELEMENTS, param_numpy_dtype
+from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
 from .workspace import Workspace
@@ -156,7 +156,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
         self._fused, self._passes, self._rows = fused, passes, rows
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
-        self._param_dtype = param_numpy_dtype(problem.precision)
+        self._param_dtype = problem.scale_dtype
         self._int32 = np.dtype(np.int32)
         self._float_info, self._code_info = ELEMENTS[problem.float_kind], ELEMENTS[problem.code_kind]
         self._stochastic = problem.stochastic

@@ -2,7 +2,9 @@
 
 Kernel template instantiations, operand dtype checks, NumPy storage types and default code
 ranges are all read from :data:`ELEMENTS`. Adding an element kind means adding one row here
-(and its C++ traits in ``kernels/qp_elements.cuh``).
+(and its C++ traits in ``kernels/qp_elements.cuh``). What a code *means* (encoding, scale
+element, block geometry, packing, zero point) is in :mod:`quantplan.formats`, which refers to
+these rows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from .types import ElementKind, MathPrecision
 class ElementInfo:
     """Facts about one element kind.
 
-    ``cpp_tag``: the C++ tag type used in kernel name expressions. ``storage_bits``: bits per
+    ``cpp_tag``: the C++ tag type used in kernel name expressions (empty for the data-only kinds
+    of the block-scaled formats, which no kernel takes yet). ``storage_bits``: bits per
     element in memory (4 for packed kinds). ``numpy_dtype``: the NumPy dtype of the storage the
     reference backend reads and writes (uint8 bytes for packed kinds). ``dtype_names``: dtype
     names accepted for operands of this kind (NumPy / CuPy / PyTorch names; raw-bit views such as
@@ -123,6 +126,14 @@ ELEMENTS: dict[ElementKind, ElementInfo] = {
         fp8_max=57344.0,
     ),
     ElementKind.I32: ElementInfo(ElementKind.I32, "int", 32, np.dtype(np.int32), _names("int32")),
+    # Data only (the block-scaled formats of quantplan.formats): stored as uint8 bytes, no kernel
+    # tag yet, neither float nor code kinds here, so no kernel family or plan takes them.
+    ElementKind.FP6_E2M3: ElementInfo(ElementKind.FP6_E2M3, "", 8, np.dtype(np.uint8), _names("uint8")),
+    ElementKind.FP6_E3M2: ElementInfo(ElementKind.FP6_E3M2, "", 8, np.dtype(np.uint8), _names("uint8")),
+    ElementKind.FP4_E2M1: ElementInfo(
+        ElementKind.FP4_E2M1, "", 4, np.dtype(np.uint8), _names("uint8", "float4_e2m1fn_x2"), is_packed=True
+    ),
+    ElementKind.E8M0: ElementInfo(ElementKind.E8M0, "", 8, np.dtype(np.uint8), _names("uint8", "float8_e8m0fnu")),
 }
 
 FLOAT_KINDS: tuple[ElementKind, ...] = tuple(k for k, v in ELEMENTS.items() if v.is_float)
@@ -134,13 +145,12 @@ def element_info(kind: ElementKind) -> ElementInfo:
     return ELEMENTS[kind]
 
 
-def param_numpy_dtype(precision: MathPrecision) -> np.dtype:
-    """Scale dtype for arithmetic ``precision``: float32, or float64 for F64 plans."""
-    return np.dtype(np.float64) if precision is MathPrecision.F64 else np.dtype(np.float32)
+def acc_element(precision: MathPrecision) -> ElementKind:
+    """Accumulator element kind of arithmetic ``precision``: F32, or F64 for F64 arithmetic.
 
-
-def param_element(precision: MathPrecision) -> ElementKind:
-    """Scale element kind for arithmetic ``precision``."""
+    (The scale element of a problem is not this: it comes from the problem's format,
+    :mod:`quantplan.formats`.)
+    """
     return ElementKind.F64 if precision is MathPrecision.F64 else ElementKind.F32
 
 
@@ -161,7 +171,6 @@ __all__ = [
     "ElementInfo",
     "acc_cpp",
     "acc_ctype",
+    "acc_element",
     "element_info",
-    "param_element",
-    "param_numpy_dtype",
 ]

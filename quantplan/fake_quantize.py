@@ -38,7 +38,7 @@ from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_sha
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, check_param_values, is_scalar, operand, view
 from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend, preferred
 from .compiler import compile_options, load_kernels, template_name
-from .elements import ELEMENTS, acc_cpp, acc_ctype, param_numpy_dtype
+from .elements import ELEMENTS, acc_cpp, acc_ctype
 from .errors import InvalidArgumentType, InvalidProblem, Unsupported
 from .types import (
     BackendKind,
@@ -267,7 +267,7 @@ class _FakeQuantizePlanBase(OperandChecks, Plan[Any, _Checked]):
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
         self._info = ELEMENTS[problem.float_kind]
-        self._param_dtype = param_numpy_dtype(problem.precision)
+        self._param_dtype = problem.scale_dtype
 
     # ---- parameters ---------------------------------------------------------------------------
 

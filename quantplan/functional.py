@@ -150,7 +150,7 @@ def _quantizer(
         plan = target.select(plan_cls, desc)
         info = ELEMENTS[desc.output_element]
         codes_dtype = "uint8" if info.is_packed or info.is_fp8 else info.numpy_dtype.name
-        param_dtype = "float64" if desc.input_element is ElementKind.F64 else "float32"
+        param_dtype = desc.format.scale_dtype(desc.input_element).name
         deq = DequantizeDescriptor(
             shape=desc.shape,
             scope=desc.scope,
@@ -354,7 +354,7 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     )
     y = target.empty(desc.shape, out_dtype)
     scale = qt.scale
-    param_dtype = "float64" if out_kind is ElementKind.F64 else "float32"
+    param_dtype = desc.format.scale_dtype(out_kind).name
     if not isinstance(scale, (int, float)) and dtype_name(scale) != param_dtype:
         # dequantizing to another precision: the scale is rounded to that precision's parameter type
         scale = scale.to(_torch_dtype(param_dtype)) if target.library == TORCH else scale.astype(param_dtype)

@@ -73,6 +73,7 @@ from .fake_quantize import (
     FakeQuantizePlan,
     lsq_geometry,
 )
+from .formats import affine_scale_dtype
 from .types import ChannelScope, ElementKind, GroupScope, QuantMode, Rounding, Scope, TensorScope, TokenScope
 
 _ELEMENTS: dict[Any, ElementKind] = {
@@ -81,9 +82,11 @@ _ELEMENTS: dict[Any, ElementKind] = {
     torch.float32: ElementKind.F32,
     torch.float64: ElementKind.F64,
 }
-#: The parameters' dtype for each data element: float32, float64 for float64 data.
-_PARAM_DTYPES: dict[ElementKind, Any] = {kind: torch.float32 for kind in _ELEMENTS.values()}
-_PARAM_DTYPES[ElementKind.F64] = torch.float64
+#: The parameters' dtype for each data element: the affine formats' scale element
+#: (:mod:`quantplan.formats`: float32, float64 for float64 data).
+_PARAM_DTYPES: dict[ElementKind, Any] = {
+    kind: getattr(torch, affine_scale_dtype(kind).name) for kind in _ELEMENTS.values()
+}
 _PARAM_NUMPY: dict[Any, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _TENSOR = TensorScope()
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)

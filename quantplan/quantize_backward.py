@@ -48,7 +48,7 @@ from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, 
 from ._operands import Operand, OperandChecks, check_outputs, check_param_values
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend, preferred
 from .compiler import compile_options, load_kernels, template_name
-from .elements import ELEMENTS, acc_ctype, param_numpy_dtype
+from .elements import ELEMENTS, acc_ctype
 from .errors import InvalidProblem, Unsupported
 from .types import BackendKind, MathPrecision, OpCategory, PlanPreference, QuantMode, TensorScope
 from .workspace import Workspace
@@ -163,7 +163,7 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
         self._param_shape = problem.param_shape
         self._tensor_scope = isinstance(problem.scope, TensorScope)
         self._info = ELEMENTS[problem.float_kind]
-        self._param_dtype = param_numpy_dtype(problem.precision)
+        self._param_dtype = problem.scale_dtype
 
     # ---- selection ------------------------------------------------------------------------
 

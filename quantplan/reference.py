@@ -12,6 +12,7 @@ import numpy as np
 
 from ._layout import expand_params, normalize_axis, param_shape
 from .elements import ELEMENTS
+from .formats import element_format, format_of, is_served_code
 from .types import (
     ChannelScope,
     ElementKind,
@@ -45,11 +46,8 @@ def fp8_encode(v: np.ndarray, kind: ElementKind) -> np.ndarray:
     Written on the float64 bit pattern (exact for float32 / float64 inputs) rather than through a
     library cast, because a cast from float64 may round twice (via float32).
     """
-    info = ELEMENTS[kind]
-    assert info.fp8_max is not None
-    mant = 3 if kind is ElementKind.FP8_E4M3 else 2
-    bias = 7 if kind is ElementKind.FP8_E4M3 else 15
-    max_code = 0x7E if kind is ElementKind.FP8_E4M3 else 0x7B
+    mant, bias, fmax = _fp8_layout(kind)
+    max_code = element_format(kind).max_code
     x = np.asarray(v, dtype=np.float64)
     a = np.abs(x)
     sign = np.where(np.signbit(x), 0x80, 0).astype(np.uint64)
@@ -61,20 +59,18 @@ def fp8_encode(v: np.ndarray, kind: ElementKind) -> np.ndarray:
         shift = np.uint64(52 - mant)
         rounded = (bits + np.uint64((1 << (51 - mant)) - 1) + ((bits >> shift) & np.uint64(1))) >> shift
         normal = rounded - np.uint64((1023 - bias) << mant)
-        code = np.where(a >= info.fp8_max, np.uint64(max_code), np.where(a < 2.0 ** (1 - bias), subnormal, normal))
+        code = np.where(a >= fmax, np.uint64(max_code), np.where(a < 2.0 ** (1 - bias), subnormal, normal))
     code = (code | sign).astype(np.uint8)
     code[np.isnan(x)] = FP8_CANONICAL_NAN
     return code
 
 
 def _fp8_layout(kind: ElementKind) -> tuple[int, int, float]:
-    """(mantissa bits, exponent bias, largest finite value) of an FP8 kind."""
-    info = ELEMENTS[kind]
-    if info.fp8_max is None:
+    """(mantissa bits, exponent bias, largest finite value) of an FP8 kind, from its element format."""
+    if not ELEMENTS[kind].is_fp8:
         raise ValueError(f"{kind} is not an FP8 kind")
-    mant = 3 if kind is ElementKind.FP8_E4M3 else 2
-    bias = 7 if kind is ElementKind.FP8_E4M3 else 15
-    return mant, bias, info.fp8_max
+    element = element_format(kind)
+    return element.mantissa_bits, element.bias, element.max_finite
 
 
 def fp8_stochastic_encode(v: np.ndarray, uniform: np.ndarray, kind: ElementKind) -> np.ndarray:
@@ -341,18 +337,17 @@ def dynamic_range_params(
     Raises ValueError for ASYMMETRIC FP8, ``q_max <= 0`` in SYMMETRIC integer mode, or
     ``q_min >= q_max`` in ASYMMETRIC mode.
     """
-    info = ELEMENTS[output]
-    if not info.is_code:
+    if not is_served_code(output):
         raise ValueError(f"output must be a quantized kind (S8, U8, S4, U4, FP8), got {output}")
+    element = format_of(output).element
     acc = acc_dtype(precision)
     xa = to_acc(x, precision)
     bad = nonfinite_segments(xa, scope)
     with np.errstate(all="ignore"):
         if mode is QuantMode.SYMMETRIC:
             amax = reduce_segments(np.abs(xa), scope, np.maximum, 0.0).astype(acc)
-            if info.is_fp8:
-                assert info.fp8_max is not None
-                denom = info.fp8_max
+            if element.code_range is None:  # FP8: the largest finite value
+                denom = element.max_finite
             else:
                 if q_max <= 0:
                     raise ValueError(f"symmetric dynamic range needs q_max > 0, got q_max={q_max}")
@@ -361,7 +356,7 @@ def dynamic_range_params(
             scale = np.where(scale == 0, acc.type(1), scale).astype(acc)
             scale = np.where(bad, acc.type(np.nan), scale).astype(acc)
             return scale, None
-        if info.is_fp8:
+        if element.code_range is None:
             raise ValueError(f"FP8 outputs ({output}) have no zero point; use QuantMode.SYMMETRIC")
         if q_min >= q_max:
             raise ValueError(f"asymmetric dynamic range needs q_min < q_max, got q_min={q_min}, q_max={q_max}")

@@ -36,7 +36,7 @@ from ._affine import (
 from ._device import stream_device_id
 from ._operands import Operand, OperandChecks, check_outputs, check_param_values, reference_uniform
 from ._plan import Plan, choose_backend, preferred
-from .elements import ELEMENTS, param_numpy_dtype
+from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
 from .workspace import Workspace
@@ -85,7 +85,7 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, AffineOperands]):
         self._in_shape, self._out_shape = in_shape, out_shape
         self._in_info, self._out_info = ELEMENTS[in_kind], ELEMENTS[out_kind]
         self._param_shape = problem.param_shape
-        self._param_dtype = param_numpy_dtype(problem.precision)
+        self._param_dtype = problem.scale_dtype
         self._int32 = np.dtype(np.int32)
         self._tensor_scope = isinstance(problem.scope, TensorScope)
         self._symmetric = problem.mode is QuantMode.SYMMETRIC

@@ -22,6 +22,11 @@ class ElementKind(str, enum.Enum):
     Floats: F16, BF16, F32, F64. Quantized codes: S8, U8, S4 and U4 (the 4-bit kinds are packed
     two per byte along the last axis, see :class:`NibbleOrder`), FP8_E4M3 (OCP e4m3fn, largest
     finite 448, no infinities) and FP8_E5M2 (largest finite 57344). I32 is the zero-point type.
+
+    Data only, for the block-scaled formats (:mod:`quantplan.formats`; no plan accepts them yet,
+    every plan raises :class:`~quantplan.Unsupported`): FP6_E2M3 (max 7.5) and FP6_E3M2 (max 28),
+    one code per byte in bits 0-5; FP4_E2M1 (max 6), packed two per byte, element 2i in bits 0-3;
+    E8M0, the MX scale byte ``2**(s - 127)`` (0xFF NaN).
     """
 
     F16 = "f16"
@@ -35,6 +40,10 @@ class ElementKind(str, enum.Enum):
     FP8_E4M3 = "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2"
     I32 = "i32"
+    FP6_E2M3 = "fp6_e2m3"
+    FP6_E3M2 = "fp6_e3m2"
+    FP4_E2M1 = "fp4_e2m1"
+    E8M0 = "e8m0"
 
 
 class QuantMode(str, enum.Enum):

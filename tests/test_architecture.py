@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "types": VOCABULARY,
     "errors": VOCABULARY,
     "elements": VOCABULARY,
+    "formats": VOCABULARY,
     "philox": VOCABULARY,
     # machinery: devices, operands, layouts, launches, compilation, the plan skeleton
     "_device": MACHINERY,
