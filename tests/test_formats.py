@@ -231,9 +231,13 @@ def test_block_only_kinds_are_unsupported_by_every_plan(kind: EK) -> None:
         (
             qp.DequantReducePlan,
             qp.DequantReduceDescriptor(
-                peers=2, chunk_elements=12, input_group_size=4, output_group_size=6, input_element=kind,
+                peers=2,
+                chunk_elements=12,
+                input_group_size=4,
+                output_group_size=6,
+                input_element=kind,
                 output_element=EK.S8,
-            ),  # fmt: skip
+            ),
         ),
     ]
     for plan_cls, desc in cases:
