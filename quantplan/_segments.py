@@ -318,10 +318,9 @@ def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry) -> RowsLaun
 
 def range_divisor(problem: AffineProblem) -> float:
     """The divisor of the dynamic scale: ``fp8_max`` (FP8), ``q_max`` (SYMMETRIC) or ``q_max - q_min``."""
-    code = ELEMENTS[problem.code_kind]
-    if code.is_fp8:
-        assert code.fp8_max is not None
-        return code.fp8_max
+    element = problem.format.element
+    if element.code_range is None:  # FP8: the format's largest finite value
+        return element.max_finite
     return range_divisor_of(problem.mode, problem.q_min, problem.q_max)
 
 

@@ -74,7 +74,7 @@ class ElementFormat:
 
     ``exponent_bits`` / ``mantissa_bits`` / ``bias`` / ``signed``: the fields (FLOAT, EXPONENT).
     ``fraction_bits``: INTEGER codes are ``code * 2**-fraction_bits`` (MXINT8: 6; plain integer
-    codes 0). ``code_range``: the integer codes allowed when narrower than the storage's range
+    codes 0). ``narrow_range``: the integer codes allowed when narrower than the storage's range
     (MXINT8 [-127, 127]); None takes the elements table's ``code_range``. ``code_bits``: bits of
     a code inside its storage (FP6: 6 in the low bits of a byte, the two high bits zero).
     """
@@ -193,8 +193,10 @@ class ElementFormat:
         return tuple(c for c in range(1 << self.bits) if math.isinf(self.decode(c)))
 
 
-def _float(name: str, kind: ElementKind, e: int, m: int, bias: int, specials: Specials, **kw: int) -> ElementFormat:
-    return ElementFormat(name, kind, Encoding.FLOAT, e, m, bias, specials=specials, **kw)  # type: ignore[arg-type]
+def _float(
+    name: str, kind: ElementKind, e: int, m: int, bias: int, specials: Specials, code_bits: int | None = None
+) -> ElementFormat:
+    return ElementFormat(name, kind, Encoding.FLOAT, e, m, bias, specials=specials, code_bits=code_bits)
 
 
 def _integer(name: str, kind: ElementKind, signed: bool) -> ElementFormat:

@@ -38,6 +38,7 @@ from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescrip
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .fake_quantize import FakeQuantizeArgs, FakeQuantizeDescriptor, FakeQuantizePlan
+from .formats import FORMATS
 from .static_quantize import (
     DequantizeArgs,
     DequantizeDescriptor,
@@ -71,6 +72,10 @@ FLOAT_NAMES: dict[str, ElementKind] = {
     "double": ElementKind.F64,
 }
 _CODE_TYPE_NAMES = {ElementKind.FP8_E4M3: "float8_e4m3fn", ElementKind.FP8_E5M2: "float8_e5m2"}
+#: (code kind, float kind) -> dtype name of the scale tensor: the served formats' scale element.
+_SCALE_DTYPES: dict[tuple[ElementKind, ElementKind], str] = {
+    (f.code_kind, data): f.scale_dtype(data).name for f in FORMATS.values() if f.served for data in f.data_kinds
+}
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -150,7 +155,7 @@ def _quantizer(
         plan = target.select(plan_cls, desc)
         info = ELEMENTS[desc.output_element]
         codes_dtype = "uint8" if info.is_packed or info.is_fp8 else info.numpy_dtype.name
-        param_dtype = desc.format.scale_dtype(desc.input_element).name
+        param_dtype = _SCALE_DTYPES[desc.output_element, desc.input_element]
         deq = DequantizeDescriptor(
             shape=desc.shape,
             scope=desc.scope,
@@ -354,7 +359,7 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     )
     y = target.empty(desc.shape, out_dtype)
     scale = qt.scale
-    param_dtype = desc.format.scale_dtype(out_kind).name
+    param_dtype = _SCALE_DTYPES[desc.input_element, out_kind]
     if not isinstance(scale, (int, float)) and dtype_name(scale) != param_dtype:
         # dequantizing to another precision: the scale is rounded to that precision's parameter type
         scale = scale.to(_torch_dtype(param_dtype)) if target.library == TORCH else scale.astype(param_dtype)

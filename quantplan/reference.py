@@ -624,10 +624,9 @@ def quantize_backward_mask(
     acc = acc_dtype(precision)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         v = to_acc(x, precision) / np.asarray(scale).astype(acc)
-        info = ELEMENTS[output]
-        if info.is_fp8:
-            assert info.fp8_max is not None
-            return np.asarray(np.abs(v) <= info.fp8_max)
+        element = format_of(output).element
+        if element.code_range is None:  # FP8: the largest finite value
+            return np.asarray(np.abs(v) <= element.max_finite)
         # |rne(v)| up to 2**32 is exact in float64 and so is the sum; beyond, v is far outside any range.
         t = np.rint(v).astype(np.float64) + np.asarray(zero_point, dtype=np.int64)
         return np.asarray((t >= q_min) & (t <= q_max))
