@@ -423,7 +423,7 @@ def cupy_stream(device: Any) -> Any:
         except ImportError as exc:
             raise Unsupported(
                 "CUDA tensors run on quantplan's CUDA backend, which needs CuPy: "
-                "pip install 'quantplan[cuda12]' (or [cuda13]); CPU tensors need no CuPy"
+                'python -m pip install -e ".[cuda12]" (or ".[cuda13]") in the quantplan checkout; CPU tensors need no CuPy'
             ) from exc
         stream = cupy.cuda.ExternalStream(handle, index)
         with _TARGETS_LOCK:
