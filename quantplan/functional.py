@@ -28,7 +28,7 @@ another float dtype than the parameters' (float32; float64 for float64 data) is 
 argument that is no array (a list, say) raises InvalidArgumentType, as the plans do.
 
 Non-finite input (NaN, +-Inf): with a static scale, a NaN element gets the zero point (so it
-dequantizes to 0) and +-Inf clamps to ``q_min`` / ``q_max``: only that element is affected. With a
+dequantizes to 0; FP8: NaN) and +-Inf clamps to ``q_min`` / ``q_max``: only that element is affected. With a
 scale from the data, a segment of the scope (the whole tensor for TensorScope, a row for
 TokenScope, a group for ``group_size``) holding a NaN or +-Inf gets scale NaN (zero point 0) and
 every code of it equals the zero point, so the WHOLE segment dequantizes to NaN.
@@ -286,7 +286,7 @@ def quantize(
     channel: whatever shares one scale) that holds a NaN or +-Inf gets ``scale = NaN`` (zero point
     0) and every code of it is the zero point, so the whole segment dequantizes to NaN, not just
     the bad element. With a static ``scale``, a NaN element alone gets the zero point (it
-    dequantizes to 0) and +-Inf clamps to ``q_min`` / ``q_max``. ``nonfinite`` says what to do
+    dequantizes to 0; FP8 codes keep NaN) and +-Inf clamps to ``q_min`` / ``q_max``. ``nonfinite`` says what to do
     when a scale of the result is not finite: ``"propagate"`` (default: nothing, no cost),
     ``"warn"`` (a RuntimeWarning naming the first bad segment) or ``"raise"``
     (:class:`~quantplan.InvalidProblem`, the outputs discarded). The check copies the scales to
