@@ -28,10 +28,10 @@ another float dtype than the parameters' (float32; float64 for float64 data) is 
 argument that is no array (a list, say) raises InvalidArgumentType, as the plans do.
 
 Non-finite input (NaN, +-Inf): with a static scale, a NaN element gets the zero point (so it
-dequantizes to 0; FP8: NaN) and +-Inf clamps to ``q_min`` / ``q_max``: only that element is affected. With a
-scale from the data, a segment of the scope (the whole tensor for TensorScope, a row for
-TokenScope, a group for ``group_size``) holding a NaN or +-Inf gets scale NaN (zero point 0) and
-every code of it equals the zero point, so the WHOLE segment dequantizes to NaN.
+dequantizes to 0; FP8: NaN) and +-Inf clamps to ``q_min`` / ``q_max``: only that element is
+affected. With a scale from the data, a segment of the scope (the whole tensor for TensorScope, a
+row for TokenScope, a group for ``group_size``) holding a NaN or +-Inf gets scale NaN (zero point
+0) and every code of it equals the zero point, so the WHOLE segment dequantizes to NaN.
 ``qp.quantize(..., nonfinite="warn" | "raise")`` checks the scales after the kernel.
 """
 
@@ -152,18 +152,22 @@ def _host_values(a: Any) -> Any:
     return a
 
 
-def _check_scales(qt: QuantizedTensor, nonfinite: str, stacklevel: int) -> QuantizedTensor:
+def _check_scales(qt: QuantizedTensor, nonfinite: str, stacklevel: int, given: bool = False) -> QuantizedTensor:
     """``qt``, after ``quantize(nonfinite="warn" | "raise")``'s check that every scale is finite
-    (warning ``stacklevel`` frames above this function's caller)."""
+    (warning ``stacklevel`` frames above this function's caller; ``given``: a static scale)."""
     values = np.asarray(qt.scale if isinstance(qt.scale, (int, float)) else _host_values(qt.scale))
     bad = np.argwhere(~np.isfinite(values))
     if not len(bad):
         return qt
+    why = (
+        "the scale= given is NaN or +-Inf there, so that segment dequantizes to NaN; pass finite scales"
+        if given
+        else "that segment of the input holds NaN or +-Inf, so all its codes are the zero point and it "
+        "dequantizes to NaN; clean the input (e.g. nan_to_num)"
+    )
     message = (
         f"qp.quantize: {len(bad)} of {values.size} scales are not finite (first at index "
-        f"{tuple(int(i) for i in bad[0])}): that segment of the input holds NaN or +-Inf, so all its codes are "
-        f"the zero point and it dequantizes to NaN; clean the input (e.g. nan_to_num) or pass "
-        f"nonfinite='propagate' to accept it"
+        f"{tuple(int(i) for i in bad[0])}): {why}, or pass nonfinite='propagate' to accept it"
     )
     if nonfinite == "raise":
         raise InvalidProblem(message)
@@ -286,8 +290,9 @@ def quantize(
     channel: whatever shares one scale) that holds a NaN or +-Inf gets ``scale = NaN`` (zero point
     0) and every code of it is the zero point, so the whole segment dequantizes to NaN, not just
     the bad element. With a static ``scale``, a NaN element alone gets the zero point (it
-    dequantizes to 0; FP8 codes keep NaN) and +-Inf clamps to ``q_min`` / ``q_max``. ``nonfinite`` says what to do
-    when a scale of the result is not finite: ``"propagate"`` (default: nothing, no cost),
+    dequantizes to 0; FP8 codes keep NaN) and +-Inf clamps to ``q_min`` / ``q_max``.
+    ``nonfinite`` says what to do when a scale of the result (computed or given) is not finite:
+    ``"propagate"`` (default: nothing, no cost),
     ``"warn"`` (a RuntimeWarning naming the first bad segment) or ``"raise"``
     (:class:`~quantplan.InvalidProblem`, the outputs discarded). The check copies the scales to
     the host after the kernel: on CUDA a device-to-host copy and a stream sync per call, so opt in
@@ -403,7 +408,7 @@ def quantize(
     args = QuantizeArgs(arg(x), arg(codes), arg(scale), arg(zero_point), rng_seed, rng_offset)
     target.run_with_workspace(job.plan, args)
     result = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zero_point, job.dequantize)
-    return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2)
+    return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2, given=True)
 
 
 def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> Any:

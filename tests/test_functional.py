@@ -287,3 +287,13 @@ def test_a_list_raises_the_same_error_class_from_the_one_liner_and_the_plan_api(
         qp.dequantize(np.ones(3))
     with pytest.raises(qp.InvalidProblem, match="nonfinite"):
         qp.quantize(np.ones((2, 2), np.float32), "int8", nonfinite="ignore")
+
+
+def test_nonfinite_also_checks_a_given_scale() -> None:
+    x = np.ones((3, 4), np.float32)
+    scale = np.array([[0.5], [np.inf], [0.25]], np.float32)
+    with pytest.raises(qp.InvalidProblem, match=r"1 of 3 scales .* index \(1, 0\).*scale= given"):
+        qp.quantize(x, "int8", scope=qp.TokenScope(), scale=scale, nonfinite="raise")
+    qt = qp.quantize(x, "int8", scope=qp.TokenScope(), scale=scale)  # default: no check, the row decodes to NaN
+    y = qt.dequantize()
+    assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
