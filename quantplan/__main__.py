@@ -3,6 +3,10 @@
 ``python -m quantplan info`` prints the version, the backend, the GPU, the CuPy / NVRTC / driver
 versions and the kernel cache; ``python -m quantplan precompile [sm_90 ...]`` fills the kernel cache
 ahead of use (no GPU needed), with progress; ``--check`` recompiles every unit (a full NVRTC check).
+
+Exit status: 0 on success, 1 when a dependency is missing or a kernel does not compile (one line
+on stderr naming the fix), 2 for bad arguments, 130 when interrupted (Ctrl-C stops ``precompile``
+and its compiler processes at once; the units finished so far stay in the cache).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from typing import Any
 from . import __version__, compiler
 from ._device import cuda_available, device_info
 from ._families import FAMILIES
-from ._precompile import precompile
-from .errors import QuantPlanError
+from ._precompile import INSTALL_HINT, precompile
+from .errors import KernelCompileError, QuantPlanError
 from .types import ArchSku
 
 
@@ -29,9 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("info", help="version, backend, GPU, CuPy / NVRTC / driver versions and the kernel cache")
     pre = commands.add_parser(
         "precompile",
-        help="compile every kernel unit for the given architectures into the cache (no GPU needed)",
+        help="compile every kernel unit for the given architectures into the cache (no GPU needed; "
+        "tens of minutes per architecture on a 2-core machine)",
         description="Compile every kernel unit of every family into the on-disk cache, so no select() waits for "
-        "NVRTC. Architectures as sm_80, sm_90 (or 90, 9.0); default: the visible GPU's, else sm_90.",
+        "NVRTC. Architectures as sm_80, sm_90 (or 90, 9.0); default: the visible GPU's, else sm_90. "
+        "All families take tens of minutes per architecture on a 2-core machine (parallel: --jobs); "
+        "Ctrl-C stops it at once, keeping the units already compiled. Needs CuPy and NVRTC "
+        "(the cuda12 or cuda13 extra), no GPU.",
     )
     pre.add_argument("archs", nargs="*", metavar="ARCH", help="e.g. sm_80 sm_90")
     pre.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only this family (repeatable)")
@@ -40,9 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = 2) -> int:
     print(f"python -m quantplan: error: {message}", file=sys.stderr)
-    return 2
+    return status
 
 
 class _ProgressLine:
@@ -87,8 +95,22 @@ def _precompile(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         try:
             count = precompile(arch, args.family, args.jobs, check=args.check, progress=show)
-        finally:
+        except KeyboardInterrupt:
             show.close()
+            print(
+                f"\nprecompile {arch.nvrtc_arch}: interrupted after {time.perf_counter() - start:.0f} s; "
+                f"compiler processes stopped, finished units kept in {compiler.cache_dir()}",
+                file=sys.stderr,
+            )
+            return 130
+        except KernelCompileError as exc:
+            show.close()
+            print(exc, file=sys.stderr)  # the NVRTC log: many lines, all of them needed
+            return 1
+        except QuantPlanError as exc:  # e.g. no CuPy / NVRTC: one line naming the extra to install
+            show.close()
+            return _fail(str(exc), 1)
+        show.close()
         print(
             f"compiled {count} units for {arch.nvrtc_arch} in {time.perf_counter() - start:.0f} s "
             f"into {compiler.cache_dir()}"
@@ -103,7 +125,7 @@ def _info() -> int:
 
         print(f"cupy {cupy.__version__}")
     except ImportError:
-        print("cupy: not installed (the reference backend runs; pip install 'quantplan[cuda13]' or [cuda12])")
+        print(f"cupy: not installed (the reference backend runs; for the CUDA kernels: {INSTALL_HINT})")
     try:
         major, minor = compiler.nvrtc_version()
         print(f"nvrtc {major}.{minor}")

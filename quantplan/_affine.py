@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._device import device_info
 from ._families import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit, row_kernel_name
@@ -174,6 +175,40 @@ def resolve_affine_problem(
     return AffineProblem(tuple(shape), scope, mode, float_kind, lo, hi, code_kind, nibble_order)
 
 
+_Resolved = TypeVar("_Resolved", bound="ResolvedCodeRange")
+
+
+class ResolvedCodeRange(Model):
+    """Mixin of the descriptors with optional ``q_min`` / ``q_max`` next to an ``output_element``:
+    at validation, a range left None is filled with the full range of an integer output kind
+    (S8: -128 / 127, U4: 0 / 15, ...), so the fields read the range the plan will use and a
+    descriptor built with ``q_min=None`` equals (and hashes as) one built with the explicit
+    default. FP8 and float outputs keep None (no integer range applies). ``model_copy(update=...)``
+    validates again, resolving the range afresh when ``output_element`` changes."""
+
+    @model_validator(mode="after")
+    def _resolve_code_range(self: _Resolved) -> _Resolved:
+        values = self.__dict__
+        code_range = ELEMENTS[values["output_element"]].code_range
+        if code_range is not None:
+            if values["q_min"] is None:
+                values["q_min"] = code_range[0]
+            if values["q_max"] is None:
+                values["q_max"] = code_range[1]
+        return self
+
+    def model_copy(self: _Resolved, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> _Resolved:
+        """A validated copy with ``update`` applied (a range that was resolved, not given, is resolved again)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = dict(self.__dict__)
+        for name in ("q_min", "q_max"):
+            if name not in self.model_fields_set and name not in update:
+                data[name] = None
+        data.update(update)
+        return type(self)(**data)
+
+
 class ScopedDescriptor(Model):
     """The fields every scoped descriptor starts with: ``shape`` (any rank), ``scope`` (Tensor /
     Token / Channel / GroupScope: which elements share a scale and zero point) and ``mode``
@@ -209,13 +244,14 @@ class GradientOf:
         return self.shape
 
 
-class QuantizeDescriptor(ScopedDescriptor):
+class QuantizeDescriptor(ResolvedCodeRange, ScopedDescriptor):
     """A static quantization problem: ``q = clamp(rne(x / scale) + zp, q_min, q_max)``.
 
     Fields: ``shape`` of the float input (any rank); ``scope`` (Tensor/Token/Channel/GroupScope);
     ``mode`` SYMMETRIC (no zero point) or ASYMMETRIC (int32 zero point); ``input_element`` F16,
     BF16, F32 or F64; ``output_element`` S8, U8, S4, U4, FP8_E4M3 or FP8_E5M2; ``q_min`` /
-    ``q_max`` narrow the integer code range (default: the full range of the output);
+    ``q_max`` narrow the integer code range (default None: the full range of the output, filled
+    in at validation, so ``desc.q_max`` reads 127 for S8; FP8 keeps None);
     ``nibble_order`` for S4 / U4; ``rounding`` NEAREST_EVEN or STOCHASTIC (Philox4x32-10, SPEC
     section 4: ``q = floor(v) + (u < v - floor(v))`` with ``v = x / scale``; FP8 picks between
     the two neighbouring FP8 values the same way; the run's ``rng_seed`` / ``rng_offset`` make

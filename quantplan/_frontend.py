@@ -32,7 +32,7 @@ import numpy as np
 from ._fast_check import pointer_launcher
 from ._launch import make_context_current
 from ._operands import dtype_name as _dtype_name
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidArgumentType, InvalidProblem, Unsupported
 from .types import BackendKind, PlanPreference
 from .workspace import Workspace
 
@@ -132,7 +132,7 @@ class Target:
     def of(array: Any, *more: Any, names: tuple[str, ...] = ()) -> Target:
         """The target of a call whose array arguments are ``array`` and ``more`` (None entries
         of ``more`` skipped): one library, one device (InvalidProblem otherwise, naming the
-        argument from ``names`` where it is not an array)."""
+        argument from ``names`` where it is not an array: InvalidArgumentType, as the plans raise)."""
         try:
             target = _target_of(array)
             for other in more:
@@ -143,7 +143,7 @@ class Target:
         except _NotAnArray as exc:
             position = next(i for i, a in enumerate((array, *more)) if a is exc.array)
             name = names[position] if position < len(names) else "an argument"
-            raise InvalidProblem(
+            raise InvalidArgumentType(
                 f"{name} is a {type(exc.array).__name__}; expected a NumPy array, a CuPy array or a PyTorch tensor"
             ) from None
         return target
@@ -314,7 +314,7 @@ def shaped(a: Any, shape: tuple[int, ...]) -> Any:
     return a if a.shape == shape else a.reshape(shape)
 
 
-class _NotAnArray(InvalidProblem):
+class _NotAnArray(InvalidArgumentType):
     """An argument that is no array (:meth:`Target.of` names it)."""
 
     def __init__(self, array: Any) -> None:
@@ -423,7 +423,7 @@ def cupy_stream(device: Any) -> Any:
         except ImportError as exc:
             raise Unsupported(
                 "CUDA tensors run on quantplan's CUDA backend, which needs CuPy: "
-                "pip install 'quantplan[cuda12]' (or [cuda13]); CPU tensors need no CuPy"
+                'python -m pip install -e ".[cuda12]" (or ".[cuda13]") in the quantplan checkout; CPU tensors need no CuPy'
             ) from exc
         stream = cupy.cuda.ExternalStream(handle, index)
         with _TARGETS_LOCK:

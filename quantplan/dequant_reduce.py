@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import ConfigDict
 
 from . import reference
+from ._affine import ResolvedCodeRange
 from ._device import device_info, stream_device_id
 from ._families import (
     DENSE_REDUCE_EPT,
@@ -72,7 +73,6 @@ from .types import (
     HOST_ARCH,
     BackendKind,
     ElementKind,
-    Model,
     NibbleOrder,
     OpCategory,
     PlanPreference,
@@ -90,7 +90,7 @@ def _storage(elements: int, kind: ElementKind) -> int:
     return elements // 2 if ELEMENTS[kind].is_packed else elements
 
 
-class DequantReduceDescriptor(Model):
+class DequantReduceDescriptor(ResolvedCodeRange):
     """A dequantize-reduce-requantize problem (see :class:`DequantReducePlan`).
 
     Fields: ``peers`` (N >= 1 chunks to reduce); ``chunk_elements`` (elements per chunk, and of

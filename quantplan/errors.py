@@ -53,7 +53,12 @@ class KernelCompileError(QuantPlanError):
 
     def __init__(self, message: str, log: str) -> None:
         super().__init__(f"{message}\n--- NVRTC log ---\n{log}")
+        self.message = message
         self.log = log
+
+    def __reduce__(self) -> tuple[type[KernelCompileError], tuple[str, str]]:
+        # Rebuilt from both arguments: it crosses process boundaries (precompile's worker pool).
+        return type(self), (self.message, self.log)
 
 
 __all__ = [

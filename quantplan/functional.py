@@ -23,20 +23,32 @@ Decisions (also in the CHANGELOG): the default scope is :class:`~quantplan.Tenso
 copied to a contiguous one first; CuPy arrays of dtype uint16 are read as bfloat16 bits (CuPy has no
 bfloat16); FP8 codes are returned as ``float8_e4m3fn`` / ``float8_e5m2`` arrays where the library
 has the type (NumPy through ml_dtypes, PyTorch) and as uint8 bits in CuPy; stochastic rounding
-without a ``seed`` draws a fresh 64-bit seed from the operating system.
+without a ``seed`` draws a fresh 64-bit seed from the operating system; a static ``scale`` array of
+another float dtype than the parameters' (float32; float64 for float64 data) is rounded to it; an
+argument that is no array (a list, say) raises InvalidArgumentType, as the plans do.
+
+Non-finite input (NaN, +-Inf): with a static scale, a NaN element gets the zero point (so it
+dequantizes to 0; FP8: NaN) and +-Inf clamps to ``q_min`` / ``q_max``: only that element is
+affected. With a scale from the data, a segment of the scope (the whole tensor for TensorScope, a
+row for TokenScope, a group for ``group_size``) holding a NaN or +-Inf gets scale NaN (zero point
+0) and every code of it equals the zero point, so the WHOLE segment dequantizes to NaN.
+``qp.quantize(..., nonfinite="warn" | "raise")`` checks the scales after the kernel.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ._frontend import TORCH, Target, array_signature, dtype_name, remember_replay, replay, replayed
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
-from .errors import InvalidProblem
+from .errors import InvalidArgumentType, InvalidProblem
 from .fake_quantize import FakeQuantizeArgs, FakeQuantizeDescriptor, FakeQuantizePlan
 from .formats import FORMATS
 from .static_quantize import (
@@ -76,6 +88,10 @@ _CODE_TYPE_NAMES = {ElementKind.FP8_E4M3: "float8_e4m3fn", ElementKind.FP8_E5M2:
 _SCALE_DTYPES: dict[tuple[ElementKind, ElementKind], str] = {
     (f.code_kind, data): f.scale_dtype(data).name for f in FORMATS.values() if f.served for data in f.data_kinds
 }
+#: Float dtypes a static scale array may have (rounded to the parameter dtype when it differs).
+_FLOAT_SCALE_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))
+#: What ``quantize(nonfinite=...)`` does when a scale of the result is not finite.
+NONFINITE = ("propagate", "warn", "raise")
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -125,6 +141,43 @@ def _torch_dtype(name: str) -> Any:
     import torch
 
     return getattr(torch, name)
+
+
+def _as_dtype(target: Target, a: Any, name: str) -> Any:
+    """``a`` converted (rounded) to dtype ``name`` in its own library and device."""
+    return a.to(_torch_dtype(name)) if target.library == TORCH else a.astype(name)
+
+
+def _host_values(a: Any) -> Any:
+    """A NumPy copy (or view) of array ``a`` of any library (a device-to-host copy for CUDA arrays)."""
+    if hasattr(a, "detach"):  # PyTorch
+        return a.detach().cpu().numpy()
+    if hasattr(a, "get"):  # CuPy
+        return a.get()
+    return a
+
+
+def _check_scales(qt: QuantizedTensor, nonfinite: str, stacklevel: int, given: bool = False) -> QuantizedTensor:
+    """``qt``, after ``quantize(nonfinite="warn" | "raise")``'s check that every scale is finite
+    (warning ``stacklevel`` frames above this function's caller; ``given``: a static scale)."""
+    values = np.asarray(qt.scale if isinstance(qt.scale, (int, float)) else _host_values(qt.scale))
+    bad = np.argwhere(~np.isfinite(values))
+    if not len(bad):
+        return qt
+    why = (
+        "the scale= given is NaN or +-Inf there, so that segment dequantizes to NaN; pass finite scales"
+        if given
+        else "that segment of the input holds NaN or +-Inf, so all its codes are the zero point and it "
+        "dequantizes to NaN; clean the input (e.g. nan_to_num)"
+    )
+    message = (
+        f"qp.quantize: {len(bad)} of {values.size} scales are not finite (first at index "
+        f"{tuple(int(i) for i in bad[0])}): {why}, or pass nonfinite='propagate' to accept it"
+    )
+    if nonfinite == "raise":
+        raise InvalidProblem(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+    return qt
 
 
 def _rng(rounding: Rounding, seed: int | None, offset: int) -> tuple[int | None, int | None]:
@@ -227,6 +280,7 @@ def quantize(
     seed: int | None = None,
     offset: int = 0,
     nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
+    nonfinite: str = "propagate",
 ) -> QuantizedTensor:
     """Quantize ``x`` to ``dtype`` codes; the scale comes from the data unless one is given.
 
@@ -237,12 +291,27 @@ def quantize(
     ``zero_point`` for asymmetric): the same last formula with the given parameters. This is
     :class:`~quantplan.DynamicRangeQuantizePlan` / :class:`~quantplan.QuantizePlan`, bit for bit.
 
+    **NaN and +-Inf:** with a scale from the data, a segment (the tensor, a row, a group, a
+    channel: whatever shares one scale) that holds a NaN or +-Inf gets ``scale = NaN`` (zero point
+    0) and every code of it is the zero point, so the whole segment dequantizes to NaN, not just
+    the bad element. With a static ``scale``, a NaN element alone gets the zero point (it
+    dequantizes to 0; FP8 codes keep NaN) and +-Inf clamps to ``q_min`` / ``q_max``.
+    ``nonfinite`` says what to do when a scale of the result (computed or given) is not finite:
+    ``"propagate"`` (default: nothing, no cost),
+    ``"warn"`` (a RuntimeWarning naming the first bad segment) or ``"raise"``
+    (:class:`~quantplan.InvalidProblem`, the outputs discarded). The check copies the scales to
+    the host after the kernel: on CUDA a device-to-host copy and a stream sync per call, so opt in
+    for debugging, not in a hot loop.
+
     **When to use:** one call in a notebook or script; see the module docstring for hot loops.
 
     **Dtypes:** ``x`` float16, bfloat16, float32 or float64 (NumPy, CuPy, PyTorch); ``dtype`` one of
     ``"int8"``, ``"uint8"``, ``"int4"``, ``"uint4"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` or an
     :class:`~quantplan.ElementKind`. A static ``scale`` is a Python float (tensor scope) or an array
-    of the scope's parameter shape (float32; float64 for float64 data) of the same library.
+    of the scope's parameter shape of the same library: float32 (float64 for float64 data), or
+    another float dtype, which is rounded to that one (a float64 scale for float32 data becomes
+    float32, round to nearest even) and returned so in the result. A non-array ``x`` or ``scale``
+    (a list) raises :class:`~quantplan.InvalidArgumentType`.
 
     **Shape limits:** any rank; ``group_size`` must divide the last axis; ``axis`` picks a channel
     scope. Exactly one of ``scope``, ``group_size``, ``axis`` (or none: one scale for the tensor).
@@ -269,12 +338,15 @@ def quantize(
                 q_min,
                 q_max,
                 nibble_order,
+                nonfinite,
             )
             result = replayed(replay_key, x)
             if result is not None:
                 return result  # type: ignore[no-any-return]
     replayable = replay_key is not None
-    target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale)
+    if nonfinite not in NONFINITE:
+        raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
+    target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale, names=("x", "scale"))
     x = target.contiguous(x)
     float_kind = _float_kind(x)
     code_kind = _kind(dtype, CODE_NAMES, "dtype")
@@ -313,7 +385,13 @@ def quantize(
             if zp_out is not None:
                 outputs.append((job.param_shape, "int32"))
 
-            if _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
+            if nonfinite != "propagate":  # the replay does the opt-in check (stack: finish, replay, quantize)
+
+                def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
+                    qt = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
+                    return _check_scales(qt, nonfinite, 4)
+
+            elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
                     return QuantizedTensor(codes, scale, zp, deq)
@@ -324,12 +402,18 @@ def quantize(
                     return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
 
             remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish))
-        return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
+        result = QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
+        return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2)
     job = _quantizer(target, key, QuantizeDescriptor, QuantizePlan, fields)
+    if not isinstance(scale, (int, float)):
+        scale_dtype = dtype_name(scale)
+        if scale_dtype != job.param_dtype and scale_dtype in _FLOAT_SCALE_DTYPES:
+            scale = _as_dtype(target, scale, job.param_dtype)  # rounded to the parameters' precision
     codes = target.empty(job.codes_shape, job.codes_dtype)
     args = QuantizeArgs(arg(x), arg(codes), arg(scale), arg(zero_point), rng_seed, rng_offset)
     target.run_with_workspace(job.plan, args)
-    return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zero_point, job.dequantize)
+    result = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zero_point, job.dequantize)
+    return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2, given=True)
 
 
 def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> Any:
@@ -343,7 +427,7 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     ElementKind). The output is a new array of the codes' library and device.
     """
     if not isinstance(qt, QuantizedTensor):
-        raise InvalidProblem(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
+        raise InvalidArgumentType(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
@@ -362,7 +446,7 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     param_dtype = _SCALE_DTYPES[desc.input_element, out_kind]
     if not isinstance(scale, (int, float)) and dtype_name(scale) != param_dtype:
         # dequantizing to another precision: the scale is rounded to that precision's parameter type
-        scale = scale.to(_torch_dtype(param_dtype)) if target.library == TORCH else scale.astype(param_dtype)
+        scale = _as_dtype(target, scale, param_dtype)
     codes = qt.codes
     if ELEMENTS[desc.input_element].is_fp8 and target.library == TORCH:
         codes = target.view(codes, "uint8")  # a CPU float8 tensor has no NumPy view
@@ -397,6 +481,7 @@ def fake_quantize(
         x,
         None if isinstance(scale, (int, float)) else scale,
         None if zero_point is None or isinstance(zero_point, (int, float)) else zero_point,
+        names=("x", "scale", "zero_point"),
     )
     x = target.contiguous(x)
     kind = _float_kind(x)
@@ -415,4 +500,4 @@ def fake_quantize(
     return y
 
 
-__all__ = ["CODE_NAMES", "FLOAT_NAMES", "QuantizedTensor", "dequantize", "fake_quantize", "quantize"]
+__all__ = ["CODE_NAMES", "FLOAT_NAMES", "NONFINITE", "QuantizedTensor", "dequantize", "fake_quantize", "quantize"]

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ConfigDict
 
 from . import reference
+from ._affine import ResolvedCodeRange
 from ._device import device_info, stream_device_id
 from ._families import DENSE_FLOAT_KINDS, QGZ_WIDTHS, error_tag, swizzled_dense_name, swizzled_quantize_unit
 from ._launch import launch_on
@@ -55,7 +56,6 @@ from .errors import InvalidProblem
 from .types import (
     BackendKind,
     ElementKind,
-    Model,
     NibbleOrder,
     OpCategory,
     PlanPreference,
@@ -134,7 +134,7 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
 # ---- SwizzledQuantizePlan -----------------------------------------------------------------------
 
 
-class SwizzledQuantizeDescriptor(Model):
+class SwizzledQuantizeDescriptor(ResolvedCodeRange):
     """A swizzled group-quantization problem (see :class:`SwizzledQuantizePlan`).
 
     Fields: ``shape`` of the input (any rank; its flat C order defines the groups);

@@ -119,10 +119,19 @@ def _validation_message(model: str, exc: ValidationError) -> str:
     return f"{model}: " + "; ".join(parts) + f"; fix the field(s) and construct the {model} again"
 
 
+def _brief(value: Any) -> str:
+    """A field value as the concise repr shows it: enum members by name, the rest by repr."""
+    return value.name if isinstance(value, enum.Enum) else repr(value)
+
+
 class Model(BaseModel):
     """Base of every descriptor, scope and preference: frozen, hashable, no extra fields, and its
     validation errors raised as :class:`~quantplan.InvalidProblem` naming the field (so
-    ``except qp.QuantPlanError`` catches them; InvalidProblem is also a ``ValueError``)."""
+    ``except qp.QuantPlanError`` catches them; InvalidProblem is also a ``ValueError``).
+
+    ``repr`` / ``str``: one line, every field by name, enum members by name
+    (``QuantizeDescriptor(shape=(16, 4096), scope=TokenScope(), mode=SYMMETRIC, ...)``); a
+    scope's constant ``kind`` tag is left out (the class name says it)."""
 
     model_config = _FROZEN
 
@@ -131,6 +140,18 @@ class Model(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise InvalidProblem(_validation_message(type(self).__name__, exc)) from None
+
+    def __repr__(self) -> str:
+        parts = []
+        for name, info in type(self).model_fields.items():
+            value = self.__dict__.get(name)
+            if name == "kind" and value == info.default:
+                continue
+            parts.append(f"{name}={_brief(value)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def __str__(self) -> str:
+        return self.__repr__()
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
@@ -277,6 +298,16 @@ class PrecisionGuarantee(Model):
     deterministic: bool = True
     matches_reference: bool = True
 
+    def __str__(self) -> str:
+        """``F32 math, F32 accumulator, deterministic, bit-stable on the same hardware, matches the reference``."""
+        flags = [
+            ("deterministic", self.deterministic),
+            ("bit-stable on the same hardware", self.bit_stable_on_same_hardware),
+            ("matches the reference bit for bit", self.matches_reference),
+        ]
+        said = ", ".join(text if ok else f"not {text}" for text, ok in flags)
+        return f"{self.math_precision.name} math, {self.accumulator.name} accumulator, {said}"
+
 
 class KernelSku(Model):
     """Identity of the kernel a plan runs: what it computes, on which types, which variant, where."""
@@ -290,6 +321,13 @@ class KernelSku(Model):
     arch: str
     backend: BackendKind
     precision_guarantee: PrecisionGuarantee
+
+    def __str__(self) -> str:
+        """``quantize/static F32 / S8, variant 'numpy', reference backend on host`` (the repr has every field)."""
+        return (
+            f"{self.category.value}/{self.op.value} {self.element.name} / {self.aux_element.name}, "
+            f"variant {self.variant!r}, {self.backend.value} backend on {self.arch}"
+        )
 
 
 class PlanPreference(Model):

@@ -24,7 +24,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: ``-m "not gpu"`` sees the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # every test of a *_gpu.py file needs a GPU, marked or not
+        if item.path.name.endswith("_gpu.py") and "gpu" not in item.keywords:
+            item.add_marker(pytest.mark.gpu)
     if not config.getoption("--nvrtc-sweep"):
         sweep = pytest.mark.skip(reason="the full NVRTC sweep runs with --nvrtc-sweep (a sample compiles by default)")
         for item in items:

@@ -43,6 +43,7 @@ from quantplan.types import ElementKind as EK
 ASYM = qp.QuantMode.ASYMMETRIC
 STOCHASTIC = qp.Rounding.STOCHASTIC
 IP = qp.InvalidProblem
+IAT = qp.InvalidArgumentType
 MO = qp.MisalignedOperand
 UNS = qp.Unsupported
 WTS = qp.WorkspaceTooSmall
@@ -1740,16 +1741,20 @@ CASES += [
     ds_case(
         "compat.quantize.int32_input", _ds_quantize(input_vals=lambda env: _x(env, dtype=np.int32)), IP, "input_vals"
     ),
-    ds_case("compat.quantize.list_input", _ds_quantize(input_vals=[[1.0, 2.0]] * 4), IP, "input_vals|list"),
-    ds_case("compat.quantize.none_input", _ds_quantize(input_vals=None), IP, "input_vals"),
+    ds_case("compat.quantize.list_input", _ds_quantize(input_vals=[[1.0, 2.0]] * 4), IAT, "input_vals|list"),
+    ds_case("compat.quantize.none_input", _ds_quantize(input_vals=None), IAT, "input_vals"),
     ds_case(
         "compat.quantize.int4_odd_numel",
         _ds_quantize(input_vals=lambda env: _x(env, (5, 7)), groups=5, num_bits=4),
         IP,
         "even",
     ),
-    ds_case(
-        "compat.quantize.torch_cpu_tensor", _ds_quantize(input_vals=_torch_cpu_input), UNS, "CPU", backends=("numpy",)
+    ds_case(  # a PyTorch CPU input with a NumPy error buffer: two libraries in one call
+        "compat.loco.torch_cpu_input_numpy_error",
+        _ds_loco(input_vals=lambda env, a: _torch_cpu_input(env)),
+        IP,
+        "one library",
+        backends=("numpy",),
     ),
     ds_case(
         "compat.dequantize.params_wrong_count",

@@ -184,10 +184,56 @@ def test_argument_errors() -> None:
         ds.loco_swizzle_quant(x, np.zeros(16, np.float32)[::2], 0.5, 2, 8, SYM, 1, 1, 1)
 
 
-def test_torch_cpu_tensors_are_refused_with_a_clear_error() -> None:
+def _bits(a: object) -> np.ndarray:
+    """The bits of a NumPy array or PyTorch CPU tensor (bfloat16 as uint16)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        a = a.view(torch.int16).numpy() if a.dtype is torch.bfloat16 else a.numpy()
+    arr = np.ascontiguousarray(a)
+    return arr.view({8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}[arr.dtype.itemsize])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_cpu_tensors_run_on_the_reference_backend_with_numpy_bits(rng: np.random.Generator, dtype: str) -> None:
+    """PyTorch CPU tensors are served (reference backend): every function returns PyTorch CPU
+    tensors with the bits NumPy arrays give, in-place buffers updated the same way."""
     torch = pytest.importorskip("torch")
-    with pytest.raises(qp.Unsupported, match="CPU tensors"):
-        ds.quantize(torch.ones(8), 2, 8, SYM)
+    tdtype = getattr(torch, dtype)
+    x32 = (rng.standard_normal((6, 40)) * np.exp(rng.uniform(-3, 3, (6, 1)))).astype(np.float32)
+    xt = torch.from_numpy(x32).to(tdtype)
+    xn = xt.float().numpy().astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    for bits, mode in ((8, SYM), (4, ASYM)):
+        qt, pt = ds.quantize(xt, 12, bits, mode)
+        qn, pn = ds.quantize(xn, 12, bits, mode)
+        assert isinstance(qt, torch.Tensor) and qt.device.type == "cpu" and tuple(qt.shape) == qn.shape
+        assert np.array_equal(_bits(qt), _bits(qn)) and np.array_equal(_bits(pt), _bits(pn))
+        assert np.array_equal(
+            _bits(ds.dequantize(qt, pt, 12, bits, mode)), _bits(ds.dequantize(qn, pn, 12, bits, mode))
+        )
+        assert np.array_equal(
+            _bits(ds.dequantize_fp32(qt, pt, 12, bits, mode)), _bits(ds.dequantize_fp32(qn, pn, 12, bits, mode))
+        )
+        st, spt = ds.swizzle_quant(xt, 8, bits, mode, 1, 2, 2)
+        sn, spn = ds.swizzle_quant(xn, 8, bits, mode, 1, 2, 2)
+        assert np.array_equal(_bits(st), _bits(sn)) and np.array_equal(_bits(spt), _bits(spn))
+        rt = ds.quantized_reduction(st, spt, 8, 4, bits, mode, 2)
+        rn = ds.quantized_reduction(sn, spn, 8, 4, bits, mode, 2)
+        assert all(np.array_equal(_bits(a), _bits(b)) for a, b in zip(rt, rn, strict=True))
+    e32 = (rng.standard_normal(240) * 0.01).astype(np.float32)
+    et, en = torch.from_numpy(e32.copy()), e32.copy()
+    lt = ds.loco_swizzle_quant(xt, et, 0.5, 8, 4, SYM, 1, 2, 2)
+    ln = ds.loco_swizzle_quant(xn, en, 0.5, 8, 4, SYM, 1, 2, 2)
+    assert all(np.array_equal(_bits(a), _bits(b)) for a, b in zip(lt, ln, strict=True))
+    assert np.array_equal(_bits(et), _bits(en))  # the error buffer, updated in place
+    mt, mn = xt.clone()[:, ::2], xn.copy()[:, ::2]  # non-contiguous: updated in place through a copy
+    assert ds.ds_quantize_asym_fp16(mt, 6, 4) is mt
+    ds.ds_quantize_asym_fp16(mn, 6, 4)
+    assert np.array_equal(_bits(mt.contiguous()), _bits(mn))
+    ft, fn = xt.clone(), xn.copy()
+    ds.ds_sr_quantize_fp32(ft, 12, 8, rng_seed=11, rng_offset=2)
+    ds.ds_sr_quantize_fp32(fn, 12, 8, rng_seed=11, rng_offset=2)
+    assert np.array_equal(_bits(ft), _bits(fn))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -212,3 +212,88 @@ def test_bad_calls_raise_quantplan_errors(call: Callable[[np.ndarray], Any], mat
     x = np.ones((4, 16), np.float32)
     with pytest.raises(qp.QuantPlanError, match=match):
         call(x)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize(
+    ("kw", "segment"),
+    [
+        (dict(scope=qp.TokenScope()), lambda r, c: (r, slice(None))),
+        (dict(group_size=8, asymmetric=True), lambda r, c: (r, slice(c // 8 * 8, c // 8 * 8 + 8))),
+        (dict(), lambda r, c: (slice(None), slice(None))),
+    ],
+    ids=["token", "group-asymmetric", "tensor"],
+)
+def test_a_nan_makes_its_whole_segment_nan_and_nonfinite_reports_it(
+    library: str, kw: dict[str, Any], segment: Callable[[int, int], Any], rng: np.random.Generator
+) -> None:
+    """The README's rule: a segment holding NaN gets scale NaN, codes = zero point, and dequantizes
+    to NaN as a whole (other segments untouched); nonfinite="propagate" keeps those bits,
+    "warn" warns and "raise" raises InvalidProblem, every call (replayed ones included)."""
+    to_lib, to_np = converters(library)
+    x = random_floats(rng, (6, 40), EK.F32)
+    x = np.where(np.isfinite(x), x, 0).astype(np.float32)
+    r, c = int(rng.integers(0, 6)), int(rng.integers(0, 40))
+    bad = x.copy()
+    bad[r, c] = np.nan
+    qt = qp.quantize(to_lib(bad), "int8", **kw)
+    y = to_np(qt.dequantize())
+    nan_rows = np.zeros(x.shape, bool)
+    nan_rows[segment(r, c)] = True
+    assert np.isnan(y[nan_rows]).all() and not np.isnan(y[~nan_rows]).any()
+    nan_scale = np.isnan(to_np(qt.scale))
+    assert nan_scale.sum() == 1
+    assert qt.zero_point is None or (to_np(qt.zero_point)[nan_scale] == 0).all()
+    assert (to_np(qt.codes)[nan_rows] == 0).all()
+    same = qp.quantize(to_lib(bad), "int8", nonfinite="propagate", **kw)
+    assert np.array_equal(to_np(same.codes), to_np(qt.codes))
+    for _ in range(2):  # the second call of a signature is the replayed one on CUDA
+        with pytest.warns(RuntimeWarning, match="not finite.*dequantizes to NaN"):
+            warned = qp.quantize(to_lib(bad), "int8", nonfinite="warn", **kw)
+        assert np.array_equal(to_np(warned.codes), to_np(qt.codes))
+        with pytest.raises(qp.InvalidProblem, match=r"1 of \d+ scales are not finite"):
+            qp.quantize(to_lib(bad), "int8", nonfinite="raise", **kw)
+    clean = qp.quantize(to_lib(x), "int8", nonfinite="raise", **kw)  # finite input: no complaint, same bits
+    assert np.array_equal(to_np(clean.codes), to_np(qp.quantize(to_lib(x), "int8", **kw).codes))
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_float64_scale_is_rounded_to_the_parameter_dtype(library: str, rng: np.random.Generator) -> None:
+    to_lib, to_np = converters(library)
+    x = random_floats(rng, (7, 33), EK.F32)
+    scale64 = np.exp(rng.uniform(-3, 1, size=(7, 1)))
+    got = qp.quantize(to_lib(x), "int8", scope=qp.TokenScope(), scale=to_lib(scale64))
+    want = qp.quantize(to_lib(x), "int8", scope=qp.TokenScope(), scale=to_lib(scale64.astype(np.float32)))
+    assert np.array_equal(to_np(got.codes), to_np(want.codes))
+    assert to_np(got.scale).dtype == np.float32
+    assert np.array_equal(raw(to_np(got.scale)), raw(scale64.astype(np.float32)))
+    assert np.array_equal(raw(to_np(got.dequantize())), raw(to_np(want.dequantize())))
+
+
+def test_a_list_raises_the_same_error_class_from_the_one_liner_and_the_plan_api() -> None:
+    """One mistake, one class: an argument that is no array is InvalidArgumentType (a TypeError)."""
+    data = [[1.0, 2.0], [3.0, 4.0]]
+    desc = qp.QuantizeDescriptor(shape=(2, 2), scope=qp.TensorScope(), input_element=EK.F32, output_element=EK.S8)
+    plan = qp.QuantizePlan.select(None, desc, REFERENCE)
+    with pytest.raises(qp.InvalidArgumentType, match="input"):
+        plan.run(None, None, qp.QuantizeArgs(data, np.zeros((2, 2), np.int8), 0.5))
+    with pytest.raises(qp.InvalidArgumentType, match="x is a list"):
+        qp.quantize(data, "int8")
+    with pytest.raises(qp.InvalidArgumentType, match="scale is a list"):
+        qp.quantize(np.ones((2, 2), np.float32), "int8", scale=[[0.5]])
+    with pytest.raises(qp.InvalidArgumentType, match="x is a list"):
+        qp.fake_quantize(data, 0.5)
+    with pytest.raises(qp.InvalidArgumentType, match="QuantizedTensor"):
+        qp.dequantize(np.ones(3))
+    with pytest.raises(qp.InvalidProblem, match="nonfinite"):
+        qp.quantize(np.ones((2, 2), np.float32), "int8", nonfinite="ignore")
+
+
+def test_nonfinite_also_checks_a_given_scale() -> None:
+    x = np.ones((3, 4), np.float32)
+    scale = np.array([[0.5], [np.inf], [0.25]], np.float32)
+    with pytest.raises(qp.InvalidProblem, match=r"1 of 3 scales .* index \(1, 0\).*scale= given"):
+        qp.quantize(x, "int8", scope=qp.TokenScope(), scale=scale, nonfinite="raise")
+    qt = qp.quantize(x, "int8", scope=qp.TokenScope(), scale=scale)  # default: no check, the row decodes to NaN
+    y = qt.dequantize()
+    assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()

@@ -192,3 +192,46 @@ def test_every_plan_derives_from_the_base(plan: Any) -> None:
     assert "\n" not in text and type(plan).__name__ in text and "backend=reference" in text
     assert plan.sku().precision_guarantee == plan.precision_guarantee()
     assert plan.workspace_size() == 0
+
+
+def test_descriptors_read_their_resolved_code_range_and_equal_the_explicit_default() -> None:
+    EK = qp.ElementKind
+    base = dict(shape=(4, 8), scope=qp.TokenScope(), input_element=EK.F32)
+    implicit = qp.QuantizeDescriptor(**base, output_element=EK.S8)
+    explicit = qp.QuantizeDescriptor(**base, output_element=EK.S8, q_min=-128, q_max=127)
+    assert (implicit.q_min, implicit.q_max) == (-128, 127)
+    assert implicit == explicit and hash(implicit) == hash(explicit) and {implicit: 1}[explicit] == 1
+    half = qp.DynamicRangeQuantizeDescriptor(**base, output_element=EK.S4, q_min=-7)
+    assert (half.q_min, half.q_max) == (-7, 7)
+    assert qp.DynamicRangeQuantizePlan.select(None, half, R).problem.q_min == -7
+    fp8 = qp.QuantizeDescriptor(**base, output_element=EK.FP8_E4M3)
+    assert (fp8.q_min, fp8.q_max) == (None, None)  # no integer range applies
+    # a copy to another kind resolves its range again; a range that was given stays
+    u4 = implicit.model_copy(update={"output_element": EK.U4})
+    assert (u4.q_min, u4.q_max) == (0, 15)
+    assert half.model_copy(update={"shape": (2, 8)}).q_min == -7
+    with pytest.raises(qp.InvalidProblem, match="output_element"):
+        implicit.model_copy(update={"output_element": "s9"})
+    backward = qp.QuantizeBackwardDescriptor.from_forward(implicit)
+    assert (backward.q_min, backward.q_max) == (-128, 127)
+    swz = qp.SwizzledQuantizeDescriptor(shape=(64,), group_size=8, input_element=EK.F32, output_element=EK.U4)
+    assert (swz.q_min, swz.q_max) == (0, 15)
+    dr = dict(peers=2, chunk_elements=8, input_group_size=4, input_element=EK.S8)
+    assert qp.DequantReduceDescriptor(**dr, output_element=EK.F32).q_min is None
+    assert qp.DequantReduceDescriptor(**dr, output_group_size=4, output_element=EK.U8).q_max == 255
+
+
+def test_descriptor_and_plan_identity_print_readably() -> None:
+    EK = qp.ElementKind
+    desc = qp.QuantizeDescriptor(
+        shape=(16, 4096), scope=qp.TokenScope(), input_element=EK.F32, output_element=EK.S8, q_min=-127
+    )
+    text = repr(desc)
+    assert text == str(desc)
+    assert text.startswith("QuantizeDescriptor(shape=(16, 4096), scope=TokenScope(), mode=SYMMETRIC,"), text
+    assert "input_element=F32, output_element=S8, q_min=-127, q_max=127" in text and "<" not in text, text
+    assert repr(qp.GroupScope(group_size=128)) == "GroupScope(axis=-1, group_size=128)"
+    plan = qp.QuantizePlan.select(None, desc, R)
+    assert str(plan.sku()) == "quantize/static F32 / S8, variant 'numpy', reference backend on host"
+    assert str(plan.precision_guarantee()).startswith("F32 math, F32 accumulator, deterministic")
+    assert "<" not in repr(plan.sku())

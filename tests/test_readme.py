@@ -5,6 +5,9 @@ Each ```python block of README.md runs in its own interpreter with no GPU visibl
 backend every machine has. Blocks that import PyTorch are skipped when it is not installed;
 blocks that start a process group run as a one-process torchrun would (rank 0 of 1, gloo).
 The docs' quickstart page (README snippets included, then its own blocks in order) runs the same way.
+The README's shell blocks are checked for what a new user relies on: it opens with the two lines
+that install and run the demo and the GPU-free tests, it has one install line per machine, and CI
+runs its full test command.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ DOCS_QUICKSTART = README.parent / "docs" / "quickstart.md"
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r"^#+ (.+)$", re.MULTILINE)
 _SNIPPET = re.compile(r'^--8<-- "README\.md:(\w+)"$', re.MULTILINE)
+_BASH = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
+CI_SCRIPT = README.parent / ".ci" / "run"
 
 
 def readme_section(name: str) -> str:
@@ -85,3 +90,44 @@ def test_docs_quickstart_runs(tmp_path: Path) -> None:
     blocks = _BLOCK.findall(page)
     assert len(blocks) >= 2, "docs/quickstart.md lost its examples"
     run_block("\n".join(blocks), tmp_path)
+
+
+def _commands(script: str) -> list[str]:
+    """The shell commands of ``script``: comment lines and trailing comments dropped, ``&&`` split."""
+    commands = []
+    for line in script.splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            commands += [part.strip() for part in line.split("&&")]
+    return commands
+
+
+def test_readme_opens_with_the_demo_and_the_tests_for_any_machine() -> None:
+    """The first block: one line installs quantplan and runs the demo, one installs the test tools
+    and runs the tests; no CUDA extra (a fresh machine may have no GPU) and no wall of GPU skips."""
+    text = README.read_text(encoding="utf-8")
+    first = _BASH.search(text)
+    assert first is not None and first.start() < text.index("\n## "), "README.md must open with its set-up block"
+    lines = [line for line in first.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert len(lines) == 2, lines
+    demo, tests = lines
+    assert "pip install" in demo and "examples/quickstart.py" in demo and "cuda" not in demo, demo
+    assert "pip install" in tests and "pytest" in tests and "cuda" not in tests, tests
+    assert '-m "not gpu"' in tests, "the CPU test line should leave the GPU tests out, not skip them one by one"
+
+
+def test_readme_has_an_install_line_per_machine() -> None:
+    commands = {c for block in _BASH.findall(README.read_text(encoding="utf-8")) for c in _commands(block)}
+    for extra in ('".[test]"', '".[cuda12,test]"', '".[cuda13,test]"'):
+        assert f"python -m pip install -e {extra}" in commands, f"no runnable install line for {extra}"
+    assert "python -m pytest -q tests" in commands, "no full test command"
+
+
+def test_ci_runs_the_readme_full_test_command() -> None:
+    if not CI_SCRIPT.exists():  # a source distribution without CI
+        pytest.skip(".ci/run is not part of this checkout")
+    readme = {c for block in _BASH.findall(README.read_text(encoding="utf-8")) for c in _commands(block)}
+    ci = _commands(CI_SCRIPT.read_text(encoding="utf-8"))
+    runs = [c for c in ci if c.startswith("python -m pytest") and "--nvrtc-sweep" not in c]
+    assert runs == ["python -m pytest -q tests"], f"CI must run every test: {runs}"
+    assert runs[0] in readme, "CI's test command is not the one README.md gives"

@@ -58,8 +58,9 @@ Deliberate differences from DeepSpeed (its defects and limits, fixed):
    does not split by ``devices_per_node``.
 10. Arrays: PyTorch CUDA tensors and CuPy arrays run on the CUDA kernels
     (``kernels/deepspeed_format.cu``) on their library's current stream, outputs allocated on
-    the same device; NumPy arrays run on the reference backend, with the same bits. The arrays
-    of one call come from one library and one device; PyTorch CPU tensors raise Unsupported.
+    the same device; NumPy arrays and PyTorch CPU tensors run on the reference backend, with the
+    same bits (outputs of a CPU tensor's call are PyTorch CPU tensors; in-place buffers are
+    updated through zero-copy views). The arrays of one call come from one library and one device.
     Non-contiguous inputs are copied; LoCo error buffers must be contiguous (updated in place).
     Plans are selected once per problem and cached (:func:`clear_plan_cache`); groups above
     32768 elements take a two-pass kernel path with a small workspace allocated per call.
@@ -75,7 +76,6 @@ from typing import Any
 import numpy as np
 
 from .._frontend import (
-    NUMPY,
     PhiloxCounter,
     Target,
     array_signature,
@@ -200,7 +200,7 @@ def _params_input(target: Target, params: Any, groups: int, mode: QuantMode, nam
 
 def _error_buffer(target: Target, error: Any, numel: int, source: Any, source_name: str) -> tuple[Any, ElementKind]:
     """The LoCo buffer, flat: ``numel`` elements, contiguous, writable, float16 / bfloat16 / float32,
-    sharing no memory with ``source`` (NumPy; the plans check device operands)."""
+    sharing no memory with ``source`` (host arrays; the plans check device operands)."""
     size = target.numel(error)
     if size != numel:
         raise InvalidProblem(f"error_feedback must be an array of {numel} elements, got {size}")
@@ -208,7 +208,7 @@ def _error_buffer(target: Target, error: Any, numel: int, source: Any, source_na
         raise MisalignedOperand("error_feedback must be C-contiguous: it is updated in place")
     if not target.writable(error):
         raise InvalidProblem("error_feedback is read-only; it is updated in place: pass a writeable array")
-    if target.library == NUMPY and np.may_share_memory(error, source):
+    if not target.cuda and np.may_share_memory(target.arg(error), target.arg(source)):
         raise InvalidProblem(f"error_feedback overlaps {source_name}; pass a separate buffer")
     kind = _FLOAT_DTYPES.get(dtype_name(error))
     if kind is None:
@@ -286,6 +286,7 @@ def _quantize(
     learn: tuple[Hashable, int, Callable[..., Any], tuple[int, ...]] | None = None,
 ) -> tuple[Any, Any]:
     target_ = target(input_vals, error_feedback, names=_QUANTIZE_NAMES)
+    arg = target_.arg
     kind = _float_kind(input_vals, "input_vals")
     x = target_.contiguous(input_vals)
     mode = _mode(quant_type)
@@ -319,7 +320,7 @@ def _quantize(
         mode,
         numel if num_bits == 8 else numel // 2,
         numel,
-        lambda out, params: DeepSpeedQuantizeArgs(flat(x), out, params, error, err_beta),
+        lambda out, params: DeepSpeedQuantizeArgs(arg(flat(x)), arg(out), arg(params), arg(error), err_beta),
         learn,
     )
 
@@ -476,7 +477,7 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
         )
         storage = "uint8" if num_bits == 4 else "int8"
         codes = flat(q) if dtype_name(q) == storage else target_.view(flat(q), storage)
-        args: Any = DequantizeArgs(codes, flat(y), flat(p))
+        args: Any = DequantizeArgs(target_.arg(codes), target_.arg(flat(y)), target_.arg(flat(p)))
         order = ("x0", "o0", "x1")
     else:
         plan = target_.plan(
@@ -486,7 +487,8 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
                 numel=numel, groups=groups, num_bits=num_bits, mode=mode, output_element=out
             ),
         )
-        args, order = DeepSpeedDequantizeArgs(flat(q), p, flat(y)), ("x0", "x1", "o0")
+        args = DeepSpeedDequantizeArgs(target_.arg(flat(q)), target_.arg(p), target_.arg(flat(y)))
+        order = ("x0", "x1", "o0")
     target_.run_with_workspace(plan, args, check=False)
     if key is not None and q is quantized_data and p is params:  # replayed on the caller's arrays as they are
         outputs = [(shape, y_dtype)]  # allocated in the result's shape: no view per call
@@ -581,7 +583,9 @@ def _reduce(
         mode,
         nbytes,
         numel,
-        lambda out, params: DeepSpeedReduceArgs(flat(q), p, out, params, error, err_beta),
+        lambda out, params: DeepSpeedReduceArgs(
+            target_.arg(flat(q)), target_.arg(p), target_.arg(out), target_.arg(params), target_.arg(error), err_beta
+        ),
         learn,
     )
     return (out, params) if out_shape is None else (shaped(out, out_shape), params)
@@ -707,7 +711,8 @@ def _moq(
     # In place on a contiguous buffer of vals' own dtype and size, seeds checked: unchecked run.
     work = target_.contiguous(vals)
     buffer = flat(work)
-    args = MoQFakeQuantizeArgs(buffer, buffer, seed, offset)
+    view = target_.arg(buffer)
+    args = MoQFakeQuantizeArgs(view, view, seed, offset)
     target_.run_with_workspace(plan, args, check=False)
     if work is not vals and not target_.is_contiguous(vals):
         target_.copy_into(vals, work)

@@ -116,7 +116,9 @@ def _nccl_module() -> Any:
     try:
         from cupy.cuda import nccl
     except ImportError as exc:
-        raise Unsupported("the CuPy NCCL path needs CuPy: pip install 'quantplan[cuda12]' (or [cuda13])") from exc
+        raise Unsupported(
+            'the CuPy NCCL path needs CuPy: python -m pip install -e ".[cuda12]" (or ".[cuda13]") in the quantplan checkout'
+        ) from exc
     if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
         raise Unsupported(
             "CuPy's NCCL binding is not available (libnccl could not be loaded): install NCCL for CuPy "
