@@ -322,9 +322,9 @@ def encode_elements(v: np.ndarray, element: str) -> np.ndarray:
     return code
 
 
-def _magnitude_table(fmt: ElementFormat) -> np.ndarray:
-    """f32 magnitudes of the non-negative codes 0 .. max_code + 1 (the last one past max, for SR's hi)."""
-    codes = np.arange(fmt.max_code + 2, dtype=np.int64)
+def _magnitude_table(fmt: ElementFormat, count: int | None = None) -> np.ndarray:
+    """f32 magnitudes of the non-negative codes 0 .. count − 1 (default max_code + 1: one past max, for SR's hi)."""
+    codes = np.arange(fmt.max_code + 2 if count is None else count, dtype=np.int64)
     e = codes >> fmt.mant_bits
     mant = codes & ((1 << fmt.mant_bits) - 1)
     sub = mant * 2.0 ** (fmt.min_normal_exp - fmt.mant_bits)
@@ -386,10 +386,8 @@ def _decode_table(fmt: ElementFormat) -> np.ndarray:
     nbits = fmt.bits
     mag_code = b & ((1 << (nbits - 1)) - 1)
     sign = np.where(b & (1 << (nbits - 1)), -1.0, 1.0)
-    table = _magnitude_table(
-        ElementFormat(fmt.name, nbits, fmt.exp_bits, fmt.mant_bits, fmt.bias, 0.0, (1 << (nbits - 1)) - 2, 0)
-    )
-    values = (sign * table[np.minimum(mag_code, table.size - 1)].astype(np.float64)).astype(np.float32)
+    table = _magnitude_table(fmt, 1 << (nbits - 1))
+    values = (sign * table[mag_code].astype(np.float64)).astype(np.float32)
     values[b >= (1 << nbits)] = np.nan
     if fmt.name == "e4m3":
         values[(b & 0x7F) == 0x7F] = np.nan
