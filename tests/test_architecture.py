@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "workspace": MACHINERY,
     # reference backends (NumPy)
     "reference": REFERENCE,
+    "reference_block_scaled": REFERENCE,
     "compat._deepspeed_reference": REFERENCE,
     # op modules: descriptor, args and plan of one op family each
     "static_quantize": OPS,
