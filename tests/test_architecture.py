@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "_plan": MACHINERY,
     "_affine": MACHINERY,
     "_qgz_launch": MACHINERY,
+    "_block_scaled_kernels": MACHINERY,
     "_fake_rows": MACHINERY,
     "_families": MACHINERY,
     "_precompile": MACHINERY,

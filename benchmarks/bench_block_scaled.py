@@ -1,0 +1,199 @@
+"""Block-scaled quantization: quantplan's kernel against a copy of the same bytes and torchao 0.18.
+
+Rows (8192 x 8192 unless named, bf16 and fp16): MXFP8 e4m3 (rceil, compact and 128x4 blocked
+scales), MXFP6 e2m3, MXFP4, MXINT8, FP8 1x128 (div with f32 scales; UE8M0 packed for DeepGEMM;
+column-major TMA-aligned f32), and the 16 x 8192 MXFP8 row. Peers in the same run:
+``torch.compile(to_mx)`` (MXFP8 rceil / floor, MXFP4) and torchao's Triton FP8 1x128 kernel.
+Each row: median kernel µs (CUDA events, harness.time_gpu), a copy of the same bytes read plus
+written, % of copy, the peer's µs and the ratio peer / ours, and whether our bytes equal the
+reference's (``quantplan.reference_block_scaled``).
+
+    python3 benchmarks/bench_block_scaled.py [--out PATH] [--no-peers] [--no-check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+for _p in (str(_HERE), str(_HERE.parent)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import harness  # noqa: E402
+
+
+def _cupy_view(t: Any) -> Any:
+    import cupy
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return cupy.from_dlpack(t)
+
+
+def _ours(x: Any, **kw: Any) -> Any:
+    import cupy
+    import torch
+
+    from quantplan._block_scaled_kernels import quantize_block_scaled
+
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    dtype = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
+    xc = _cupy_view(x)
+    return lambda: quantize_block_scaled(xc, input_dtype=dtype, stream=stream, **kw)
+
+
+def _check(x: Any, fn: Any, kind: str, **kw: Any) -> str:
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    import quantplan.reference_block_scaled as rbs
+
+    codes, scales = fn()
+    torch.cuda.synchronize()
+    host = x.float().cpu().numpy()
+    host = host.astype(ml_dtypes.bfloat16) if x.dtype == torch.bfloat16 else host.astype(np.float16)
+    if kind == "mx":
+        ref = rbs.mx_quantize(host, kw["element"], scale_mode=kw.get("rule", "rceil"))
+        want_scales = ref.scales if kw.get("layout", "compact") == "compact" else rbs.to_blocked(ref.scales)
+    else:
+        sf = "ue8m0" if kw["rule"] == "ue8m0" else "f32"
+        ref = rbs.fp8_block_quantize(
+            host, block=(1, 128), scale_format=sf, elem_op="div" if sf == "ue8m0" else kw["rule"]
+        )
+        layout = kw.get("layout", "compact")
+        want_scales = {
+            "compact": ref.scales,
+            "column_major": rbs.col_major_tma_aligned(ref.scales) if layout == "column_major" else None,
+            "packed_ue8m0": rbs.deepgemm_sf_layout(ref.scales) if layout == "packed_ue8m0" else None,
+        }[layout]
+    got_codes = codes.get().reshape(ref.codes.shape)
+    got_scales = scales.get().view(want_scales.dtype).reshape(want_scales.shape)
+    same = np.array_equal(got_codes, ref.codes) and np.array_equal(
+        got_scales.view(np.uint8), np.ascontiguousarray(want_scales).view(np.uint8)
+    )
+    return "= reference" if same else "≠ reference"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", metavar="PATH", help="markdown file (default: print only)")
+    p.add_argument("--no-peers", action="store_true", help="leave torchao out")
+    p.add_argument("--no-check", action="store_true", help="skip the bit comparison with the reference")
+    p.add_argument("--reps", type=int, default=100)
+    args = p.parse_args(argv)
+    t_start = time.time()
+    peers: dict[str, Any] = {}
+    if not args.no_peers:
+        try:
+            from torchao.prototype.blockwise_fp8_training.kernels import triton_fp8_blockwise_act_quant_lhs
+            from torchao.prototype.mx_formats.config import ScaleCalculationMode
+            from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+            to_mx_c = torch.compile(to_mx)
+            peers["to_mx"] = (to_mx_c, ScaleCalculationMode)
+            peers["fp8_lhs"] = triton_fp8_blockwise_act_quant_lhs
+        except Exception as exc:  # torchao missing or its API moved: the rows keep our figures
+            print(f"torchao unavailable: {exc!r}", file=sys.stderr)
+
+    lines = [
+        "| workload | dtype | ours µs | copy µs | % of copy | peer | peer µs | × peer | vs reference |",
+        "|---|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    M = N = 8192
+    cases: list[tuple[str, str, tuple[int, int], dict[str, Any], float]] = [
+        ("MXFP8 e4m3 rceil", "mx", (M, N), {"element": "e4m3", "block": 32, "rule": "rceil"}, 1.0),
+        (
+            "MXFP8 e4m3 rceil, 128x4 blocked scales",
+            "mx",
+            (M, N),
+            {"element": "e4m3", "block": 32, "rule": "rceil", "layout": "blocked"},
+            1.0,
+        ),
+        ("MXFP8 e4m3 floor", "mx", (M, N), {"element": "e4m3", "block": 32, "rule": "floor"}, 1.0),
+        ("MXFP6 e2m3 rceil", "mx", (M, N), {"element": "e2m3", "block": 32, "rule": "rceil"}, 1.0),
+        ("MXFP4 e2m1 rceil", "mx", (M, N), {"element": "e2m1", "block": 32, "rule": "rceil"}, 0.5),
+        ("MXINT8 rceil", "mx", (M, N), {"element": "int8", "block": 32, "rule": "rceil"}, 1.0),
+        ("FP8 1x128 div f32", "fp8", (M, N), {"element": "e4m3", "block": 128, "rule": "div"}, 1.0),
+        (
+            "FP8 1x128 enc f32 column-major",
+            "fp8",
+            (M, N),
+            {"element": "e4m3", "block": 128, "rule": "enc", "layout": "column_major"},
+            1.0,
+        ),
+        (
+            "FP8 1x128 UE8M0 packed (DeepGEMM)",
+            "fp8",
+            (M, N),
+            {"element": "e4m3", "block": 128, "rule": "ue8m0", "layout": "packed_ue8m0"},
+            1.0,
+        ),
+        ("MXFP8 e4m3 rceil 16x8192", "mx", (16, 8192), {"element": "e4m3", "block": 32, "rule": "rceil"}, 1.0),
+    ]
+    for dtype in (torch.bfloat16, torch.float16):
+        dname = "bf16" if dtype == torch.bfloat16 else "fp16"
+        for label, kind, shape, kw, code_bytes in cases:
+            x = torch.randn(shape, device="cuda", dtype=torch.float32).mul_(4).to(dtype)
+            sets = harness.rotation_sets(x.numel() * 2)
+            xs = [x] + [x.clone() for _ in range(sets - 1)]
+            fns = [_ours(xi, **kw) for xi in xs]
+            fns[0]()
+            n = x.numel()
+            blocks = n // kw["block"]
+            scale_bytes = blocks * (4 if kw["rule"] in ("div", "mul_rcp", "enc") else 1)
+            read, written = 2 * n, int(n * code_bytes) + scale_bytes
+            ours = harness.time_gpu(fns[0], rotate=fns[1:], reps=args.reps)
+            copy_us, _ = harness.copy_time(read, written, reps=args.reps)
+            check = "—" if args.no_check else _check(x, fns[0], kind, **kw)
+            peer_name, peer_us = "—", None
+            if "to_mx" in peers and kind == "mx" and kw["element"] in ("e4m3", "e2m1") and kw.get("layout") is None:
+                to_mx_c, mode = peers["to_mx"]
+                elem = torch.float8_e4m3fn if kw["element"] == "e4m3" else "fp4_e2m1"
+                sm = mode.RCEIL if kw["rule"] == "rceil" else mode.FLOOR
+                try:
+                    pf = [lambda xi=xi, f=to_mx_c, e=elem, m=sm: f(xi, e, 32, m) for xi in xs]
+                    pf[0]()
+                    peer_us = harness.time_gpu(pf[0], rotate=pf[1:], reps=args.reps)
+                    peer_name = f"torch.compile(to_mx) {sm.name}"
+                except Exception as exc:
+                    peer_name = f"to_mx failed: {type(exc).__name__}"
+            if "fp8_lhs" in peers and kind == "fp8" and kw["rule"] == "enc":
+                try:
+                    pf = [lambda xi=xi: peers["fp8_lhs"](xi, 128) for xi in xs]
+                    pf[0]()
+                    peer_us = harness.time_gpu(pf[0], rotate=pf[1:], reps=args.reps)
+                    peer_name = "torchao triton_fp8_blockwise_act_quant_lhs"
+                except Exception as exc:
+                    peer_name = f"triton fp8 failed: {type(exc).__name__}"
+            ratio = f"{peer_us / ours:.2f}×" if peer_us else "—"
+            peer_txt = f"{peer_us:.2f}" if peer_us else "—"
+            row = (
+                f"| {label} {shape[0]}x{shape[1]} | {dname} | {ours:.2f} | {copy_us:.2f} | {100 * copy_us / ours:.1f}% "
+                f"| {peer_name} | {peer_txt} | {ratio} | {check} |"
+            )
+            print(row, flush=True)
+            lines.append(row)
+    summary = harness.device_summary()
+    header = [
+        f"# Block-scaled quantization: {summary.get('device', '?')}",
+        "",
+        f"wall time: {time.time() - t_start:.0f} s",
+        "",
+    ]
+    text = "\n".join(header + lines) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

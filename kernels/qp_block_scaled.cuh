@@ -1,0 +1,217 @@
+// qp_block_scaled.cuh: the element encoders and scale rules of the block-scaled formats
+// (MX, FP8 blocks), written as data: an element is its bit layout, a rule is an enum value.
+//
+// Every step is one IEEE f32 operation in the order of the microscaling contract; inputs of a
+// block are finite whenever an encoder runs (a block holding NaN or +-Inf stores the NaN scale and
+// zero codes instead), so no encoder has a NaN case.
+#pragma once
+#include "qp_elements.cuh"
+
+namespace qp {
+
+// ---- elements: sign, EBITS exponent bits, MBITS mantissa bits, largest finite code MAX_CODE ----
+// enc(v): |v| rounded to the element grid with round-half-to-even (subnormals included), results
+// past the largest finite value saturate to it, the sign bit is v's (negative zero stays negative).
+template <int EBITS, int MBITS, u32 MAX_CODE> struct MiniFloat {
+  static const int bits = 1 + EBITS + MBITS;
+  static const int bias = (1 << (EBITS - 1)) - 1;
+  // f32 bits of the largest finite value, of the smallest normal, and of 2^(bias - 1 + MBITS)
+  // (the subnormal step's reciprocal).
+  static const u32 max_bits = (((MAX_CODE >> MBITS) + 127u - bias) << 23) | ((MAX_CODE & ((1u << MBITS) - 1u)) << (23 - MBITS));
+  static const u32 min_normal_bits = (u32)(128 - bias) << 23;
+  static const u32 subnormal_scale_bits = (u32)(127 + bias - 1 + MBITS) << 23;
+
+  static __device__ __forceinline__ u32 encode(float v) {
+    const u32 ux = __float_as_uint(v);
+    const u32 ua = ux & 0x7FFFFFFFu;
+    const u32 sign = (ux >> 31) << (EBITS + MBITS);
+    // Normal range: keep MBITS mantissa bits, ties to even, then rebias the exponent.
+    const int shift = 23 - MBITS;
+    const u32 normal = ((ua + ((1u << (shift - 1)) - 1u) + ((ua >> shift) & 1u)) >> shift) - ((u32)(127 - bias) << MBITS);
+    // Subnormal range: an exact scaling by a power of two, then one rounding to an integer.
+    const u32 subnormal = (u32)__float2int_rn(__uint_as_float(ua) * __uint_as_float(subnormal_scale_bits));
+    const u32 magnitude = ua >= max_bits ? MAX_CODE : (ua < min_normal_bits ? subnormal : normal);
+    return sign | magnitude;
+  }
+};
+
+typedef MiniFloat<4, 3, 0x7Eu> E4M3Bits;  // max 448
+typedef MiniFloat<5, 2, 0x7Bu> E5M2Bits;  // max 57344
+typedef MiniFloat<2, 3, 0x1Fu> E2M3Bits;  // FP6, max 7.5
+typedef MiniFloat<3, 2, 0x1Fu> E3M2Bits;  // FP6, max 28
+typedef MiniFloat<2, 1, 0x7u> E2M1Bits;   // FP4, max 6
+
+// Element tags of the block-scaled kernels (name expressions); each names its encoder, the
+// largest finite value (f32 bits), emax_elem, the mantissa width of the `even` rule, and the
+// codes per byte.
+struct mx_e4m3 {};
+struct mx_e5m2 {};
+struct mx_e2m3 {};
+struct mx_e3m2 {};
+struct mx_e2m1 {};
+struct mx_int8 {};
+
+template <class T> struct BlockElement;
+
+template <> struct BlockElement<mx_e4m3> {
+  static const u32 max_bits = E4M3Bits::max_bits;
+  static const int emax = 8, mbits = 3, per_byte = 1;
+  // Two codes at once: cvt.rn.satfinite on sm_89 and later (the same RNE and saturation).
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    u16 pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    return pair;
+#else
+    return E4M3Bits::encode(lo) | (E4M3Bits::encode(hi) << 8);
+#endif
+  }
+};
+
+template <> struct BlockElement<mx_e5m2> {
+  static const u32 max_bits = E5M2Bits::max_bits;
+  static const int emax = 15, mbits = 2, per_byte = 1;
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    u16 pair;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    return pair;
+#else
+    return E5M2Bits::encode(lo) | (E5M2Bits::encode(hi) << 8);
+#endif
+  }
+};
+
+template <> struct BlockElement<mx_e2m3> {
+  static const u32 max_bits = E2M3Bits::max_bits;
+  static const int emax = 2, mbits = 3, per_byte = 1;
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+    return E2M3Bits::encode(lo) | (E2M3Bits::encode(hi) << 8);
+  }
+};
+
+template <> struct BlockElement<mx_e3m2> {
+  static const u32 max_bits = E3M2Bits::max_bits;
+  static const int emax = 4, mbits = 2, per_byte = 1;
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+    return E3M2Bits::encode(lo) | (E3M2Bits::encode(hi) << 8);
+  }
+};
+
+// FP4: two codes per byte, element 2i in bits 0-3.
+template <> struct BlockElement<mx_e2m1> {
+  static const u32 max_bits = E2M1Bits::max_bits;
+  static const int emax = 2, mbits = 1, per_byte = 2;
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+    return E2M1Bits::encode(lo) | (E2M1Bits::encode(hi) << 4);
+  }
+};
+
+// MXINT8: k = clamp(rne(v * 64), -127, 127), value k / 64 (largest 127/64).
+template <> struct BlockElement<mx_int8> {
+  static const u32 max_bits = 0x3FFE0000u;  // 127/64
+  static const int emax = 0, mbits = 6, per_byte = 1;
+  static __device__ __forceinline__ u32 encode_one(float v) {
+    const int k = max(-127, min(127, __float2int_rn(v * 64.0f)));
+    return (u32)k & 0xFFu;
+  }
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+    return encode_one(lo) | (encode_one(hi) << 8);
+  }
+};
+
+// ---- scale rules ----
+// MX rules give an E8M0 byte; the FP8 block rules an f32 scale or a UE8M0 byte.
+enum ScaleRule {
+  kMxRceil = 0,
+  kMxFloor = 1,
+  kMxCeil = 2,
+  kMxEven = 3,
+  kBlockF32Div = 4,
+  kBlockF32MulRcp = 5,
+  kBlockF32Enc = 6,
+  kBlockUe8m0 = 7,
+};
+
+// The E8M0 byte of fl(d) rounded up to a power of two (RCEIL), for finite d >= 0.
+__device__ __forceinline__ int e8m0_rceil(float d) {
+  const u32 bits = __float_as_uint(d);
+  const u32 f = bits >> 23, m = bits & 0x7FFFFFu;
+  if (f == 0) return m > 0x400000u ? 1 : 0;
+  return min((int)(f + (m != 0)), 254);
+}
+
+// 2^(127 - s): the exact reciprocal of the E8M0 scale byte s in [0, 254] (s = 254: 2^-127, subnormal).
+__device__ __forceinline__ float e8m0_reciprocal(int s) {
+  return s == 254 ? __uint_as_float(0x00400000u) : __uint_as_float((u32)(254 - s) << 23);
+}
+
+// The scale of one block: what is stored (a byte, or f32 bits) and what every element is
+// multiplied by (or, for kBlockF32Div, divided by).
+struct BlockScale {
+  u32 stored;
+  float factor;
+};
+
+template <class E>
+__device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float amax_floor, float enc_overflow) {
+  const float max_elem = __uint_as_float(E::max_bits);
+  BlockScale r;
+  if (rule <= kMxEven) {
+    int e;
+    if (rule == kMxRceil) {
+      const int s = e8m0_rceil(__fdiv_rn(__uint_as_float(amax_bits), max_elem));
+      r.stored = (u32)s;
+      r.factor = e8m0_reciprocal(s);
+      return r;
+    } else if (rule == kMxEven) {
+      const u32 rounded = (amax_bits + (1u << (22 - E::mbits))) & 0x7F800000u;
+      e = (int)(rounded >> 23) - 127;
+    } else {
+      e = (int)(amax_bits >> 23) - 127 + ((rule == kMxCeil && (amax_bits & 0x7FFFFFu)) ? 1 : 0);
+    }
+    const int s = max(-127, min(127, e - E::emax)) + 127;
+    r.stored = (u32)s;
+    r.factor = e8m0_reciprocal(s);
+    return r;
+  }
+  const float a = fmaxf(__uint_as_float(amax_bits), amax_floor);
+  if (rule == kBlockUe8m0) {
+    const int s = a == 0.0f ? 127 : max(1, min(254, e8m0_rceil(__fdiv_rn(a, max_elem))));
+    r.stored = (u32)s;
+    r.factor = e8m0_reciprocal(s);
+  } else if (rule == kBlockF32Enc) {
+    float e = a == 0.0f ? 1.0f : __fdiv_rn(max_elem, a);
+    if (__float_as_uint(e) == 0x7F800000u) e = enc_overflow;
+    r.factor = e;
+    r.stored = __float_as_uint(__fdiv_rn(1.0f, e));
+  } else {
+    const float s = a == 0.0f ? 1.0f : __fdiv_rn(a, max_elem);
+    r.stored = __float_as_uint(s);
+    r.factor = rule == kBlockF32MulRcp ? __fdiv_rn(1.0f, s) : s;  // kBlockF32Div divides by s
+  }
+  return r;
+}
+
+// The NaN scale of a block holding NaN or +-Inf: E8M0 / UE8M0 0xFF, f32 quiet NaN.
+__device__ __forceinline__ u32 nonfinite_scale(int rule) {
+  return (rule >= kBlockF32Div && rule <= kBlockF32Enc) ? 0x7FC00000u : 0xFFu;
+}
+
+// ---- scale layouts: where the scale of block (r, c) of an [R, C] scale matrix goes ----
+// kCompact: row-major [R, C]. kBlocked128x4: the cuBLAS / CUTLASS tiles of 128 x 4 (512 bytes each,
+// row of tiles major; dim = ceil(C/4) tiles per row). kColumnMajor: [C][dim] with dim = align(R, 4)
+// (DeepGEMM's TMA-aligned layout). kPackedUe8m0: bytes of four consecutive c in one int32, words
+// [ceil(C/4)][dim] column-major with dim = align(R, 4). Offsets are in scale elements (bytes, or
+// f32 for the f32 rules in the compact and column-major layouts).
+enum ScaleLayout { kCompact = 0, kBlocked128x4 = 1, kColumnMajor = 2, kPackedUe8m0 = 3 };
+
+__device__ __forceinline__ i64 scale_offset(int layout, i64 r, i64 c, i64 cols, i64 dim) {
+  if (layout == kCompact) return r * cols + c;
+  if (layout == kBlocked128x4)
+    return ((r >> 7) * dim + (c >> 2)) * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (c & 3);
+  if (layout == kColumnMajor) return c * dim + r;
+  return ((c >> 2) * dim + r) * 4 + (c & 3);
+}
+
+}  // namespace qp

@@ -1,0 +1,149 @@
+"""GPU: the block-scaled quantize kernel (``kernels/block_scaled.cu``) equals the reference bit for bit.
+
+Covered: every MX element and scale rule, FP8 1x128 blocks in every scale form and amax floor,
+float16 / bfloat16 / float32 inputs, ragged shapes (partial last blocks, odd FP4 rows), misaligned
+operands (the general schedule), blocks holding NaN / +-Inf / only zeros / subnormal or huge
+magnitudes, and the scale layouts (compact, cuBLAS 128x4 blocked, DeepGEMM column-major
+TMA-aligned, UE8M0 packed in int32) with their zero padding.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import to_device
+
+pytestmark = pytest.mark.gpu
+
+rbs = pytest.importorskip("quantplan.reference_block_scaled")
+
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32]
+MX_ELEMENTS = ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8"]
+MX_RULES = ["rceil", "floor", "ceil", "even"]
+SHAPES = [(4, 64), (3, 100), (2, 5, 96), (1, 31), (37, 288), (130, 33)]
+
+
+def _data(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, block: int) -> np.ndarray:
+    """Normal data whose blocks span many decades, with special blocks in the first rows."""
+    x = rng.standard_normal(shape).astype(np.float64)
+    flat = x.reshape(-1, shape[-1])
+    nb = -(-shape[-1] // block)
+    lo, hi = (-14, 14) if dtype is np.float16 else (-100, 100)
+    mags = np.exp2(rng.integers(lo, hi, size=(flat.shape[0], nb)).astype(np.float64))
+    flat *= np.repeat(mags, block, axis=1)[:, : shape[-1]]
+    rows = flat.shape[0]
+    if rows > 0 and shape[-1] > 3:
+        flat[0, 1] = np.nan
+    if rows > 1 and shape[-1] > 3:
+        flat[1, 2] = -np.inf
+    if rows > 2:
+        flat[2, :block] = 0.0
+    if rows > 3 and shape[-1] > 8:
+        flat[3, :block] = rng.standard_normal(min(block, shape[-1])) * (2.0**-130 if dtype is np.float32 else 2.0**-20)
+    if rows > 4 and dtype is np.float32:
+        flat[4, 0] = 3.4028234663852886e38
+    with np.errstate(over="ignore"):
+        return flat.reshape(shape).astype(dtype)
+
+
+def _run(x: np.ndarray, misaligned: bool = False, **kw):  # noqa: ANN202
+    import cupy
+
+    from quantplan._block_scaled_kernels import quantize_block_scaled
+
+    dtype = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
+    xd = to_device(x)
+    if misaligned:  # the same values one element into a larger buffer: not 16-byte aligned
+        big = cupy.empty(xd.size + 1, xd.dtype)
+        big[1:] = xd.ravel()
+        xd = big[1:].reshape(xd.shape)
+    codes, scales = quantize_block_scaled(xd, input_dtype=dtype, **kw)
+    cupy.cuda.get_current_stream().synchronize()
+    return codes.get(), scales.get()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("element", MX_ELEMENTS)
+@pytest.mark.parametrize("rule", MX_RULES)
+def test_mx_matches_reference(rng: np.random.Generator, dtype: type, element: str, rule: str) -> None:
+    for shape in SHAPES:
+        x = _data(rng, shape, dtype, 32)
+        ref = rbs.mx_quantize(x, element, scale_mode=rule)
+        codes, scales = _run(x, element=element, block=32, rule=rule)
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes, err_msg=f"codes {shape}")
+        np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales, err_msg=f"scales {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("element", ["e4m3", "e2m1"])
+def test_mx_misaligned_and_blocked_layout(rng: np.random.Generator, dtype: type, element: str) -> None:
+    for shape in [(64, 128), (129, 96), (5, 70)]:
+        x = _data(rng, shape, dtype, 32)
+        ref = rbs.mx_quantize(x, element)
+        codes, scales = _run(x, misaligned=True, element=element, block=32, rule="rceil")
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes)
+        np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales)
+        codes, blocked = _run(x, element=element, block=32, rule="rceil", layout="blocked")
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes)
+        np.testing.assert_array_equal(blocked, rbs.to_blocked(ref.scales.reshape(shape[0], -1)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("element", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("rule", ["div", "mul_rcp", "enc", "ue8m0"])
+@pytest.mark.parametrize("amax_floor", [0.0, 1e-10, 1e-4])
+def test_fp8_1x128_matches_reference(
+    rng: np.random.Generator, dtype: type, element: str, rule: str, amax_floor: float
+) -> None:
+    scale_format = "ue8m0" if rule == "ue8m0" else "f32"
+    elem_op = "div" if rule == "ue8m0" else rule
+    for shape in [(4, 256), (3, 300), (2, 3, 128), (33, 129)]:
+        x = _data(rng, shape, dtype, 128)
+        ref = rbs.fp8_block_quantize(
+            x, block=(1, 128), element=element, scale_format=scale_format, elem_op=elem_op, amax_floor=amax_floor
+        )
+        codes, scales = _run(x, element=element, block=128, rule=rule, amax_floor=amax_floor)
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes, err_msg=f"codes {shape}")
+        got = scales.reshape(ref.scales.shape)
+        if scale_format == "f32":
+            got, want = got.view(np.uint32), ref.scales.view(np.uint32)
+        else:
+            want = ref.scales
+        np.testing.assert_array_equal(got, want, err_msg=f"scales {shape}")
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_fp8_scale_layouts(rng: np.random.Generator, dtype: type) -> None:
+    for shape in [(7, 384), (64, 1024), (5, 130)]:
+        x = _data(rng, shape, dtype, 128)
+        ref = rbs.fp8_block_quantize(x, block=(1, 128))
+        _, cm = _run(x, element="e4m3", block=128, rule="div", layout="column_major")
+        want = rbs.col_major_tma_aligned(ref.scales)
+        np.testing.assert_array_equal(cm.reshape(want.shape).view(np.uint32), want.view(np.uint32))
+        ref8 = rbs.fp8_block_quantize(x, block=(1, 128), scale_format="ue8m0")
+        _, packed = _run(x, element="e4m3", block=128, rule="ue8m0", layout="packed_ue8m0")
+        want8 = rbs.deepgemm_sf_layout(ref8.scales)
+        np.testing.assert_array_equal(packed.view(np.int32).reshape(want8.shape), want8)
+        _, cm8 = _run(x, element="e4m3", block=128, rule="ue8m0", layout="column_major")
+        np.testing.assert_array_equal(cm8.reshape(-1), rbs.col_major_tma_aligned(ref8.scales).reshape(-1))
+
+
+def test_large_tensor_past_2_31_elements() -> None:
+    """More than 2**31 elements: 64-bit indexing (the last rows hold a distinctive block)."""
+    import cupy
+
+    from quantplan._block_scaled_kernels import quantize_block_scaled
+
+    rows, cols = 2**16 + 3, 2**15  # 2**31 + 3 * 2**15 float16 elements
+    try:
+        x = cupy.zeros((rows, cols), cupy.float16)
+    except cupy.cuda.memory.OutOfMemoryError:
+        pytest.skip("not enough GPU memory")
+    tail = np.linspace(-3, 3, cols, dtype=np.float16)
+    x[-1] = cupy.asarray(tail)
+    codes, scales = quantize_block_scaled(x, element="e4m3", block=32)
+    ref = rbs.mx_quantize(tail[None, :], "e4m3")
+    np.testing.assert_array_equal(codes[-1].get(), ref.codes[0])
+    np.testing.assert_array_equal(scales.reshape(rows, -1)[-1].get(), ref.scales[0])
+    assert int(scales.reshape(rows, -1)[0, 0].get()) == 0
