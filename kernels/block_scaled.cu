@@ -1,10 +1,12 @@
 // block_scaled.cu: quantize to the block-scaled formats (MX, FP8 blocks along the contiguous axis).
 //
-// Schedule ("lanes"): a team of BLOCK / VEC threads covers one block of BLOCK consecutive elements,
-// VEC per thread; the team's amax is a butterfly of integer maxima over |x|'s f32 bits (NaN and Inf
-// order above every finite value, so amax >= 0x7F800000 flags a non-finite block); lane 0 stores
-// the scale. Teams cover the tensor in a grid-stride loop, UNROLL independent slots per thread.
-// Epilogue: the format's scale rule (qp_block_scaled.cuh) and its element encoder.
+// Schedule ("lanes"): a thread holds VECS consecutive 16-byte vectors of one block, a team of
+// BLOCK / (VEC * VECS) threads covers the block; the team's amax is a butterfly of integer maxima
+// over |x| keys (NaN and Inf order above every finite value, so a key at or above Inf's flags a
+// non-finite block); the team's first thread stores the scale. Teams cover the tensor in a
+// grid-stride loop, UNROLL independent slots per thread; blocks of at most 256 threads, MIN_BLOCKS
+// of them resident per multiprocessor (the tuning table, quantplan._block_scaled_kernels).
+// Epilogue: the format's scale rule and element encoder (qp_block_scaled.cuh).
 //
 // CONTIGUOUS: cols % BLOCK == 0 and 16-byte aligned operands, so the tensor is one flat run of
 // blocks (vector loads and stores, no row arithmetic before the loads). Otherwise every element is
@@ -19,24 +21,23 @@ namespace qp {
 template <class In> struct BlockInput;
 
 template <> struct BlockInput<bf16> {
-  static const int vec = 8;
+  static const int vec = 8, bytes = 2;
   static __device__ __forceinline__ u32 word_key(u32 w) {
     const u32 m = w & 0x7FFF7FFFu;
     return max(m & 0xFFFFu, m >> 16);
   }
   static __device__ __forceinline__ u32 key_bits(u32 key) { return key << 16; }  // the f32 bits of |x|
-  static __device__ __forceinline__ float element(const u32 (&w)[4], int k) {
+  static __device__ __forceinline__ float element(const u32* w, int k) {
     return __uint_as_float(k & 1 ? (w[k / 2] & 0xFFFF0000u) : (w[k / 2] << 16));
   }
-  static __device__ __forceinline__ void put(u32 (&w)[4], int k, const void* p) {
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
     const u32 h = *static_cast<const u16*>(p);
     w[k / 2] |= k & 1 ? h << 16 : h;
   }
-  static const int bytes = 2;
 };
 
 template <> struct BlockInput<f16> {
-  static const int vec = 8;
+  static const int vec = 8, bytes = 2;
   static __device__ __forceinline__ u32 word_key(u32 w) {
     const u32 m = w & 0x7FFF7FFFu;
     return max(m & 0xFFFFu, m >> 16);
@@ -44,29 +45,42 @@ template <> struct BlockInput<f16> {
   static __device__ __forceinline__ u32 key_bits(u32 key) {
     return __float_as_uint(FloatElement<f16>::to_acc((u16)key));
   }
-  static __device__ __forceinline__ float element(const u32 (&w)[4], int k) {
+  static __device__ __forceinline__ float element(const u32* w, int k) {
     return FloatElement<f16>::to_acc((u16)(k & 1 ? w[k / 2] >> 16 : w[k / 2] & 0xFFFFu));
   }
-  static __device__ __forceinline__ void put(u32 (&w)[4], int k, const void* p) {
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
     const u32 h = *static_cast<const u16*>(p);
     w[k / 2] |= k & 1 ? h << 16 : h;
   }
-  static const int bytes = 2;
 };
 
 template <> struct BlockInput<f32> {
-  static const int vec = 4;
+  static const int vec = 4, bytes = 4;
   static __device__ __forceinline__ u32 word_key(u32 w) { return w & 0x7FFFFFFFu; }
   static __device__ __forceinline__ u32 key_bits(u32 key) { return key; }
-  static __device__ __forceinline__ float element(const u32 (&w)[4], int k) { return __uint_as_float(w[k]); }
-  static __device__ __forceinline__ void put(u32 (&w)[4], int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
-  static const int bytes = 4;
+  static __device__ __forceinline__ float element(const u32* w, int k) { return __uint_as_float(w[k]); }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
 };
+
+// N bytes of codes stored as the widest aligned words.
+template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const u32* w) {
+  if constexpr (N % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  } else if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<u32*>(dst) = w[0];
+  } else {
+    *reinterpret_cast<u16*>(dst) = (u16)w[0];
+  }
+}
 
 }  // namespace qp
 
-template <class In, class Elem, int BLOCK, bool DIVIDE, bool CONTIGUOUS, int UNROLL>
-__global__ void __launch_bounds__(256)
+template <class In, class Elem, int BLOCK, bool DIVIDE, bool CONTIGUOUS, int VECS, int UNROLL, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_quantize(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes, void* __restrict__ scales,
                           qp::i64 rows, qp::i64 cols, qp::i64 blocks_per_row, int rule, int layout,
                           qp::i64 layout_dim, float amax_floor, float enc_overflow, qp::i64 pad_rows,
@@ -75,9 +89,11 @@ __global__ void __launch_bounds__(256)
   typedef BlockInput<In> In_;
   typedef BlockElement<Elem> E;
   constexpr int VEC = In_::vec;
-  constexpr int TEAM = BLOCK / VEC;
-  static_assert(TEAM >= 1 && TEAM <= 32 && (32 % TEAM) == 0, "a team lies within a warp");
-  constexpr int CODE_BYTES = VEC / E::per_byte;
+  constexpr int ELEMS = VEC * VECS;  // elements of one thread
+  constexpr int TEAM = BLOCK / ELEMS;
+  static_assert(TEAM >= 1 && TEAM <= 32 && (32 % TEAM) == 0 && TEAM * ELEMS == BLOCK, "a team lies within a warp");
+  constexpr int CODE_BYTES = ELEMS / E::per_byte;
+  constexpr int CODE_WORDS = CODE_BYTES / 4 > 0 ? CODE_BYTES / 4 : 1;
   const bool f32_scale = rule >= kBlockF32Div && rule <= kBlockF32Enc;
 
   const i64 teams = rows * blocks_per_row;
@@ -87,33 +103,37 @@ __global__ void __launch_bounds__(256)
   const i64 warp_first = (i64)blockIdx.x * blockDim.x + (threadIdx.x & ~31u);
 
   for (i64 base = warp_first; base < slots; base += stride * UNROLL) {
-    u32 raw[UNROLL][4];
+    u32 raw[UNROLL][VECS * 4];
     u32 amax[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const i64 slot = base + (threadIdx.x & 31u) + (i64)u * stride;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) raw[u][w] = 0;
+      for (int w = 0; w < VECS * 4; ++w) raw[u][w] = 0;
       if (CONTIGUOUS) {
         if (slot < slots) {
-          const uint4 word = *reinterpret_cast<const uint4*>(static_cast<const u8*>(x_ptr) + slot * 16);
-          raw[u][0] = word.x;
-          raw[u][1] = word.y;
-          raw[u][2] = word.z;
-          raw[u][3] = word.w;
+          const uint4* src = reinterpret_cast<const uint4*>(static_cast<const u8*>(x_ptr) + slot * (16 * VECS));
+#pragma unroll
+          for (int j = 0; j < VECS; ++j) {
+            const uint4 word = src[j];
+            raw[u][4 * j] = word.x;
+            raw[u][4 * j + 1] = word.y;
+            raw[u][4 * j + 2] = word.z;
+            raw[u][4 * j + 3] = word.w;
+          }
         }
       } else if (slot < slots) {
         const i64 team = slot / TEAM;
         const i64 r = team / blocks_per_row;
-        const i64 c0 = (team - r * blocks_per_row) * BLOCK + (i64)lane * VEC;
+        const i64 c0 = (team - r * blocks_per_row) * BLOCK + (i64)lane * ELEMS;
         const u8* row = static_cast<const u8*>(x_ptr) + (r * cols + c0) * In_::bytes;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k)
-          if (c0 + k < cols) In_::put(raw[u], k, row + k * In_::bytes);
+        for (int k = 0; k < ELEMS; ++k)
+          if (c0 + k < cols) In_::put(raw[u] + (k / VEC) * 4, k % VEC, row + k * In_::bytes);
       }
       u32 key = In_::word_key(raw[u][0]);
 #pragma unroll
-      for (int w = 1; w < 4; ++w) key = max(key, In_::word_key(raw[u][w]));
+      for (int w = 1; w < VECS * 4; ++w) key = max(key, In_::word_key(raw[u][w]));
       amax[u] = key;
     }
 #pragma unroll
@@ -135,13 +155,14 @@ __global__ void __launch_bounds__(256)
         s.stored = nonfinite_scale(rule);
         s.factor = 0.0f;
       }
-      u32 packed[CODE_BYTES / 4 > 0 ? CODE_BYTES / 4 : 1];
+      u32 packed[CODE_WORDS];
 #pragma unroll
-      for (int w = 0; w < (CODE_BYTES / 4 > 0 ? CODE_BYTES / 4 : 1); ++w) packed[w] = 0;
+      for (int w = 0; w < CODE_WORDS; ++w) packed[w] = 0;
       if (finite) {
 #pragma unroll
-        for (int k = 0; k < VEC; k += 2) {
-          float lo = In_::element(raw[u], k), hi = In_::element(raw[u], k + 1);
+        for (int k = 0; k < ELEMS; k += 2) {
+          float lo = In_::element(raw[u] + (k / VEC) * 4, k % VEC);
+          float hi = In_::element(raw[u] + (k / VEC) * 4, k % VEC + 1);
           if (DIVIDE) {
             lo = __fdiv_rn(lo, s.factor);
             hi = __fdiv_rn(hi, s.factor);
@@ -155,19 +176,10 @@ __global__ void __launch_bounds__(256)
         }
       }
       if (CONTIGUOUS) {
-        u8* dst = codes + slot * CODE_BYTES;
-        if constexpr (CODE_BYTES == 16) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        } else if constexpr (CODE_BYTES == 8) {
-          *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
-        } else if constexpr (CODE_BYTES == 4) {
-          *reinterpret_cast<u32*>(dst) = packed[0];
-        } else {
-          *reinterpret_cast<u16*>(dst) = (u16)packed[0];
-        }
+        store_code_bytes<CODE_BYTES>(codes + slot * CODE_BYTES, packed);
       } else {
         const i64 r = team / blocks_per_row;
-        const i64 c0 = (team - r * blocks_per_row) * BLOCK + (i64)lane * VEC;
+        const i64 c0 = (team - r * blocks_per_row) * BLOCK + (i64)lane * ELEMS;
         const i64 row_bytes = (cols + E::per_byte - 1) / E::per_byte;
         const i64 valid = cols - c0;
         const u8* bytes = reinterpret_cast<const u8*>(packed);

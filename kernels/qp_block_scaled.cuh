@@ -15,23 +15,21 @@ namespace qp {
 template <int EBITS, int MBITS, u32 MAX_CODE> struct MiniFloat {
   static const int bits = 1 + EBITS + MBITS;
   static const int bias = (1 << (EBITS - 1)) - 1;
-  // f32 bits of the largest finite value, of the smallest normal, and of 2^(bias - 1 + MBITS)
-  // (the subnormal step's reciprocal).
+  // f32 bits of the largest finite value and of the smallest normal.
   static const u32 max_bits = (((MAX_CODE >> MBITS) + 127u - bias) << 23) | ((MAX_CODE & ((1u << MBITS) - 1u)) << (23 - MBITS));
   static const u32 min_normal_bits = (u32)(128 - bias) << 23;
-  static const u32 subnormal_scale_bits = (u32)(127 + bias - 1 + MBITS) << 23;
 
+  // One rounding add for every range: |v| (clamped to the largest finite, which saturates) plus
+  // M = 2^(e + 23 - MBITS), e the exponent of |v| (at least the smallest normal's), rounds |v| to
+  // its grid step with ties to even and leaves the step count in M's low bits; the exponent's
+  // distance from the smallest normal, times 2^MBITS, completes the code.
   static __device__ __forceinline__ u32 encode(float v) {
     const u32 ux = __float_as_uint(v);
-    const u32 ua = ux & 0x7FFFFFFFu;
-    const u32 sign = (ux >> 31) << (EBITS + MBITS);
-    // Normal range: keep MBITS mantissa bits, ties to even, then rebias the exponent.
-    const int shift = 23 - MBITS;
-    const u32 normal = ((ua + ((1u << (shift - 1)) - 1u) + ((ua >> shift) & 1u)) >> shift) - ((u32)(127 - bias) << MBITS);
-    // Subnormal range: an exact scaling by a power of two, then one rounding to an integer.
-    const u32 subnormal = (u32)__float2int_rn(__uint_as_float(ua) * __uint_as_float(subnormal_scale_bits));
-    const u32 magnitude = ua >= max_bits ? MAX_CODE : (ua < min_normal_bits ? subnormal : normal);
-    return sign | magnitude;
+    const u32 ua = min(ux & 0x7FFFFFFFu, max_bits);
+    const u32 exponent = max(ua, min_normal_bits) & 0x7F800000u;
+    const u32 magic = exponent + ((u32)(23 - MBITS) << 23);
+    const u32 steps = __float_as_uint(__fadd_rn(__uint_as_float(ua), __uint_as_float(magic))) - magic;
+    return ((ux >> 31) << (EBITS + MBITS)) | (steps + ((exponent - min_normal_bits) >> (23 - MBITS)));
   }
 };
 
@@ -111,9 +109,10 @@ template <> struct BlockElement<mx_e2m1> {
 template <> struct BlockElement<mx_int8> {
   static const u32 max_bits = 0x3FFE0000u;  // 127/64
   static const int emax = 0, mbits = 6, per_byte = 1;
+  // rne(v * 64) by the 1.5 * 2^23 rounding add (|v * 64| <= 2^22 after the scaling).
   static __device__ __forceinline__ u32 encode_one(float v) {
-    const int k = max(-127, min(127, __float2int_rn(v * 64.0f)));
-    return (u32)k & 0xFFu;
+    const int k = (int)(__float_as_uint(__fadd_rn(__fmul_rn(v, 64.0f), 12582912.0f)) - 0x4B400000u);
+    return (u32)max(-127, min(127, k)) & 0xFFu;
   }
   static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
     return encode_one(lo) | (encode_one(hi) << 8);

@@ -55,30 +55,83 @@ MX_RULES = {"rceil": 0, "floor": 1, "ceil": 2, "even": 3}
 FP8_RULES = {"div": 4, "mul_rcp": 5, "enc": 6, "ue8m0": 7}
 #: ``ScaleLayout`` of qp_block_scaled.cuh.
 LAYOUTS = {"compact": 0, "blocked": 1, "column_major": 2, "packed_ue8m0": 3}
-#: Vectors each thread keeps in flight in the contiguous schedule (the general one keeps 1).
-CONTIGUOUS_UNROLL = 2
-#: Threads per block.
+#: Threads per block (at most; small problems launch smaller blocks to reach more multiprocessors).
 BLOCK_THREADS = 256
 
 
-def kernel_name(input_dtype: str, element: str, block: int, divide: bool, contiguous: bool) -> str:
-    """The instantiation of ``block_scaled_quantize`` for one problem."""
-    unroll = CONTIGUOUS_UNROLL if contiguous else 1
+@dataclass(frozen=True)
+class Schedule:
+    """The tuning of one instantiation: ``vecs`` consecutive 16-byte vectors of one block per
+    thread (a team of block / (elements per vector * vecs) threads per block), ``unroll``
+    independent slots in flight per thread, ``min_blocks`` resident blocks of 256 threads per
+    multiprocessor (``__launch_bounds__``); ``persistent``: a grid of the resident blocks that
+    strides over the tensor, else one pass of ``unroll`` slots per thread over a full grid."""
+
+    vecs: int
+    unroll: int
+    min_blocks: int
+    persistent: bool = False
+
+    def team(self, input_dtype: str, block: int) -> int:
+        """Threads per block of ``block`` elements."""
+        return max(1, block // (VECTOR_ELEMENTS[input_dtype] * self.vecs))
+
+
+#: The tuning table: (contiguous, block elements, small) -> Schedule. ``small``: the large
+#: schedule's grid would give fewer than :data:`SMALL_BLOCKS_PER_SM` blocks per multiprocessor;
+#: such problems are latency-bound and take more, narrower threads. The general (ragged or
+#: misaligned) schedule keeps one vector per thread at every size.
+SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
+    (True, 32, False): Schedule(vecs=4, unroll=1, min_blocks=4),
+    (True, 128, False): Schedule(vecs=4, unroll=1, min_blocks=4),
+    (True, 32, True): Schedule(vecs=2, unroll=1, min_blocks=1),
+    (True, 128, True): Schedule(vecs=1, unroll=1, min_blocks=1),
+    (False, 32, False): Schedule(vecs=1, unroll=1, min_blocks=1),
+    (False, 128, False): Schedule(vecs=1, unroll=1, min_blocks=1),
+}
+SMALL_BLOCKS_PER_SM = 4
+#: Elements of one 16-byte vector, by input dtype.
+VECTOR_ELEMENTS = {"float16": 8, "bfloat16": 8, "float32": 4}
+
+
+def choose_schedule(input_dtype: str, block: int, contiguous: bool, teams: int, sm_count: int) -> Schedule:
+    """The table's schedule for ``teams`` blocks of ``block`` elements on ``sm_count`` multiprocessors."""
+    if not contiguous:
+        return SCHEDULES[False, block, False]
+    large = SCHEDULES[True, block, False]
+    small = -(-teams * large.team(input_dtype, block) // BLOCK_THREADS) < SMALL_BLOCKS_PER_SM * sm_count
+    return SCHEDULES[True, block, small]
+
+
+def kernel_name(input_dtype: str, element: str, block: int, divide: bool, contiguous: bool, schedule: Schedule) -> str:
+    """The instantiation of ``block_scaled_quantize`` for one problem under ``schedule``."""
+    sched = schedule
     return template_name(
-        "block_scaled_quantize", INPUT_TAGS[input_dtype], ELEMENT_TAGS[element], block, divide, contiguous, unroll
+        "block_scaled_quantize",
+        INPUT_TAGS[input_dtype],
+        ELEMENT_TAGS[element],
+        block,
+        divide,
+        contiguous,
+        sched.vecs,
+        sched.unroll,
+        sched.min_blocks,
     )
 
 
 def instantiations() -> list[str]:
     """Every instantiation :func:`quantize_block_scaled` can select (the NVRTC sweep's list)."""
     names = []
-    for dtype in INPUT_TAGS:
-        for contiguous in (True, False):
-            for element in ELEMENT_TAGS:
-                names.append(kernel_name(dtype, element, 32, False, contiguous))
-            for element in ("e4m3", "e5m2"):
-                for divide in (False, True):
-                    names.append(kernel_name(dtype, element, 128, divide, contiguous))
+    for (contiguous, block, _), sched in SCHEDULES.items():
+        for dtype in INPUT_TAGS:
+            if block == 32:
+                names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in ELEMENT_TAGS]
+            else:
+                names += [
+                    kernel_name(dtype, element, 128, divide, contiguous, sched)
+                    for element in ("e4m3", "e5m2")
+                    for divide in (False, True)
+                ]
     return names
 
 
@@ -126,6 +179,7 @@ def quantize_block_scaled(
     amax_floor: float = 0.0,
     input_dtype: str | None = None,
     stream: Any = None,
+    schedule: Schedule | None = None,
 ) -> tuple[Any, Any]:
     """Quantize CuPy array ``x`` along its last axis; returns ``(codes, scales)`` (CuPy arrays).
 
@@ -172,13 +226,12 @@ def quantize_block_scaled(
     contiguous = cols % block == 0 and x.data.ptr % 16 == 0 and codes.data.ptr % 16 == 0
     divide = rule == "div"
     info = device_info(x.device.id)
-    name = kernel_name(dtype, element, block, divide, contiguous)
+    teams = rows * blocks_per_row
+    sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count)
+    name = kernel_name(dtype, element, block, divide, contiguous, sched)
     fn = load_kernels("block_scaled", [name], info.arch, x.device.id)[name]
-    vec = 4 if dtype == "float32" else 8
-    slots = rows * blocks_per_row * (block // vec)
-    unroll = CONTIGUOUS_UNROLL if contiguous else 1
-    per_sm = max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0))
-    grid = max(1, min(-(-slots // (BLOCK_THREADS * unroll)), per_sm * info.sm_count))
+    slots = teams * sched.team(dtype, block)
+    threads, grid = launch_shape(slots, info.sm_count, _resident(fn) if sched.persistent else 0, sched.unroll)
     input_max = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}[dtype]
     args = (
         x,
@@ -196,5 +249,24 @@ def quantize_block_scaled(
         np.int64(geo.pad_cols),
     )
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    fn((grid,), (BLOCK_THREADS,), args, stream=stream)
+    fn((grid,), (threads,), args, stream=stream)
     return codes, scales
+
+
+def _resident(fn: Any) -> int:
+    import cupy
+
+    return max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, BLOCK_THREADS, 0))
+
+
+def launch_shape(slots: int, sm_count: int, resident_blocks: int, unroll: int) -> tuple[int, int]:
+    """(threads per block, blocks) for ``slots`` thread slots, ``unroll`` per thread: blocks of 64
+    or 128 threads when 256 would leave multiprocessors idle; ``resident_blocks`` (> 0, a
+    persistent schedule) caps the grid at the resident blocks, which then stride over the slots."""
+    threads = BLOCK_THREADS
+    while threads > 64 and -(-slots // threads) < sm_count:
+        threads //= 2
+    grid = -(-slots // (threads * unroll)) if -(-slots // threads) >= sm_count else -(-slots // threads)
+    if resident_blocks:
+        grid = min(grid, resident_blocks * sm_count * (BLOCK_THREADS // threads))
+    return threads, max(1, grid)

@@ -1,0 +1,93 @@
+"""Schedules of the block-scaled kernel side by side: each (unroll, min_blocks) of the tuning
+table's space timed on the same input in one run, with a copy of the same bytes.
+
+    python3 benchmarks/probe_block_scaled.py [--precompile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+for _p in (str(_HERE), str(_HERE.parent)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import harness  # noqa: E402
+
+from quantplan._block_scaled_kernels import Schedule, kernel_name  # noqa: E402
+
+SCHEDULES = [
+    Schedule(v, u, m, p)
+    for v, u, m, p in (
+        (1, 1, 1, True),
+        (1, 1, 1, False),
+        (1, 2, 1, False),
+        (2, 1, 1, False),
+        (2, 2, 1, False),
+        (4, 1, 1, False),
+        (4, 1, 4, False),
+        (4, 1, 4, True),
+    )
+]
+CASES = [  # (label, element, block, rule, code bytes per element)
+    ("MXFP8 e4m3", "e4m3", 32, "rceil", 1.0),
+    ("MXFP4 e2m1", "e2m1", 32, "rceil", 0.5),
+    ("MXFP6 e2m3", "e2m3", 32, "rceil", 1.0),
+    ("FP8 1x128 div", "e4m3", 128, "div", 1.0),
+]
+
+
+def _compile(name: str) -> str:
+    from quantplan.compiler import compile_instantiations
+    from quantplan.types import ArchSku
+
+    compile_instantiations("block_scaled", [name], ArchSku.parse("sm_90"))
+    return name
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--precompile", action="store_true")
+    args = p.parse_args()
+    names = sorted(
+        {kernel_name("bfloat16", el, blk, rule == "div", True, s) for _, el, blk, rule, _ in CASES for s in SCHEDULES}
+    )
+    if args.precompile:
+        with ProcessPoolExecutor(16) as ex:
+            list(ex.map(_compile, names))
+    import cupy
+    import torch
+
+    from quantplan._block_scaled_kernels import quantize_block_scaled
+
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    for shape in ((8192, 8192), (16, 8192)):
+        x = torch.randn(shape, device="cuda").mul_(4).to(torch.bfloat16)
+        sets = harness.rotation_sets(x.numel() * 2)
+        xs = [cupy.from_dlpack((x if i == 0 else x.clone()).view(torch.int16)) for i in range(sets)]
+        for label, el, blk, rule, cb in CASES:
+            n = x.numel()
+            copy_us, _ = harness.copy_time(2 * n, int(n * cb) + n // blk * (4 if rule == "div" else 1))
+            cells = []
+            for s in SCHEDULES:
+
+                def fn(xi: Any, s: Schedule = s, el: str = el, blk: int = blk, rule: str = rule) -> Any:
+                    return quantize_block_scaled(
+                        xi, element=el, block=blk, rule=rule, input_dtype="bfloat16", stream=stream, schedule=s
+                    )
+
+                fns = [lambda xi=xi, f=fn: f(xi) for xi in xs]
+                us = harness.time_gpu(fns[0], rotate=fns[1:])
+                cells.append(
+                    f"v{s.vecs}u{s.unroll}m{s.min_blocks}{'p' if s.persistent else ''} {us:.2f} ({100 * copy_us / us:.1f}%)"
+                )
+            print(f"{label} {shape}: copy {copy_us:.2f} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
