@@ -77,6 +77,19 @@ template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const
   }
 }
 
+// The 16-bit-lane FP4 encoders (sm_90 and later): bfloat16 input from its own words times the
+// power-of-two MX factor (kBf16Words), float16 input from its scaled values (kF16Values).
+enum LaneFp4Path { kNoLanes = 0, kBf16Words = 1, kF16Values = 2 };
+template <class In, class Elem, bool DIVIDE> struct LaneFp4 {
+  static const int path = kNoLanes;
+};
+template <> struct LaneFp4<bf16, mx_e2m1, false> {
+  static const int path = BlockElement<mx_e2m1>::has_bf16x2 ? kBf16Words : kNoLanes;
+};
+template <> struct LaneFp4<f16, mx_e2m1, false> {
+  static const int path = BlockElement<mx_e2m1>::has_bf16x2 ? kF16Values : kNoLanes;
+};
+
 }  // namespace qp
 
 template <class In, class Elem, int BLOCK, bool DIVIDE, bool CONTIGUOUS, int VECS, int UNROLL, int MIN_BLOCKS>
@@ -158,7 +171,15 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       u32 packed[CODE_WORDS];
 #pragma unroll
       for (int w = 0; w < CODE_WORDS; ++w) packed[w] = 0;
-      if (finite) {
+      if constexpr (LaneFp4<In, Elem, DIVIDE>::path == kBf16Words) {
+        // FP4 from bfloat16 in 16-bit lanes (the MX factor is a power of two: its bfloat16 bits
+        // are the f32 bits' high half).
+        if (finite) {
+#pragma unroll
+          for (int k = 0; k < ELEMS; k += 2)
+            packed[k / 8] |= E::encode_bf16x2(raw[u][k / 2], __float_as_uint(s.factor) >> 16) << ((k / 2) % 4 * 8);
+        }
+      } else if (finite) {
 #pragma unroll
         for (int k = 0; k < ELEMS; k += 2) {
           float lo = In_::element(raw[u] + (k / VEC) * 4, k % VEC);
@@ -170,7 +191,11 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
             lo = __fmul_rn(lo, s.factor);
             hi = __fmul_rn(hi, s.factor);
           }
-          const u32 pair = E::encode_pair(lo, hi);
+          u32 pair;
+          if constexpr (LaneFp4<In, Elem, DIVIDE>::path == kF16Values)
+            pair = E::encode_f16x2(lo, hi);
+          else
+            pair = E::encode_pair(lo, hi);
           const int bit = (k / 2) * (16 / E::per_byte);  // bit position of this pair in the thread's codes
           packed[bit / 32] |= pair << (bit % 32);
         }

@@ -103,6 +103,40 @@ template <> struct BlockElement<mx_e2m1> {
   static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
     return E2M1Bits::encode(lo) | (E2M1Bits::encode(hi) << 4);
   }
+#if __CUDA_ARCH__ >= 900
+  // Two bfloat16 elements (one word, element 2i low) times a power-of-two factor (bfloat16 bits)
+  // to one byte of codes, in 16-bit lanes: the product is exact (or far below every grid point),
+  // and the rounding add of MiniFloat::encode works the same with bfloat16's 7 mantissa bits.
+  static const bool has_bf16x2 = true;
+  static __device__ __forceinline__ u32 encode_bf16x2(u32 word, u32 factor16) {
+    u32 v, a, e, sum;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(v) : "r"(word), "r"(factor16 * 0x10001u));
+    asm("min.u16x2 %0, %1, %2;" : "=r"(a) : "r"(v & 0x7FFF7FFFu), "r"(0x40C040C0u));  // 6.0: saturate
+    asm("max.u16x2 %0, %1, %2;" : "=r"(e) : "r"(a), "r"(0x3F803F80u));               // 1.0: smallest normal
+    e &= 0x7F807F80u;
+    const u32 magic = e + 0x03000300u;  // 2^(exponent + 7 - 1): the lane's grid step is its ulp
+    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(magic));
+    const u32 codes = (sum - magic) + ((e - 0x3F803F80u) >> 6) + ((v & 0x80008000u) >> 12);
+    return (codes & 0xFu) | ((codes >> 12) & 0xF0u);
+  }
+  // Two scaled values of float16 data (each exact in float16 where it matters: below 2^-14 it
+  // rounds to a code of zero either way) to one byte of codes, in float16 lanes.
+  static __device__ __forceinline__ u32 encode_f16x2(float lo, float hi) {
+    u32 v, a, e, sum;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+    asm("min.u16x2 %0, %1, %2;" : "=r"(a) : "r"(v & 0x7FFF7FFFu), "r"(0x46004600u));  // 6.0
+    asm("max.u16x2 %0, %1, %2;" : "=r"(e) : "r"(a), "r"(0x3C003C00u));               // 1.0
+    e &= 0x7C007C00u;
+    const u32 magic = e + 0x24002400u;  // 2^(exponent + 10 - 1)
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(magic));
+    const u32 codes = (sum - magic) + ((e - 0x3C003C00u) >> 9) + ((v & 0x80008000u) >> 12);
+    return (codes & 0xFu) | ((codes >> 12) & 0xF0u);
+  }
+#else
+  static const bool has_bf16x2 = false;
+  static __device__ __forceinline__ u32 encode_bf16x2(u32, u32) { return 0; }
+  static __device__ __forceinline__ u32 encode_f16x2(float, float) { return 0; }
+#endif
 };
 
 // MXINT8: k = clamp(rne(v * 64), -127, 127), value k / 64 (largest 127/64).
