@@ -147,3 +147,43 @@ def test_large_tensor_past_2_31_elements() -> None:
     np.testing.assert_array_equal(codes[-1].get(), ref.codes[0])
     np.testing.assert_array_equal(scales.reshape(rows, -1)[-1].get(), ref.scales[0])
     assert int(scales.reshape(rows, -1)[0, 0].get()) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("amax_mode", ["given", "compute", "one_level"])
+def test_nvfp4_te_matches_reference(rng: np.random.Generator, dtype: type, amax_mode: str) -> None:
+    import cupy
+
+    for shape in [(4, 64), (3, 100), (2, 5, 48), (1, 15), (130, 33), (64, 4096)]:
+        x = _data(rng, shape, dtype, 16)
+        if amax_mode == "given":
+            amax = np.float32(np.abs(x.astype(np.float32)[np.isfinite(x.astype(np.float32))]).max() * 0.75)
+            ref = rbs.nvfp4_quantize(x, global_amax=float(amax))
+            kw = {"tensor_amax": cupy.asarray(np.array([amax], np.float32))}
+        elif amax_mode == "compute":
+            ref = rbs.nvfp4_quantize(x)
+            kw = {}
+        else:
+            ref = rbs.nvfp4_quantize(x, two_level=False)
+            kw = {"tensor_amax": None}
+        codes, scales = _run(x, element="nvfp4", block=16, rule="te", **kw)
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes, err_msg=f"codes {shape}")
+        np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales, err_msg=f"scales {shape}")
+        if amax_mode == "compute":
+            from quantplan._block_scaled_kernels import tensor_amax_of
+
+            dname = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
+            got = tensor_amax_of(to_device(x), dname, cupy.cuda.get_current_stream()).get()[0]
+            assert got.view(np.uint32) == np.float32(ref.amax).view(np.uint32)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=lambda d: np.dtype(d).name)
+def test_nvfp4_misaligned_and_blocked_layout(rng: np.random.Generator, dtype: type) -> None:
+    for shape in [(64, 128), (129, 96), (5, 70)]:
+        x = _data(rng, shape, dtype, 16)
+        ref = rbs.nvfp4_quantize(x)
+        codes, scales = _run(x, misaligned=True, element="nvfp4", block=16, rule="te")
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes)
+        np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales)
+        _, blocked = _run(x, element="nvfp4", block=16, rule="te", layout="blocked")
+        np.testing.assert_array_equal(blocked, rbs.to_blocked(ref.scales.reshape(shape[0], -1)))
