@@ -36,7 +36,7 @@ caching allocator, stream-ordered on the current stream).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -329,7 +329,25 @@ def fake_quantize(
     TokenScope and GroupScope(axis, group_size).
     """
     q_min, q_max = _check_range(q_min, q_max)
-    return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+    return _fake_quantize(x, scale, zero_point, scope, q_min, q_max)
+
+
+def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """The ``quantplan::fake_quantize`` operator on these arguments (a number parameter as the
+    operator's ``Scalar``, a sequence as a tensor)."""
+    if isinstance(scale, torch.Tensor):
+        s_t, s_v = scale, 0.0
+    elif _is_number(scale):
+        s_t, s_v = None, float(scale)
+    else:
+        s_t, s_v = torch.as_tensor(scale), 0.0
+    if zero_point is None or isinstance(zero_point, torch.Tensor):
+        z_t, z_v = zero_point, None
+    elif _is_number(zero_point):
+        z_t, z_v = None, zero_point
+    else:
+        z_t, z_v = torch.as_tensor(zero_point), None
+    return fake_quantize_op(x, s_t, s_v, z_t, z_v, _scope_ints(scope), q_min, q_max)
 
 
 # ---- learnable (LSQ) fake quantization --------------------------------------------------------
@@ -465,7 +483,18 @@ def fake_quantize_learnable(
     the backward (one copy of ``x`` and ``dy``).
     """
     q_min, q_max = _check_range(q_min, q_max)
-    return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, float(grad_factor))
+    return _fake_quantize_learnable(x, scale, zero_point, scope, q_min, q_max, float(grad_factor))
+
+
+def _fake_quantize_learnable(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int, grad_factor: float
+) -> Any:
+    """The ``quantplan::fake_quantize_learnable`` operator (parameters as tensors)."""
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.as_tensor(scale, dtype=torch.float32)
+    if zero_point is not None and not isinstance(zero_point, torch.Tensor):
+        zero_point = torch.as_tensor(zero_point, dtype=torch.float32)
+    return fake_quantize_learnable_op(x, scale, zero_point, _scope_ints(scope), q_min, q_max, grad_factor)
 
 
 # ---- dynamic-range fake quantization -----------------------------------------------------------
@@ -501,6 +530,33 @@ def _rng_arg(value: Any, target: Target) -> Any:
     return target.arg(_contiguous(value.to(device=target.device)))
 
 
+def _run_dynamic(
+    x: Any, bits: int, mode: QuantMode, scope: Scope, rounding: Rounding, rng_seed: Any, rng_offset: Any
+) -> Any:
+    """``x`` fake-quantized by DynamicRangeFakeQuantizePlan (a fresh C-contiguous tensor)."""
+    xc, kind, target = _input(x)
+    plan = _dynamic_plan(target, xc, kind, scope, mode, bits, rounding)
+    y = torch.empty_like(xc)
+    # Unchecked where this call established what the plan would check: nearest rounding
+    # without seeds, or stochastic rounding with Python-int seeds (checked here, the plan's
+    # rule: [0, 2**64)). Seed tensors, and seeds given to nearest rounding, the plan checks.
+    if rounding is Rounding.STOCHASTIC:
+        unchecked = type(rng_seed) is int and type(rng_offset) is int
+        if unchecked:
+            check_seed(rng_seed, "rng_seed")
+            check_seed(rng_offset, "rng_offset")
+    else:
+        unchecked = rng_seed is None and rng_offset is None
+    args = DynamicRangeFakeQuantizeArgs(
+        input=target.arg(xc),
+        output=target.arg(y),
+        rng_seed=_rng_arg(rng_seed, target),
+        rng_offset=_rng_arg(rng_offset, target),
+    )
+    target.run_with_workspace(plan, args, check=not unchecked)
+    return y
+
+
 class DynamicFakeQuantizeFunction(torch.autograd.Function):
     """Dynamic-range fake quantization as an autograd op (``apply(x, bits, mode, scope, rounding,
     rng_seed, rng_offset)``; prefer :func:`dynamic_fake_quantize`).
@@ -521,27 +577,7 @@ class DynamicFakeQuantizeFunction(torch.autograd.Function):
         rng_seed: Any,
         rng_offset: Any,
     ) -> Any:
-        xc, kind, target = _input(x)
-        plan = _dynamic_plan(target, xc, kind, scope, mode, bits, rounding)
-        y = torch.empty_like(xc)
-        # Unchecked where this call established what the plan would check: nearest rounding
-        # without seeds, or stochastic rounding with Python-int seeds (checked here, the plan's
-        # rule: [0, 2**64)). Seed tensors, and seeds given to nearest rounding, the plan checks.
-        if rounding is Rounding.STOCHASTIC:
-            unchecked = type(rng_seed) is int and type(rng_offset) is int
-            if unchecked:
-                check_seed(rng_seed, "rng_seed")
-                check_seed(rng_offset, "rng_offset")
-        else:
-            unchecked = rng_seed is None and rng_offset is None
-        args = DynamicRangeFakeQuantizeArgs(
-            input=target.arg(xc),
-            output=target.arg(y),
-            rng_seed=_rng_arg(rng_seed, target),
-            rng_offset=_rng_arg(rng_offset, target),
-        )
-        target.run_with_workspace(plan, args, check=not unchecked)
-        return y
+        return _run_dynamic(x, bits, mode, scope, rounding, rng_seed, rng_offset)
 
     @staticmethod
     def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None, None]:  # type: ignore[override]
@@ -576,7 +612,309 @@ def dynamic_fake_quantize(
         raise InvalidProblem(
             "rounding=Rounding.STOCHASTIC needs rng_seed and rng_offset (ints); DynamicFakeQuantize keeps them for you"
         )
-    return DynamicFakeQuantizeFunction.apply(x, _bits(bits, mode), mode, scope, rounding, rng_seed, rng_offset)
+    return _dynamic_fake_quantize(x, _bits(bits, mode), mode, scope, rounding, rng_seed, rng_offset)
+
+
+def _dynamic_fake_quantize(
+    x: Any, bits: int, mode: QuantMode, scope: Scope, rounding: Rounding, rng_seed: Any, rng_offset: Any
+) -> Any:
+    """The ``quantplan::dynamic_fake_quantize`` operator (a seed / offset tensor or int each)."""
+    seed_t = rng_seed if isinstance(rng_seed, torch.Tensor) else None
+    offset_t = rng_offset if isinstance(rng_offset, torch.Tensor) else None
+    seed_v = None if seed_t is not None else signed_seed(rng_seed)
+    offset_v = None if offset_t is not None else signed_seed(rng_offset)
+    return dynamic_fake_quantize_op(
+        x,
+        bits,
+        mode is QuantMode.ASYMMETRIC,
+        _scope_ints(scope),
+        rounding is Rounding.STOCHASTIC,
+        seed_t,
+        offset_t,
+        seed_v,
+        offset_v,
+    )
+
+
+# ---- torch.library operators ---------------------------------------------------------------------
+#
+# The functions and modules above run as operators of the ``quantplan`` namespace, defined with
+# ``torch.library.Library(...).define`` and implemented per dispatch key (CPU: the reference
+# backend, CUDA: the kernels on the current stream), with a fake implementation (output shapes and
+# dtypes only, for torch.compile's tracing) and an autograd formula (``register_autograd``) made
+# of these operators, so ``torch.compile(fullgraph=True)`` traces a training step through them.
+# Operators take no Python objects: a scope is ``[kind, axis, group_size]`` (``_scope_ints``), a
+# Python-number parameter is a ``Scalar`` beside its ``Tensor?`` twin, a Philox seed or offset in
+# [2**63, 2**64) travels as its two's-complement ``int`` (schema ints are signed 64-bit).
+
+LIBRARY = torch.library.Library("quantplan", "FRAGMENT")
+_SCOPE_OF: dict[tuple[int, ...], Scope] = {}
+
+
+def _scope_ints(scope: Any) -> list[int]:
+    """``scope`` as the operators take it: ``[kind, axis, group_size]`` (kind: 0 TensorScope,
+    1 ChannelScope, 2 TokenScope, 3 GroupScope). Written with type tests and field reads only,
+    so torch.compile traces it (no pydantic call)."""
+    kind = type(scope)
+    if kind is TensorScope:
+        return [0, 0, 0]
+    if kind is ChannelScope:
+        return [1, scope.axis, 0]
+    if kind is TokenScope:
+        return [2, 0, 0]
+    if kind is GroupScope:
+        return [3, scope.axis, scope.group_size]
+    raise InvalidProblem(
+        f"scope={scope!r} must be TensorScope(), ChannelScope(axis), TokenScope() or GroupScope(axis, group_size)"
+    )
+
+
+def _scope_of(ints: Sequence[int]) -> Scope:
+    """The scope that :func:`_scope_ints` wrote as ``ints``."""
+    key = tuple(ints)
+    found = _SCOPE_OF.get(key)
+    if found is not None:
+        return found
+    kind, axis, group_size = key
+    if kind == 0:
+        scope: Scope = _TENSOR
+    elif kind == 1:
+        scope = ChannelScope(axis=axis)
+    elif kind == 2:
+        scope = TokenScope()
+    else:
+        scope = GroupScope(axis=axis, group_size=group_size)
+    _SCOPE_OF[key] = scope
+    return scope
+
+
+def signed_seed(value: Any) -> Any:
+    """A Philox seed / offset for an ``int`` operator argument: ints in [2**63, 2**64) as their
+    two's complement (the others, None and tensors, as they are)."""
+    return value - 2**64 if type(value) is int and value >= 2**63 else value
+
+
+def unsigned_seed(value: Any) -> Any:
+    """The inverse of :func:`signed_seed`."""
+    return value + 2**64 if type(value) is int and value < 0 else value
+
+
+def _contiguous_like(x: Any) -> Any:
+    """A fresh C-contiguous tensor of ``x``'s shape, dtype and device (what the operators return)."""
+    return x.new_empty(x.shape)
+
+
+def _define(schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> Any:
+    """Define ``quantplan::<schema>`` with ``impl`` for CPU and CUDA and ``fake`` for tracing;
+    returns the operator's default overload (what the front-ends call)."""
+    name = schema.partition("(")[0]
+    LIBRARY.define(schema)
+    LIBRARY.impl(name, impl, "CPU")
+    LIBRARY.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"quantplan::{name}", fake, lib=LIBRARY)
+    return getattr(torch.ops.quantplan, name).default
+
+
+def _mode_of(zero_point: Any, zero_point_value: Any) -> QuantMode:
+    return _MODES[zero_point is not None or zero_point_value is not None]
+
+
+# -- static fake quantization (straight-through gradient) --
+
+
+def _fq_impl(
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    sc = _scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
+    s, z = _static_params(
+        xc,
+        scale_value if scale is None else scale,
+        zero_point_value if zero_point is None else zero_point,
+        static.pshape,
+        sc,
+        kind,
+    )
+    return _run_forward(target, xc, static.plan, s, z)
+
+
+def _fq_fake(x: Any, *rest: Any) -> Any:
+    _element(x)
+    return _contiguous_like(x)
+
+
+def _ste_impl(
+    dy: Any,
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    sc = _scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
+    s, z = _static_params(
+        xc,
+        scale_value if scale is None else scale,
+        zero_point_value if zero_point is None else zero_point,
+        static.pshape,
+        sc,
+        kind,
+    )
+    return _run_ste(target, xc, kind, dy, s, z, static)
+
+
+def _ste_fake(dy: Any, x: Any, *rest: Any) -> Any:
+    return _contiguous_like(x)
+
+
+_FQ_ARGS = (
+    "Tensor? scale, float scale_value, Tensor? zero_point, Scalar? zero_point_value, int[] scope, int q_min, int q_max"
+)
+fake_quantize_op = _define(f"fake_quantize(Tensor x, {_FQ_ARGS}) -> Tensor", _fq_impl, _fq_fake)
+fake_quantize_ste_backward_op = _define(
+    f"fake_quantize_ste_backward(Tensor grad_output, Tensor x, {_FQ_ARGS}) -> Tensor", _ste_impl, _ste_fake
+)
+
+
+def _fq_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[3])
+    ctx.rest = (inputs[2], inputs[4], inputs[5], inputs[6], inputs[7])
+
+
+def _fq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
+    x, scale, zero_point = ctx.saved_tensors
+    scale_value, zero_point_value, scope, q_min, q_max = ctx.rest
+    dx = fake_quantize_ste_backward_op(dy, x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max)
+    return dx, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("quantplan::fake_quantize", _fq_backward, setup_context=_fq_setup, lib=LIBRARY)
+
+
+# -- learnable (LSQ) fake quantization --
+
+
+def _lsq_forward_impl(
+    x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
+) -> Any:
+    sc = _scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _MODES[zero_point is not None], q_min, q_max)
+    fdtype = _PARAM_DTYPES[kind]
+    s_t = _param(scale, "scale", static.pshape, fdtype, xc)
+    z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
+    return _run_forward(target, xc, static.plan, s_t, z_t)
+
+
+def _lsq_backward_impl(
+    dy: Any, x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
+) -> tuple[Any, Any, Any]:
+    sc = _scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _MODES[zero_point is not None], q_min, q_max)
+    fdtype = _PARAM_DTYPES[kind]
+    pshape = static.pshape
+    s_t = _exact(_param(scale, "scale", pshape, fdtype, xc), pshape)
+    z_t = None if zero_point is None else _exact(_param(zero_point, "zero_point", pshape, fdtype, xc), pshape)
+    dx, ds, dz = _run_lsq(xc, dy, s_t, z_t, sc, q_min, q_max, grad_factor)
+
+    def as_param(grad: Any, like: Any) -> Any:
+        grad = shaped(grad, tuple(like.shape))
+        return grad if grad.dtype is like.dtype else grad.to(like.dtype)
+
+    ds = as_param(ds, scale)
+    dz = scale.new_empty((0,)) if zero_point is None else as_param(dz, zero_point)
+    return dx, ds, dz
+
+
+def _lsq_backward_fake(dy: Any, x: Any, scale: Any, zero_point: Any, *rest: Any) -> tuple[Any, Any, Any]:
+    dz = scale.new_empty((0,)) if zero_point is None else _contiguous_like(zero_point)
+    return _contiguous_like(x), _contiguous_like(scale), dz
+
+
+_LSQ_ARGS = "Tensor scale, Tensor? zero_point, int[] scope, int q_min, int q_max, float grad_factor"
+fake_quantize_learnable_op = _define(
+    f"fake_quantize_learnable(Tensor x, {_LSQ_ARGS}) -> Tensor", _lsq_forward_impl, _fq_fake
+)
+fake_quantize_learnable_backward_op = _define(
+    f"fake_quantize_learnable_backward(Tensor grad_output, Tensor x, {_LSQ_ARGS}) -> (Tensor, Tensor, Tensor)",
+    _lsq_backward_impl,
+    _lsq_backward_fake,
+)
+
+
+def _lsq_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[2])
+    ctx.rest = tuple(inputs[3:])
+
+
+def _lsq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
+    x, scale, zero_point = ctx.saved_tensors
+    scope, q_min, q_max, grad_factor = ctx.rest
+    if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+        dx = fake_quantize_ste_backward_op(dy, x, scale, 0.0, zero_point, None, scope, q_min, q_max)
+        return dx, None, None, None, None, None, None
+    dx, ds, dz = fake_quantize_learnable_backward_op(dy, x, scale, zero_point, scope, q_min, q_max, grad_factor)
+    return dx, ds, None if zero_point is None else dz, None, None, None, None
+
+
+torch.library.register_autograd(
+    "quantplan::fake_quantize_learnable", _lsq_backward, setup_context=_lsq_setup, lib=LIBRARY
+)
+
+
+# -- dynamic-range fake quantization (identity gradient) --
+
+
+def _dynamic_impl(
+    x: Any,
+    bits: int,
+    asymmetric: bool,
+    scope: list[int],
+    stochastic: bool,
+    rng_seed: Any,
+    rng_offset: Any,
+    rng_seed_value: int | None,
+    rng_offset_value: int | None,
+) -> Any:
+    mode = _MODES[asymmetric]
+    rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
+    seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
+    offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
+    return _run_dynamic(x, bits, mode, _scope_of(scope), rounding, seed, offset)
+
+
+def _dynamic_fake(x: Any, *rest: Any) -> Any:
+    _element(x)
+    return _contiguous_like(x)
+
+
+dynamic_fake_quantize_op = _define(
+    "dynamic_fake_quantize(Tensor x, int bits, bool asymmetric, int[] scope, bool stochastic, Tensor? rng_seed, "
+    "Tensor? rng_offset, int? rng_seed_value, int? rng_offset_value) -> Tensor",
+    _dynamic_impl,
+    _dynamic_fake,
+)
+
+
+def _dynamic_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
+    return (dy, *(None,) * 8)
+
+
+torch.library.register_autograd("quantplan::dynamic_fake_quantize", _dynamic_backward, lib=LIBRARY)
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -658,7 +996,7 @@ class FakeQuantize(torch.nn.Module):
         if not self.enabled:
             return x
         # q_min / q_max were checked at construction: straight to the op.
-        return FakeQuantizeFunction.apply(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max)
+        return _fake_quantize(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max)
 
     def extra_repr(self) -> str:
         mode = "symmetric" if self.zero_point is None else "asymmetric"
@@ -734,9 +1072,7 @@ class LearnableFakeQuantize(torch.nn.Module):
         gf = self.grad_factor
         if gf is None:
             gf = 1.0 / math.sqrt(max(1, x.numel() * max(1, self.q_max)))
-        return LearnableFakeQuantizeFunction.apply(
-            x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max, float(gf)
-        )
+        return _fake_quantize_learnable(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max, float(gf))
 
     def extra_repr(self) -> str:
         mode = "symmetric" if self.zero_point is None else "asymmetric"
@@ -825,9 +1161,9 @@ class DynamicFakeQuantize(torch.nn.Module):
     def forward(self, x: Any) -> Any:
         """``x`` fake-quantized with its own range (advances the offset when stochastic)."""
         if self.rounding is not Rounding.STOCHASTIC:
-            return DynamicFakeQuantizeFunction.apply(x, self.bits, self.mode, self.scope, self.rounding, None, None)
+            return _dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding, None, None)
         seed, offset = self._philox.take(x.numel())
-        return DynamicFakeQuantizeFunction.apply(x, self.bits, self.mode, self.scope, self.rounding, seed, offset)
+        return _dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding, seed, offset)
 
     def get_extra_state(self) -> dict[str, int]:
         """The Philox seed and offset (saved in the ``state_dict``)."""
