@@ -86,6 +86,8 @@ _PARAM_DTYPES: dict[ElementKind, Any] = {kind: torch.float32 for kind in _ELEMEN
 _PARAM_DTYPES[ElementKind.F64] = torch.float64
 _PARAM_NUMPY: dict[Any, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _TENSOR = TensorScope()
+#: True while torch.compile traces (the public functions then call the torch.library operators).
+_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
 _SCOPES = (TensorScope, ChannelScope, TokenScope, GroupScope)
 
@@ -333,8 +335,11 @@ def fake_quantize(
 
 
 def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
-    """The ``quantplan::fake_quantize`` operator on these arguments (a number parameter as the
-    operator's ``Scalar``, a sequence as a tensor)."""
+    """Eager: :class:`FakeQuantizeFunction` (no dispatcher on the hot path); under torch.compile
+    the ``quantplan::fake_quantize`` operator (a number parameter as the operator's ``Scalar``, a
+    sequence as a tensor)."""
+    if not _compiling():
+        return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
     if isinstance(scale, torch.Tensor):
         s_t, s_v = scale, 0.0
     elif _is_number(scale):
@@ -489,7 +494,10 @@ def fake_quantize_learnable(
 def _fake_quantize_learnable(
     x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int, grad_factor: float
 ) -> Any:
-    """The ``quantplan::fake_quantize_learnable`` operator (parameters as tensors)."""
+    """Eager: :class:`LearnableFakeQuantizeFunction`; under torch.compile the
+    ``quantplan::fake_quantize_learnable`` operator (parameters as tensors)."""
+    if not _compiling():
+        return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, grad_factor)
     if not isinstance(scale, torch.Tensor):
         scale = torch.as_tensor(scale, dtype=torch.float32)
     if zero_point is not None and not isinstance(zero_point, torch.Tensor):
@@ -618,7 +626,10 @@ def dynamic_fake_quantize(
 def _dynamic_fake_quantize(
     x: Any, bits: int, mode: QuantMode, scope: Scope, rounding: Rounding, rng_seed: Any, rng_offset: Any
 ) -> Any:
-    """The ``quantplan::dynamic_fake_quantize`` operator (a seed / offset tensor or int each)."""
+    """Eager: :class:`DynamicFakeQuantizeFunction`; under torch.compile the
+    ``quantplan::dynamic_fake_quantize`` operator (a seed / offset tensor or int each)."""
+    if not _compiling():
+        return DynamicFakeQuantizeFunction.apply(x, bits, mode, scope, rounding, rng_seed, rng_offset)
     seed_t = rng_seed if isinstance(rng_seed, torch.Tensor) else None
     offset_t = rng_offset if isinstance(rng_offset, torch.Tensor) else None
     seed_v = None if seed_t is not None else signed_seed(rng_seed)

@@ -236,11 +236,8 @@ def test_errors_are_clear(rng: np.random.Generator) -> None:
         qpt.fake_quantize(x, -1.0)
     with pytest.raises(qp.InvalidProblem, match="q_min"):
         qpt.fake_quantize(x, 0.1, None, 5, 4)
-    # meta tensors run the operator's fake implementation: shape inference, as PyTorch's own ops
-    y = qpt.fake_quantize(torch.empty(3, 4, device="meta").t(), 0.1)
-    assert y.device.type == "meta" and y.shape == (4, 3) and y.is_contiguous()
-    with pytest.raises(qp.InvalidProblem, match="dtype torch.int32"):
-        qpt.fake_quantize(torch.empty(3, 4, dtype=torch.int32, device="meta"), 0.1)
+    with pytest.raises(qp.InvalidProblem, match="'meta' device"):
+        qpt.fake_quantize(torch.empty(3, 4, device="meta"), 0.1)
 
 
 # ---- learnable (LSQ) on the CPU ------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""Host cost of the ``quantplan`` torch.library operators in eager mode, on CPU tensors.
+
+Each row is one call's µs; rows run interleaved (round r of every row, then round r + 1), and
+the table gives each row's median over the rounds, so a noisy shared host moves every row alike.
+
+* ``plan.run checked`` / ``check=False``: :class:`~quantplan.FakeQuantizePlan` on the reference
+  backend, NumPy views of the tensors, output preallocated -- the plan API's cost on CPU.
+* ``op``: ``torch.ops.quantplan.fake_quantize`` (what :func:`quantplan.pytorch.fake_quantize`
+  calls): the dispatcher, the front-end (target, cached plan, parameters, output allocation) and
+  the same reference plan unchecked; ``op, x requires grad`` adds the autograd kernel
+  (``register_autograd``) that records the backward; ``autograd.Function`` is the adapter's
+  previous path (``FakeQuantizeFunction.apply``).
+* ``dispatch: ...``: an operator whose kernel only returns ``x.new_empty(x.shape)``, defined
+  three ways -- ``torch.library.custom_op`` (high-level), ``Library.define`` + ``impl`` (+
+  ``register_fake``, ``register_autograd``), and a plain ``autograd.Function`` -- so the
+  difference is the registration API's own overhead.
+
+Usage::
+
+    python3 benchmarks/host_torch_ops.py [--calls 2000] [--rounds 15] [--shape 16,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+_KEEP: list[Any] = []
+
+
+def dispatch_rows(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The trivial operator, registered three ways."""
+    lib = torch.library.Library("qp_host_bench", "FRAGMENT")
+    lib.define("empty_like_low(Tensor x, float s) -> Tensor")
+
+    def kernel(x: Any, s: float) -> Any:
+        return x.new_empty(x.shape)
+
+    lib.impl("empty_like_low", kernel, "CPU")
+    torch.library.register_fake("qp_host_bench::empty_like_low", kernel, lib=lib)
+
+    def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    def backward(ctx: Any, dy: Any) -> Any:
+        return dy, None
+
+    torch.library.register_autograd("qp_host_bench::empty_like_low", backward, setup_context=setup, lib=lib)
+    low = torch.ops.qp_host_bench.empty_like_low.default
+
+    def high_kernel(x: Any, s: float) -> Any:
+        return x.new_empty(x.shape)
+
+    # string annotations (``from __future__``) are not evaluated by custom_op: the schema is given
+    high = torch.library.custom_op(
+        "qp_host_bench::empty_like_high", high_kernel, mutates_args=(), schema="(Tensor x, float s) -> Tensor"
+    )
+
+    high.register_fake(kernel)
+    high.register_autograd(backward, setup_context=setup)
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, s: float) -> Any:
+            return x.new_empty(x.shape)
+
+        @staticmethod
+        def backward(ctx: Any, dy: Any) -> Any:
+            return dy, None
+
+    x = torch.randn(16, 64)
+    xg = x.clone().requires_grad_()
+    rows: list[tuple[str, Callable[[], Any]]] = []
+    rows.append(("dispatch: Library.define + impl", lambda: low(x, 0.5)))
+    rows.append(("dispatch: torch.library.custom_op", lambda: high(x, 0.5)))
+    rows.append(("dispatch: Library.define + impl, x requires grad", lambda: low(xg, 0.5)))
+    rows.append(("dispatch: torch.library.custom_op, x requires grad", lambda: high(xg, 0.5)))
+    rows.append(("dispatch: autograd.Function, x requires grad", lambda: Function.apply(xg, 0.5)))
+    rows.append(("dispatch: x.new_empty alone", lambda: x.new_empty(x.shape)))
+    _KEEP.append(lib)  # the library lives as long as the rows
+    return rows
+
+
+def op_rows(torch: Any, shape: tuple[int, ...]) -> list[tuple[str, Callable[[], Any]]]:
+    """The plan API and the fake-quantize operator on the same CPU tensor."""
+    import quantplan as qp
+    import quantplan.pytorch as qpt
+
+    x = torch.randn(*shape)
+    xg = x.clone().requires_grad_()
+    y = torch.empty_like(x)
+    desc = qp.FakeQuantizeDescriptor(
+        shape=shape, scope=qp.TensorScope(), element=qp.ElementKind.F32, q_min=-128, q_max=127
+    )
+    plan = qp.FakeQuantizePlan.select(None, desc, qp.PlanPreference(backend=qp.BackendKind.REFERENCE))
+    args = qp.FakeQuantizeArgs(input=x.numpy(), output=y.numpy(), scale=0.05)
+    op = torch.ops.quantplan.fake_quantize.default
+    scope = [0, 0, 0]
+    return [
+        ("plan.run checked", lambda: plan.run(None, None, args)),
+        ("plan.run check=False", lambda: plan.run(None, None, args, check=False)),
+        ("op (torch.ops.quantplan.fake_quantize)", lambda: op(x, None, 0.05, None, None, scope, -128, 127)),
+        ("qpt.fake_quantize(x, 0.05)", lambda: qpt.fake_quantize(x, 0.05)),
+        ("op, x requires grad", lambda: op(xg, None, 0.05, None, None, scope, -128, 127)),
+        (
+            "autograd.Function, x requires grad",
+            lambda: qpt.FakeQuantizeFunction.apply(xg, 0.05, None, qp.TensorScope(), -128, 127),
+        ),
+    ]
+
+
+def interleaved(rows: list[tuple[str, Callable[[], Any]]], calls: int, rounds: int) -> list[tuple[str, float]]:
+    """Median µs per call of each row over ``rounds`` interleaved rounds of ``calls`` calls."""
+    times: list[list[float]] = [[] for _ in rows]
+    for _, fn in rows:
+        for _ in range(50):
+            fn()
+    for _ in range(rounds):
+        for i, (_, fn) in enumerate(rows):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[i].append((time.perf_counter() - t0) * 1e6 / calls)
+    return [(name, statistics.median(t)) for (name, _), t in zip(rows, times, strict=True)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--shape", default="16,64")
+    opt = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    shape = tuple(int(e) for e in opt.shape.split(","))
+    rows = op_rows(torch, shape) + dispatch_rows(torch)
+    print(f"| row (CPU tensors {shape}, interleaved medians) | µs per call |\n|---|---:|")
+    for name, us in interleaved(rows, opt.calls, opt.rounds):
+        print(f"| {name} | {us:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
