@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,13 @@ FLOAT_NAMES: dict[str, ElementKind] = {
     "double": ElementKind.F64,
 }
 _CODE_TYPE_NAMES = {ElementKind.FP8_E4M3: "float8_e4m3fn", ElementKind.FP8_E5M2: "float8_e5m2"}
+
+
+def _traced(x: Any) -> bool:
+    """Whether torch.compile is tracing this call (then PyTorch tensors go through quantplan's
+    torch.library operators, which it can trace). False without PyTorch imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling() and isinstance(x, torch.Tensor)
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -246,6 +254,25 @@ def quantize(
     round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
     ``seed`` and ``offset``); deterministic.
     """
+    if _traced(x):  # torch.compile: through the torch.library operators
+        from . import _torch_ops
+
+        return _torch_ops.quantize(
+            x,
+            dtype,
+            scope,
+            group_size,
+            axis,
+            asymmetric,
+            scale,
+            zero_point,
+            q_min,
+            q_max,
+            rounding,
+            seed,
+            offset,
+            nibble_order,
+        )
     replay_key: tuple[Any, ...] | None = None
     if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
@@ -339,6 +366,10 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     """
     if not isinstance(qt, QuantizedTensor):
         raise InvalidProblem(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
+    if _traced(qt.codes):  # torch.compile: through the torch.library operator
+        from . import _torch_ops
+
+        return _torch_ops.dequantize(qt, dtype)
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)

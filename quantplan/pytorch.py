@@ -57,6 +57,7 @@ from ._frontend import (
 )
 from ._layout import normalize_axis, param_shape
 from ._operands import scalar_scale
+from ._torch_ops import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
@@ -352,7 +353,7 @@ def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int
         z_t, z_v = None, zero_point
     else:
         z_t, z_v = torch.as_tensor(zero_point), None
-    return fake_quantize_op(x, s_t, s_v, z_t, z_v, _scope_ints(scope), q_min, q_max)
+    return fake_quantize_op(x, s_t, s_v, z_t, z_v, scope_ints(scope), q_min, q_max)
 
 
 # ---- learnable (LSQ) fake quantization --------------------------------------------------------
@@ -502,7 +503,7 @@ def _fake_quantize_learnable(
         scale = torch.as_tensor(scale, dtype=torch.float32)
     if zero_point is not None and not isinstance(zero_point, torch.Tensor):
         zero_point = torch.as_tensor(zero_point, dtype=torch.float32)
-    return fake_quantize_learnable_op(x, scale, zero_point, _scope_ints(scope), q_min, q_max, grad_factor)
+    return fake_quantize_learnable_op(x, scale, zero_point, scope_ints(scope), q_min, q_max, grad_factor)
 
 
 # ---- dynamic-range fake quantization -----------------------------------------------------------
@@ -638,7 +639,7 @@ def _dynamic_fake_quantize(
         x,
         bits,
         mode is QuantMode.ASYMMETRIC,
-        _scope_ints(scope),
+        scope_ints(scope),
         rounding is Rounding.STOCHASTIC,
         seed_t,
         offset_t,
@@ -649,81 +650,12 @@ def _dynamic_fake_quantize(
 
 # ---- torch.library operators ---------------------------------------------------------------------
 #
-# The functions and modules above run as operators of the ``quantplan`` namespace, defined with
-# ``torch.library.Library(...).define`` and implemented per dispatch key (CPU: the reference
-# backend, CUDA: the kernels on the current stream), with a fake implementation (output shapes and
-# dtypes only, for torch.compile's tracing) and an autograd formula (``register_autograd``) made
-# of these operators, so ``torch.compile(fullgraph=True)`` traces a training step through them.
-# Operators take no Python objects: a scope is ``[kind, axis, group_size]`` (``_scope_ints``), a
-# Python-number parameter is a ``Scalar`` beside its ``Tensor?`` twin, a Philox seed or offset in
-# [2**63, 2**64) travels as its two's-complement ``int`` (schema ints are signed 64-bit).
-
-LIBRARY = torch.library.Library("quantplan", "FRAGMENT")
-_SCOPE_OF: dict[tuple[int, ...], Scope] = {}
-
-
-def _scope_ints(scope: Any) -> list[int]:
-    """``scope`` as the operators take it: ``[kind, axis, group_size]`` (kind: 0 TensorScope,
-    1 ChannelScope, 2 TokenScope, 3 GroupScope). Written with type tests and field reads only,
-    so torch.compile traces it (no pydantic call)."""
-    kind = type(scope)
-    if kind is TensorScope:
-        return [0, 0, 0]
-    if kind is ChannelScope:
-        return [1, scope.axis, 0]
-    if kind is TokenScope:
-        return [2, 0, 0]
-    if kind is GroupScope:
-        return [3, scope.axis, scope.group_size]
-    raise InvalidProblem(
-        f"scope={scope!r} must be TensorScope(), ChannelScope(axis), TokenScope() or GroupScope(axis, group_size)"
-    )
-
-
-def _scope_of(ints: Sequence[int]) -> Scope:
-    """The scope that :func:`_scope_ints` wrote as ``ints``."""
-    key = tuple(ints)
-    found = _SCOPE_OF.get(key)
-    if found is not None:
-        return found
-    kind, axis, group_size = key
-    if kind == 0:
-        scope: Scope = _TENSOR
-    elif kind == 1:
-        scope = ChannelScope(axis=axis)
-    elif kind == 2:
-        scope = TokenScope()
-    else:
-        scope = GroupScope(axis=axis, group_size=group_size)
-    _SCOPE_OF[key] = scope
-    return scope
-
-
-def signed_seed(value: Any) -> Any:
-    """A Philox seed / offset for an ``int`` operator argument: ints in [2**63, 2**64) as their
-    two's complement (the others, None and tensors, as they are)."""
-    return value - 2**64 if type(value) is int and value >= 2**63 else value
-
-
-def unsigned_seed(value: Any) -> Any:
-    """The inverse of :func:`signed_seed`."""
-    return value + 2**64 if type(value) is int and value < 0 else value
-
-
-def _contiguous_like(x: Any) -> Any:
-    """A fresh C-contiguous tensor of ``x``'s shape, dtype and device (what the operators return)."""
-    return x.new_empty(x.shape)
-
-
-def _define(schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> Any:
-    """Define ``quantplan::<schema>`` with ``impl`` for CPU and CUDA and ``fake`` for tracing;
-    returns the operator's default overload (what the front-ends call)."""
-    name = schema.partition("(")[0]
-    LIBRARY.define(schema)
-    LIBRARY.impl(name, impl, "CPU")
-    LIBRARY.impl(name, impl, "CUDA")
-    torch.library.register_fake(f"quantplan::{name}", fake, lib=LIBRARY)
-    return getattr(torch.ops.quantplan, name).default
+# Under torch.compile the functions and modules above call operators of the ``quantplan``
+# namespace (``quantplan._torch_ops`` has the conventions): ``fake_quantize`` with its
+# straight-through backward ``fake_quantize_ste_backward``, ``fake_quantize_learnable`` with
+# ``fake_quantize_learnable_backward``, and ``dynamic_fake_quantize`` (identity gradient). Their
+# CPU and CUDA kernels are the autograd.Functions' forward and backward bodies; eager calls take
+# the autograd.Functions directly (no dispatcher on the hot path).
 
 
 def _mode_of(zero_point: Any, zero_point_value: Any) -> QuantMode:
@@ -743,7 +675,7 @@ def _fq_impl(
     q_min: int,
     q_max: int,
 ) -> Any:
-    sc = _scope_of(scope)
+    sc = scope_of(scope)
     xc, kind, target = _input(x)
     static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
     s, z = _static_params(
@@ -759,7 +691,7 @@ def _fq_impl(
 
 def _fq_fake(x: Any, *rest: Any) -> Any:
     _element(x)
-    return _contiguous_like(x)
+    return fresh_like(x)
 
 
 def _ste_impl(
@@ -773,7 +705,7 @@ def _ste_impl(
     q_min: int,
     q_max: int,
 ) -> Any:
-    sc = _scope_of(scope)
+    sc = scope_of(scope)
     xc, kind, target = _input(x)
     static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
     s, z = _static_params(
@@ -788,14 +720,14 @@ def _ste_impl(
 
 
 def _ste_fake(dy: Any, x: Any, *rest: Any) -> Any:
-    return _contiguous_like(x)
+    return fresh_like(x)
 
 
 _FQ_ARGS = (
     "Tensor? scale, float scale_value, Tensor? zero_point, Scalar? zero_point_value, int[] scope, int q_min, int q_max"
 )
-fake_quantize_op = _define(f"fake_quantize(Tensor x, {_FQ_ARGS}) -> Tensor", _fq_impl, _fq_fake)
-fake_quantize_ste_backward_op = _define(
+fake_quantize_op = define(f"fake_quantize(Tensor x, {_FQ_ARGS}) -> Tensor", _fq_impl, _fq_fake)
+fake_quantize_ste_backward_op = define(
     f"fake_quantize_ste_backward(Tensor grad_output, Tensor x, {_FQ_ARGS}) -> Tensor", _ste_impl, _ste_fake
 )
 
@@ -821,7 +753,7 @@ torch.library.register_autograd("quantplan::fake_quantize", _fq_backward, setup_
 def _lsq_forward_impl(
     x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
 ) -> Any:
-    sc = _scope_of(scope)
+    sc = scope_of(scope)
     xc, kind, target = _input(x)
     static = _static(target, xc, kind, sc, _MODES[zero_point is not None], q_min, q_max)
     fdtype = _PARAM_DTYPES[kind]
@@ -833,7 +765,7 @@ def _lsq_forward_impl(
 def _lsq_backward_impl(
     dy: Any, x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
 ) -> tuple[Any, Any, Any]:
-    sc = _scope_of(scope)
+    sc = scope_of(scope)
     xc, kind, target = _input(x)
     static = _static(target, xc, kind, sc, _MODES[zero_point is not None], q_min, q_max)
     fdtype = _PARAM_DTYPES[kind]
@@ -852,15 +784,15 @@ def _lsq_backward_impl(
 
 
 def _lsq_backward_fake(dy: Any, x: Any, scale: Any, zero_point: Any, *rest: Any) -> tuple[Any, Any, Any]:
-    dz = scale.new_empty((0,)) if zero_point is None else _contiguous_like(zero_point)
-    return _contiguous_like(x), _contiguous_like(scale), dz
+    dz = scale.new_empty((0,)) if zero_point is None else fresh_like(zero_point)
+    return fresh_like(x), fresh_like(scale), dz
 
 
 _LSQ_ARGS = "Tensor scale, Tensor? zero_point, int[] scope, int q_min, int q_max, float grad_factor"
-fake_quantize_learnable_op = _define(
+fake_quantize_learnable_op = define(
     f"fake_quantize_learnable(Tensor x, {_LSQ_ARGS}) -> Tensor", _lsq_forward_impl, _fq_fake
 )
-fake_quantize_learnable_backward_op = _define(
+fake_quantize_learnable_backward_op = define(
     f"fake_quantize_learnable_backward(Tensor grad_output, Tensor x, {_LSQ_ARGS}) -> (Tensor, Tensor, Tensor)",
     _lsq_backward_impl,
     _lsq_backward_fake,
@@ -905,15 +837,15 @@ def _dynamic_impl(
     rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
     seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
     offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
-    return _run_dynamic(x, bits, mode, _scope_of(scope), rounding, seed, offset)
+    return _run_dynamic(x, bits, mode, scope_of(scope), rounding, seed, offset)
 
 
 def _dynamic_fake(x: Any, *rest: Any) -> Any:
     _element(x)
-    return _contiguous_like(x)
+    return fresh_like(x)
 
 
-dynamic_fake_quantize_op = _define(
+dynamic_fake_quantize_op = define(
     "dynamic_fake_quantize(Tensor x, int bits, bool asymmetric, int[] scope, bool stochastic, Tensor? rng_seed, "
     "Tensor? rng_offset, int? rng_seed_value, int? rng_offset_value) -> Tensor",
     _dynamic_impl,
