@@ -33,6 +33,7 @@ operators' plain tensors, with its descriptor made once per problem outside the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -44,10 +45,14 @@ from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantR
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
 from .errors import InvalidProblem
-from .functional import CODE_NAMES, FLOAT_NAMES, QuantizedTensor, _kind
-from .functional import dequantize as _eager_dequantize
-from .functional import quantize as _eager_quantize
-from .static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan, QuantizeDescriptor
+from .static_quantize import (
+    DequantizeArgs,
+    DequantizeDescriptor,
+    DequantizePlan,
+    QuantizeArgs,
+    QuantizeDescriptor,
+    QuantizePlan,
+)
 from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from .types import (
     ChannelScope,
@@ -211,6 +216,33 @@ def _float_kind_of(x: Any) -> ElementKind:
     return kind
 
 
+def _rng(stochastic: bool, rng_seed: int | None, rng_offset: int) -> tuple[int | None, int | None]:
+    """The plans' (rng_seed, rng_offset): None for nearest rounding; a stochastic call without a
+    seed draws a fresh 64-bit one (as :func:`quantplan.quantize`)."""
+    if not stochastic:
+        if rng_seed is not None:
+            raise InvalidProblem("seed= applies to rounding=Rounding.STOCHASTIC only")
+        return None, None
+    seed = int.from_bytes(os.urandom(8), "little") if rng_seed is None else unsigned_seed(rng_seed)
+    return seed, unsigned_seed(rng_offset)
+
+
+def _storage(codes_shape: tuple[int, ...], code: ElementKind, x: Any) -> tuple[Any, Any]:
+    """(the codes tensor returned, its storage as the plans take it: FP8 as uint8 bits)."""
+    dtype = _CODE_DTYPES[code]
+    if code in (ElementKind.FP8_E4M3, ElementKind.FP8_E5M2):
+        bits = x.new_empty(codes_shape, dtype=torch.uint8)
+        return bits.view(dtype), bits
+    codes = x.new_empty(codes_shape, dtype=dtype)
+    return codes, codes
+
+
+def _prepare(x: Any) -> tuple[Target, Any, ElementKind]:
+    target = Target.of(x)
+    xc = target.contiguous(x)
+    return target, xc, _float_kind_of(xc)
+
+
 def _quantize_dynamic_impl(
     x: Any,
     code: int,
@@ -223,20 +255,34 @@ def _quantize_dynamic_impl(
     rng_seed: int | None,
     rng_offset: int,
 ) -> tuple[Any, Any, Any]:
-    qt = _eager_quantize(
-        x,
-        _kind_at(code),
-        scope=scope_of(scope),
-        asymmetric=asymmetric,
-        q_min=q_min,
-        q_max=q_max,
-        rounding=_rounding(stochastic),
-        seed=unsigned_seed(rng_seed),
-        offset=unsigned_seed(rng_offset),
-        nibble_order=_NIBBLES[nibble_order],
+    target, xc, kind = _prepare(x)
+    shape = tuple(xc.shape)
+    code_kind = _kind_at(code)
+    key = (shape, kind, tuple(scope), asymmetric, code_kind, q_min, q_max, nibble_order, stochastic)
+    plan = target.plan(
+        DynamicRangeQuantizePlan,
+        key,
+        lambda: DynamicRangeQuantizeDescriptor(
+            shape=shape,
+            scope=scope_of(scope),
+            mode=_MODES[asymmetric],
+            input_element=kind,
+            output_element=code_kind,
+            q_min=q_min,
+            q_max=q_max,
+            nibble_order=_NIBBLES[nibble_order],
+            rounding=_rounding(stochastic),
+        ),
     )
-    zp = qt.zero_point if qt.zero_point is not None else qt.scale.new_empty((0,), dtype=torch.int32)
-    return qt.codes, qt.scale, zp
+    codes_shape, pshape = _quantize_layout(shape, tuple(scope), asymmetric, _KIND_INDEX[kind], code, nibble_order)
+    codes, bits = _storage(codes_shape, code_kind, xc)
+    scale = xc.new_empty(pshape, dtype=torch.float64 if kind is ElementKind.F64 else torch.float32)
+    zp = xc.new_empty(pshape if asymmetric else (0,), dtype=torch.int32)
+    seed, offset = _rng(stochastic, rng_seed, rng_offset)
+    arg = target.arg
+    args = DynamicRangeQuantizeArgs(arg(xc), arg(bits), arg(scale), arg(zp) if asymmetric else None, seed, offset)
+    target.run_with_workspace(plan, args)
+    return codes, scale, zp
 
 
 def _quantize_dynamic_fake(x: Any, code: int, scope: list[int], asymmetric: bool, *rest: Any) -> tuple[Any, Any, Any]:
@@ -278,20 +324,34 @@ def _quantize_static_impl(
     rng_seed: int | None,
     rng_offset: int,
 ) -> Any:
-    qt = _eager_quantize(
-        x,
-        _kind_at(code),
-        scope=scope_of(scope),
-        scale=_number_or_tensor(scale, scale_value),
-        zero_point=_number_or_tensor(zero_point, zero_point_value),
-        q_min=q_min,
-        q_max=q_max,
-        rounding=_rounding(stochastic),
-        seed=unsigned_seed(rng_seed),
-        offset=unsigned_seed(rng_offset),
-        nibble_order=_NIBBLES[nibble_order],
+    target, xc, kind = _prepare(x)
+    shape = tuple(xc.shape)
+    code_kind = _kind_at(code)
+    asymmetric = zero_point is not None or zero_point_value is not None
+    key = (shape, kind, tuple(scope), asymmetric, code_kind, q_min, q_max, nibble_order, stochastic)
+    plan = target.plan(
+        QuantizePlan,
+        key,
+        lambda: QuantizeDescriptor(
+            shape=shape,
+            scope=scope_of(scope),
+            mode=_MODES[asymmetric],
+            input_element=kind,
+            output_element=code_kind,
+            q_min=q_min,
+            q_max=q_max,
+            nibble_order=_NIBBLES[nibble_order],
+            rounding=_rounding(stochastic),
+        ),
     )
-    return qt.codes
+    codes_shape, _ = _quantize_layout(shape, tuple(scope), asymmetric, _KIND_INDEX[kind], code, nibble_order)
+    codes, bits = _storage(codes_shape, code_kind, xc)
+    seed, offset = _rng(stochastic, rng_seed, rng_offset)
+    arg = target.arg
+    s = _number_or_tensor(scale, scale_value)
+    z = _number_or_tensor(zero_point, zero_point_value)
+    target.run_with_workspace(plan, QuantizeArgs(arg(xc), arg(bits), arg(s), arg(z), seed, offset))
+    return codes
 
 
 def _quantize_static_fake(
@@ -351,10 +411,22 @@ def _dequantize_impl(
 ) -> Any:
     asymmetric = zero_point is not None or zero_point_value is not None
     desc = _dequantize_descriptor(tuple(shape), tuple(scope), asymmetric, code, output, nibble_order)
-    qt = QuantizedTensor(
-        codes, _number_or_tensor(scale, scale_value), _number_or_tensor(zero_point, zero_point_value), desc
-    )
-    return _eager_dequantize(qt)
+    target = Target.of(codes)
+    plan = target.plan(DequantizePlan, desc)
+    out_kind = desc.output_element
+    if out_kind not in _TORCH_OF:
+        raise InvalidProblem(f"dequantize output {out_kind.name}: float16, bfloat16, float32 or float64")
+    y = codes.new_empty(desc.shape, dtype=_TORCH_OF[out_kind])
+    if scale is not None:
+        pdtype = torch.float64 if out_kind is ElementKind.F64 else torch.float32
+        scale = scale if scale.dtype == pdtype else scale.to(pdtype)
+    if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        codes = codes.view(torch.uint8)  # the plans read FP8 codes as their bits
+    arg = target.arg
+    s = _number_or_tensor(scale, scale_value)
+    z = _number_or_tensor(zero_point, zero_point_value)
+    target.run(plan, DequantizeArgs(arg(target.contiguous(codes)), arg(y), arg(s), arg(z)))
+    return y
 
 
 def _dequantize_fake(codes: Any, *rest: Any) -> Any:
@@ -405,8 +477,9 @@ def _is_number(value: Any) -> bool:
 
 
 def quantize(
+    make: Callable[..., Any],
     x: Any,
-    dtype: ElementKind | str,
+    code_kind: ElementKind,
     scope: Scope | None,
     group_size: int | None,
     axis: int | None,
@@ -419,10 +492,11 @@ def quantize(
     seed: int | None,
     offset: int,
     nibble_order: NibbleOrder,
-) -> QuantizedTensor:
+) -> Any:
     """:func:`quantplan.quantize` of a tensor through the operators (what it calls under
-    torch.compile): the same checks, arguments and results. A stochastic call without ``seed``
-    draws its seed when the operator runs (every call of a compiled function a fresh one)."""
+    torch.compile, with the code kind resolved and ``make`` the QuantizedTensor class): the same
+    checks, arguments and results. A stochastic call without ``seed`` draws its seed when the
+    operator runs (every call of a compiled function a fresh one)."""
     given = [name for name, v in (("scope", scope), ("group_size", group_size), ("axis", axis)) if v is not None]
     if len(given) > 1:
         raise InvalidProblem(f"give one of scope=, group_size=, axis= (got {', '.join(given)})")
@@ -433,7 +507,7 @@ def quantize(
     else:
         scope_list = [0, 0, 0] if scope is None else scope_ints(scope)
     float_kind = _float_kind_of(x)
-    code = _KIND_INDEX[_kind(dtype, CODE_NAMES, "dtype")]
+    code = _KIND_INDEX[code_kind]
     if rounding is not Rounding.STOCHASTIC and seed is not None:
         raise InvalidProblem("seed= applies to rounding=Rounding.STOCHASTIC only")
     stochastic = rounding is Rounding.STOCHASTIC
@@ -450,19 +524,19 @@ def quantize(
         codes, s, z = quantize_dynamic_op(
             x, code, scope_list, mode_asymmetric, q_min, q_max, nibble, stochastic, seed_arg, offset_arg
         )
-        return QuantizedTensor(codes, s, z if mode_asymmetric else None, _traced_descriptor(key))
+        return make(codes, s, z if mode_asymmetric else None, _traced_descriptor(key))
     s_t, s_v = (None, float(scale)) if _is_number(scale) else (scale, 0.0)
     z_t, z_v = (None, zero_point) if zero_point is None or _is_number(zero_point) else (zero_point, None)
     codes = quantize_static_op(
         x, s_t, s_v, z_t, z_v, code, scope_list, q_min, q_max, nibble, stochastic, seed_arg, offset_arg
     )
-    return QuantizedTensor(codes, scale, zero_point, _traced_descriptor(key))
+    return make(codes, scale, zero_point, _traced_descriptor(key))
 
 
-def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None) -> Any:
-    """:func:`quantplan.dequantize` through the ``dequantize`` operator (under torch.compile)."""
+def dequantize(qt: Any, out_kind: ElementKind) -> Any:
+    """:func:`quantplan.dequantize` of QuantizedTensor ``qt`` to ``out_kind`` through the
+    ``dequantize`` operator (what it calls under torch.compile)."""
     desc = qt.descriptor
-    out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     scale, zero_point = qt.scale, qt.zero_point
     s_t, s_v = (None, float(scale)) if _is_number(scale) else (scale, 0.0)
     if s_t is not None:

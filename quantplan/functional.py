@@ -257,22 +257,9 @@ def quantize(
     if _traced(x):  # torch.compile: through the torch.library operators
         from . import _torch_ops
 
-        return _torch_ops.quantize(
-            x,
-            dtype,
-            scope,
-            group_size,
-            axis,
-            asymmetric,
-            scale,
-            zero_point,
-            q_min,
-            q_max,
-            rounding,
-            seed,
-            offset,
-            nibble_order,
-        )
+        code = _kind(dtype, CODE_NAMES, "dtype")
+        args = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
+        return _torch_ops.quantize(QuantizedTensor, x, code, *args, nibble_order)  # type: ignore[no-any-return]
     replay_key: tuple[Any, ...] | None = None
     if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
@@ -366,12 +353,12 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     """
     if not isinstance(qt, QuantizedTensor):
         raise InvalidProblem(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
+    desc = qt.descriptor
+    out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     if _traced(qt.codes):  # torch.compile: through the torch.library operator
         from . import _torch_ops
 
-        return _torch_ops.dequantize(qt, dtype)
-    desc = qt.descriptor
-    out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
+        return _torch_ops.dequantize(qt, out_kind)
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
     key = (DequantizePlan, desc, out_kind)
 
