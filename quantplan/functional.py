@@ -258,8 +258,8 @@ def quantize(
         from . import _torch_ops
 
         code = _kind(dtype, CODE_NAMES, "dtype")
-        args = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
-        return _torch_ops.quantize(QuantizedTensor, x, code, *args, nibble_order)  # type: ignore[no-any-return]
+        given = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
+        return _torch_ops.quantize(QuantizedTensor, x, code, *given, nibble_order)  # type: ignore[no-any-return]
     replay_key: tuple[Any, ...] | None = None
     if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
