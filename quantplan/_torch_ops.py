@@ -40,7 +40,9 @@ from typing import Any
 
 import torch
 
+from ._affine import storage_shape
 from ._frontend import Target
+from ._layout import param_shape
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
@@ -193,11 +195,21 @@ def _rounding(stochastic: bool) -> Rounding:
     return Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
 
 
-@lru_cache(maxsize=256)
 def _quantize_layout(
+    shape: tuple[Any, ...], scope: tuple[int, ...], asymmetric: bool, float_kind: int, code: int, nibble: int
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(codes storage shape, parameter shape) of a quantize problem: the descriptor's when the
+    shape is concrete (its checks included), else (symbolic sizes while tracing with dynamic
+    shapes) the same formulas on the sizes."""
+    if all(type(e) is int for e in shape):
+        return _concrete_layout(shape, scope, asymmetric, float_kind, code, nibble)
+    return storage_shape(shape, _kind_at(code)), param_shape(shape, scope_of(scope))
+
+
+@lru_cache(maxsize=256)
+def _concrete_layout(
     shape: tuple[int, ...], scope: tuple[int, ...], asymmetric: bool, float_kind: int, code: int, nibble: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(codes storage shape, parameter shape) of a quantize problem (fake implementations)."""
     desc = QuantizeDescriptor(
         shape=shape,
         scope=scope_of(scope),
@@ -457,7 +469,7 @@ def _store_descriptor(
     shape: tuple[int, ...], scope: tuple[int, ...], asymmetric: bool, code: int, output: int, nibble: int
 ) -> None:
     key = (shape, scope, asymmetric, code, output, nibble)
-    if key not in _DESCRIPTORS:
+    if all(type(e) is int for e in shape) and key not in _DESCRIPTORS:  # not for symbolic sizes
         _DESCRIPTORS[key] = _dequantize_descriptor(*key)
 
 
