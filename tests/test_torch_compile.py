@@ -153,6 +153,7 @@ def test_functions_under_compile_equal_eager(rng: np.random.Generator) -> None:
 _GROUP = qp.GroupScope(axis=1, group_size=2)
 _GROUP_LAST = qp.GroupScope(axis=-1, group_size=7)
 _TOKEN = qp.TokenScope()
+_CHANNEL0 = qp.ChannelScope(axis=0)  # scopes are made outside compiled code (a pydantic model is not traced)
 
 
 # ---- qp.quantize / dequantize ------------------------------------------------------------------------
@@ -272,4 +273,103 @@ def test_every_operator_passes_opcheck(rng: np.random.Generator) -> None:
     assert not missing, missing
     assert checked <= registered, checked - registered
     for op, args in samples:
+        torch.library.opcheck(op, args)
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------
+
+
+@gpu
+def test_qat_step_cuda_compiled_fullgraph_equals_eager(rng: np.random.Generator) -> None:
+    torch._dynamo.reset()
+    model = _Model(rng, _SIZES, "cuda")
+    compiled = torch.compile(model, fullgraph=True)
+    for _ in range(2):
+        x = _normal(rng, (13, _SIZES[0]), device="cuda")
+        eager = _step(model, model, x)
+        traced = _step(model, compiled, x)
+        assert all(bool(g.abs().sum() > 0) for g in eager[1:]), "every gradient must be exercised"
+        for name, a, b in zip(_NAMES, traced, eager, strict=True):
+            _assert_bits(a, b, name)
+    explanation = torch._dynamo.explain(model)(_normal(rng, (13, _SIZES[0]), device="cuda"))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@gpu
+def test_qat_step_cuda_graphs_replay_exactly(rng: np.random.Generator) -> None:
+    """``mode="reduce-overhead"``: the compiled step is recorded into CUDA graphs and replayed;
+    every replay (new inputs copied into the graph's buffers) equals the eager step bit for bit."""
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = _Model(rng, _SIZES, "cuda")
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for _ in range(6):  # warm-up, recording, then replays
+        x = _normal(rng, (13, _SIZES[0]), device="cuda")
+        eager = _step(model, model, x)
+        traced = _step(model, compiled, x)
+        torch.cuda.synchronize()
+        for name, a, b in zip(_NAMES, traced, eager, strict=True):
+            _assert_bits(a, b, name)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+@gpu
+def test_operators_run_on_the_current_stream(rng: np.random.Generator) -> None:
+    """A compiled function's quantplan operators follow the producer of their input on the
+    current (non-default) stream: launched anywhere else they would read ``x`` before the delayed
+    copy on ``side`` fills it."""
+    torch._dynamo.reset()
+    src = _normal(rng, (257, 1031), 2.0, "cuda")
+    scale = torch.from_numpy(np.exp(rng.uniform(-5, -1, size=257)).astype(np.float32)).cuda()
+
+    def f(x: Any) -> tuple[Any, ...]:
+        a = qpt.fake_quantize(x, scale, None, -127, 127, _CHANNEL0)
+        b = qpt.dynamic_fake_quantize(x, 4, qp.QuantMode.ASYMMETRIC, _TOKEN)
+        qt = qp.quantize(x, "int8", scope=_TOKEN)
+        return a, b, qt.codes, qt.dequantize()
+
+    expected = f(src)
+    compiled = torch.compile(f, fullgraph=True)
+    compiled(src)  # compiled (and plans selected) before the timed race below
+    x = torch.full_like(src, 1e6)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x.copy_(src)
+        got = compiled(x)
+    side.synchronize()
+    for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+        _assert_bits(a, b, f"output {i} on a side stream")
+
+
+@gpu
+@pytest.mark.parametrize("case", range(len(_QUANTIZE_CASES)))
+def test_quantize_dequantize_cuda_fullgraph_equals_eager_and_cpu(rng: np.random.Generator, case: int) -> None:
+    code, kwargs = _QUANTIZE_CASES[case]
+    x = _normal(rng, (9, 14), 2.0).to(torch.bfloat16)
+    kwargs = dict(kwargs)
+    if kwargs.get("scale") == "tensor":
+        kwargs["scale"] = torch.from_numpy(np.exp(rng.uniform(-3, -1, size=(1, 14))).astype(np.float32))
+        kwargs["zero_point"] = torch.from_numpy(rng.integers(-4, 4, size=(1, 14)).astype(np.int32))
+    on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+    def f(x: Any, options: dict[str, Any]) -> tuple[Any, ...]:
+        qt = qp.quantize(x, code, **options)
+        return qt.codes, qt.dequantize(), qt.dequantize("float32")
+
+    torch._dynamo.reset()
+    on_cpu = f(x, kwargs)
+    eager = f(x.cuda(), on_gpu)
+    traced = torch.compile(lambda t: f(t, on_gpu), fullgraph=True)(x.cuda())
+    for name, a, b, c in zip(("codes", "dequantize", "dequantize float32"), traced, eager, on_cpu, strict=True):
+        _assert_bits(a, b, name)
+        _assert_bits(a.cpu(), c, f"{name} vs CPU")
+
+
+@gpu
+def test_every_operator_passes_opcheck_on_cuda(rng: np.random.Generator) -> None:
+    for op, args in _opcheck_samples(rng, "cuda"):
         torch.library.opcheck(op, args)
