@@ -12,8 +12,8 @@ the table gives each row's median over the rounds, so a noisy shared host moves 
   previous path (``FakeQuantizeFunction.apply``).
 * ``dispatch: ...``: an operator whose kernel only returns ``x.new_empty(x.shape)``, defined
   three ways -- ``torch.library.custom_op`` (high-level), ``Library.define`` + ``impl`` (+
-  ``register_fake``, ``register_autograd``), and a plain ``autograd.Function`` -- so the
-  difference is the registration API's own overhead.
+  ``register_fake``, ``register_autograd``; or an Autograd kernel of one's own that re-dispatches),
+  and a plain ``autograd.Function`` -- so the difference is the registration API's own overhead.
 
 Usage::
 
@@ -52,6 +52,25 @@ def dispatch_rows(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
     torch.library.register_autograd("qp_host_bench::empty_like_low", backward, setup_context=setup, lib=lib)
     low = torch.ops.qp_host_bench.empty_like_low.default
 
+    # the alternative to register_autograd: an Autograd kernel of our own, an autograd.Function
+    # whose forward re-dispatches below autograd
+    lib.define("empty_like_own(Tensor x, float s) -> Tensor")
+    lib.impl("empty_like_own", kernel, "CPU")
+    torch.library.register_fake("qp_host_bench::empty_like_own", kernel, lib=lib)
+    own = torch.ops.qp_host_bench.empty_like_own.default
+
+    class Redispatch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, s: float) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                return own(x, s)
+
+        @staticmethod
+        def backward(ctx: Any, dy: Any) -> Any:
+            return dy, None
+
+    lib.impl("empty_like_own", Redispatch.apply, "Autograd")
+
     def high_kernel(x: Any, s: float) -> Any:
         return x.new_empty(x.shape)
 
@@ -79,6 +98,7 @@ def dispatch_rows(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
     rows.append(("dispatch: torch.library.custom_op", lambda: high(x, 0.5)))
     rows.append(("dispatch: Library.define + impl, x requires grad", lambda: low(xg, 0.5)))
     rows.append(("dispatch: torch.library.custom_op, x requires grad", lambda: high(xg, 0.5)))
+    rows.append(("dispatch: Library.define + own Autograd kernel, x requires grad", lambda: own(xg, 0.5)))
     rows.append(("dispatch: autograd.Function, x requires grad", lambda: Function.apply(xg, 0.5)))
     rows.append(("dispatch: x.new_empty alone", lambda: x.new_empty(x.shape)))
     _KEEP.append(lib)  # the library lives as long as the rows
@@ -106,6 +126,7 @@ def op_rows(torch: Any, shape: tuple[int, ...]) -> list[tuple[str, Callable[[], 
         ("op (torch.ops.quantplan.fake_quantize)", lambda: op(x, None, 0.05, None, None, scope, -128, 127)),
         ("qpt.fake_quantize(x, 0.05)", lambda: qpt.fake_quantize(x, 0.05)),
         ("op, x requires grad", lambda: op(xg, None, 0.05, None, None, scope, -128, 127)),
+        ("qpt.fake_quantize(x, 0.05), x requires grad", lambda: qpt.fake_quantize(xg, 0.05)),
         (
             "autograd.Function, x requires grad",
             lambda: qpt.FakeQuantizeFunction.apply(xg, 0.05, None, qp.TensorScope(), -128, 127),

@@ -658,6 +658,47 @@ def _dynamic_fake_quantize(
 # the autograd.Functions directly (no dispatcher on the hot path).
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_modes: Callable[[], int] = torch._C._len_torch_dispatch_stack
+
+
+def _register_autograd(
+    name: str,
+    op: Any,
+    setup: Callable[[Any, tuple[Any, ...], Any], None],
+    backward: Callable[..., tuple[Any, ...]],
+    eager: Callable[..., Any],
+) -> None:
+    """The Autograd kernel of operator ``name``: on plain tensors with no dispatch mode active
+    (an eager call) ``eager``, the adapter's autograd.Function (one Python autograd node, no
+    second trip through the dispatcher); otherwise (torch.compile tracing with fake / functional
+    tensors, a dispatch mode watching) an autograd.Function whose forward re-dispatches ``op``
+    below autograd and saves what ``setup`` picks, and whose backward is ``backward``, made of
+    operators -- what ``torch.library.register_autograd`` builds, which costs every eager call
+    about twice the dispatcher overhead (``benchmarks/host_torch_ops.py``)."""
+
+    class Traced(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op(*args)
+            setup(ctx, args, out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return backward(ctx, *grads)
+
+    Traced.__name__ = Traced.__qualname__ = f"{name}_autograd"
+
+    def kernel(*args: Any) -> Any:
+        if not _dispatch_modes() and all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)):
+            return eager(*args)
+        return Traced.apply(*args)
+
+    LIBRARY.impl(name, kernel, "Autograd")
+
+
 def _mode_of(zero_point: Any, zero_point_value: Any) -> QuantMode:
     return _MODES[zero_point is not None or zero_point_value is not None]
 
@@ -744,7 +785,22 @@ def _fq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
     return dx, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd("quantplan::fake_quantize", _fq_backward, setup_context=_fq_setup, lib=LIBRARY)
+def _fq_eager(
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    s = scale_value if scale is None else scale
+    z = zero_point_value if zero_point is None else zero_point
+    return FakeQuantizeFunction.apply(x, s, z, scope_of(scope), q_min, q_max)
+
+
+_register_autograd("fake_quantize", fake_quantize_op, _fq_setup, _fq_backward, _fq_eager)
 
 
 # -- learnable (LSQ) fake quantization --
@@ -814,9 +870,13 @@ def _lsq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
     return dx, ds, None if zero_point is None else dz, None, None, None, None
 
 
-torch.library.register_autograd(
-    "quantplan::fake_quantize_learnable", _lsq_backward, setup_context=_lsq_setup, lib=LIBRARY
-)
+def _lsq_eager(
+    x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
+) -> Any:
+    return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope_of(scope), q_min, q_max, grad_factor)
+
+
+_register_autograd("fake_quantize_learnable", fake_quantize_learnable_op, _lsq_setup, _lsq_backward, _lsq_eager)
 
 
 # -- dynamic-range fake quantization (identity gradient) --
@@ -857,7 +917,28 @@ def _dynamic_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
     return (dy, *(None,) * 8)
 
 
-torch.library.register_autograd("quantplan::dynamic_fake_quantize", _dynamic_backward, lib=LIBRARY)
+def _dynamic_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    pass
+
+
+def _dynamic_eager(
+    x: Any,
+    bits: int,
+    asymmetric: bool,
+    scope: list[int],
+    stochastic: bool,
+    rng_seed: Any,
+    rng_offset: Any,
+    rng_seed_value: int | None,
+    rng_offset_value: int | None,
+) -> Any:
+    rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
+    seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
+    offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
+    return DynamicFakeQuantizeFunction.apply(x, bits, _MODES[asymmetric], scope_of(scope), rounding, seed, offset)
+
+
+_register_autograd("dynamic_fake_quantize", dynamic_fake_quantize_op, _dynamic_setup, _dynamic_backward, _dynamic_eager)
 
 
 # ---- modules -----------------------------------------------------------------------------------

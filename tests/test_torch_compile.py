@@ -156,6 +156,54 @@ _TOKEN = qp.TokenScope()
 _CHANNEL0 = qp.ChannelScope(axis=0)  # scopes are made outside compiled code (a pydantic model is not traced)
 
 
+def test_operator_autograd_eager_and_redispatched_paths_agree(rng: np.random.Generator) -> None:
+    """The operators' Autograd kernel: plain tensors take the adapter's autograd.Function, and under a
+    dispatch mode (as while tracing) the re-dispatching Function whose backward is the backward
+    operators; both give the same outputs and gradients, bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = _normal(rng, (7, 30), 2.0)
+    dy = _normal(rng, (7, 30))
+    scale = torch.from_numpy(np.exp(rng.uniform(-4, -1, size=7)).astype(np.float32))
+    zp = torch.from_numpy(rng.uniform(-3, 3, size=7).astype(np.float32))
+    cases = [
+        (qpt.fake_quantize_op, lambda x, s, z: (x, s, 0.0, None, 3, [1, 0, 0], -128, 127), (0,)),
+        (qpt.fake_quantize_learnable_op, lambda x, s, z: (x, s, z, [1, 0, 0], 0, 255, 0.5), (0, 1, 2)),
+        (qpt.dynamic_fake_quantize_op, lambda x, s, z: (x, 5, True, [2, 0, 0], True, None, None, 9, 2**62), (0,)),
+    ]
+    backward_ops = [qpt.fake_quantize_ste_backward_op, qpt.fake_quantize_learnable_backward_op, None]
+    for (op, make, wrt), backward_op in zip(cases, backward_ops, strict=True):
+        results = []
+        for watch in (None, Watch()):
+            leaves = [t.clone().requires_grad_(True) for t in (x, scale, zp)]
+            with watch if watch is not None else _Null():
+                y = op(*make(*leaves))
+                grads = torch.autograd.grad(y, [leaves[i] for i in wrt], dy)
+            results.append((y, *grads))
+            if watch is not None:
+                assert str(op) in watch.seen, watch.seen
+                assert backward_op is None or str(backward_op) in watch.seen, watch.seen
+        for i, (a, b) in enumerate(zip(*results, strict=True)):
+            _assert_bits(a, b, f"{op} output/gradient {i}")
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 # ---- qp.quantize / dequantize ------------------------------------------------------------------------
 
 _QUANTIZE_CASES: list[tuple[str, dict[str, Any]]] = [
