@@ -5,8 +5,10 @@ Operators are defined with ``torch.library.Library("quantplan", "FRAGMENT").defi
 kernel per dispatch key -- the same Python function for ``CPU`` (the NumPy reference backend) and
 ``CUDA`` (the kernels, on the current PyTorch stream of the tensors' device) -- a fake
 implementation (output shapes and dtypes only; torch.compile traces with it, and meta tensors
-get shape inference) and, where an output is differentiable, an autograd formula
-(``torch.library.register_autograd``) made of these operators. ``torch.compile(fullgraph=True)``
+get shape inference) and an Autograd kernel: :mod:`quantplan.pytorch` registers its own for the
+differentiable fake-quantize operators (their backward is made of operators too); the
+quantize / dequantize operators here mark their outputs non-differentiable
+(``torch.library.register_autograd``). ``torch.compile(fullgraph=True)``
 then traces a function that calls them: each call is one node of the graph, and the compiled
 code calls the operator, which runs the plan.
 
@@ -27,8 +29,8 @@ Operators here:
 
 :func:`quantize` / :func:`dequantize` are what :mod:`quantplan.functional` calls under
 torch.compile: they build the :class:`~quantplan.functional.QuantizedTensor` around the
-operators' plain tensors, with its descriptor made once per problem outside the graph
-(``torch.compiler.assume_constant_result``).
+operators' plain tensors, with its descriptor made outside the trace (by the operators' fake
+implementations, see :func:`_traced_descriptor`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from ._frontend import Target
 from ._layout import param_shape
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
-from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .static_quantize import (
     DequantizeArgs,
@@ -735,16 +736,6 @@ def kind_index(kind: ElementKind) -> int:
     return _KIND_INDEX[kind]
 
 
-def nibble_index(order: NibbleOrder) -> int:
-    """``order`` as an operator's ``int`` argument."""
-    return _NIBBLE_INDEX[order]
-
-
-def is_packed(kind: ElementKind) -> bool:
-    """Whether ``kind`` stores two codes per byte."""
-    return bool(ELEMENTS[kind].is_packed)
-
-
 __all__ = [
     "LIBRARY",
     "define",
@@ -755,7 +746,6 @@ __all__ = [
     "dynamic_quantize_out_op",
     "fresh_like",
     "kind_index",
-    "nibble_index",
     "quantize",
     "quantize_dynamic_op",
     "quantize_static_op",
