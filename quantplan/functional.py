@@ -406,6 +406,10 @@ def fake_quantize(
 
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
+    if _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
+        from . import pytorch
+
+        return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
     target = Target.of(
         x,
         None if isinstance(scale, (int, float)) else scale,

@@ -335,12 +335,14 @@ def fake_quantize(
     return _fake_quantize(x, scale, zero_point, scope, q_min, q_max)
 
 
-def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope | list[int], q_min: int, q_max: int) -> Any:
     """Eager: :class:`FakeQuantizeFunction` (no dispatcher on the hot path); under torch.compile
     the ``quantplan::fake_quantize`` operator (a number parameter as the operator's ``Scalar``, a
     sequence as a tensor)."""
     if not _compiling():
         return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+    if not isinstance(scope, list):
+        scope = scope_ints(scope)
     if isinstance(scale, torch.Tensor):
         s_t, s_v = scale, 0.0
     elif _is_number(scale):
@@ -353,7 +355,19 @@ def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int
         z_t, z_v = None, zero_point
     else:
         z_t, z_v = torch.as_tensor(zero_point), None
-    return fake_quantize_op(x, s_t, s_v, z_t, z_v, scope_ints(scope), q_min, q_max)
+    return fake_quantize_op(x, s_t, s_v, z_t, z_v, scope, q_min, q_max)
+
+
+def traced_functional_fake_quantize(
+    x: Any, scale: Any, zero_point: Any, scope: Scope | None, axis: int | None, q_min: int, q_max: int
+) -> Any:
+    """:func:`quantplan.fake_quantize` of a tensor while torch.compile traces: the
+    ``quantplan::fake_quantize`` operator (same bits; where ``x`` requires grad, the
+    straight-through gradient flows, where eager returns a tensor without one)."""
+    if scope is not None and axis is not None:
+        raise InvalidProblem("give one of scope=, axis= (got scope, axis)")
+    scope_list = [1, axis, 0] if axis is not None else [0, 0, 0] if scope is None else scope_ints(scope)
+    return _fake_quantize(x, scale, zero_point, scope_list, q_min, q_max)
 
 
 # ---- learnable (LSQ) fake quantization --------------------------------------------------------

@@ -229,14 +229,16 @@ def test_quantize_dequantize_fullgraph_equals_eager(rng: np.random.Generator, ca
 
     def f(x: Any) -> tuple[Any, ...]:
         qt = qp.quantize(x, code, **kwargs)
-        return qt.codes, qt.scale, qt.dequantize(), qt.dequantize("float64")
+        fq = qp.fake_quantize(x, 0.0625, 3, q_min=-8, q_max=7)
+        return qt.codes, qt.scale, qt.dequantize(), qt.dequantize("float64"), fq
 
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(f)(x)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     eager = f(x)
     traced = torch.compile(f, fullgraph=True)(x)
-    for name, a, b in zip(("codes", "scale", "dequantize", "dequantize float64"), traced, eager, strict=True):
+    names = ("codes", "scale", "dequantize", "dequantize float64", "qp.fake_quantize")
+    for name, a, b in zip(names, traced, eager, strict=True):
         if isinstance(b, float):
             assert a == b, name
         else:
