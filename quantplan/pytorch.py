@@ -679,13 +679,15 @@ _dispatch_modes: Callable[[], int] = torch._C._len_torch_dispatch_stack
 def _register_autograd(
     name: str,
     op: Any,
+    impl: Callable[..., Any],
     setup: Callable[[Any, tuple[Any, ...], Any], None],
     backward: Callable[..., tuple[Any, ...]],
     eager: Callable[..., Any],
 ) -> None:
     """The Autograd kernel of operator ``name``: on plain tensors with no dispatch mode active
     (an eager call) ``eager``, the adapter's autograd.Function (one Python autograd node, no
-    second trip through the dispatcher); otherwise (torch.compile tracing with fake / functional
+    second trip through the dispatcher), or without a gradient to record ``impl`` (the CPU /
+    CUDA kernel) itself; otherwise (torch.compile tracing with fake / functional
     tensors, a dispatch mode watching) an autograd.Function whose forward re-dispatches ``op``
     below autograd and saves what ``setup`` picks, and whose backward is ``backward``, made of
     operators -- what ``torch.library.register_autograd`` builds, which costs every eager call
@@ -706,9 +708,12 @@ def _register_autograd(
     Traced.__name__ = Traced.__qualname__ = f"{name}_autograd"
 
     def kernel(*args: Any) -> Any:
-        if not _dispatch_modes() and all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if _dispatch_modes() or not all(type(t) in _PLAIN for t in tensors):
+            return Traced.apply(*args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return eager(*args)
-        return Traced.apply(*args)
+        return impl(*args)  # no gradient to record: the CPU / CUDA kernel itself
 
     LIBRARY.impl(name, kernel, "Autograd")
 
@@ -814,7 +819,7 @@ def _fq_eager(
     return FakeQuantizeFunction.apply(x, s, z, scope_of(scope), q_min, q_max)
 
 
-_register_autograd("fake_quantize", fake_quantize_op, _fq_setup, _fq_backward, _fq_eager)
+_register_autograd("fake_quantize", fake_quantize_op, _fq_impl, _fq_setup, _fq_backward, _fq_eager)
 
 
 # -- learnable (LSQ) fake quantization --
@@ -890,7 +895,9 @@ def _lsq_eager(
     return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope_of(scope), q_min, q_max, grad_factor)
 
 
-_register_autograd("fake_quantize_learnable", fake_quantize_learnable_op, _lsq_setup, _lsq_backward, _lsq_eager)
+_register_autograd(
+    "fake_quantize_learnable", fake_quantize_learnable_op, _lsq_forward_impl, _lsq_setup, _lsq_backward, _lsq_eager
+)
 
 
 # -- dynamic-range fake quantization (identity gradient) --
@@ -952,7 +959,9 @@ def _dynamic_eager(
     return DynamicFakeQuantizeFunction.apply(x, bits, _MODES[asymmetric], scope_of(scope), rounding, seed, offset)
 
 
-_register_autograd("dynamic_fake_quantize", dynamic_fake_quantize_op, _dynamic_setup, _dynamic_backward, _dynamic_eager)
+_register_autograd(
+    "dynamic_fake_quantize", dynamic_fake_quantize_op, _dynamic_impl, _dynamic_setup, _dynamic_backward, _dynamic_eager
+)
 
 
 # ---- modules -----------------------------------------------------------------------------------
