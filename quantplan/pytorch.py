@@ -273,6 +273,26 @@ def _check_range(q_min: int, q_max: int) -> tuple[int, int]:
     return int(q_min), int(q_max)
 
 
+def _grad_for(*inputs: Any) -> bool:
+    """Whether a call on ``inputs`` records a gradient (grad mode on, a tensor requiring grad)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs)
+
+
+def _static_forward_parts(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
+) -> tuple[Any, Any, Any, Any, _Static, ElementKind]:
+    """Static fake quantization: ``(y, x contiguous, scale, zero point as run, problem, element)``."""
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+    s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
+    return _run_forward(target, xc, static.plan, s, z), xc, s, z, static, kind
+
+
+def _static_forward(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """``x`` fake-quantized with static parameters, no autograd."""
+    return _static_forward_parts(x, scale, zero_point, scope, q_min, q_max)[0]
+
+
 class FakeQuantizeFunction(torch.autograd.Function):
     """Static fake quantization as an autograd op (``FakeQuantizeFunction.apply(x, scale, zero_point,
     scope, q_min, q_max)``; prefer :func:`fake_quantize`).
@@ -286,10 +306,7 @@ class FakeQuantizeFunction(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
     ) -> Any:
-        xc, kind, target = _input(x)
-        static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
-        s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
-        y = _run_forward(target, xc, static.plan, s, z)
+        y, xc, s, z, static, kind = _static_forward_parts(x, scale, zero_point, scope, q_min, q_max)
         s_t = s if isinstance(s, torch.Tensor) else None
         z_t = z if isinstance(z, torch.Tensor) else None
         ctx.save_for_backward(xc, s_t, z_t)
@@ -335,14 +352,19 @@ def fake_quantize(
     return _fake_quantize(x, scale, zero_point, scope, q_min, q_max)
 
 
-def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope | list[int], q_min: int, q_max: int) -> Any:
-    """Eager: :class:`FakeQuantizeFunction` (no dispatcher on the hot path); under torch.compile
-    the ``quantplan::fake_quantize`` operator (a number parameter as the operator's ``Scalar``, a
-    sequence as a tensor)."""
+def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """Eager: :class:`FakeQuantizeFunction` where a gradient is recorded, else the plan alone (no
+    dispatcher on the hot path); under torch.compile the ``quantplan::fake_quantize`` operator."""
     if not _compiling():
-        return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
-    if not isinstance(scope, list):
-        scope = scope_ints(scope)
+        if _grad_for(x):
+            return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+        return _static_forward(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
+    return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+
+
+def _fake_quantize_call(x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int) -> Any:
+    """The ``quantplan::fake_quantize`` operator on these arguments (a number parameter as the
+    operator's ``Scalar``, a sequence as a tensor)."""
     if isinstance(scale, torch.Tensor):
         s_t, s_v = scale, 0.0
     elif _is_number(scale):
@@ -367,7 +389,7 @@ def traced_functional_fake_quantize(
     if scope is not None and axis is not None:
         raise InvalidProblem("give one of scope=, axis= (got scope, axis)")
     scope_list = [1, axis, 0] if axis is not None else [0, 0, 0] if scope is None else scope_ints(scope)
-    return _fake_quantize(x, scale, zero_point, scope_list, q_min, q_max)
+    return _fake_quantize_call(x, scale, zero_point, scope_list, q_min, q_max)
 
 
 # ---- learnable (LSQ) fake quantization --------------------------------------------------------
@@ -416,6 +438,18 @@ def _run_lsq(
     return dx, ds, dz
 
 
+def _learnable_forward(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
+) -> tuple[Any, Any, Any, Any, _Static, ElementKind]:
+    """LSQ forward (float parameters): ``(y, x contiguous, scale, zero point, problem, element)``."""
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+    fdtype = _PARAM_DTYPES[kind]
+    s_t = _param(scale, "scale", static.pshape, fdtype, xc)
+    z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
+    return _run_forward(target, xc, static.plan, s_t, z_t), xc, s_t, z_t, static, kind
+
+
 class LearnableFakeQuantizeFunction(torch.autograd.Function):
     """Learnable (LSQ) fake quantization as an autograd op (``apply(x, scale, zero_point, scope,
     q_min, q_max, grad_factor)``; prefer :func:`fake_quantize_learnable`).
@@ -438,12 +472,7 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         q_max: int,
         grad_factor: float,
     ) -> Any:
-        xc, kind, target = _input(x)
-        static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
-        fdtype = _PARAM_DTYPES[kind]
-        s_t = _param(scale, "scale", static.pshape, fdtype, xc)
-        z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
-        y = _run_forward(target, xc, static.plan, s_t, z_t)
+        y, xc, s_t, z_t, static, kind = _learnable_forward(x, scale, zero_point, scope, q_min, q_max)
         ctx.save_for_backward(xc, s_t, z_t)
         ctx.spec = (static, scope, q_min, q_max, float(grad_factor), kind)
         ctx.param_meta = tuple(
@@ -512,7 +541,9 @@ def _fake_quantize_learnable(
     """Eager: :class:`LearnableFakeQuantizeFunction`; under torch.compile the
     ``quantplan::fake_quantize_learnable`` operator (parameters as tensors)."""
     if not _compiling():
-        return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, grad_factor)
+        if _grad_for(x, scale, zero_point):
+            return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, grad_factor)
+        return _learnable_forward(x, scale, zero_point, scope, q_min, q_max)[0]
     if not isinstance(scale, torch.Tensor):
         scale = torch.as_tensor(scale, dtype=torch.float32)
     if zero_point is not None and not isinstance(zero_point, torch.Tensor):
@@ -644,7 +675,9 @@ def _dynamic_fake_quantize(
     """Eager: :class:`DynamicFakeQuantizeFunction`; under torch.compile the
     ``quantplan::dynamic_fake_quantize`` operator (a seed / offset tensor or int each)."""
     if not _compiling():
-        return DynamicFakeQuantizeFunction.apply(x, bits, mode, scope, rounding, rng_seed, rng_offset)
+        if _grad_for(x):
+            return DynamicFakeQuantizeFunction.apply(x, bits, mode, scope, rounding, rng_seed, rng_offset)
+        return _run_dynamic(x, bits, mode, scope, rounding, rng_seed, rng_offset)
     seed_t = rng_seed if isinstance(rng_seed, torch.Tensor) else None
     offset_t = rng_offset if isinstance(rng_offset, torch.Tensor) else None
     seed_v = None if seed_t is not None else signed_seed(rng_seed)
@@ -828,13 +861,7 @@ _register_autograd("fake_quantize", fake_quantize_op, _fq_impl, _fq_setup, _fq_b
 def _lsq_forward_impl(
     x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
 ) -> Any:
-    sc = scope_of(scope)
-    xc, kind, target = _input(x)
-    static = _static(target, xc, kind, sc, _MODES[zero_point is not None], q_min, q_max)
-    fdtype = _PARAM_DTYPES[kind]
-    s_t = _param(scale, "scale", static.pshape, fdtype, xc)
-    z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
-    return _run_forward(target, xc, static.plan, s_t, z_t)
+    return _learnable_forward(x, scale, zero_point, scope_of(scope), q_min, q_max)[0]
 
 
 def _lsq_backward_impl(
