@@ -25,6 +25,12 @@ slices, ``channels_last``) are copied with ``.contiguous()`` first, and outputs 
 ``torch.empty_like`` of that contiguous input: always C-contiguous. Tensors that require grad
 reach the plans without a copy (CUDA: the tensor itself; CPU: a NumPy view of its ``.detach()``).
 
+Under ``torch.compile`` the functions and modules call ``torch.library`` operators of the
+``quantplan`` namespace instead (:mod:`quantplan._torch_ops` has their conventions), which it
+traces with ``fullgraph=True`` and records into CUDA graphs with ``mode="reduce-overhead"``;
+eager calls skip the dispatcher (the autograd.Function, or the plan alone when no gradient is
+recorded). Build scopes outside compiled code (a pydantic model is not traced).
+
 Plans are selected once per problem -- (kind, shape, dtype, scope, mode, range, device) -- and
 kept in quantplan's per-thread front-end cache of :data:`PLAN_CACHE_SIZE` entries (shared with
 :mod:`quantplan.compat.deepspeed`; plans are not safe to run from two host threads at once), so a
@@ -538,7 +544,8 @@ def fake_quantize_learnable(
 def _fake_quantize_learnable(
     x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int, grad_factor: float
 ) -> Any:
-    """Eager: :class:`LearnableFakeQuantizeFunction`; under torch.compile the
+    """Eager: :class:`LearnableFakeQuantizeFunction` where a gradient is recorded, else the plan
+    alone; under torch.compile the
     ``quantplan::fake_quantize_learnable`` operator (parameters as tensors)."""
     if not _compiling():
         if _grad_for(x, scale, zero_point):
@@ -672,7 +679,8 @@ def dynamic_fake_quantize(
 def _dynamic_fake_quantize(
     x: Any, bits: int, mode: QuantMode, scope: Scope, rounding: Rounding, rng_seed: Any, rng_offset: Any
 ) -> Any:
-    """Eager: :class:`DynamicFakeQuantizeFunction`; under torch.compile the
+    """Eager: :class:`DynamicFakeQuantizeFunction` where a gradient is recorded, else the plan
+    alone; under torch.compile the
     ``quantplan::dynamic_fake_quantize`` operator (a seed / offset tensor or int each)."""
     if not _compiling():
         if _grad_for(x):
@@ -701,8 +709,8 @@ def _dynamic_fake_quantize(
 # namespace (``quantplan._torch_ops`` has the conventions): ``fake_quantize`` with its
 # straight-through backward ``fake_quantize_ste_backward``, ``fake_quantize_learnable`` with
 # ``fake_quantize_learnable_backward``, and ``dynamic_fake_quantize`` (identity gradient). Their
-# CPU and CUDA kernels are the autograd.Functions' forward and backward bodies; eager calls take
-# the autograd.Functions directly (no dispatcher on the hot path).
+# CPU and CUDA kernels are the autograd.Functions' forward and backward bodies; eager calls of the
+# public functions take the autograd.Functions directly (no dispatcher on the hot path).
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
