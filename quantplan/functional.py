@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,13 @@ _SCALE_DTYPES: dict[tuple[ElementKind, ElementKind], str] = {
 _FLOAT_SCALE_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))
 #: What ``quantize(nonfinite=...)`` does when a scale of the result is not finite.
 NONFINITE = ("propagate", "warn", "raise")
+
+
+def _traced(x: Any) -> bool:
+    """Whether torch.compile is tracing this call (then PyTorch tensors go through quantplan's
+    torch.library operators, which it can trace). False without PyTorch imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling() and isinstance(x, torch.Tensor)
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -320,6 +328,12 @@ def quantize(
     round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
     ``seed`` and ``offset``); deterministic.
     """
+    if _traced(x):  # torch.compile: through the torch.library operators
+        from . import _torch_ops
+
+        code = _kind(dtype, CODE_NAMES, "dtype")
+        given = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
+        return _torch_ops.quantize(QuantizedTensor, x, code, *given, nibble_order)  # type: ignore[no-any-return]
     replay_key: tuple[Any, ...] | None = None
     if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
@@ -430,6 +444,10 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
         raise InvalidArgumentType(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
+    if _traced(qt.codes):  # torch.compile: through the torch.library operator
+        from . import _torch_ops
+
+        return _torch_ops.dequantize(qt, out_kind)
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
     key = (DequantizePlan, desc, out_kind)
 
@@ -477,6 +495,10 @@ def fake_quantize(
 
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
+    if _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
+        from . import pytorch
+
+        return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
     target = Target.of(
         x,
         None if isinstance(scale, (int, float)) else scale,

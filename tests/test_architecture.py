@@ -61,6 +61,7 @@ LAYERS: dict[str, int] = {
     "__main__": FRONTENDS,
     "_frontend": FRONTENDS,
     "functional": FRONTENDS,
+    "_torch_ops": FRONTENDS,
     "pytorch": FRONTENDS,
     "distributed": FRONTENDS,
     "compat": FRONTENDS,
