@@ -19,6 +19,14 @@ Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy r
 from __future__ import annotations
 
 from ._device import cuda_available
+from .block_scaled import (
+    BlockScaledDequantizeArgs,
+    BlockScaledDequantizeDescriptor,
+    BlockScaledDequantizePlan,
+    BlockScaledQuantizeArgs,
+    BlockScaledQuantizeDescriptor,
+    BlockScaledQuantizePlan,
+)
 
 # The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
 from ._frontend import clear_plan_cache  # noqa: E402
@@ -89,6 +97,12 @@ from .workspace import Workspace
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockScaledDequantizeArgs",
+    "BlockScaledDequantizeDescriptor",
+    "BlockScaledDequantizePlan",
+    "BlockScaledQuantizeArgs",
+    "BlockScaledQuantizeDescriptor",
+    "BlockScaledQuantizePlan",
     "DynamicRangeQuantizeArgs",
     "DynamicRangeQuantizeDescriptor",
     "DynamicRangeQuantizePlan",

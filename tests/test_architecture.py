@@ -55,6 +55,7 @@ LAYERS: dict[str, int] = {
     "dynamic_fake_quantize": OPS,
     "swizzled_quantize": OPS,
     "dequant_reduce": OPS,
+    "block_scaled": OPS,
     "compat._deepspeed_plans": OPS,
     # front-ends: what users call with their arrays
     "__init__": FRONTENDS,
