@@ -206,7 +206,9 @@ def resolve(
         raise InvalidProblem(f"scale_layout={scale_layout!r} is not one of {SCALE_LAYOUTS}")
     scale_kind = fmt.scale_element(input_element)
     if scale_layout == "blocked" and scale_kind is ElementKind.F32:
-        raise InvalidProblem("scale_layout='blocked': the 128x4 layout holds byte scales; f32 scales take compact or column_major")
+        raise InvalidProblem(
+            "scale_layout='blocked': the 128x4 layout holds byte scales; f32 scales take compact or column_major"
+        )
     if scale_layout == "packed_ue8m0" and scale_kind is not ElementKind.E8M0:
         raise InvalidProblem(
             f"scale_layout='packed_ue8m0' packs E8M0 bytes; {fmt.name} has {scale_kind.name} scales "
@@ -539,7 +541,9 @@ def reference_dequantize(
         return rb.mx_dequantize(mq, out_dtype)
     if p.family == "nvfp4":
         s_dec = np.float32(1.0 if tensor_scale is None else tensor_scale)
-        nq = rb.NVFP4Quantized(codes, scales.view(np.uint8), s_dec, np.float32(0), p.shape, p.mode, True, p.block[0] > 1)
+        nq = rb.NVFP4Quantized(
+            codes, scales.view(np.uint8), s_dec, np.float32(0), p.shape, p.mode, True, p.block[0] > 1
+        )
         return rb.nvfp4_dequantize(nq, out_dtype)
     ue8m0 = p.family == "fp8_block_ue8m0"
     fq = rb.FP8BlockQuantized(
