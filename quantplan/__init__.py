@@ -19,6 +19,9 @@ Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy r
 from __future__ import annotations
 
 from ._device import cuda_available
+
+# The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
+from ._frontend import clear_plan_cache  # noqa: E402
 from .block_scaled import (
     BlockScaledDequantizeArgs,
     BlockScaledDequantizeDescriptor,
@@ -27,9 +30,6 @@ from .block_scaled import (
     BlockScaledQuantizeDescriptor,
     BlockScaledQuantizePlan,
 )
-
-# The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
-from ._frontend import clear_plan_cache  # noqa: E402
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
@@ -54,7 +54,7 @@ from .fake_quantize import (
     FakeQuantizeDescriptor,
     FakeQuantizePlan,
 )
-from .functional import QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
+from .functional import BlockQuantizedTensor, QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
 from .quantize_backward import (
     DequantizeBackwardArgs,
     DequantizeBackwardDescriptor,
@@ -160,6 +160,7 @@ __all__ = [
     "Workspace",
     "WorkspaceTooSmall",
     "QuantizedTensor",
+    "BlockQuantizedTensor",
     "clear_plan_cache",
     "cuda_available",
     "dequantize",

@@ -51,7 +51,7 @@ from ._plan import Plan, check_descriptor, choose_backend, preferred
 from .compiler import load_kernels
 from .elements import ELEMENTS, ElementInfo
 from .errors import InvalidProblem, Unsupported
-from .formats import FORMATS, FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK, Format
+from .formats import FORMATS, FP8_BLOCK, MX_BLOCK, Format
 from .types import BackendKind, ElementKind, Model, OpCategory, PlanPreference, QuantizeKind, Rounding, Shape
 from .workspace import Workspace
 
@@ -583,7 +583,7 @@ _INPUT_MAX = {ElementKind.F16: 65504.0, ElementKind.BF16: 3.3895313892515355e38,
 _INPUT_DTYPE = {ElementKind.F16: "float16", ElementKind.BF16: "bfloat16", ElementKind.F32: "float32"}
 
 
-def _cuda_refusal(p: BlockScaledProblem) -> str | None:
+def cuda_refusal(p: BlockScaledProblem) -> str | None:
     """Why the CUDA backend does not serve ``p`` yet (None: it does)."""
     if p.family == "nvfp4":
         return f"{p.format.name} has no CUDA kernel yet"
@@ -732,7 +732,7 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         problem = desc._problem()
         if choose_backend(pref, stream) is BackendKind.REFERENCE:
             return preferred(cls(desc, problem), pref)
-        refusal = _cuda_refusal(problem)
+        refusal = cuda_refusal(problem)
         if refusal is not None:
             raise Unsupported(f"{refusal}: {_SERVED_ON_CUDA}")
         device_id = stream_device_id(stream)
@@ -896,6 +896,7 @@ __all__ = [
     "BlockScaledQuantizeDescriptor",
     "BlockScaledQuantizePlan",
     "compact_scales",
+    "cuda_refusal",
     "layout_scales",
     "reference_dequantize",
     "reference_quantize",

@@ -62,6 +62,7 @@ LAYERS: dict[str, int] = {
     "__main__": FRONTENDS,
     "_frontend": FRONTENDS,
     "functional": FRONTENDS,
+    "_block_functional": FRONTENDS,
     "pytorch": FRONTENDS,
     "distributed": FRONTENDS,
     "compat": FRONTENDS,
