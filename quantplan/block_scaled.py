@@ -78,6 +78,7 @@ _SERVED_ON_CUDA = (
     "until their kernels land)"
 )
 _F32 = ELEMENTS[ElementKind.F32]
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def _family(fmt: Format) -> str:
@@ -191,7 +192,7 @@ def resolve(
     if isinstance(amax_floor, bool) or not isinstance(amax_floor, numbers.Real):
         raise InvalidProblem(f"amax_floor={amax_floor!r} must be a finite number >= 0")
     floor = float(amax_floor)
-    if not (math.isfinite(floor) and floor >= 0 and math.isfinite(float(np.float32(floor)))):
+    if not (math.isfinite(floor) and 0 <= floor <= _FLT_MAX):
         raise InvalidProblem(f"amax_floor={amax_floor!r} must be a finite number >= 0 (in float32)")
     if floor and not family.startswith("fp8_block"):
         raise InvalidProblem(f"amax_floor={amax_floor!r} applies to FP8 blocks only; {fmt.name} takes 0")
