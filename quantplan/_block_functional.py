@@ -68,6 +68,8 @@ BLOCK_NAMES: dict[str, str] = {
     "fp8_block_e4m3_ue8m0": "fp8_block_e4m3_ue8m0",
     "fp8_block_e5m2_ue8m0": "fp8_block_e5m2_ue8m0",
 }
+#: The keywords of ``qp.quantize`` for the block-scaled formats beyond the shared ones.
+BLOCK_OPTIONS = ("block", "layout", "scale_mode", "scale_format", "amax_floor", "two_level", "global_amax")
 _INPUT_KINDS = {"float16": ElementKind.F16, "bfloat16": ElementKind.BF16, "uint16": ElementKind.BF16}
 _INPUT_KINDS["float32"] = ElementKind.F32
 _OUTPUT_NAMES = {"float16": ElementKind.F16, "half": ElementKind.F16, "bfloat16": ElementKind.BF16}
@@ -424,4 +426,11 @@ def is_block_name(dtype: Any) -> bool:
     return type(dtype) is str and dtype in BLOCK_NAMES
 
 
-__all__ = ["BLOCK_NAMES", "BlockQuantizedTensor", "dequantize_block", "is_block_name", "quantize_block"]
+__all__ = [
+    "BLOCK_NAMES",
+    "BLOCK_OPTIONS",
+    "BlockQuantizedTensor",
+    "dequantize_block",
+    "is_block_name",
+    "quantize_block",
+]

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ._block_functional import BLOCK_NAMES, BlockQuantizedTensor, dequantize_block, quantize_block
+from ._block_functional import BLOCK_NAMES, BLOCK_OPTIONS, BlockQuantizedTensor, dequantize_block, quantize_block
 from ._frontend import TORCH, Target, array_signature, dtype_name, remember_replay, replay, replayed
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
@@ -282,13 +282,7 @@ def quantize(
     offset: int = 0,
     nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
     nonfinite: str = "propagate",
-    block: tuple[int, int] | None = None,
-    layout: str | None = None,
-    scale_mode: str | None = None,
-    scale_format: str | None = None,
-    amax_floor: float | None = None,
-    two_level: bool | None = None,
-    global_amax: Any = None,
+    **block_options: Any,
 ) -> QuantizedTensor | BlockQuantizedTensor:
     """Quantize ``x`` to ``dtype`` codes; the scale comes from the data unless one is given.
 
@@ -302,8 +296,9 @@ def quantize(
     ``"te"`` / ``"torchao"``; FP8 ``"div"`` / ``"mul_rcp"`` / ``"enc"``), ``scale_format`` (FP8
     blocks: ``"f32"`` or ``"ue8m0"``), ``amax_floor`` (FP8 blocks), ``two_level`` and
     ``global_amax`` (NVFP4), ``rounding`` / ``seed`` / ``offset`` (NVFP4, MX float elements) and
-    ``nonfinite``. ``scope``, ``group_size``, ``asymmetric``, ``scale``, ``zero_point``, ``q_min``,
-    ``q_max`` and ``nibble_order`` do not apply to them.
+    ``nonfinite`` (``block_options``: the keywords beyond the affine ones). ``scope``,
+    ``group_size``, ``asymmetric``, ``scale``, ``zero_point``, ``q_min``, ``q_max`` and
+    ``nibble_order`` do not apply to them.
 
     Dynamic range (no ``scale``): symmetric ``scale = amax / q_max`` (FP8: ``amax / fp8_max``),
     asymmetric ``scale = (hi - lo) / (q_max - q_min)`` with ``lo = min(min x, 0)``,
@@ -367,20 +362,13 @@ def quantize(
     if type(dtype) is str and dtype in BLOCK_NAMES:
         return _quantize_block_scaled(
             x, dtype, scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset,
-            nibble_order, nonfinite, block, layout, scale_mode, scale_format, amax_floor, two_level, global_amax,
+            nibble_order, nonfinite, block_options,
         )  # fmt: skip
-    if (
-        block is not None
-        or layout is not None
-        or scale_mode is not None
-        or scale_format is not None
-        or amax_floor is not None
-        or two_level is not None
-        or global_amax is not None
-    ):
+    if block_options:
+        unknown = ", ".join(f"{name}=" for name in block_options)
         raise InvalidProblem(
-            f"block= / layout= / scale_mode= / scale_format= / amax_floor= / two_level= / global_amax= apply to the "
-            f"block-scaled formats ({', '.join(BLOCK_NAMES)}), not to dtype={dtype!r}"
+            f"{unknown}: quantize() takes these keywords only for the block-scaled formats "
+            f"({', '.join(BLOCK_NAMES)}), not for dtype={dtype!r}"
         )
     replayable = replay_key is not None
     if nonfinite not in NONFINITE:
@@ -471,13 +459,7 @@ def _quantize_block_scaled(
     offset: int,
     nibble_order: NibbleOrder,
     nonfinite: str,
-    block: tuple[int, int] | None,
-    layout: str | None,
-    scale_mode: str | None,
-    scale_format: str | None,
-    amax_floor: float | None,
-    two_level: bool | None,
-    global_amax: Any,
+    options: dict[str, Any],
 ) -> BlockQuantizedTensor:
     """``quantize`` of a block-scaled format: the affine options refused, the rest passed on."""
     affine = dict(scope=scope, group_size=group_size, scale=scale, zero_point=zero_point, q_min=q_min, q_max=q_max)
@@ -488,23 +470,16 @@ def _quantize_block_scaled(
         raise InvalidProblem(
             f"dtype={dtype!r} is block-scaled (scales from each block); {', '.join(given)} apply to the affine formats"
         )
+    unknown = sorted(set(options) - set(BLOCK_OPTIONS))
+    if unknown:
+        raise InvalidProblem(
+            f"quantize(x, {dtype!r}) got unknown keyword(s) {', '.join(unknown)}; the block-scaled options are "
+            f"{', '.join(BLOCK_OPTIONS)}"
+        )
     if nonfinite not in NONFINITE:
         raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
     return quantize_block(
-        x,
-        dtype,
-        axis=axis,
-        block=block,
-        layout=layout,
-        scale_mode=scale_mode,
-        scale_format=scale_format,
-        amax_floor=amax_floor,
-        two_level=two_level,
-        global_amax=global_amax,
-        rounding=rounding,
-        seed=seed,
-        offset=offset,
-        nonfinite=nonfinite,
+        x, dtype, axis=axis, rounding=rounding, seed=seed, offset=offset, nonfinite=nonfinite, **options
     )
 
 

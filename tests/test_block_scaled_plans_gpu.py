@@ -126,7 +126,9 @@ def test_every_layout_on_a_large_ragged_matrix(rng: np.random.Generator, layout:
 
 def test_fast_path_and_unchecked_runs_write_the_same_bytes(rng: np.random.Generator) -> None:
     shape = (64, 4096)
-    d = qp.BlockScaledQuantizeDescriptor(shape=shape, format="mxfp8_e4m3", input_element=EK.BF16, scale_layout="blocked")
+    d = qp.BlockScaledQuantizeDescriptor(
+        shape=shape, format="mxfp8_e4m3", input_element=EK.BF16, scale_layout="blocked"
+    )
     x = _data(rng, shape, EK.BF16, 32)
     ref, _, plan = _both(d, x)
     xd = to_device(x)
