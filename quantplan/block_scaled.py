@@ -796,8 +796,8 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         amax = _scalar_of(a.global_amax)
         if p.numel == 0:
             if a.tensor_scale is not None:
-                s_dec = rb.nvfp4_tensor_scales(0.0 if amax is None else amax, p.mode, p.two_level)[1]
-                self._write_host(a.tensor_scale, np.asarray([s_dec], np.float32))
+                empty_s_dec = rb.nvfp4_tensor_scales(0.0 if amax is None else amax, p.mode, p.two_level)[1]
+                self._write_host(a.tensor_scale, np.asarray([empty_s_dec], np.float32))
             return
         x = host_view(a.x, self._in_info).reshape(p.shape)
         seed, offset = int(_scalar_of(a.seed) or 0), int(_scalar_of(a.offset) or 0)
