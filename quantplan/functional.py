@@ -362,7 +362,7 @@ def quantize(
     if type(dtype) is str and dtype in BLOCK_NAMES:
         return _quantize_block_scaled(
             x, dtype, scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset,
-            nibble_order, nonfinite, block_options,
+            nibble_order, nonfinite, block_options, None if block_options else replay_key,
         )  # fmt: skip
     if block_options:
         unknown = ", ".join(f"{name}=" for name in block_options)
@@ -460,6 +460,7 @@ def _quantize_block_scaled(
     nibble_order: NibbleOrder,
     nonfinite: str,
     options: dict[str, Any],
+    replay_key: Any,
 ) -> BlockQuantizedTensor:
     """``quantize`` of a block-scaled format: the affine options refused, the rest passed on."""
     affine = dict(scope=scope, group_size=group_size, scale=scale, zero_point=zero_point, q_min=q_min, q_max=q_max)
@@ -479,8 +480,9 @@ def _quantize_block_scaled(
     if nonfinite not in NONFINITE:
         raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
     return quantize_block(
-        x, dtype, axis=axis, rounding=rounding, seed=seed, offset=offset, nonfinite=nonfinite, **options
-    )
+        x, dtype, axis=axis, rounding=rounding, seed=seed, offset=offset, nonfinite=nonfinite, replay_key=replay_key,
+        **options,
+    )  # fmt: skip
 
 
 def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | str | None = None) -> Any:

@@ -195,6 +195,10 @@ def test_one_liners_on_device_equal_numpy(rng: np.random.Generator, library: str
     np.testing.assert_array_equal(host(qt.scales).reshape(-1), np.asarray(want.scales).view(np.uint8).reshape(-1))
     if want.tensor_scale is not None:
         np.testing.assert_array_equal(host(qt.tensor_scale), want.tensor_scale.view(np.uint8))
+    again = qp.quantize(xd, name, **opts)  # a replay where the call has one (no options, CUDA kernel)
+    assert type(again.codes) is type(qt.codes) and again.codes.dtype == qt.codes.dtype
+    np.testing.assert_array_equal(host(again.codes), host(qt.codes))
+    np.testing.assert_array_equal(host(again.scales), host(qt.scales))
     y = qt.dequantize("float32")
     y_host = y.get() if library == "cupy" else y.cpu().numpy()
     np.testing.assert_array_equal(y_host.view(np.uint32), want.dequantize("float32").view(np.uint32))
