@@ -55,6 +55,7 @@ LAYERS: dict[str, int] = {
     "dynamic_fake_quantize": OPS,
     "swizzled_quantize": OPS,
     "dequant_reduce": OPS,
+    "block_scaled": OPS,
     "compat._deepspeed_plans": OPS,
     # front-ends: what users call with their arrays
     "__init__": FRONTENDS,
@@ -62,6 +63,7 @@ LAYERS: dict[str, int] = {
     "_frontend": FRONTENDS,
     "functional": FRONTENDS,
     "_torch_ops": FRONTENDS,
+    "_block_functional": FRONTENDS,
     "pytorch": FRONTENDS,
     "distributed": FRONTENDS,
     "compat": FRONTENDS,
