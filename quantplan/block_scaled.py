@@ -43,7 +43,15 @@ import numpy as np
 from pydantic import ConfigDict
 
 from . import reference_block_scaled as rb
-from ._block_scaled_kernels import BLOCK_THREADS, CONTIGUOUS_UNROLL, FP8_RULES, MX_RULES, kernel_name, scale_geometry
+from ._block_scaled_kernels import (
+    FP8_RULES,
+    MX_RULES,
+    Schedule,
+    choose_schedule,
+    kernel_name,
+    launch_shape,
+    scale_geometry,
+)
 from ._device import device_info, stream_device_id
 from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
@@ -577,6 +585,7 @@ _QUANTIZE_PARAMS = params_struct(
         ("enc_overflow", ctypes.c_float),
         ("pad_rows", ctypes.c_int64),
         ("pad_cols", ctypes.c_int64),
+        ("tensor_amax", ctypes.c_uint64),
     ],
 )
 #: Largest finite value of each input (the ``enc`` rule's replacement of an infinite 448 / amax).
@@ -625,12 +634,12 @@ def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
     geo = scale_geometry(p.layout, rows, per_row, f32)
     divide = rule == "div"
     contiguous = cols % block == 0
-    names = [kernel_name(dtype, p.element, block, divide, False)]
+    teams = rows * per_row
+    schedules = [choose_schedule(dtype, block, False, teams, info.sm_count)]
     if contiguous:
-        names.append(kernel_name(dtype, p.element, block, divide, True))
+        schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count))
+    names = [kernel_name(dtype, p.element, block, divide, i == 1, sched) for i, sched in enumerate(schedules)]
     functions = load_kernels("block_scaled", names, info.arch, device_id)
-    vec = 4 if p.input_element is ElementKind.F32 else 8
-    slots = rows * per_row * (block // vec)
     fixed = dict(
         rows=rows,
         cols=cols,
@@ -642,15 +651,17 @@ def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
         enc_overflow=_INPUT_MAX[p.input_element],
         pad_rows=geo.pad_rows,
         pad_cols=geo.pad_cols,
+        tensor_amax=0,
     )
 
-    def prepared(name: str, unroll: int) -> PreparedLaunch:
+    def prepared(name: str, sched: Schedule) -> PreparedLaunch:
         fn = functions[name]
-        grid = occupancy_grid(fn, BLOCK_THREADS, max(1, _ceil(slots, BLOCK_THREADS * unroll)), info)
-        return PreparedLaunch(fn, grid, BLOCK_THREADS, _QUANTIZE_PARAMS, **fixed)
+        resident = occupancy_grid(fn, 256, 1 << 30, info) // info.sm_count if sched.persistent else 0
+        threads, grid = launch_shape(teams * sched.team(dtype, block), info.sm_count, resident, sched.unroll)
+        return PreparedLaunch(fn, grid, threads, _QUANTIZE_PARAMS, **fixed)
 
-    general = prepared(names[0], 1)
-    pair = LaunchPair(prepared(names[1], CONTIGUOUS_UNROLL), general, 16, 16) if contiguous else None
+    general = prepared(names[0], schedules[0])
+    pair = LaunchPair(prepared(names[1], schedules[1]), general, 16, 16) if contiguous else None
     tag = f"lanes[{p.format.name},1x{block},{rule},{p.layout}" + (",contiguous|general]" if contiguous else ",general]")
     return _Launches(general, pair, tag)
 
@@ -687,10 +698,11 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     FP8 1x128 blocks along the last axis with nearest rounding; everything else on the REFERENCE
     backend until its kernel lands (``select`` raises Unsupported on CUDA).
 
-    **Kernel variants:** ``lanes[format,1xB,rule,layout,...]``: a team of B / 8 (f32: B / 4)
-    lanes per block, amax by shuffles of integer keys, the scale written in the layout by lane 0;
-    a contiguous twin (vector loads, two blocks in flight per thread) when the last extent is a
-    multiple of B and x and the codes are 16-byte aligned. ``numpy`` on the reference backend.
+    **Kernel variants:** ``lanes[format,1xB,rule,layout,...]``: each thread holds 16-byte vectors
+    of one block (the tuning table ``_block_scaled_kernels.SCHEDULES``), a team of threads per
+    block, amax by shuffles of integer keys, the scale written in the layout by the team's first
+    thread; a contiguous twin (vector loads) when the last extent is a multiple of B and x and the
+    codes are 16-byte aligned. ``numpy`` on the reference backend.
 
     **Workspace:** none.
 
