@@ -283,3 +283,52 @@ __global__ void __launch_bounds__(256) block_scaled_tensor_amax(const void* __re
   for (int o = 16; o > 0; o /= 2) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
   if ((threadIdx.x & 31u) == 0 && best != 0) atomicMax(amax, best);
 }
+
+// Dequantize along the contiguous axis from compact scales: y = fl(dec(code) * scale) in f32
+// (NVFP4: fl(fl(dec(code) * f32(s)) * S_dec)), rounded once to Out. Each thread writes 8
+// consecutive outputs of one row (a partial tail with bounds); rows of codes are
+// ceil(cols / per_byte) bytes.
+template <class Out, class Elem, int BLOCK>
+__global__ void __launch_bounds__(256)
+    block_scaled_dequantize(const qp::u8* __restrict__ codes, const void* __restrict__ scales, int scale_kind,
+                            const float* __restrict__ tensor_scale, qp::i64 rows, qp::i64 cols,
+                            qp::i64 blocks_per_row, void* __restrict__ out) {
+  using namespace qp;
+  typedef FloatElement<Out> FO;
+  typedef typename FO::storage storage;
+  typedef BlockElement<Elem> E;
+  constexpr int N = 8;
+  const i64 per_row = (cols + N - 1) / N;
+  const i64 total = rows * per_row;
+  const i64 row_bytes = (cols + E::per_byte - 1) / E::per_byte;
+  const float s_dec = tensor_scale != nullptr ? *tensor_scale : 1.0f;
+  for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (i64)gridDim.x * blockDim.x) {
+    const i64 r = t / per_row;
+    const i64 c0 = (t - r * per_row) * N;
+    const i64 b = c0 / BLOCK;  // N divides BLOCK: one block per thread
+    float scale;
+    if (scale_kind == kScaleF32)
+      scale = static_cast<const float*>(scales)[r * blocks_per_row + b];
+    else if (scale_kind == kScaleE4m3)
+      scale = Fp8Element<e4m3>::to_f32(static_cast<const u8*>(scales)[r * blocks_per_row + b]);
+    else
+      scale = e8m0_value(static_cast<const u8*>(scales)[r * blocks_per_row + b]);
+    const u8* src = codes + r * row_bytes + c0 / E::per_byte;
+    float y[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (c0 + k < cols) {
+        const u32 byte = src[k / E::per_byte];
+        const u32 code = E::per_byte == 2 ? ((k & 1) ? byte >> 4 : byte & 0xFu) : byte;
+        y[k] = __fmul_rn(BlockDecode<Elem>::value(code), scale);
+        if (scale_kind == kScaleE4m3) y[k] = __fmul_rn(y[k], s_dec);
+      } else {
+        y[k] = 0.0f;
+      }
+    }
+    storage* dst = static_cast<storage*>(out) + r * cols + c0;
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (c0 + k < cols) dst[k] = FO::from_acc(y[k]);
+  }
+}

@@ -288,3 +288,50 @@ __device__ __forceinline__ i64 scale_offset(int layout, i64 r, i64 c, i64 cols, 
 }
 
 }  // namespace qp
+
+namespace qp {
+
+// ---- decoding: a stored code to its f32 value (FP4 from one nibble) ----
+template <int EBITS, int MBITS, bool SPECIALS_E4M3, bool SPECIALS_IEEE>
+__device__ __forceinline__ float decode_minifloat(u32 code) {
+  const int bias = (1 << (EBITS - 1)) - 1;
+  const u32 sign = ((code >> (EBITS + MBITS)) & 1u) << 31;
+  const u32 e = (code >> MBITS) & ((1u << EBITS) - 1u), m = code & ((1u << MBITS) - 1u);
+  if (SPECIALS_E4M3 && e == 15u && m == 7u) return __uint_as_float(sign | 0x7FC00000u);
+  if (SPECIALS_IEEE && e == (1u << EBITS) - 1u) return __uint_as_float(sign | (m ? 0x7FC00000u : 0x7F800000u));
+  if (e == 0) return __uint_as_float(sign | __float_as_uint(__fmul_rn((float)m, __uint_as_float((u32)(128 - bias - MBITS) << 23))));
+  return __uint_as_float(sign | ((e + 127u - bias) << 23) | (m << (23 - MBITS)));
+}
+
+template <class T> struct BlockDecode;
+template <> struct BlockDecode<mx_e4m3> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<4, 3, true, false>(c); }
+};
+template <> struct BlockDecode<mx_e5m2> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<5, 2, false, true>(c); }
+};
+template <> struct BlockDecode<mx_e2m3> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<2, 3, false, false>(c); }
+};
+template <> struct BlockDecode<mx_e3m2> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<3, 2, false, false>(c); }
+};
+template <> struct BlockDecode<mx_e2m1> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<2, 1, false, false>(c); }
+};
+template <> struct BlockDecode<nv_e2m1> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<2, 1, false, false>(c); }
+};
+template <> struct BlockDecode<mx_int8> {
+  static __device__ __forceinline__ float value(u32 c) { return __fmul_rn((float)(int)(signed char)c, 0.015625f); }
+};
+
+// What a stored scale means: E8M0 / UE8M0 bytes (2^(s - 127), 0xFF NaN), f32, or NVFP4's E4M3
+// block scale (times S_dec after the exact first product).
+enum ScaleKind { kScaleE8m0 = 0, kScaleF32 = 1, kScaleE4m3 = 2 };
+
+__device__ __forceinline__ float e8m0_value(u32 s) {
+  return s == 0xFFu ? __uint_as_float(0x7FC00000u) : (s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23));
+}
+
+}  // namespace qp

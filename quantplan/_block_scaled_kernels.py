@@ -143,7 +143,25 @@ def instantiations() -> list[str]:
                     for divide in (False, True)
                 ]
     names += [amax_kernel_name(dtype) for dtype in INPUT_TAGS]
+    names += [
+        dequantize_kernel_name(dtype, element, block)
+        for dtype in INPUT_TAGS
+        for element, block in DEQUANTIZE_ELEMENT_BLOCKS
+    ]
     return names
+
+
+#: (element, block) pairs the dequantize kernel serves: MX 1x32, FP8 1x128, NVFP4 1x16.
+DEQUANTIZE_ELEMENT_BLOCKS = (
+    *((element, 32) for element in MX_ELEMENTS),
+    *((element, 128) for element in FP8_ELEMENTS),
+    ("nvfp4", 16),
+)
+
+
+def dequantize_kernel_name(output_dtype: str, element: str, block: int) -> str:
+    """The dequantize kernel for ``element`` codes in blocks of ``block`` to ``output_dtype``."""
+    return template_name("block_scaled_dequantize", INPUT_TAGS[output_dtype], ELEMENT_TAGS[element], block)
 
 
 def amax_kernel_name(input_dtype: str) -> str:
@@ -324,3 +342,64 @@ def launch_shape(slots: int, sm_count: int, resident_blocks: int, unroll: int) -
     if resident_blocks:
         grid = min(grid, resident_blocks * sm_count * (BLOCK_THREADS // threads))
     return threads, max(1, grid)
+
+
+def dequantize_block_scaled(
+    codes: Any,
+    scales: Any,
+    shape: tuple[int, ...],
+    *,
+    element: str,
+    block: int,
+    scale_kind: str,
+    out_dtype: str = "float32",
+    tensor_scale: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Dequantize block-scaled ``codes`` with compact ``scales`` (CuPy arrays) to a new array of ``shape``.
+
+    ``scale_kind``: ``"e8m0"`` (MX, FP8 UE8M0), ``"f32"`` (FP8 f32 scales) or ``"e4m3"`` (NVFP4,
+    with ``tensor_scale`` the one-element S_dec array; None: one level). ``out_dtype`` float32,
+    float16 or bfloat16 (returned as uint16 bits). Formula: y = fl(dec(code) * scale) in f32
+    (NVFP4: fl(fl(dec(code) * f32(s)) * S_dec)), rounded once to the output dtype.
+    """
+    import cupy
+    import numpy as np
+
+    from ._device import device_info
+
+    if (element, block) not in DEQUANTIZE_ELEMENT_BLOCKS:
+        raise Unsupported(f"dequantize of {element} in blocks of {block}: one of {DEQUANTIZE_ELEMENT_BLOCKS}")
+    kinds = {"e8m0": 0, "f32": 1, "e4m3": 2}
+    if scale_kind not in kinds:
+        raise InvalidProblem(f"scale_kind {scale_kind!r} is not one of {sorted(kinds)}")
+    cols = int(shape[-1])
+    rows = int(math.prod(shape[:-1]))
+    out = cupy.empty(
+        shape, cupy.float32 if out_dtype == "float32" else (cupy.float16 if out_dtype == "float16" else cupy.uint16)
+    )
+    if rows * cols == 0:
+        return out
+    info = device_info(codes.device.id)
+    name = dequantize_kernel_name(out_dtype, element, block)
+    fn = load_kernels("block_scaled", [name], info.arch, codes.device.id)[name]
+    total = rows * -(-cols // 8)
+    grid = max(1, min(-(-total // BLOCK_THREADS), 32 * info.sm_count))
+    ts = 0 if tensor_scale is None else tensor_scale.data.ptr
+    stream = stream if stream is not None else cupy.cuda.get_current_stream()
+    fn(
+        (grid,),
+        (BLOCK_THREADS,),
+        (
+            codes,
+            scales,
+            np.int32(kinds[scale_kind]),
+            np.uint64(ts),
+            np.int64(rows),
+            np.int64(cols),
+            np.int64(-(-cols // block)),
+            out,
+        ),
+        stream=stream,
+    )
+    return out

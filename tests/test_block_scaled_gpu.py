@@ -187,3 +187,45 @@ def test_nvfp4_misaligned_and_blocked_layout(rng: np.random.Generator, dtype: ty
         np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales)
         _, blocked = _run(x, element="nvfp4", block=16, rule="te", layout="blocked")
         np.testing.assert_array_equal(blocked, rbs.to_blocked(ref.scales.reshape(shape[0], -1)))
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "fmt", ["mx_e4m3", "mx_e5m2", "mx_e2m3", "mx_e3m2", "mx_e2m1", "mx_int8", "fp8_f32", "fp8_ue8m0", "nvfp4"]
+)
+def test_dequantize_matches_reference(rng: np.random.Generator, out_dtype: str, fmt: str) -> None:
+    import cupy
+
+    from quantplan._block_scaled_kernels import dequantize_block_scaled
+
+    out_np = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[out_dtype]
+    for shape in [(4, 64), (3, 100), (2, 5, 48), (1, 15), (130, 257)]:
+        x = _data(rng, shape, np.float32, 32)
+        if fmt.startswith("mx_"):
+            q = rbs.mx_quantize(x, fmt[3:])
+            want = rbs.mx_dequantize(q, out_np)
+            kw = {"element": fmt[3:], "block": 32, "scale_kind": "e8m0"}
+            scales = q.scales
+        elif fmt.startswith("fp8_"):
+            sf = fmt[4:]
+            q = rbs.fp8_block_quantize(x, block=(1, 128), scale_format=sf)
+            want = rbs.fp8_block_dequantize(q, out_np)
+            kw = {"element": "e4m3", "block": 128, "scale_kind": "e8m0" if sf == "ue8m0" else "f32"}
+            scales = q.scales
+        else:
+            q = rbs.nvfp4_quantize(x)
+            want = rbs.nvfp4_dequantize(q, out_np)
+            kw = {
+                "element": "nvfp4",
+                "block": 16,
+                "scale_kind": "e4m3",
+                "tensor_scale": cupy.asarray(np.array([q.tensor_scale], np.float32)),
+            }
+            scales = q.scales
+        got = dequantize_block_scaled(
+            cupy.asarray(q.codes), cupy.asarray(np.ascontiguousarray(scales)), shape, out_dtype=out_dtype, **kw
+        ).get()
+        if out_dtype == "bfloat16":  # compare values (NaN equals NaN whatever its payload)
+            got = (got.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            want = want.astype(np.float32)
+        np.testing.assert_array_equal(got.reshape(want.shape), want, err_msg=f"{fmt} {shape}")
