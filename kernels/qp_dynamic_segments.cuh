@@ -1,10 +1,9 @@
 // qp_dynamic_segments.cuh: the fused single pass of dynamic-range ops over contiguous segments
 // (token rows, last-axis groups, a leading channel axis, a small tensor), shared by
 // dynamic_quantize_segments (dynamic_range.cu: codes) and dynamic_fake_quantize_segments
-// (fake_quantize.cu: fake-quantized floats).
-// Measured on H200 (8192 x 8192, 16-bit data, groups of 128): PIPELINE lifts the fake
-// quantization pass from 86% to 91% of copy bandwidth but lowers the code-writing pass
-// (token rows 73% -> 70%), whose kernels sit at the 64-register limit and spill with it.
+// (fake_quantize.cu: fake-quantized floats). PIPELINE (the next segment loaded before this one
+// is reduced) suits the fake-quantization pass; the code-writing pass, whose kernels sit at the
+// 64-register limit, spills with it and does without.
 //
 // A team of 1 << seg_log2 threads (a power of two <= 1024) holds one segment of S elements in
 // registers (at most segment_vectors() vectors of VEC per thread), reduces its range (warp

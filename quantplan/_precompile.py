@@ -9,7 +9,8 @@ import os
 from collections.abc import Callable, Sequence
 
 from ._families import FAMILIES, compile_units
-from .compiler import compile_instantiations, compile_options
+from ._tuning import kernel_options
+from .compiler import compile_instantiations
 from .types import ArchSku
 
 #: ``progress(done, total)`` after each compile unit.
@@ -41,7 +42,7 @@ def precompile(
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     chosen = list(families) if families else sorted(FAMILIES)
-    work = [(f, unit, arch.nvrtc_arch, compile_options(), not check) for f in chosen for unit in compile_units(f)]
+    work = [(f, unit, arch.nvrtc_arch, kernel_options(), not check) for f in chosen for unit in compile_units(f)]
     done = 0
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
         for future in as_completed([pool.submit(_compile_unit_job, job) for job in work]):
