@@ -41,7 +41,7 @@ from quantplan.types import ArchSku  # noqa: E402
 def _kernel_options() -> tuple[str, ...]:
     """The options plans compile with (the tuning defines when the project has a tuning table)."""
     try:
-        from quantplan import _tuning  # type: ignore[attr-defined]
+        from quantplan import _tuning
     except ImportError:
         return compiler.compile_options()
     return tuple(_tuning.kernel_options())

@@ -367,13 +367,7 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
     qp::team_range_reduce<false>(range, asym, team, team_slots);
     if (!active) continue;
     int zp;
-    const acc_t scale = qp::segment_params<acc_t>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
-                                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min,
-                                                  lay.q_max, divisor, zp);
-    if (lane == 0) {
-      if (scale_out) scale_out[seg] = scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
+    const acc_t scale = qp::team_segment_params<In>(range, asym, lay, divisor, lane, seg, scale_out, zp_out, zp);
     qp::IntQuantParam<acc_t> p;
     p.set(scale, zp);
     qp::u8* qs = q + (VQ::packed ? first / 2 : first);

@@ -612,13 +612,7 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
     buf ^= 1;
     if (!active) continue;
     int zp;
-    const float scale = qp::segment_params<float>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
-                                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min,
-                                                  lay.q_max, divisor, zp);
-    if (lane == 0) {
-      if (scale_out) scale_out[seg] = scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
+    const float scale = qp::team_segment_params<In>(range, asym, lay, divisor, lane, seg, scale_out, zp_out, zp);
     qp::DynamicFakeParam<float> p;
     p.set(scale, zp, lay.q_min, lay.q_max);
     const qp::i64 first = seg * lay.S;

@@ -31,6 +31,23 @@ struct SegmentLayout {
 // quantplan/dynamic.py (segment_elements_per_thread) mirrors this.
 template <class T, int VEC> __host__ __device__ constexpr int segment_vectors() { return (sizeof(T) == 8 ? 16 : 32) / VEC; }
 
+// The scale (returned) and zero point of segment `seg` from its team's reduced range under lay's
+// mode and code range (segment_params; asym == (lay.mode != 0)), stored by the team's lane 0
+// where asked (scale_out / zp_out non-null).
+template <class In, class Acc, class Range>
+__device__ __forceinline__ Acc team_segment_params(const Range& range, bool asym, const SegmentLayout& lay,
+                                                   Acc divisor, int lane, i64 seg, Acc* scale_out, int* zp_out,
+                                                   int& zp) {
+  const Acc scale = segment_params<Acc>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
+                                        range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max, divisor,
+                                        zp);
+  if (lane == 0) {
+    if (scale_out) scale_out[seg] = scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  return scale;
+}
+
 // The elements a segment loop reads, VEC at a time: x itself. Other sources (qp_qgz.cuh: x + e,
 // or a sum of dequantized peers) have the same two members and produce vectors of their scan
 // element.
