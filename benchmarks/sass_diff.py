@@ -105,7 +105,8 @@ def record(out: Path, arch: ArchSku, families: list[str]) -> None:
                 hashes[name] = hashlib.sha256(body.encode()).hexdigest()[:20]
         result[family] = dict(sorted(hashes.items()))
         print(f"{family}: {len(hashes)} kernels ({time.time() - start:.0f} s)", flush=True)
-    out.write_text(json.dumps({"arch": arch.name, "options": list(options), "kernels": result}, indent=1) + "\n")
+        # Written after every family, so an interrupted run keeps what it compiled.
+        out.write_text(json.dumps({"arch": arch.name, "options": list(options), "kernels": result}, indent=1) + "\n")
 
 
 def compare(before: Path, after: Path) -> int:

@@ -13,25 +13,6 @@ struct Philox4 {
   u32 v[4];
 };
 
-// One Philox4x32 round on the counter words (c0, c1, c2, c3) under the round key (k0, k1).
-__device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
-  const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
-  const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
-  c0 = hi1 ^ c1 ^ k0;
-  c2 = hi0 ^ c3 ^ k1;
-  c1 = lo1;
-  c3 = lo0;
-}
-
-__device__ __forceinline__ Philox4 philox_words(u32 c0, u32 c1, u32 c2, u32 c3) {
-  Philox4 out;
-  out.v[0] = c0;
-  out.v[1] = c1;
-  out.v[2] = c2;
-  out.v[3] = c3;
-  return out;
-}
-
 __device__ __forceinline__ Philox4 philox4x32_10(u64 j, u64 offset, u64 seed) {
   u32 c0 = (u32)j, c1 = (u32)(j >> 32), c2 = (u32)offset, c3 = (u32)(offset >> 32);
   u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
@@ -41,9 +22,20 @@ __device__ __forceinline__ Philox4 philox4x32_10(u64 j, u64 offset, u64 seed) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
-    philox_round(c0, c1, c2, c3, k0, k1);
+    const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+    const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+    const u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
   }
-  return philox_words(c0, c1, c2, c3);
+  Philox4 out;
+  out.v[0] = c0;
+  out.v[1] = c1;
+  out.v[2] = c2;
+  out.v[3] = c3;
+  return out;
 }
 
 // The same generator with the per-launch part of round 0 hoisted (a kernel draws every counter
@@ -74,9 +66,19 @@ struct PhiloxStream {
     for (int r = 1; r < 10; ++r) {
       a += 0x9E3779B9u;
       b += 0xBB67AE85u;
-      philox_round(c0, c1, c2, c3, a, b);
+      const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+      const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+      c0 = hi1 ^ c1 ^ a;
+      c1 = lo1;
+      c2 = hi0 ^ c3 ^ b;
+      c3 = lo0;
     }
-    return philox_words(c0, c1, c2, c3);
+    Philox4 out;
+    out.v[0] = c0;
+    out.v[1] = c1;
+    out.v[2] = c2;
+    out.v[3] = c3;
+    return out;
   }
 };
 
