@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_kernel_compile import _nvrtc_or_skip
 
 from quantplan import _tuning, compiler
 from quantplan.errors import KernelCompileError, Unsupported
@@ -92,12 +93,7 @@ def test_a_late_override_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_compile_without_the_table_stops(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    try:
-        compiler.nvrtc_version()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"NVRTC not available: {exc}")
+    _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     with pytest.raises(KernelCompileError) as info:
         compiler.compile_instantiations("swizzled_quantize", [], ArchSku(9, 0), use_cache=False)
