@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported
 
@@ -271,7 +272,7 @@ def quantize_block_scaled(
     teams = rows * blocks_per_row
     sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count)
     name = kernel_name(dtype, element, block, divide, contiguous, sched)
-    fn = load_kernels("block_scaled", [name], info.arch, x.device.id)[name]
+    fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     slots = teams * sched.team(dtype, block)
     threads, grid = launch_shape(slots, info.sm_count, _resident(fn) if sched.persistent else 0, sched.unroll)
     input_max = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}[dtype]
@@ -319,7 +320,7 @@ def tensor_amax_of(x: Any, dtype: str, stream: Any) -> Any:
     vec = VECTOR_ELEMENTS[dtype]
     vector_elements = n // vec * vec if x.data.ptr % 16 == 0 else 0
     name = amax_kernel_name(dtype)
-    fn = load_kernels("block_scaled", [name], info.arch, x.device.id)[name]
+    fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     grid = max(1, min(-(-max(n // vec, 1) // BLOCK_THREADS), 4 * info.sm_count))
     fn((grid,), (BLOCK_THREADS,), (x, np.int64(n), np.int64(vector_elements), out), stream=stream)
     return out
@@ -382,7 +383,7 @@ def dequantize_block_scaled(
         return out
     info = device_info(codes.device.id)
     name = dequantize_kernel_name(out_dtype, element, block)
-    fn = load_kernels("block_scaled", [name], info.arch, codes.device.id)[name]
+    fn = load_kernels("block_scaled", [name], info.arch, codes.device.id, kernel_options())[name]
     total = rows * -(-cols // 8)
     grid = max(1, min(-(-total // BLOCK_THREADS), 32 * info.sm_count))
     ts = 0 if tensor_scale is None else tensor_scale.data.ptr

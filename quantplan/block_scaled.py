@@ -56,6 +56,7 @@ from ._device import device_info, stream_device_id
 from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
 from ._plan import Plan, check_descriptor, choose_backend, preferred
+from ._tuning import kernel_options
 from .compiler import load_kernels
 from .elements import ELEMENTS, ElementInfo
 from .errors import InvalidProblem, Unsupported
@@ -639,7 +640,7 @@ def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
     if contiguous:
         schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count))
     names = [kernel_name(dtype, p.element, block, divide, i == 1, sched) for i, sched in enumerate(schedules)]
-    functions = load_kernels("block_scaled", names, info.arch, device_id)
+    functions = load_kernels("block_scaled", names, info.arch, device_id, kernel_options())
     fixed = dict(
         rows=rows,
         cols=cols,

@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "_fake_rows": MACHINERY,
     "_families": MACHINERY,
     "_precompile": MACHINERY,
+    "_tuning": MACHINERY,
     "compiler": MACHINERY,
     "workspace": MACHINERY,
     # reference backends (NumPy)
