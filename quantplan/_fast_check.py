@@ -622,14 +622,14 @@ class CallCache:
         return False
 
 
-def pointer_launcher(plan: Any, args: Any) -> Callable[..., bool] | None:
+def pointer_launcher(plan: Any, args: Any, *, device_checked: bool = False) -> Callable[..., bool] | None:
     """``launch(h, p0, p1, ...) -> bool`` for a front-end that makes or vouches for every operand:
     the launches of ``plan.run(h, None, args, check=False)`` with the arrays of ``args`` (its
     array fields, in field order) at pointers ``p0, p1, ...`` on raw stream ``h``; scalars and
     None fields as in ``args``. False (nothing launched) when a pointer is of another alignment
-    class or null-ness than in ``args``, or the current device is not the plan's. None when the
-    plan has no traced tail for this call (a workspace, an untraceable ``_launch``, the reference
-    backend, an empty problem)."""
+    class or null-ness than in ``args``, or the current device is not the plan's (not tested with
+    ``device_checked``: the caller made sure it is). None when the plan has no traced tail for
+    this call (a workspace, an untraceable ``_launch``, the reference backend, an empty problem)."""
     kind: type = type(args)
     names = _args_fields(kind)
     if names is None or plan.device_id is None or plan._empty or plan._workspace_bytes or plan._is_reference:
@@ -652,7 +652,8 @@ def pointer_launcher(plan: Any, args: Any) -> Callable[..., bool] | None:
     template = _operand_template(record, values, ptrs)
     if template is None:
         return None
-    source.device(plan.device_id)
+    if not device_checked:
+        source.device(plan.device_id)
     if not _launch_tail(plan, source, template[0], template[1], None, "h"):
         return None
     return source.compile(", ".join(["h", *params]), True)
