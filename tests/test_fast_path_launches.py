@@ -234,6 +234,19 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         ("qp.quantize", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())),
         ("qp.quantize groups asymmetric", lambda: qp.quantize(x, "uint4", group_size=100, asymmetric=True)),
     ]
+    def at(base: int, qt: Any) -> Any:  # qt's arrays moved where the allocations of the calls below cannot be
+        arrays = (qt.codes, qt.scale, qt.zero_point)
+        parts = [None if a is None else dev(base + (n << 32), a.shape, a.dtype) for n, a in enumerate(arrays)]
+        return QuantizedTensor(*parts, qt.descriptor)
+
+    from quantplan.functional import QuantizedTensor
+
+    token = at(8 << 36, qp.quantize(x, "int8", scope=qp.TokenScope()))
+    groups = at(9 << 36, qp.quantize(x, "uint4", group_size=100, asymmetric=True))
+    calls += [
+        ("qp.dequantize", lambda: qp.dequantize(token)),
+        ("qp.dequantize groups asymmetric to float32", lambda: groups.dequantize("float32")),
+    ]
     events, reset = byte_recorder
     for name, call in calls:
         reset()
