@@ -572,7 +572,8 @@ def replay(
 
 def _input_types(args: Any, inputs: int, order: Sequence[str] | None) -> list[type]:
     """The types of the arrays of ``args`` that a replay's inputs ``x<i>`` stand for."""
-    fields = _args_fields(type(args)) or ()
+    kind: type = type(args)
+    fields = _args_fields(kind) or ()
     arrays = [v for v in (getattr(args, name) for name in fields) if v is not None and not isinstance(v, (int, float))]
     named = list(order) if order is not None else [f"x{i}" for i in range(inputs)]
     return [type(arrays[named.index(f"x{i}")]) if f"x{i}" in named else object for i in range(inputs)]

@@ -234,6 +234,7 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         ("qp.quantize", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())),
         ("qp.quantize groups asymmetric", lambda: qp.quantize(x, "uint4", group_size=100, asymmetric=True)),
     ]
+
     def at(base: int, qt: Any) -> Any:  # qt's arrays moved where the allocations of the calls below cannot be
         arrays = (qt.codes, qt.scale, qt.zero_point)
         parts = [None if a is None else dev(base + (n << 32), a.shape, a.dtype) for n, a in enumerate(arrays)]
