@@ -510,7 +510,8 @@ def replay(
     array fields of ``args`` (the caller's arrays, of the dtypes and shapes of this call: the
     caller keys the replay on them) checks each is C-contiguous on the target's device, allocates
     ``outputs`` ((shape, NumPy-style dtype) each, the remaining array fields of ``args``, in
-    order) on it, launches ``plan`` on the library's current stream through
+    order) on it, and the plan's workspace where it needs one (a fresh buffer per call, as the
+    full path's), launches ``plan`` on the library's current stream through
     :func:`quantplan._fast_check.pointer_launcher`, and returns ``finish(*arrays, *outputs)``. It returns
     None when a check fails or the launch is refused (nothing launched: the caller takes its full
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
@@ -523,8 +524,9 @@ def replay(
     xs = [f"x{i}" for i in range(inputs)]
     results = ", ".join([*xs, *(f"o{n}" for n in range(len(outputs)))])
     lines = [f"def fast({', '.join(xs)}):"]
+    nbytes = plan.workspace_size()  # a fresh workspace per call, as the full path allocates one
     if target.library == TORCH:
-        launcher = pointer_launcher(plan, args)
+        launcher = pointer_launcher(plan, args, workspace=True)
         names.update(empty=torch.empty, device=target.device, stream=_RAW_STREAM[0] if _RAW_STREAM else None)
         if names["stream"] is None or launcher is None:
             return None
@@ -535,11 +537,16 @@ def replay(
             sizes = "".join(f"{extent}, " for extent in shape) if shape else "(), "
             lines.append(f"    o{n} = empty({sizes}dtype=t{n}, device=device)")
         pointer = "{}.data_ptr()"
-        lines.append(f"    if not launch(stream(index), {_ordered(pointer, inputs, len(outputs), order)}): return None")
+        pointers = _ordered(pointer, inputs, len(outputs), order)
+        if nbytes:
+            names["u8"] = _TORCH_DTYPES["uint8"]
+            lines.append(f"    ws = empty({nbytes}, dtype=u8, device=device)")
+            pointers += ", ws.data_ptr()"
+        lines.append(f"    if not launch(stream(index), {pointers}): return None")
         lines.append(f"    return finish({results})")
     else:
         # The launcher does not test the current device: the replay makes it the arrays' own.
-        launcher = pointer_launcher(plan, args, device_checked=True)
+        launcher = pointer_launcher(plan, args, device_checked=True, workspace=True)
         if launcher is None:
             return None
         import cupy
@@ -558,7 +565,12 @@ def replay(
             names[f"d{n}"] = np.dtype(dtype)
             body.append(f"o{n} = new({tuple(shape)!r}, d{n})")
         pointer = "{}.data.ptr"
-        body.append(f"if not launch(current().ptr, {_ordered(pointer, inputs, len(outputs), order)}): return None")
+        pointers = _ordered(pointer, inputs, len(outputs), order)
+        if nbytes:
+            names["u8"] = np.dtype("uint8")
+            body.append(f"ws = new(({nbytes},), u8)")
+            pointers += ", ws.data.ptr"
+        body.append(f"if not launch(current().ptr, {pointers}): return None")
         lines.append("    if device() != index:  # outputs allocated and the plan launched on the arrays' device")
         lines.append("        with Device(index):")
         lines += [f"            {line}" for line in body]

@@ -224,6 +224,7 @@ def test_front_end_replays_launch_what_the_full_path_launches(
     q8, p8 = dev(3 << 36, (16, 1000), "int8"), dev(4 << 36, (16, 1), "float32")
     q4, p4 = dev(5 << 36, (8, 256), "int8"), dev(6 << 36, (32, 1), "float32")
     v = dev(7 << 36, (12, 500), "float16")
+    big = dev(10 << 36, (4, 40000), "float16")
     calls: list[tuple[str, Any]] = [
         ("quantize 8 bits", lambda: ds.quantize(x, 16, 8, ds.Symmetric)),
         ("quantize 4 bits asymmetric", lambda: ds.quantize(x, 16, 4, ds.Asymmetric)),
@@ -233,6 +234,9 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         ("ds_quantize_fp16", lambda: ds.ds_quantize_fp16(v, 12, 8)),
         ("qp.quantize", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())),
         ("qp.quantize groups asymmetric", lambda: qp.quantize(x, "uint4", group_size=100, asymmetric=True)),
+        ("qp.quantize per tensor (a workspace)", lambda: qp.quantize(x, "int8")),
+        ("qp.quantize per tensor asymmetric (a workspace)", lambda: qp.quantize(v, "uint8", asymmetric=True)),
+        ("compat quantize, groups above 32768 (a workspace)", lambda: ds.quantize(big, 2, 8, ds.Symmetric)),
     ]
 
     def at(base: int, qt: Any) -> Any:  # qt's arrays moved where the allocations of the calls below cannot be
