@@ -166,6 +166,8 @@ def bar(name: str) -> str:
             return f"≤ {us:g}"
     if name.startswith("qp."):
         return "≤ its row's plan.run checked + 2"
+    if name.startswith("cupy."):
+        return "—"
     return "≤ DeepSpeed's binding (GPU)"
 
 
@@ -250,7 +252,14 @@ def rows() -> list[tuple[str, Callable[[], Any]]]:
             out.append((f"compat: {spec.name}", call))
     x = cupy.empty((16, 8192), dtype="float16")
     out.append(("qp.quantize(x, 'int8', TokenScope())", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())))
+    token = qp.TokenScope()
+    out.append(("qp.quantize(x, 'int8', scope=token) (scope made once)", lambda: qp.quantize(x, "int8", scope=token)))
+    out.append(("qp.quantize(x, 'int8') (per tensor: a workspace)", lambda: qp.quantize(x, "int8")))
+    qt = qp.quantize(x, "int8", scope=token)
+    out.append(("qp.dequantize(qt) (per token)", lambda: qp.dequantize(qt)))
+    out.append(("qp.fake_quantize(x, 0.05)", lambda: qp.fake_quantize(x, 0.05)))
     out.append(("compat.quantize(x, 16, 8, Symmetric)", lambda: compat.quantize(x, 16, 8, compat.Symmetric)))
+    out.append(("cupy.empty((16, 8192), 'int8') (an allocation, for scale)", lambda: cupy.empty((16, 8192), "int8")))
     return out
 
 

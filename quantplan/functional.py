@@ -443,6 +443,34 @@ def fake_quantize(
 
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
+    # A call like an earlier one: replayed (allocate, launch) without this layer. Python scalars
+    # are keyed by type and value (the launch holds them), arrays by type, dtype and shape.
+    replay_key: tuple[Any, ...] | None = None
+    plain = type(scale) is float or type(scale) is int, zero_point is None or type(zero_point) is int
+    try:
+        fields = None if scope is None else scope.__dict__
+        replay_key = (
+            fake_quantize,
+            type(x),
+            x.dtype,
+            x.shape,
+            type(scale),
+            scale if plain[0] else (scale.dtype, scale.shape),
+            type(zero_point),
+            zero_point if plain[1] else (zero_point.dtype, zero_point.shape),
+            None if fields is None else (type(scope), *fields.values()),
+            axis,
+            q_min,
+            q_max,
+        )
+        fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # not an array; no plan cache yet; an unhashable argument
+        replay_key = fast = None
+    if fast is not None:
+        arrays = [a for a, is_plain in zip((scale, zero_point), plain, strict=True) if not is_plain]
+        result = fast(x, *arrays)
+        if result is not None:
+            return result
     target = Target.of(
         x,
         None if isinstance(scale, (int, float)) else scale,
@@ -461,8 +489,18 @@ def fake_quantize(
     )
     y = target.empty(shape, dtype_name(x))
     if math.prod(shape):
-        target.run(plan, FakeQuantizeArgs(target.arg(x), target.arg(y), target.arg(scale), target.arg(zero_point)))
+        args = FakeQuantizeArgs(target.arg(x), target.arg(y), target.arg(scale), target.arg(zero_point))
+        target.run(plan, args)
+        if replay_key is not None:
+            order = ["x0", "o0"] + [f"x{n + 1}" for n in range(2 - sum(plain))]
+            outputs = [(shape, dtype_name(x))]
+            remember_replay(replay_key, lambda: replay(target, plan, args, len(order) - 1, outputs, _last, order))
     return y
+
+
+def _last(*arrays: Any) -> Any:
+    """A replayed call's result: its last array (the output)."""
+    return arrays[-1]
 
 
 __all__ = ["CODE_NAMES", "FLOAT_NAMES", "QuantizedTensor", "dequantize", "fake_quantize", "quantize"]

@@ -225,6 +225,7 @@ def test_front_end_replays_launch_what_the_full_path_launches(
     q4, p4 = dev(5 << 36, (8, 256), "int8"), dev(6 << 36, (32, 1), "float32")
     v = dev(7 << 36, (12, 500), "float16")
     big = dev(10 << 36, (4, 40000), "float16")
+    fs, fz, cs = dev(11 << 36, (16, 1), "float32"), dev(12 << 36, (16, 1), "int32"), dev(13 << 36, (1, 500), "float32")
     calls: list[tuple[str, Any]] = [
         ("quantize 8 bits", lambda: ds.quantize(x, 16, 8, ds.Symmetric)),
         ("quantize 4 bits asymmetric", lambda: ds.quantize(x, 16, 4, ds.Asymmetric)),
@@ -237,6 +238,10 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         ("qp.quantize per tensor (a workspace)", lambda: qp.quantize(x, "int8")),
         ("qp.quantize per tensor asymmetric (a workspace)", lambda: qp.quantize(v, "uint8", asymmetric=True)),
         ("compat quantize, groups above 32768 (a workspace)", lambda: ds.quantize(big, 2, 8, ds.Symmetric)),
+        ("qp.fake_quantize", lambda: qp.fake_quantize(x, 0.05)),
+        ("qp.fake_quantize per token", lambda: qp.fake_quantize(x, fs, fz, scope=qp.TokenScope(), q_min=0, q_max=255)),
+        ("qp.fake_quantize per channel", lambda: qp.fake_quantize(v, cs, axis=1)),
+        ("qp.fake_quantize, int zero point", lambda: qp.fake_quantize(v, 0.5, 3)),
     ]
 
     def at(base: int, qt: Any) -> Any:  # qt's arrays moved where the allocations of the calls below cannot be
@@ -263,3 +268,26 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         call()
         assert full_paths[0] == before, f"{name}: the second call took the full path"
         assert events[start:] == first and first, name
+
+
+def test_front_end_replays_key_python_scalars_by_type_and_value(byte_recorder: Any) -> None:
+    """A replay holds the Python scalars of its first call (they are in the launch's arguments): a
+    call with another scalar, or an equal one of another type, launches what a fresh full path
+    launches for it, whatever calls came before."""
+    from quantplan import _frontend
+
+    x = host_sim.device_array(1 << 36, (16, 1000), "float16")
+    events, reset = byte_recorder
+    scales = [0.05, 0.05, 0.07, 0.05, 1, 1.0, 1, 2.0]
+    cached = []
+    for scale in scales:
+        reset()
+        start = len(events)
+        qp.fake_quantize(x, scale)
+        cached.append(events[start:])
+    for scale, got in zip(scales, cached, strict=True):
+        _frontend.clear_plan_cache()
+        reset()
+        start = len(events)
+        qp.fake_quantize(x, scale)
+        assert events[start:] == got and got, scale
