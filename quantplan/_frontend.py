@@ -559,13 +559,14 @@ def replay(
         for i, x in enumerate(xs):  # the caller's arrays: on the device, C-contiguous (the key fixed the rest)
             direct = _READERS.get(kinds[i]) is _cupy_operand_direct  # CuPy's flag without a flags object
             contiguous = f"{x}._c_contiguous" if direct else f"{x}.flags.c_contiguous"
-            lines.append(f"    if {x}.data.device_id != index or not {contiguous}: return None")
+            lines.append(f"    m{i} = {x}.data")
+            lines.append(f"    if m{i}.device_id != index or not {contiguous}: return None")
         body = []
         for n, (shape, dtype) in enumerate(outputs):
             names[f"d{n}"] = np.dtype(dtype)
             body.append(f"o{n} = new({tuple(shape)!r}, d{n})")
-        pointer = "{}.data.ptr"
-        pointers = _ordered(pointer, inputs, len(outputs), order)
+        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
+        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else f"{name}.data.ptr" for name in arrays)
         if nbytes:
             names["u8"] = np.dtype("uint8")
             body.append(f"ws = new(({nbytes},), u8)")
