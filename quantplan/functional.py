@@ -48,7 +48,17 @@ from .static_quantize import (
     QuantizeDescriptor,
     QuantizePlan,
 )
-from .types import ChannelScope, ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding, Scope, TensorScope
+from .types import (
+    ChannelScope,
+    ElementKind,
+    GroupScope,
+    NibbleOrder,
+    QuantMode,
+    Rounding,
+    Scope,
+    TensorScope,
+    TokenScope,
+)
 
 #: Short names of the quantized kinds (ElementKind names work too, in any case).
 CODE_NAMES: dict[str, ElementKind] = {
@@ -261,30 +271,34 @@ def quantize(
     if scale is None and zero_point is None and rounding is _NEAREST and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer
         # (array_signature and replayed, inlined: this is the one-liner's hot path).
-        fields = None if scope is None else getattr(scope, "__dict__", None)
-        if scope is None or fields is not None:
-            try:
-                replay_key = (
-                    quantize,
-                    type(x),
-                    x.dtype,
-                    x.shape,
-                    dtype,
-                    None if fields is None else (type(scope), *fields.values()),
-                    group_size,
-                    axis,
-                    asymmetric,
-                    q_min,
-                    q_max,
-                    nibble_order,
-                )
-                fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
-            except (AttributeError, TypeError):  # not an array; no plan cache yet; an unhashable argument
-                fast = None
-            if fast is not None:
-                result = fast(x)
-                if result is not None:
-                    return result  # type: ignore[no-any-return]
+        try:
+            scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
+            scope_key = (
+                scope_type
+                if scope_type is TokenScope or scope_type is TensorScope or scope is None
+                else (scope_type, *scope.__dict__.values())
+            )
+            replay_key = (
+                quantize,
+                type(x),
+                x.dtype,
+                x.shape,
+                dtype,
+                scope_key,
+                group_size,
+                axis,
+                asymmetric,
+                q_min,
+                q_max,
+                nibble_order,
+            )
+            fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):  # not an array or a scope; no plan cache yet; an unhashable argument
+            fast = None
+        if fast is not None:
+            result = fast(x)
+            if result is not None:
+                return result  # type: ignore[no-any-return]
     replayable = replay_key is not None
     target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale)
     x = target.contiguous(x)
@@ -448,7 +462,12 @@ def fake_quantize(
     replay_key: tuple[Any, ...] | None = None
     plain = type(scale) is float or type(scale) is int, zero_point is None or type(zero_point) is int
     try:
-        fields = None if scope is None else scope.__dict__
+        scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
+        scope_key = (
+            scope_type
+            if scope_type is TokenScope or scope_type is TensorScope or scope is None
+            else (scope_type, *scope.__dict__.values())
+        )
         replay_key = (
             fake_quantize,
             type(x),
@@ -458,7 +477,7 @@ def fake_quantize(
             scale if plain[0] else (scale.dtype, scale.shape),
             type(zero_point),
             zero_point if plain[1] else (zero_point.dtype, zero_point.shape),
-            None if fields is None else (type(scope), *fields.values()),
+            scope_key,
             axis,
             q_min,
             q_max,
