@@ -12,18 +12,34 @@ Rows: the 16x8192 host rows of ``bench_peers.py`` with CuPy operands (fp16), ``p
 and ``check=False`` and the compat call where the row has one, plus ``qp.quantize`` and ``quantplan.compat.deepspeed.quantize`` on CuPy
 arrays. ``--profile NAME``: cProfile of one row (the top functions by own time).
 
+``--instructions``: the same rows under valgrind's callgrind, in CPU instructions per call (a
+figure that does not move with the machine's load, unlike the wall clock): the script runs itself
+under ``valgrind --tool=callgrind --instr-atstart=no`` and counts only the timed loop of each row,
+through callgrind's client requests (a small C helper built with ``cc`` against
+``valgrind/callgrind.h``). Needs valgrind, its headers and a C compiler; about a minute.
+
+Each row also shows its bar as the package's own µs (issue 26: ``plan.run`` checked ≤ launch + 3
+µs, ``check=False`` ≤ launch + 1.5 µs, ``qp.quantize`` ≤ the checked ``plan.run`` of its row + 2
+µs; the compat layer's bar is DeepSpeed's binding, measured on the GPU only).
+
 Usage::
 
-    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT]
+    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import itertools
+import os
 import pstats
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -138,6 +154,75 @@ def host_us(fn: Callable[[], Any], calls: int) -> float:
     return best * 1e6 / calls
 
 
+#: The package's own µs per call each kind of row must stay under (issue 26's bars less the
+#: driver's launch); None where the bar is another call's figure (see ``bar``).
+BARS = {"plan.run checked": 3.0, "plan.run check=False": 1.5}
+
+
+def bar(name: str) -> str:
+    """The bar of row ``name`` as text."""
+    for prefix, us in BARS.items():
+        if name.startswith(prefix + ":"):
+            return f"≤ {us:g}"
+    if name.startswith("qp."):
+        return "≤ its row's plan.run checked + 2"
+    if name.startswith("cupy."):
+        return "—"
+    return "≤ DeepSpeed's binding (GPU)"
+
+
+_HELPER = """
+#include <valgrind/callgrind.h>
+void qp_cg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void qp_cg_zero(void) { CALLGRIND_ZERO_STATS; }
+void qp_cg_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+void qp_cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+_ENV = "QP_HOST_SIM_CALLGRIND"
+
+
+def count_instructions(table: list[tuple[str, Callable[[], Any]]], calls: int) -> None:
+    """Under callgrind (``--instructions``): each row's timed loop of ``calls`` calls, dumped
+    under the row's name (the parent reads the dumps)."""
+    helper = ctypes.CDLL(os.environ[_ENV])
+    for name, fn in table:
+        for _ in range(3):
+            fn()
+        helper.qp_cg_start()
+        for _ in range(3):  # translated once more with instrumentation on
+            fn()
+        helper.qp_cg_zero()
+        for _ in range(calls):
+            fn()
+        helper.qp_cg_dump(name.encode())
+        helper.qp_cg_stop()
+
+
+def instructions(argv: list[str], calls: int) -> dict[str, float]:
+    """Row name -> instructions per call: this script under callgrind with ``argv``."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind")
+    tmp = Path(tempfile.mkdtemp(prefix="qp_host_sim_"))
+    (tmp / "helper.c").write_text(_HELPER)
+    so = tmp / "helper.so"
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(so), str(tmp / "helper.c")], check=True)
+    env = dict(os.environ, **{_ENV: str(so)})
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/cg.%p"]
+    subprocess.run([*command, sys.executable, __file__, *argv], env=env, check=True, stderr=subprocess.DEVNULL)
+    counts: dict[str, float] = {}
+    for dump in sorted(tmp.glob("cg.*"), key=lambda path: int(path.suffix[1:]) if path.suffix[1:].isdigit() else 0):
+        text = dump.read_text(errors="replace")
+        trigger = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
+        total = re.search(r"^totals: (\d+)", text, re.M)
+        if trigger and total:
+            counts[trigger.group(1)] = int(total.group(1)) / calls
+    if os.environ.get("QP_HOST_SIM_KEEP"):  # the dumps, for callgrind_annotate
+        print(f"callgrind dumps: {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return counts
+
+
 def rows() -> list[tuple[str, Callable[[], Any]]]:
     """(name, call) of every host row."""
     import bench_peers as bp
@@ -167,7 +252,14 @@ def rows() -> list[tuple[str, Callable[[], Any]]]:
             out.append((f"compat: {spec.name}", call))
     x = cupy.empty((16, 8192), dtype="float16")
     out.append(("qp.quantize(x, 'int8', TokenScope())", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())))
+    token = qp.TokenScope()
+    out.append(("qp.quantize(x, 'int8', scope=token) (scope made once)", lambda: qp.quantize(x, "int8", scope=token)))
+    out.append(("qp.quantize(x, 'int8') (per tensor: a workspace)", lambda: qp.quantize(x, "int8")))
+    qt = qp.quantize(x, "int8", scope=token)
+    out.append(("qp.dequantize(qt) (per token)", lambda: qp.dequantize(qt)))
+    out.append(("qp.fake_quantize(x, 0.05)", lambda: qp.fake_quantize(x, 0.05)))
     out.append(("compat.quantize(x, 16, 8, Symmetric)", lambda: compat.quantize(x, 16, 8, compat.Symmetric)))
+    out.append(("cupy.empty((16, 8192), 'int8') (an allocation, for scale)", lambda: cupy.empty((16, 8192), "int8")))
     return out
 
 
@@ -175,10 +267,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", default=None, help="cProfile the first row whose name contains this")
-    parser.add_argument("--only", default=None)
+    parser.add_argument("--only", default=None, help="rows whose name contains this")
+    parser.add_argument("--instructions", action="store_true", help="CPU instructions per call (callgrind)")
     opt = parser.parse_args(argv)
+    if opt.instructions and _ENV not in os.environ:
+        passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--instructions"]
+        counts = instructions([*passed, "--instructions"], opt.calls)
+        print("| host row (simulated GPU, no driver launch) | instructions per call | bar (package µs) |")
+        print("|---|---:|---|")
+        for name, count in counts.items():
+            print(f"| {name} | {count:,.0f} | {bar(name)} |")
+        return 0
     simulate_gpu()
     table = rows()
+    if opt.only:
+        table = [row for row in table if opt.only in row[0]]
+    if opt.instructions:
+        count_instructions(table, opt.calls)
+        return 0
     if opt.profile:
         name, fn = next(r for r in table if opt.profile in r[0])
         fn()
@@ -190,11 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         print(name)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return 0
-    print("| host row (simulated GPU, no driver launch) | µs per call |\n|---|---:|")
+    print("| host row (simulated GPU, no driver launch) | µs per call | bar (package µs) |\n|---|---:|---|")
     for name, fn in table:
-        if opt.only and opt.only not in name:
-            continue
-        print(f"| {name} | {host_us(fn, opt.calls):.2f} |", flush=True)
+        print(f"| {name} | {host_us(fn, opt.calls):.2f} | {bar(name)} |", flush=True)
     return 0
 
 

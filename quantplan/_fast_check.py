@@ -622,18 +622,30 @@ class CallCache:
         return False
 
 
-def pointer_launcher(plan: Any, args: Any) -> Callable[..., bool] | None:
+#: The workspace pointer a :func:`pointer_launcher` is traced with (any aligned, non-null address).
+_WORKSPACE_PROBE = ALIGN_CLASS << 24
+
+
+def pointer_launcher(
+    plan: Any, args: Any, *, device_checked: bool = False, workspace: bool = False
+) -> Callable[..., bool] | None:
     """``launch(h, p0, p1, ...) -> bool`` for a front-end that makes or vouches for every operand:
     the launches of ``plan.run(h, None, args, check=False)`` with the arrays of ``args`` (its
     array fields, in field order) at pointers ``p0, p1, ...`` on raw stream ``h``; scalars and
     None fields as in ``args``. False (nothing launched) when a pointer is of another alignment
-    class or null-ness than in ``args``, or the current device is not the plan's. None when the
-    plan has no traced tail for this call (a workspace, an untraceable ``_launch``, the reference
-    backend, an empty problem)."""
+    class or null-ness than in ``args``, or the current device is not the plan's (not tested with
+    ``device_checked``: the caller made sure it is). With ``workspace``, a plan that needs one
+    takes its pointer last (``launch(h, p0, ..., pw)``: a fresh buffer of ``workspace_size()``
+    bytes, aligned as an allocation is). None when the plan has no traced tail for this call (a
+    workspace without ``workspace``, an untraceable ``_launch``, the reference backend, an empty
+    problem)."""
     kind: type = type(args)
     names = _args_fields(kind)
-    if names is None or plan.device_id is None or plan._empty or plan._workspace_bytes or plan._is_reference:
+    if names is None or plan.device_id is None or plan._empty or plan._is_reference:
         return None
+    if plan._workspace_bytes and not workspace:
+        return None
+    workspace_ptr = _WORKSPACE_PROBE if plan._workspace_bytes else None
     values = [getattr(args, name) for name in names]
     record = plan._extract(args)
     source = _Source()
@@ -652,8 +664,12 @@ def pointer_launcher(plan: Any, args: Any) -> Callable[..., bool] | None:
     template = _operand_template(record, values, ptrs)
     if template is None:
         return None
-    source.device(plan.device_id)
-    if not _launch_tail(plan, source, template[0], template[1], None, "h"):
+    if workspace_ptr is not None:
+        params.append("pw")
+        source.miss_if(f"pw {_pointer_class(workspace_ptr)}pw")
+    if not device_checked:
+        source.device(plan.device_id)
+    if not _launch_tail(plan, source, template[0], template[1], workspace_ptr, "h"):
         return None
     return source.compile(", ".join(["h", *params]), True)
 

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ._fast_check import pointer_launcher
+from ._fast_check import _args_fields, pointer_launcher
 from ._launch import make_context_current
+from ._operands import _READERS, _cupy_operand_direct
 from ._operands import dtype_name as _dtype_name
 from .errors import InvalidArgumentType, InvalidProblem, Unsupported
 from .types import BackendKind, PlanPreference
@@ -509,24 +510,25 @@ def replay(
     array fields of ``args`` (the caller's arrays, of the dtypes and shapes of this call: the
     caller keys the replay on them) checks each is C-contiguous on the target's device, allocates
     ``outputs`` ((shape, NumPy-style dtype) each, the remaining array fields of ``args``, in
-    order) on it, launches ``plan`` on the library's current stream through
+    order) on it, and the plan's workspace where it needs one (a fresh buffer per call, as the
+    full path's), launches ``plan`` on the library's current stream through
     :func:`quantplan._fast_check.pointer_launcher`, and returns ``finish(*arrays, *outputs)``. It returns
     None when a check fails or the launch is refused (nothing launched: the caller takes its full
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
     they are not the inputs then the outputs (an array updated in place: an input named twice)."""
-    if not target.cuda or target.index is None:
-        return None
-    launcher = pointer_launcher(plan, args)
-    if launcher is None:
+    if not target.cuda or target.index is None or plan.device_id != target.index:
         return None
     index = target.index
-    names: dict[str, Any] = {"launch": launcher, "finish": finish, "index": index}
+    names: dict[str, Any] = {"finish": finish, "index": index}
     xs = [f"x{i}" for i in range(inputs)]
+    results = ", ".join([*xs, *(f"o{n}" for n in range(len(outputs)))])
     lines = [f"def fast({', '.join(xs)}):"]
+    nbytes = plan.workspace_size()  # a fresh workspace per call, as the full path allocates one
     if target.library == TORCH:
+        launcher = pointer_launcher(plan, args, workspace=True)
         names.update(empty=torch.empty, device=target.device, stream=_RAW_STREAM[0] if _RAW_STREAM else None)
-        if names["stream"] is None:
+        if names["stream"] is None or launcher is None:
             return None
         for x in xs:
             lines.append(f"    if {x}.get_device() != index or not {x}.is_contiguous(): return None")
@@ -535,23 +537,59 @@ def replay(
             sizes = "".join(f"{extent}, " for extent in shape) if shape else "(), "
             lines.append(f"    o{n} = empty({sizes}dtype=t{n}, device=device)")
         pointer = "{}.data_ptr()"
-        lines.append(f"    if not launch(stream(index), {_ordered(pointer, inputs, len(outputs), order)}): return None")
+        pointers = _ordered(pointer, inputs, len(outputs), order)
+        if nbytes:
+            names["u8"] = _TORCH_DTYPES["uint8"]
+            lines.append(f"    ws = empty({nbytes}, dtype=u8, device=device)")
+            pointers += ", ws.data_ptr()"
+        lines.append(f"    if not launch(stream(index), {pointers}): return None")
+        lines.append(f"    return finish({results})")
     else:
+        # The launcher does not test the current device: the replay makes it the arrays' own.
+        launcher = pointer_launcher(plan, args, device_checked=True, workspace=True)
+        if launcher is None:
+            return None
         import cupy
+        from cupy.cuda import runtime
 
-        names.update(empty=cupy.empty, current=cupy.cuda.get_current_stream, Device=cupy.cuda.Device)
-        for x in xs:
-            lines.append(f"    if {x}.device.id != index or not {x}.flags.c_contiguous: return None")
-        lines.append("    with Device(index):")
-        for n, (shape, dtype) in enumerate(outputs):
-            lines.append(f"        o{n} = empty({shape!r}, {dtype!r})")
-        pointer = "{}.data.ptr"
-        lines.append(
-            f"        if not launch(current().ptr, {_ordered(pointer, inputs, len(outputs), order)}): return None"
+        names.update(
+            new=cupy.ndarray, current=cupy.cuda.get_current_stream, Device=cupy.cuda.Device, device=runtime.getDevice
         )
-    lines.append(f"    return finish({', '.join([*xs, *(f'o{n}' for n in range(len(outputs)))])})")
+        kinds = _input_types(args, inputs, order)
+        for i, x in enumerate(xs):  # the caller's arrays: on the device, C-contiguous (the key fixed the rest)
+            direct = _READERS.get(kinds[i]) is _cupy_operand_direct  # CuPy's flag without a flags object
+            contiguous = f"{x}._c_contiguous" if direct else f"{x}.flags.c_contiguous"
+            lines.append(f"    m{i} = {x}.data")
+            lines.append(f"    if m{i}.device_id != index or not {contiguous}: return None")
+        body = []
+        for n, (shape, dtype) in enumerate(outputs):
+            names[f"d{n}"] = np.dtype(dtype)
+            body.append(f"o{n} = new({tuple(shape)!r}, d{n})")
+        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
+        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else f"{name}.data.ptr" for name in arrays)
+        if nbytes:
+            names["u8"] = np.dtype("uint8")
+            body.append(f"ws = new(({nbytes},), u8)")
+            pointers += ", ws.data.ptr"
+        body.append(f"if not launch(current().ptr, {pointers}): return None")
+        lines.append("    if device() != index:  # outputs allocated and the plan launched on the arrays' device")
+        lines.append("        with Device(index):")
+        lines += [f"            {line}" for line in body]
+        lines.append(f"        return finish({results})")
+        lines += [f"    {line}" for line in body]
+        lines.append(f"    return finish({results})")
+    names["launch"] = launcher
     exec(compile("\n".join(lines), "<quantplan front-end replay>", "exec"), names)
     return names["fast"]  # type: ignore[no-any-return]
+
+
+def _input_types(args: Any, inputs: int, order: Sequence[str] | None) -> list[type]:
+    """The types of the arrays of ``args`` that a replay's inputs ``x<i>`` stand for."""
+    kind: type = type(args)
+    fields = _args_fields(kind) or ()
+    arrays = [v for v in (getattr(args, name) for name in fields) if v is not None and not isinstance(v, (int, float))]
+    named = list(order) if order is not None else [f"x{i}" for i in range(inputs)]
+    return [type(arrays[named.index(f"x{i}")]) if f"x{i}" in named else object for i in range(inputs)]
 
 
 def _ordered(pointer: str, inputs: int, outputs: int, order: Sequence[str] | None) -> str:

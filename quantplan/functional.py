@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 
 from ._block_functional import BLOCK_NAMES, BLOCK_OPTIONS, BlockQuantizedTensor, dequantize_block, quantize_block
-from ._frontend import TORCH, Target, array_signature, dtype_name, remember_replay, replay, replayed
+from ._frontend import _LOCAL as _THREAD
+from ._frontend import TORCH, Target, dtype_name, remember_replay, replay
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
 from .errors import InvalidArgumentType, InvalidProblem
@@ -61,7 +62,17 @@ from .static_quantize import (
     QuantizeDescriptor,
     QuantizePlan,
 )
-from .types import ChannelScope, ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding, Scope, TensorScope
+from .types import (
+    ChannelScope,
+    ElementKind,
+    GroupScope,
+    NibbleOrder,
+    QuantMode,
+    Rounding,
+    Scope,
+    TensorScope,
+    TokenScope,
+)
 
 #: Short names of the quantized kinds (ElementKind names work too, in any case).
 CODE_NAMES: dict[str, ElementKind] = {
@@ -85,6 +96,7 @@ FLOAT_NAMES: dict[str, ElementKind] = {
     "float64": ElementKind.F64,
     "double": ElementKind.F64,
 }
+_NEAREST = Rounding.NEAREST_EVEN
 _CODE_TYPE_NAMES = {ElementKind.FP8_E4M3: "float8_e4m3fn", ElementKind.FP8_E5M2: "float8_e5m2"}
 #: (code kind, float kind) -> dtype name of the scale tensor: the served formats' scale element.
 _SCALE_DTYPES: dict[tuple[ElementKind, ElementKind], str] = {
@@ -100,7 +112,7 @@ def _traced(x: Any) -> bool:
     """Whether torch.compile is tracing this call (then PyTorch tensors go through quantplan's
     torch.library operators, which it can trace). False without PyTorch imported."""
     torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling() and isinstance(x, torch.Tensor)
+    return torch is not None and isinstance(x, torch.Tensor) and torch.compiler.is_compiling()
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -231,6 +243,10 @@ def _quantizer(
     return target.cached((_Quantizer, *key), build)  # type: ignore[no-any-return]
 
 
+_new = object.__new__
+_set_fields = object.__setattr__
+
+
 @dataclass(frozen=True)
 class QuantizedTensor:
     """Codes and the parameters that decode them: ``x ~= (codes - zero_point) * scale``.
@@ -351,15 +367,21 @@ def quantize(
         given = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
         return _torch_ops.quantize(QuantizedTensor, x, code, *given, nibble_order)  # type: ignore[no-any-return]
     replay_key: tuple[Any, ...] | None = None
-    if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
-        # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
-        signature = array_signature(x)
-        fields = None if scope is None else getattr(scope, "__dict__", None)
-        if signature is not None and (scope is None or fields is not None):
-            scope_key = None if fields is None else (type(scope), *fields.values())
+    if scale is None and zero_point is None and rounding is _NEAREST and seed is None:
+        # A dynamic call like an earlier one: replayed (allocate, launch) without this layer
+        # (array_signature and replayed, inlined: this is the one-liner's hot path).
+        try:
+            scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
+            scope_key = (
+                scope_type
+                if scope_type is TokenScope or scope_type is TensorScope or scope is None
+                else (scope_type, *scope.__dict__.values())
+            )
             replay_key = (
                 quantize,
-                *signature,
+                type(x),
+                x.dtype,
+                x.shape,
                 dtype,
                 scope_key,
                 group_size,
@@ -370,7 +392,11 @@ def quantize(
                 nibble_order,
                 nonfinite,
             )
-            result = replayed(replay_key, x)
+            fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):  # not an array or a scope; no plan cache yet; an unhashable argument
+            fast = None
+        if fast is not None:
+            result = fast(x)
             if result is not None:
                 return result  # type: ignore[no-any-return]
     if type(dtype) is str and dtype in BLOCK_NAMES:
@@ -435,7 +461,10 @@ def quantize(
             elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
-                    return QuantizedTensor(codes, scale, zp, deq)
+                    # QuantizedTensor(codes, scale, zp, deq) without the frozen dataclass's four setattr calls
+                    qt = _new(QuantizedTensor)
+                    _set_fields(qt, "__dict__", {"codes": codes, "scale": scale, "zero_point": zp, "descriptor": deq})
+                    return qt  # type: ignore[no-any-return]
 
             else:  # FP8 codes typed as float8
 
@@ -509,16 +538,43 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     float64 output). **Dtypes:** ``dtype`` float16, bfloat16, float32, float64 (short names or
     ElementKind). The output is a new array of the codes' library and device.
     """
+    if type(qt) is QuantizedTensor and _traced(qt.codes):  # torch.compile: through the torch.library operator
+        from . import _torch_ops
+
+        out_kind = qt.descriptor.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
+        return _torch_ops.dequantize(qt, out_kind)
+    replay_key: tuple[Any, ...] | None = None
+    if type(qt) is QuantizedTensor:
+        # A call like an earlier one: replayed (allocate, launch) without this layer. The key holds
+        # the descriptor's id (hashing a descriptor costs microseconds); the remembered replay keeps
+        # that descriptor alive, so no other object can have its id while the entry exists.
+        codes, scale, zp = qt.codes, qt.scale, qt.zero_point
+        try:
+            replay_key = (
+                dequantize,
+                id(qt.descriptor),
+                dtype,
+                type(codes),
+                codes.dtype,
+                codes.shape,
+                type(scale),
+                scale.dtype,
+                scale.shape,
+                None if zp is None else (type(zp), zp.dtype, zp.shape),
+            )
+            fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):  # a Python scale; no plan cache yet; an unhashable dtype
+            replay_key = fast = None
+        if fast is not None:
+            result = fast(codes, scale) if zp is None else fast(codes, scale, zp)
+            if result is not None:
+                return result
     if not isinstance(qt, QuantizedTensor):
         if isinstance(qt, BlockQuantizedTensor):
             return dequantize_block(qt, dtype)
         raise InvalidArgumentType(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
-    if _traced(qt.codes):  # torch.compile: through the torch.library operator
-        from . import _torch_ops
-
-        return _torch_ops.dequantize(qt, out_kind)
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
     key = (DequantizePlan, desc, out_kind)
 
@@ -539,7 +595,16 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     codes = qt.codes
     if ELEMENTS[desc.input_element].is_fp8 and target.library == TORCH:
         codes = target.view(codes, "uint8")  # a CPU float8 tensor has no NumPy view
-    target.run(plan, DequantizeArgs(target.arg(codes), target.arg(y), target.arg(scale), target.arg(qt.zero_point)))
+    args = DequantizeArgs(target.arg(codes), target.arg(y), target.arg(scale), target.arg(qt.zero_point))
+    target.run(plan, args)
+    if replay_key is not None and codes is qt.codes and scale is qt.scale and 0 not in desc.shape:
+
+        def finish(*arrays: Any, _holds: Any = desc) -> Any:  # holds the descriptor the key names by id
+            return arrays[-1]
+
+        inputs, order = (2, ("x0", "o0", "x1")) if qt.zero_point is None else (3, ("x0", "o0", "x1", "x2"))
+        outputs = [(desc.shape, out_dtype)]
+        remember_replay(replay_key, lambda: replay(target, plan, args, inputs, outputs, finish, order))
     return y
 
 
@@ -570,6 +635,39 @@ def fake_quantize(
         from . import pytorch
 
         return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
+    # A call like an earlier one: replayed (allocate, launch) without this layer. Python scalars
+    # are keyed by type and value (the launch holds them), arrays by type, dtype and shape.
+    replay_key: tuple[Any, ...] | None = None
+    plain = type(scale) is float or type(scale) is int, zero_point is None or type(zero_point) is int
+    try:
+        scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
+        scope_key = (
+            scope_type
+            if scope_type is TokenScope or scope_type is TensorScope or scope is None
+            else (scope_type, *scope.__dict__.values())
+        )
+        replay_key = (
+            fake_quantize,
+            type(x),
+            x.dtype,
+            x.shape,
+            type(scale),
+            scale if plain[0] else (scale.dtype, scale.shape),
+            type(zero_point),
+            zero_point if plain[1] else (zero_point.dtype, zero_point.shape),
+            scope_key,
+            axis,
+            q_min,
+            q_max,
+        )
+        fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # not an array; no plan cache yet; an unhashable argument
+        replay_key = fast = None
+    if fast is not None:
+        arrays = [a for a, is_plain in zip((scale, zero_point), plain, strict=True) if not is_plain]
+        result = fast(x, *arrays)
+        if result is not None:
+            return result
     target = Target.of(
         x,
         None if isinstance(scale, (int, float)) else scale,
@@ -589,8 +687,18 @@ def fake_quantize(
     )
     y = target.empty(shape, dtype_name(x))
     if math.prod(shape):
-        target.run(plan, FakeQuantizeArgs(target.arg(x), target.arg(y), target.arg(scale), target.arg(zero_point)))
+        args = FakeQuantizeArgs(target.arg(x), target.arg(y), target.arg(scale), target.arg(zero_point))
+        target.run(plan, args)
+        if replay_key is not None:
+            order = ["x0", "o0"] + [f"x{n + 1}" for n in range(2 - sum(plain))]
+            outputs = [(shape, dtype_name(x))]
+            remember_replay(replay_key, lambda: replay(target, plan, args, len(order) - 1, outputs, _last, order))
     return y
+
+
+def _last(*arrays: Any) -> Any:
+    """A replayed call's result: its last array (the output)."""
+    return arrays[-1]
 
 
 __all__ = [

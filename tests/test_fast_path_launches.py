@@ -224,6 +224,8 @@ def test_front_end_replays_launch_what_the_full_path_launches(
     q8, p8 = dev(3 << 36, (16, 1000), "int8"), dev(4 << 36, (16, 1), "float32")
     q4, p4 = dev(5 << 36, (8, 256), "int8"), dev(6 << 36, (32, 1), "float32")
     v = dev(7 << 36, (12, 500), "float16")
+    big = dev(10 << 36, (4, 40000), "float16")
+    fs, fz, cs = dev(11 << 36, (16, 1), "float32"), dev(12 << 36, (16, 1), "int32"), dev(13 << 36, (1, 500), "float32")
     calls: list[tuple[str, Any]] = [
         ("quantize 8 bits", lambda: ds.quantize(x, 16, 8, ds.Symmetric)),
         ("quantize 4 bits asymmetric", lambda: ds.quantize(x, 16, 4, ds.Asymmetric)),
@@ -236,6 +238,27 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         ("qp.quantize mxfp8", lambda: qp.quantize(x, "mxfp8")),
         ("qp.quantize mxfp4 axis -1", lambda: qp.quantize(x8, "mxfp4", axis=-1)),
         ("qp.quantize fp8_block", lambda: qp.quantize(x8, "fp8_block")),
+        ("qp.quantize per tensor (a workspace)", lambda: qp.quantize(x, "int8")),
+        ("qp.quantize per tensor asymmetric (a workspace)", lambda: qp.quantize(v, "uint8", asymmetric=True)),
+        ("compat quantize, groups above 32768 (a workspace)", lambda: ds.quantize(big, 2, 8, ds.Symmetric)),
+        ("qp.fake_quantize", lambda: qp.fake_quantize(x, 0.05)),
+        ("qp.fake_quantize per token", lambda: qp.fake_quantize(x, fs, fz, scope=qp.TokenScope(), q_min=0, q_max=255)),
+        ("qp.fake_quantize per channel", lambda: qp.fake_quantize(v, cs, axis=1)),
+        ("qp.fake_quantize, int zero point", lambda: qp.fake_quantize(v, 0.5, 3)),
+    ]
+
+    def at(base: int, qt: Any) -> Any:  # qt's arrays moved where the allocations of the calls below cannot be
+        arrays = (qt.codes, qt.scale, qt.zero_point)
+        parts = [None if a is None else dev(base + (n << 32), a.shape, a.dtype) for n, a in enumerate(arrays)]
+        return QuantizedTensor(*parts, qt.descriptor)
+
+    from quantplan.functional import QuantizedTensor
+
+    token = at(8 << 36, qp.quantize(x, "int8", scope=qp.TokenScope()))
+    groups = at(9 << 36, qp.quantize(x, "uint4", group_size=100, asymmetric=True))
+    calls += [
+        ("qp.dequantize", lambda: qp.dequantize(token)),
+        ("qp.dequantize groups asymmetric to float32", lambda: groups.dequantize("float32")),
     ]
     events, reset = byte_recorder
     for name, call in calls:
@@ -248,3 +271,26 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         call()
         assert full_paths[0] == before, f"{name}: the second call took the full path"
         assert events[start:] == first and first, name
+
+
+def test_front_end_replays_key_python_scalars_by_type_and_value(byte_recorder: Any) -> None:
+    """A replay holds the Python scalars of its first call (they are in the launch's arguments): a
+    call with another scalar, or an equal one of another type, launches what a fresh full path
+    launches for it, whatever calls came before."""
+    from quantplan import _frontend
+
+    x = host_sim.device_array(1 << 36, (16, 1000), "float16")
+    events, reset = byte_recorder
+    scales = [0.05, 0.05, 0.07, 0.05, 1, 1.0, 1, 2.0]
+    cached = []
+    for scale in scales:
+        reset()
+        start = len(events)
+        qp.fake_quantize(x, scale)
+        cached.append(events[start:])
+    for scale, got in zip(scales, cached, strict=True):
+        _frontend.clear_plan_cache()
+        reset()
+        start = len(events)
+        qp.fake_quantize(x, scale)
+        assert events[start:] == got and got, scale

@@ -172,6 +172,29 @@ def test_static_quantize_and_fake_quantize_equal_the_plans(library: str, rng: np
     assert np.array_equal(raw(to_np(y)), raw(ref))
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_repeated_fake_quantize_equals_the_plan(library: str, rng: np.random.Generator) -> None:
+    """Repeated calls (replayed on CUDA after the first of each signature) on fresh data, with a
+    Python scale that changes between calls, a per-channel scale array and zero points: each
+    result is the reference plan's, bit for bit."""
+    to_lib, to_np = converters(library)
+    shape = (13, 301)
+    scale_c = np.exp(rng.uniform(-3, 1, size=(1, 301))).astype(np.float32)
+    zp_c = rng.integers(-5, 5, size=(1, 301)).astype(np.int32)
+    calls = [(0.0625, None, None), (0.0625, 3, None), (0.125, None, None), (scale_c, zp_c, 1), (scale_c, None, 1)]
+    for _ in range(3):
+        for scale, zp, axis in calls * 2:
+            x = random_floats(rng, shape, EK.F16)
+            args = [to_lib(a) if isinstance(a, np.ndarray) else a for a in (scale, zp)]
+            y = qp.fake_quantize(to_lib(x), *args, axis=axis, q_min=-8, q_max=7)
+            scope = qp.TensorScope() if axis is None else qp.ChannelScope(axis=axis)
+            mode = qp.QuantMode.SYMMETRIC if zp is None else qp.QuantMode.ASYMMETRIC
+            fdesc = qp.FakeQuantizeDescriptor(shape=shape, scope=scope, mode=mode, element=EK.F16, q_min=-8, q_max=7)
+            ref = np.zeros_like(x)
+            qp.FakeQuantizePlan.select(None, fdesc, REFERENCE).run(None, None, qp.FakeQuantizeArgs(x, ref, scale, zp))
+            assert np.array_equal(raw(to_np(y)), raw(ref)), (scale if axis is None else "array", zp)
+
+
 def test_stochastic_rounding_is_reproducible_from_the_seed(rng: np.random.Generator) -> None:
     x = random_floats(rng, (8, 64), EK.F32)
     a = qp.quantize(x, "int8", scope=qp.TokenScope(), rounding=qp.Rounding.STOCHASTIC, seed=7, offset=3)
