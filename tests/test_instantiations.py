@@ -18,6 +18,7 @@ A name a plan asks for outside its unit fails at ``select`` itself (KeyError), s
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,18 +57,20 @@ def _shapes_and_scopes() -> list[tuple[tuple[int, ...], Any]]:
     2 mod 4, 4 mod 8 and 0 mod 8 elements), the dense row layouts (large and small), the fused
     segment lengths of the specialised kernels (8 .. 16384 elements, 128 for the lanes), few and
     many segments, and the multi-pass sizes (segments longer than a team holds, 0-D)."""
-    shapes = [(), (1,), (7,), (6,), (12,), (2, 5), (3, 10), (4, 12), (5, 8), (33, 64), (2, 3, 64), (64, 96)]
+    shapes = [(), (1,), (7,), (6,), (12,), (2, 5), (3, 10), (4, 12), (5, 8), (33, 64), (2, 3, 64)]
     shapes += [(16, n) for n in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
-    shapes += [(4096, n) for n in (128, 2048, 4096, 8192)] + [(300, 16384), (8192, 8192), (1 << 16, 1 << 16)]
-    shapes += [(3, 10004), (2, 40000), (2, 40002), (3, 40004), (1, 65536)]
+    shapes += [(4096, n) for n in (2048, 4096, 8192)] + [(1 << 17, 128), (300, 16384), (8192, 8192)]
+    shapes += [(1 << 16, 1 << 16), (3, 10004), (2, 40000), (2, 40002), (3, 40004), (1, 65536)]
     out: list[tuple[tuple[int, ...], Any]] = []
     for shape in shapes:
         out.append((shape, qp.TensorScope()))
         if not shape:
             continue
-        out += [(shape, qp.TokenScope()), (shape, qp.ChannelScope(axis=0)), (shape, qp.ChannelScope(axis=-1))]
-        for axis in (-1, 0):
-            out += [(shape, qp.GroupScope(axis=axis, group_size=g)) for g in (2, 32) if shape[axis] % g == 0]
+        out += [(shape, qp.TokenScope()), (shape, qp.ChannelScope(axis=-1))]
+        out += [(shape, qp.GroupScope(axis=-1, group_size=g)) for g in (2, 32) if shape[-1] % g == 0]
+        if len(shape) > 1 and math.prod(shape) < 2**20:  # a scope across rows: the general row layout
+            out += [(shape, qp.ChannelScope(axis=0))]
+            out += [(shape, qp.GroupScope(axis=0, group_size=g)) for g in (2,) if shape[0] % g == 0]
     return out
 
 
