@@ -45,9 +45,8 @@ CODES = (EK.S8, EK.U8, EK.S4, EK.U4, EK.FP8_E4M3, EK.FP8_E5M2)
 QGZ_FLOATS = (EK.F16, EK.BF16, EK.F32)
 QGZ_CODES = (EK.S8, EK.U8, EK.S4, EK.U4)
 PACKED = (EK.S4, EK.U4)
-#: (major, minor, multiprocessors) of the simulated GPUs: an A100, an H100, and a small sm_90 part
-#: (few SMs: the small-problem branches of every geometry).
-GPUS = ((8, 0, 108), (9, 0, 132), (9, 0, 16))
+#: (major, minor, multiprocessors) of the simulated GPUs: an A100 and an H100.
+GPUS = ((8, 0, 108), (9, 0, 132))
 
 Select = tuple[type, Callable[[], Any]]
 
@@ -129,8 +128,8 @@ def _qgz() -> Iterator[Select]:
         packed = i in PACKED or o in PACKED
         for order, (groups, size) in itertools.product((LOW, HIGH) if packed else (LOW,), GROUPS):
             chunk = groups * size
-            # input groups: the output group, and sizes giving each vector width of the codes
-            for in_group in sorted(d for d in {size, 1, 2, 4, 6, 8, 12, 16} if chunk % d == 0):
+            # input groups: the output group, and sizes giving each vector width of the codes (8, 4, 2, 1)
+            for in_group in sorted(d for d in {size, 1, 2, 4, 8} if chunk % d == 0):
                 for peers in (2, 3, 4, 8, 16) if e is None and mode is SYM and o not in QGZ_FLOATS else (3,):
                     r = dict(
                         peers=peers, chunk_elements=chunk, input_group_size=in_group,
