@@ -9,13 +9,20 @@ test and ``python -m quantplan precompile`` read it, plans read the unit functio
 
 Vector widths: the element-wise kernels are instantiated at every width of
 :attr:`ElementInfo.widths <quantplan.elements.ElementInfo.widths>` (8, 4, 2, 1; F64 from 4),
-packed 4-bit codes at 2 or more, plus an element-I/O twin for misaligned operands.
+packed 4-bit codes at 2 or more, plus an element-I/O twin for misaligned operands where the
+geometry asks for one (:func:`vector_shapes`, :func:`float_values_shapes`).
+
+The units hold what the plans' ``select`` can ask for and nothing else:
+``tests/test_instantiations.py`` selects every plan over a grid of descriptors on simulated
+sm_80 and sm_90 GPUs and checks that every unit a plan loads is one of :data:`FAMILIES` and
+every listed instantiation is looked up by some plan, so the NVRTC sweep compiles that set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from ._block_scaled_kernels import instantiations as block_scaled_instantiations
 from ._layout import dense_row_widths
 from ._tuning import TUNING
 from .compiler import template_name
@@ -43,6 +50,27 @@ def _orders(*kinds: ElementKind) -> tuple[bool, ...]:
 
 def _roundings() -> tuple[Rounding, ...]:
     return (Rounding.NEAREST_EVEN, Rounding.STOCHASTIC)
+
+
+def vector_shapes(widths: Sequence[int], packed: bool) -> list[tuple[int, bool]]:
+    """The ``(vector width, vector I/O)`` pairs a row or segment geometry can take
+    (``_layout.row_layout``, ``_segments.fused_segment_geometry``): the widest vector halved
+    while it does not divide the row, each with aligned vector I/O; for 4-bit codes only widths
+    of 2 or more, and ``(2, False)`` (element loads, nibbles paired) where no width of 2 divides.
+    Without 4-bit codes the misaligned operands take the width-1 vector, which is already vector
+    I/O: no ``(1, False)`` twin exists."""
+    shapes = [(v, True) for v in widths if v >= 2 or not packed]
+    if packed:
+        shapes.append((2, False))
+    return shapes
+
+
+def float_values_shapes(widths: Sequence[int] = QGZ_WIDTHS) -> list[tuple[int, bool]]:
+    """The ``(vector width, vector I/O)`` pairs of a kernel launched by
+    ``_qgz_launch.prepare_float_values`` (``dequant_reduce_floats``, ``deepspeed_dequantize``):
+    every width above 1 with vector I/O, and the element-I/O launch ``(1, False)`` (which also
+    serves a widest dividing width of 1)."""
+    return [*((v, True) for v in widths if v > 1), (1, False)]
 
 
 def error_tag(kind: ElementKind | None) -> str:
@@ -80,9 +108,7 @@ def row_kernel_unit(
     ``rounding`` (quantize direction only) selects the nearest-even or Philox instantiations.
     """
     packed = ELEMENTS[code_kind].is_packed
-    shapes = [(v, True) for v in ELEMENTS[float_kind].widths if v >= 2 or not packed]
-    if packed:
-        shapes.append((2, False))
+    shapes = vector_shapes(ELEMENTS[float_kind].widths, packed)
     return [
         row_kernel_name(kernel, float_to_code, float_kind, code_kind, vec, io, high_first and packed, rounding)
         for vec, io in shapes
@@ -382,20 +408,16 @@ QGZ_DENSE_NV = (4, 2, 1)
 
 
 def segment_names(kernel: str, tags: tuple[object, ...], packed: bool, order: tuple[bool, ...] = ()) -> Unit:
-    """A qgZ fused pass at every vector width (aligned I/O) and its element-I/O twin;
-    ``order``: trailing template arguments (the nibble order)."""
-    widths = [v for v in QGZ_WIDTHS if v >= 2 or not packed]
-    return [
-        *(template_name(kernel, *tags, v, True, *order) for v in widths),
-        template_name(kernel, *tags, 2 if packed else 1, False, *order),
-    ]
+    """A qgZ fused pass at every :func:`vector_shapes` of :data:`QGZ_WIDTHS` (the element-I/O twin
+    for 4-bit codes only); ``order``: trailing template arguments (the nibble order)."""
+    return [template_name(kernel, *tags, v, io, *order) for v, io in vector_shapes(QGZ_WIDTHS, packed)]
 
 
 def swizzled_quantize_unit(
     input_kind: ElementKind, error_kind: ElementKind | None, code_kind: ElementKind, high_first: bool
 ) -> Unit:
-    """The kernels of one (input, error buffer, code, nibble order): the fused pass at every
-    vector width (aligned vector I/O) and its element-I/O twin, then the two-pass kernels;
+    """The kernels of one (input, error buffer, code, nibble order): the fused pass
+    (:func:`segment_names`), then the two-pass kernels;
     F16 / BF16 without a LoCo buffer add ``swizzled_quantize_dense`` at every ``QGZ_DENSE_NV``."""
     tags = (ELEMENTS[input_kind].cpp_tag, error_tag(error_kind), ELEMENTS[code_kind].cpp_tag)
     unit = [
@@ -431,17 +453,13 @@ def dequant_reduce_unit(
 ) -> Unit:
     """The kernels of one (input code, error buffer, output, nibble order).
 
-    Code outputs: the fused pass at every vector width (aligned vector I/O), its element-I/O
-    twin, and the two-pass kernels. Float outputs: the float pass at every width and its twin.
+    Code outputs: the fused pass (:func:`segment_names`) and the two-pass kernels. Float
+    outputs: the float pass at every :func:`float_values_shapes`.
     """
     code, out = ELEMENTS[input_kind], ELEMENTS[output_kind]
     if out.is_float:
-        widths = [v for v in QGZ_WIDTHS if v >= 2 or not code.is_packed]
         pair = (code.cpp_tag, out.cpp_tag)
-        return [
-            *(template_name("dequant_reduce_floats", *pair, v, True, high_first) for v in widths),
-            template_name("dequant_reduce_floats", *pair, 1, False, high_first),
-        ]
+        return [template_name("dequant_reduce_floats", *pair, v, io, high_first) for v, io in float_values_shapes()]
     tags = (code.cpp_tag, error_tag(error_kind), out.cpp_tag)
     unit = [
         *segment_names("dequant_reduce_segments", tags, code.is_packed or out.is_packed, (high_first,)),
@@ -572,10 +590,7 @@ def deepspeed_reduce_dense_name(bits: int, asym: bool, nv: int) -> str:
 def deepspeed_dequantize_unit(bits: int, output_kind: ElementKind) -> Unit:
     """The dequantization kernels of one (bits, output float): widths 8, 4, 2 and the element-I/O one."""
     tags = (ELEMENTS[deepspeed_code_kind(bits)].cpp_tag, ELEMENTS[output_kind].cpp_tag)
-    return [
-        *(template_name("deepspeed_dequantize", *tags, v, True) for v in QGZ_WIDTHS[:-1]),
-        template_name("deepspeed_dequantize", *tags, 1, False),
-    ]
+    return [template_name("deepspeed_dequantize", *tags, v, io) for v, io in float_values_shapes()]
 
 
 def moq_fake_quantize_unit(kind: ElementKind, rounding: Rounding) -> Unit:
@@ -604,7 +619,15 @@ def deepspeed_format_units() -> list[Unit]:
 
 
 #: family (``kernels/<family>.cu``) -> its compile units.
+def block_scaled_units() -> list[Unit]:
+    """``block_scaled.cu``: every instantiation the block-scaled launcher and plans select
+    (:func:`quantplan._block_scaled_kernels.instantiations`, built from its schedule table), one
+    per unit: a plan or launch loads each kernel on its own."""
+    return [[name] for name in block_scaled_instantiations()]
+
+
 FAMILIES: dict[str, Callable[[], list[Unit]]] = {
+    "block_scaled": block_scaled_units,
     "quantize": quantize_units,
     "dequantize": dequantize_units,
     "dynamic_range": dynamic_range_units,
@@ -672,6 +695,8 @@ __all__ = [
     "dynamic_range_unit",
     "dynamic_segments_unit",
     "error_tag",
+    "float_values_shapes",
+    "vector_shapes",
     "fake_quantize_unit",
     "quantize_unit",
     "row_kernel_name",

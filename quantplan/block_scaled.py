@@ -640,7 +640,8 @@ def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
     if contiguous:
         schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count))
     names = [kernel_name(dtype, p.element, block, divide, i == 1, sched) for i, sched in enumerate(schedules)]
-    functions = load_kernels("block_scaled", names, info.arch, device_id, kernel_options())
+    options = kernel_options()
+    functions = {name: load_kernels("block_scaled", [name], info.arch, device_id, options)[name] for name in names}
     fixed = dict(
         rows=rows,
         cols=cols,

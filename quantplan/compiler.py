@@ -121,8 +121,6 @@ def compile_instantiations(
 
     Raises :class:`KernelCompileError` with the NVRTC log when compilation fails.
     """
-    from cupy.cuda import nvrtc
-
     source = kernel_source(family)
     all_options = (*BASE_OPTIONS, *options, f"-arch={arch.nvrtc_arch}")
     key_text = json.dumps([source, all_options, list(names), nvrtc_version()])
@@ -140,21 +138,8 @@ def compile_instantiations(
         len(names),
         directory,
     )
-    prog = nvrtc.createProgram(source, f"{family}.cu", [], [])
-    try:
-        for name in names:
-            nvrtc.addNameExpression(prog, name)
-        try:
-            nvrtc.compileProgram(prog, list(all_options))
-        except nvrtc.NVRTCError as exc:
-            raise KernelCompileError(
-                f"NVRTC failed to compile kernels/{family}.cu for {arch.nvrtc_arch} ({len(names)} instantiations): {exc}",
-                nvrtc.getProgramLog(prog),
-            ) from None
-        lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
-        cubin = complete_elf(nvrtc.getCUBIN(prog))
-    finally:
-        nvrtc.destroyProgram(prog)
+    lowered, image = _nvrtc_compile(family, source, names, all_options, ptx=False)
+    cubin = complete_elf(image)
 
     directory.mkdir(parents=True, exist_ok=True)
     tmp = cubin_path.with_suffix(f".tmp{os.getpid()}")
@@ -164,6 +149,46 @@ def compile_instantiations(
     tmp_names.write_text(json.dumps(lowered))
     os.replace(tmp_names, names_path)
     return CompiledModule(cubin_path, lowered)
+
+
+def _nvrtc_compile(
+    family: str, source: str, names: Sequence[str], options: Sequence[str], ptx: bool
+) -> tuple[dict[str, str], bytes]:
+    """One NVRTC program of ``names``: (name expression -> lowered name, the cubin or PTX)."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source, f"{family}.cu", [], [])
+    try:
+        for name in names:
+            nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except nvrtc.NVRTCError as exc:
+            target = options[-1].removeprefix("-arch=")
+            raise KernelCompileError(
+                f"NVRTC failed to compile kernels/{family}.cu for {target} ({len(names)} instantiations): {exc}",
+                nvrtc.getProgramLog(prog),
+            ) from None
+        lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
+        image = nvrtc.getPTX(prog) if ptx else nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return lowered, image if isinstance(image, bytes) else str(image).encode()
+
+
+def check_instantiations(
+    family: str, names: Sequence[str], arch: ArchSku, options: Sequence[str] = (), *, ptx: bool = False
+) -> dict[str, str]:
+    """Compile ``names`` of ``family`` for ``arch`` with NVRTC, without the cache, and return each
+    name expression's lowered name (the NVRTC sweep). ``ptx``: compile for the virtual architecture
+    (``compute_90`` for sm_90) and stop at PTX: the C++ front end and the optimizer see every
+    ``__CUDA_ARCH__`` branch of ``arch``, ptxas does not run.
+
+    Raises :class:`KernelCompileError` with the NVRTC log when compilation fails.
+    """
+    target = f"compute_{arch.major}{arch.minor}" if ptx else arch.nvrtc_arch
+    all_options = (*BASE_OPTIONS, *options, f"-arch={target}")
+    return _nvrtc_compile(family, kernel_source(family), names, all_options, ptx)[0]
 
 
 def complete_elf(image: bytes) -> bytes:
@@ -222,6 +247,7 @@ __all__ = [
     "BASE_OPTIONS",
     "CompiledModule",
     "cache_dir",
+    "check_instantiations",
     "compile_instantiations",
     "compile_options",
     "kernel_dir",

@@ -3,10 +3,10 @@
 Runs through the same compile layer the plans use (``quantplan.compiler``), bypassing the disk
 cache so the compiler really runs. In CI (``CI`` set) a missing CuPy / NVRTC is a failure, not a skip.
 
-The default run compiles a *sample* of every family: the fewest instantiations that together use
-every value of every template parameter of every kernel (a few seconds a family). The full sweep of
-every instantiation (about 15 minutes on two cores) is marked ``nvrtc_sweep`` and runs with
-``--nvrtc-sweep``; CI runs it as its own step.
+The default run compiles a *sample* of every family to cubins for sm_80 and sm_90: the fewest
+instantiations that together use every value of every template parameter of every kernel (a few
+seconds a family). The full sweep of every instantiation (:data:`SWEEP_TARGETS`) is marked
+``nvrtc_sweep`` and runs with ``--nvrtc-sweep``; CI runs it as its own step.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import pytest
 
 from quantplan import _families, compiler
-from quantplan._precompile import precompile
+from quantplan._precompile import sweep, sweep_programs
 from quantplan._tuning import kernel_options
 from quantplan.types import ArchSku
 
@@ -77,36 +77,40 @@ def test_a_sample_of_every_family_compiles(family: str, arch: ArchSku, tmp_path,
     print(f"{family} {arch.nvrtc_arch}: {len(sample)} sampled instantiations compiled")
 
 
-@pytest.mark.nvrtc_sweep
-@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.nvrtc_arch)
-@pytest.mark.parametrize("family", ["quantize", "dequantize", "dynamic_range", "fake_quantize"])
-def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    _nvrtc_or_skip()
-    monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
-    names = _families.all_instantiations(family)
-    assert len(names) == len(set(names)) >= {"dynamic_range": 16, "fake_quantize": 40}.get(family, 100)
-    module = compiler.compile_instantiations(family, names, arch, kernel_options(), use_cache=False)
-    assert set(module.lowered_names) == set(names)
-    assert module.cubin_path.stat().st_size > 10_000
-    print(f"{family} {arch.nvrtc_arch}: {len(names)} instantiations compiled")
+#: The sweep's targets: every instantiation to a cubin for sm_90 (the front end, the optimizer and
+#: ptxas), and to PTX for sm_80 (the front end and the optimizer over every ``__CUDA_ARCH__ >=
+#: 800`` branch); ptxas for sm_80 runs on the covering sample of every family
+#: (``test_a_sample_of_every_family_compiles``: every value of every template parameter of every
+#: kernel, so each sm_80 inline-PTX path and each element kind). ptxas is about 60% of a cubin's
+#: compile; this keeps the sweep within CI's budget (docs/performance.md, "NVRTC sweep").
+SWEEP_TARGETS = [(ArchSku(9, 0), False), (ArchSku(8, 0), True)]
 
 
 @pytest.mark.nvrtc_sweep
-@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: a.nvrtc_arch)
-@pytest.mark.parametrize("family", ["swizzled_quantize", "dequant_reduce", "deepspeed_format"])
-def test_every_qgz_unit_compiles(family: str, arch: ArchSku, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    """The qgZ families (and the DeepSpeed-format kernels on the same loops), unit by unit as
-    their plans compile them, on every core (their units cover every instantiation; one program
-    of ~900 kernels would take one core a long time)."""
+def test_every_instantiation_compiles(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Every instantiation of every family (``_families``: what the plans can select, checked by
+    ``tests/test_instantiations.py``) compiles once per target of :data:`SWEEP_TARGETS`, in
+    programs of consecutive units (:func:`quantplan._precompile.sweep_programs`), on every core."""
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
-    units = _families.compile_units(family)
-    names = _families.all_instantiations(family)
-    assert len(names) >= 250 and {n for u in units for n in u} == set(names)
-    assert precompile(arch, [family]) == len(units)
-    cubins = list(tmp_path.rglob("*.cubin"))
-    assert len(cubins) >= len(units), f"{len(cubins)} cubins for {len(units)} units"
-    print(f"{family} {arch.nvrtc_arch}: {len(names)} instantiations in {len(units)} units compiled")
+    programs = sweep_programs(SWEEP_TARGETS)
+    for family in _families.FAMILIES:
+        names = _families.all_instantiations(family)
+        for arch, ptx in SWEEP_TARGETS:
+            swept = [
+                n for p in programs if (p.family, p.arch, p.ptx) == (family, arch.nvrtc_arch, ptx) for n in p.names
+            ]
+            assert sorted(swept) == sorted(names), (family, arch)
+    results = sweep(programs)
+    assert len(results) == len(programs)
+    cpu: dict[tuple[str, str], float] = {}
+    for program, lowered, seconds in results:
+        assert set(lowered) == set(program.names) and all(lowered.values())
+        key = (program.family, program.arch + ("-ptx" if program.ptx else ""))
+        cpu[key] = cpu.get(key, 0.0) + seconds
+    for (family, target), seconds in sorted(cpu.items()):
+        print(f"{family} {target}: {seconds:.0f} s CPU")
+    print(f"NVRTC sweep: {len(programs)} programs, {sum(cpu.values()):.0f} s CPU")
 
 
 def test_compile_errors_carry_the_nvrtc_log(monkeypatch, tmp_path) -> None:  # noqa: ANN001
