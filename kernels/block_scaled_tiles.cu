@@ -17,6 +17,10 @@
 // of a transposed row (a full 32-byte sector). BLOCK = 128 (FP8 1x128 / 128x1) completes the
 // column amax across the tile's four row quarters through shared memory.
 //
+// TE: TE's MXFP8 layout of the columnwise copy (codes untransposed [rows, cols], scales
+// [ceil(rows / 32), cols]): phase B leaves each column block's factor in shared memory, phase C
+// encodes the tile rows with them and stores them like the rowwise copy.
+//
 // ALIGNED: cols % 16 == 0 (and rows % 16 == 0 for the transpose) and 16-byte aligned operands:
 // vector loads and stores, whole vectors in or out of bounds at the edges. Otherwise every
 // element is addressed with bounds. Edge tiles read zeros outside x (the amax of a partial block
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   zero_scale_padding(scales, f32_scale, layout, scale_rows, scale_cols, layout_dim, pad_rows, pad_cols, first, stride);
 }
 
-template <class In, class Elem, int BLOCK, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -235,9 +239,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   constexpr int TASKS = SW * MP / 256;   // phase-B tasks per thread
   static_assert(E::per_byte == 1, "one code per byte");
   static_assert((BLOCK == 32 || BLOCK == 128) && TEAM <= 32 && TASKS * 256 == SW * MP, "tile geometry");
+  static_assert(!TE || (BLOCK == 32 && !DIVIDE), "the TE layout is MXFP8's");
   extern __shared__ uint4 smem_vectors[];
   u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [T][SW]
-  u32* colkey = tile + T * SW;                        // [MP][T] column keys of each quarter (BLOCK = 128)
+  // [MP][T] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
+  // all ones for a non-finite block).
+  u32* colkey = tile + T * SW;
 
   const int t = threadIdx.x, ci = t % CPR, rp = t / CPR;
   const i64 r0 = (row_tile_base + blockIdx.y) * T;
@@ -326,6 +333,11 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       }
       const u32 bits = W::key_bits(key);
       const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
+      if constexpr (TE) {  // the factor for phase C; the scale at [m0 / 32, k] of [ceil(rows / 32), cols]
+        colkey[mp * T + col] = bits < 0x7F800000u ? __float_as_uint(s.factor) : 0xFFFFFFFFu;
+        if (k < cols && m0 < rows) static_cast<u8*>(scales_c)[(m0 / BLOCK) * cols + k] = (u8)s.stored;
+        continue;
+      }
       u32 run[R * W::bytes / 4];
       column_run<In>(w, h, run);
       u32 packed[R / 4];
@@ -346,6 +358,35 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
           store_scale(scales_c, f32_scale, off, s.stored);
         }
       }
+    }
+  }
+
+  if constexpr (TE) {
+    // Phase C (TE's MXFP8 layout): the columnwise codes untransposed, [rows, cols] like x, each
+    // element times the factor of its column block.
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+      const int tr = rp + p * RPP;
+      const i64 r = r0 + tr;
+      const uint4 v = *reinterpret_cast<const uint4*>(tile + tr * SW + ci * 4);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      const u32* f = colkey + (tr / R) * T + ci * VEC;
+      u32 packed[VEC / 4];
+#pragma unroll
+      for (int i = 0; i < VEC / 4; ++i) packed[i] = 0;
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) {
+        const float lo = __fmul_rn(W::element(w, k), __uint_as_float(f[k]));
+        const float hi = __fmul_rn(W::element(w, k + 1), __uint_as_float(f[k + 1]));
+        const u32 keep = (f[k] == 0xFFFFFFFFu ? 0u : 0xFFu) | (f[k + 1] == 0xFFFFFFFFu ? 0u : 0xFF00u);
+        packed[k / 4] |= (E::encode_pair(lo, hi) & keep) << (8 * (k % 4));
+      }
+      u8* dst = codes_c + r * cols + c;
+      if (full || (ALIGNED && r < rows && c < cols))
+        store_code_run<VEC>(dst, packed);
+      else if (!ALIGNED && r < rows && c < cols)
+        store_code_prefix<VEC>(dst, packed, cols - c);
     }
   }
 

@@ -119,14 +119,15 @@ def tile_kernel_name(input_dtype: str, element: str, divide: bool, aligned: bool
 
 
 def transpose_kernel_name(
-    input_dtype: str, element: str, block: int, divide: bool, aligned: bool, sched: TransposeSchedule
+    input_dtype: str, element: str, block: int, te: bool, divide: bool, aligned: bool, sched: TransposeSchedule
 ) -> str:
-    """The instantiation of ``block_scaled_transpose`` for one problem."""
+    """The instantiation of ``block_scaled_transpose`` for one problem (``te``: TE's MXFP8 layout)."""
     return template_name(
         "block_scaled_transpose",
         INPUT_TAGS[input_dtype],
         ELEMENT_TAGS[element],
         block,
+        te,
         divide,
         aligned,
         sched.min_blocks,
@@ -143,18 +144,19 @@ def instantiations() -> list[str]:
                 for aligned in (True, False):
                     names.append(tile_kernel_name(dtype, element, divide, aligned, sched))
     for dtype, tsched in TRANSPOSE_SCHEDULES.items():
-        for block in (32, 128):
+        for size, te, divides in ((32, False, (False,)), (32, True, (False,)), (128, False, (False, True))):
             for element in TRANSPOSE_ELEMENTS:
-                for divide in (False, True) if block == 128 else (False,):
+                for divide in divides:
                     for aligned in (True, False):
-                        names.append(transpose_kernel_name(dtype, element, block, divide, aligned, tsched))
+                        names.append(transpose_kernel_name(dtype, element, size, te, divide, aligned, tsched))
     return names
 
 
-def transpose_shared_bytes(input_dtype: str, block: int) -> int:
-    """Dynamic shared memory of one fused-transpose CTA: the tile, and the column keys for block 128."""
+def transpose_shared_bytes(input_dtype: str, block: int, te: bool = False) -> int:
+    """Dynamic shared memory of one fused-transpose CTA: the tile, and the column keys (block 128)
+    or column factors (TE layout) of its four row quarters."""
     itemsize = 2 if input_dtype in ("float16", "bfloat16") else 4
-    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + (4 * TRANSPOSE_TILE * 4 if block == 128 else 0)
+    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + (4 * TRANSPOSE_TILE * 4 if block == 128 or te else 0)
 
 
 def row_tile_slices(row_tiles: int) -> list[tuple[int, int]]:
@@ -287,17 +289,20 @@ def quantize_transpose_block_scaled(
     element: str = "e4m3",
     block: int = 32,
     rule: str | None = None,
-    layout: str = "compact",
+    layout: str = "transposed",
+    scale_layout: str = "compact",
     amax_floor: float = 0.0,
     input_dtype: str | None = None,
     stream: Any = None,
 ) -> tuple[Any, Any, Any, Any]:
-    """Rowwise and transposed columnwise copies of CuPy array ``x`` [..., K] (M = leading dims).
+    """Rowwise and columnwise copies of CuPy array ``x`` [..., K] (M = leading dims) from one read.
 
     Returns ``(codes_r, scales_r, codes_c, scales_c)``: codes_r [M, K], scales_r [M, ⌈K/b⌉];
-    codes_c [K, M], scales_c [K, ⌈M/b⌉] (each scale matrix in ``layout``, flat for ``blocked``).
-    ``block=32``: MXFP8 (``rule`` default ``rceil``); ``block=128``: FP8 1x128 / 128x1 (``rule``
-    default ``div``, ``amax_floor``). ``element`` e4m3 or e5m2.
+    ``layout="transposed"``: codes_c [K, M], scales_c [K, ⌈M/b⌉] (each scale matrix in
+    ``scale_layout``, flat for ``blocked``); ``layout="te_mxfp8"`` (MXFP8, compact scales): TE's
+    physical layout, codes_c [M, K] untransposed, scales_c [⌈M/32⌉, K]. ``block=32``: MXFP8
+    (``rule`` default ``rceil``); ``block=128``: FP8 1x128 / 128x1 (``rule`` default ``div``,
+    ``amax_floor``). ``element`` e4m3 or e5m2.
     """
     import cupy
     import numpy as np
@@ -314,31 +319,32 @@ def quantize_transpose_block_scaled(
     mx = block == 32
     rule = rule or ("rceil" if mx else "div")
     rule_code = _rule_code(mx, rule, element)
-    if layout not in TRANSPOSE_LAYOUTS[block]:
-        raise Unsupported(f"blocks of {block} write the scale layouts {TRANSPOSE_LAYOUTS[block]}, not {layout!r}")
+    if layout not in ("transposed", "te_mxfp8"):
+        raise InvalidProblem(f"layout {layout!r} is not 'transposed' or 'te_mxfp8'")
+    te = layout == "te_mxfp8"
+    if te and (block != 32 or scale_layout != "compact"):
+        raise Unsupported("layout 'te_mxfp8' is TE's MXFP8 layout: block 32 with compact scales")
+    if scale_layout not in TRANSPOSE_LAYOUTS[block]:
+        raise Unsupported(f"blocks of {block} write the scale layouts {TRANSPOSE_LAYOUTS[block]}, not {scale_layout!r}")
     floor = _amax_floor(float(amax_floor))
     cols = int(x.shape[-1])
     rows = int(math.prod(x.shape[:-1]))
     f32_scales = rule in ("div", "mul_rcp", "enc")
-    geo_r = scale_geometry(layout, rows, -(-cols // block), f32_scales)
-    geo_c = scale_geometry(layout, cols, -(-rows // block), f32_scales)
+    geo_r = scale_geometry(scale_layout, rows, -(-cols // block), f32_scales)
+    geo_c = scale_geometry(scale_layout, cols, -(-rows // block), f32_scales)
     sdt = cupy.float32 if f32_scales else cupy.uint8
     codes_r = cupy.empty((rows, cols), cupy.uint8)
-    codes_c = cupy.empty((cols, rows), cupy.uint8)
+    codes_c = cupy.empty((rows, cols) if te else (cols, rows), cupy.uint8)
     scales_r = cupy.empty(geo_r.size, sdt)
     scales_c = cupy.empty(geo_c.size, sdt)
     if rows * cols == 0:
         return codes_r, scales_r, codes_c, scales_c
     sched = TRANSPOSE_SCHEDULES[dtype]
-    aligned = (
-        cols % 16 == 0
-        and rows % 16 == 0
-        and all(a.data.ptr % 16 == 0 for a in (x, codes_r, codes_c))
-    )
-    name = transpose_kernel_name(dtype, element, block, rule == "div", aligned, sched)
+    aligned = cols % 16 == 0 and rows % 16 == 0 and all(a.data.ptr % 16 == 0 for a in (x, codes_r, codes_c))
+    name = transpose_kernel_name(dtype, element, block, te, rule == "div", aligned, sched)
     info = device_info(x.device.id)
     fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id)[name]
-    shared = transpose_shared_bytes(dtype, block)
+    shared = transpose_shared_bytes(dtype, block, te)
     _allow_shared(fn, shared)
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
     col_tiles = -(-cols // TRANSPOSE_TILE)
