@@ -272,14 +272,16 @@ _shared_set: set[int] = set()
 
 
 def _allow_shared(fn: Any, nbytes: int) -> None:
-    """Let ``fn`` launch with ``nbytes`` of dynamic shared memory (above 48 KiB needs an opt-in)."""
-    if nbytes <= 48 * 1024 or fn.ptr in _shared_set:
+    """Let ``fn`` launch with ``nbytes`` of dynamic shared memory (above 48 KiB needs an opt-in) and
+    prefer the largest shared-memory carveout (the resident CTAs are bounded by shared memory)."""
+    if fn.ptr in _shared_set:
         return
     import cupy
 
     driver = cupy.cuda.driver
-    attribute = getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
-    driver.funcSetAttribute(fn.ptr, attribute, nbytes)
+    if nbytes > 48 * 1024:
+        driver.funcSetAttribute(fn.ptr, getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8), nbytes)
+    driver.funcSetAttribute(fn.ptr, getattr(driver, "CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT", 9), 100)
     _shared_set.add(fn.ptr)
 
 
