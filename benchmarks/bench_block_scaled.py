@@ -49,6 +49,8 @@ def _ours(x: Any, **kw: Any) -> Any:
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     dtype = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
     xc = _cupy_view(x)
+    if kw.get("tensor_amax") == "given":  # a calibrated amax on the device (24 for the bench's data)
+        kw = {**kw, "tensor_amax": cupy.asarray([24.0], dtype=cupy.float32)}
     return lambda: quantize_block_scaled(xc, input_dtype=dtype, stream=stream, **kw)
 
 
@@ -63,7 +65,10 @@ def _check(x: Any, fn: Any, kind: str, **kw: Any) -> str:
     torch.cuda.synchronize()
     host = x.float().cpu().numpy()
     host = host.astype(ml_dtypes.bfloat16) if x.dtype == torch.bfloat16 else host.astype(np.float16)
-    if kind == "mx":
+    if kind == "nvfp4":
+        ref = rbs.nvfp4_quantize(host, global_amax=24.0)
+        want_scales = ref.scales
+    elif kind == "mx":
         ref = rbs.mx_quantize(host, kw["element"], scale_mode=kw.get("rule", "rceil"))
         want_scales = ref.scales if kw.get("layout", "compact") == "compact" else rbs.to_blocked(ref.scales)
     else:
@@ -220,6 +225,11 @@ def main(argv: list[str] | None = None) -> None:
             to_mx_c = torch.compile(to_mx)
             peers["to_mx"] = (to_mx_c, ScaleCalculationMode)
             peers["fp8_lhs"] = triton_fp8_blockwise_act_quant_lhs
+            from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+
+            peers["nvfp4"] = torch.compile(
+                lambda x, s: NVFP4Tensor.to_nvfp4(x, per_tensor_scale=s)  # noqa: E731
+            )
         except Exception as exc:  # torchao missing or its API moved: the rows keep our figures
             print(f"torchao unavailable: {exc!r}", file=sys.stderr)
         try:
@@ -251,6 +261,13 @@ def main(argv: list[str] | None = None) -> None:
         ("MXFP6 e2m3 rceil", "mx", (M, N), {"element": "e2m3", "block": 32, "rule": "rceil"}, 1.0),
         ("MXFP4 e2m1 rceil", "mx", (M, N), {"element": "e2m1", "block": 32, "rule": "rceil"}, 0.5),
         ("MXINT8 rceil", "mx", (M, N), {"element": "int8", "block": 32, "rule": "rceil"}, 1.0),
+        (
+            "NVFP4 te, given tensor amax",
+            "nvfp4",
+            (M, N),
+            {"element": "nvfp4", "block": 16, "rule": "te", "tensor_amax": "given"},
+            0.5,
+        ),
         ("FP8 1x128 div f32", "fp8", (M, N), {"element": "e4m3", "block": 128, "rule": "div"}, 1.0),
         (
             "FP8 1x128 enc f32 column-major",
@@ -295,6 +312,15 @@ def main(argv: list[str] | None = None) -> None:
                     peer_name = f"torch.compile(to_mx) {sm.name}"
                 except Exception as exc:
                     peer_name = f"to_mx failed: {type(exc).__name__}"
+            if "nvfp4" in peers and kind == "nvfp4":
+                try:
+                    pts = torch.tensor(24.0 / 2688.0, device="cuda", dtype=torch.float32)
+                    pf = [lambda xi=xi, f=peers["nvfp4"], t=pts: f(xi, t) for xi in xs]
+                    pf[0]()
+                    peer_us = harness.time_gpu(pf[0], rotate=pf[1:], reps=args.reps)
+                    peer_name = "torch.compile(NVFP4Tensor.to_nvfp4)"
+                except Exception as exc:
+                    peer_name = f"to_nvfp4 failed: {type(exc).__name__}"
             if "fp8_lhs" in peers and kind == "fp8" and kw["rule"] == "enc":
                 try:
                     pf = [lambda xi=xi: peers["fp8_lhs"](xi, 128) for xi in xs]

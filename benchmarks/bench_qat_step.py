@@ -8,11 +8,11 @@ quantplan step :func:`quantplan.pytorch.fake_quantize` (the same bits, forward a
 Small layers make the step launch-bound: the difference is the host cost per op.
 
 Prints one markdown table: ms per step (median of 7 rounds of ``--steps`` steps, synchronised at
-the end of each round) for each width, and the ratio.
+the end of each round) for each width, eager and (``--compile MODE``) compiled, and the ratio.
 
 Usage (GPU)::
 
-    python3 benchmarks/bench_qat_step.py [--steps 200] [--widths 256,1024]
+    python3 benchmarks/bench_qat_step.py [--steps 200] [--widths 256,1024] [--compile reduce-overhead]
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 
-def make_step(width: int, batch: int, use_quantplan: bool) -> Callable[[], Any]:
-    """One training step of the two-layer model, with its parameters and optimizer."""
+def make_step(width: int, batch: int, use_quantplan: bool, compile_mode: str | None = None) -> Callable[[], Any]:
+    """One training step of the two-layer model, with its parameters and optimizer; with
+    ``compile_mode`` the forward and loss are ``torch.compile(mode=compile_mode, fullgraph=True)``
+    (the backward graph is compiled with them; zero_grad and the SGD step stay eager)."""
     import torch
 
     import quantplan as qp
@@ -58,10 +60,16 @@ def make_step(width: int, batch: int, use_quantplan: bool) -> Callable[[], Any]:
         def fq_w(t: Any, s: Any) -> Any:
             return torch.fake_quantize_per_channel_affine(t, s, z, 0, -128, 127)
 
-    def step() -> Any:
+    def forward() -> Any:
         h = torch.relu(fq_act(x) @ fq_w(w1, s1).t())
         y = fq_act(h) @ fq_w(w2, s2).t()
-        loss = y.square().mean()
+        return y.square().mean()
+
+    if compile_mode is not None:
+        forward = torch.compile(forward, mode=compile_mode, fullgraph=True)
+
+    def step() -> Any:
+        loss = forward()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -91,18 +99,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--widths", default="256,1024")
+    parser.add_argument(
+        "--compile",
+        default=None,
+        help="also time both steps under torch.compile(mode=COMPILE, fullgraph=True), e.g. default or reduce-overhead",
+    )
     opt = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("no GPU")
         return 2
-    print("| width x batch | PyTorch fake-quant ms/step | quantplan.pytorch ms/step | quantplan / PyTorch |")
-    print("|---|---:|---:|---:|")
+    modes: list[str | None] = [None] if opt.compile is None else [None, opt.compile]
+    print("| width x batch | mode | PyTorch fake-quant ms/step | quantplan.pytorch ms/step | quantplan / PyTorch |")
+    print("|---|---|---:|---:|---:|")
     for width in (int(w) for w in opt.widths.split(",")):
-        ours = ms_per_step(make_step(width, opt.batch, True), opt.steps)
-        theirs = ms_per_step(make_step(width, opt.batch, False), opt.steps)
-        print(f"| {width} x {opt.batch} | {theirs:.4f} | {ours:.4f} | {ours / theirs:.3f} |", flush=True)
+        for mode in modes:
+            ours = ms_per_step(make_step(width, opt.batch, True, mode), opt.steps)
+            theirs = ms_per_step(make_step(width, opt.batch, False, mode), opt.steps)
+            label = "eager" if mode is None else f"compile {mode}"
+            print(f"| {width} x {opt.batch} | {label} | {theirs:.4f} | {ours:.4f} | {ours / theirs:.3f} |", flush=True)
     return 0
 
 

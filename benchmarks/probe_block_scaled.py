@@ -34,10 +34,11 @@ CASES = [  # (label, element, block, rule, code bytes per element)
 
 
 def _compile(name: str) -> str:
+    from quantplan._tuning import kernel_options
     from quantplan.compiler import compile_instantiations
     from quantplan.types import ArchSku
 
-    compile_instantiations("block_scaled", [name], ArchSku.parse("sm_90"))
+    compile_instantiations("block_scaled", [name], ArchSku.parse("sm_90"), kernel_options())
     return name
 
 

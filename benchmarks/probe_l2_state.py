@@ -12,7 +12,8 @@ two thirds of them dirty output. This script times, on the bench's own rows and 
 
 for the plan, the ``torch.compile``d math, the pure load/store floor kernel of the same bytes, and
 variants of the plan's dense kernel (vectors per thread, block size, resident blocks) selected
-through ``QUANTPLAN_NVRTC_OPTIONS`` and the layout module's constants. Each variant's output is
+through the tuning table (``quantplan._tuning.TUNING``, as ``QUANTPLAN_NVRTC_OPTIONS`` overrides it) and
+the layout module's constants. Each variant's output is
 compared with the plan's bit for bit. ``--ncu-target ROW`` runs each contender a few times for an
 Nsight Compute run (``--cache-control none`` keeps the previous call's L2 state).
 
@@ -98,9 +99,8 @@ ROWS: dict[str, RowProbe] = {
             "bf16",
             "quantize:BF16:S8",
             (
-                Variant("main", ("-DQP_DENSE_QBWD_PAIR_RANGE=0", "-DQP_DENSE_QBWD_BF16_MIN_BLOCKS=8")),
-                Variant("elementwise-6blk", ("-DQP_DENSE_QBWD_PAIR_RANGE=0",)),
-                Variant("v8-pairs-6blk", (), ((_QB_BF16, (8, 1)),)),
+                Variant("8blk", ("-DQP_DENSE_QBWD_BF16_MIN_BLOCKS=8",)),
+                Variant("v8-6blk", (), ((_QB_BF16, (8, 1)),)),
             ),
         ),
         RowProbe(
@@ -139,12 +139,18 @@ def _resolve(path: str) -> tuple[Any, str, Any]:
 
 @contextmanager
 def applied(variant: Variant | None) -> Iterator[None]:
-    """``variant``'s constants and NVRTC options in force inside the block (restored after)."""
+    """``variant``'s constants and NVRTC options in force inside the block (restored after): its
+    defines override the tuning table (``quantplan._tuning.TUNING``) the kernels compile with; the
+    Python constants its patches name are set beside them."""
+    from quantplan import _tuning
+
     undo: list[Callable[[], None]] = []
     old_env = os.environ.get("QUANTPLAN_NVRTC_OPTIONS")
+    old_table = _tuning.TUNING
     try:
         if variant is not None:
             os.environ["QUANTPLAN_NVRTC_OPTIONS"] = " ".join(variant.defines)
+            _tuning.TUNING = _tuning._table()
             for path, value in variant.patches:
                 container, key, item = _resolve(path)
                 if item:
@@ -159,6 +165,7 @@ def applied(variant: Variant | None) -> Iterator[None]:
     finally:
         for fn in reversed(undo):
             fn()
+        _tuning.TUNING = old_table
         if old_env is None:
             os.environ.pop("QUANTPLAN_NVRTC_OPTIONS", None)
         else:
@@ -180,12 +187,13 @@ def _unit_of(unit: str) -> tuple[str, list[str]]:
 
 def _prefill(unit: str, variant: Variant, arch: str) -> str:
     """Compile ``variant``'s unit into the on-disk cache (a worker process: NVRTC only)."""
-    from quantplan.compiler import compile_instantiations, compile_options
+    from quantplan._tuning import kernel_options
+    from quantplan.compiler import compile_instantiations
     from quantplan.types import ArchSku
 
     with applied(variant):
         family, names = _unit_of(unit)
-        compile_instantiations(family, names, ArchSku.parse(arch), compile_options())
+        compile_instantiations(family, names, ArchSku.parse(arch), kernel_options())
     return variant.name
 
 

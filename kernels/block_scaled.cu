@@ -6,7 +6,9 @@
 // non-finite block); the team's first thread stores the scale. Teams cover the tensor in a
 // grid-stride loop, UNROLL independent slots per thread; blocks of at most 256 threads, MIN_BLOCKS
 // of them resident per multiprocessor (the tuning table, quantplan._block_scaled_kernels).
-// Epilogue: the format's scale rule and element encoder (qp_block_scaled.cuh).
+// Epilogue: the format's scale rule and element encoder (qp_block_scaled.cuh). NVFP4 reads its
+// tensor amax from device memory (tensor_amax; null for one level), so a captured graph replays
+// with a new amax and no host sync is needed.
 //
 // CONTIGUOUS: cols % BLOCK == 0 and 16-byte aligned operands, so the tensor is one flat run of
 // blocks (vector loads and stores, no row arithmetic before the loads). Otherwise every element is
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_quantize(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes, void* __restrict__ scales,
                           qp::i64 rows, qp::i64 cols, qp::i64 blocks_per_row, int rule, int layout,
                           qp::i64 layout_dim, float amax_floor, float enc_overflow, qp::i64 pad_rows,
-                          qp::i64 pad_cols) {
+                          qp::i64 pad_cols, const float* __restrict__ tensor_amax) {
   using namespace qp;
   typedef BlockInput<In> In_;
   typedef BlockElement<Elem> E;
@@ -108,6 +110,8 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   constexpr int CODE_BYTES = ELEMS / E::per_byte;
   constexpr int CODE_WORDS = CODE_BYTES / 4 > 0 ? CODE_BYTES / 4 : 1;
   const bool f32_scale = rule >= kBlockF32Div && rule <= kBlockF32Enc;
+  Nvfp4Tensor nv = Nvfp4Tensor();
+  if (rule == kNvfp4Te) nv = nvfp4_tensor(tensor_amax);  // NVFP4: the tensor amax (null: one level)
 
   const i64 teams = rows * blocks_per_row;
   const i64 slots = teams * TEAM;
@@ -163,7 +167,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       const bool finite = amax[u] < 0x7F800000u;
       BlockScale s;
       if (finite) {
-        s = block_scale<E>(amax[u], rule, amax_floor, enc_overflow);
+        s = block_scale<E>(amax[u], rule, amax_floor, enc_overflow, nv);
       } else {
         s.stored = nonfinite_scale(rule);
         s.factor = 0.0f;
@@ -245,5 +249,86 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       static_cast<u32*>(scales)[off] = 0u;
     else
       static_cast<u8*>(scales)[off] = 0;
+  }
+}
+
+// max |x| over the finite elements of x (n elements), into *amax as f32 bits by an atomic
+// maximum (the caller zeroes it): the first vector_elements (a multiple of VEC, 16-byte aligned)
+// as vectors, the rest element by element.
+template <class In>
+__global__ void __launch_bounds__(256) block_scaled_tensor_amax(const void* __restrict__ x_ptr, qp::i64 n,
+                                                                qp::i64 vector_elements, unsigned int* __restrict__ amax) {
+  using namespace qp;
+  typedef BlockInput<In> In_;
+  constexpr int VEC = In_::vec;
+  const i64 vectors = vector_elements / VEC;
+  const i64 stride = (i64)gridDim.x * blockDim.x;
+  u32 best = 0;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < vectors; i += stride) {
+    const uint4 word = reinterpret_cast<const uint4*>(x_ptr)[i];
+    const u32 w[4] = {word.x, word.y, word.z, word.w};
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const u32 bits = __float_as_uint(In_::element(w, k)) & 0x7FFFFFFFu;
+      if (bits < 0x7F800000u) best = max(best, bits);
+    }
+  }
+  for (i64 i = vectors * VEC + (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    u32 w[4] = {0, 0, 0, 0};
+    In_::put(w, 0, static_cast<const u8*>(x_ptr) + i * In_::bytes);
+    const u32 bits = __float_as_uint(In_::element(w, 0)) & 0x7FFFFFFFu;
+    if (bits < 0x7F800000u) best = max(best, bits);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
+  if ((threadIdx.x & 31u) == 0 && best != 0) atomicMax(amax, best);
+}
+
+// Dequantize along the contiguous axis from compact scales: y = fl(dec(code) * scale) in f32
+// (NVFP4: fl(fl(dec(code) * f32(s)) * S_dec)), rounded once to Out. Each thread writes 8
+// consecutive outputs of one row (a partial tail with bounds); rows of codes are
+// ceil(cols / per_byte) bytes.
+template <class Out, class Elem, int BLOCK>
+__global__ void __launch_bounds__(256)
+    block_scaled_dequantize(const qp::u8* __restrict__ codes, const void* __restrict__ scales, int scale_kind,
+                            const float* __restrict__ tensor_scale, qp::i64 rows, qp::i64 cols,
+                            qp::i64 blocks_per_row, void* __restrict__ out) {
+  using namespace qp;
+  typedef FloatElement<Out> FO;
+  typedef typename FO::storage storage;
+  typedef BlockElement<Elem> E;
+  constexpr int N = 8;
+  const i64 per_row = (cols + N - 1) / N;
+  const i64 total = rows * per_row;
+  const i64 row_bytes = (cols + E::per_byte - 1) / E::per_byte;
+  const float s_dec = tensor_scale != nullptr ? *tensor_scale : 1.0f;
+  for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (i64)gridDim.x * blockDim.x) {
+    const i64 r = t / per_row;
+    const i64 c0 = (t - r * per_row) * N;
+    const i64 b = c0 / BLOCK;  // N divides BLOCK: one block per thread
+    float scale;
+    if (scale_kind == kScaleF32)
+      scale = static_cast<const float*>(scales)[r * blocks_per_row + b];
+    else if (scale_kind == kScaleE4m3)
+      scale = Fp8Element<e4m3>::to_f32(static_cast<const u8*>(scales)[r * blocks_per_row + b]);
+    else
+      scale = e8m0_value(static_cast<const u8*>(scales)[r * blocks_per_row + b]);
+    const u8* src = codes + r * row_bytes + c0 / E::per_byte;
+    float y[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (c0 + k < cols) {
+        const u32 byte = src[k / E::per_byte];
+        const u32 code = E::per_byte == 2 ? ((k & 1) ? byte >> 4 : byte & 0xFu) : byte;
+        y[k] = __fmul_rn(BlockDecode<Elem>::value(code), scale);
+        if (scale_kind == kScaleE4m3) y[k] = __fmul_rn(y[k], s_dec);
+      } else {
+        y[k] = 0.0f;
+      }
+    }
+    storage* dst = static_cast<storage*>(out) + r * cols + c0;
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (c0 + k < cols) dst[k] = FO::from_acc(y[k]);
   }
 }

@@ -121,7 +121,7 @@ deepspeed_quantize_dense(const typename qp::FloatElement<In>::storage* __restric
                          const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay, const qp::SwizzleMap map) {
   constexpr bool packed = qp::QuantElement<Code>::kind == 1;
   constexpr int bits = packed ? 4 : 8;
-  qp::ds_dense_groups<In, ASYM, NV, true>(x, lay, [&](qp::u32 seg, int lane, const uint4 (&v)[NV], qp::u32 r) {
+  qp::ds_dense_groups<In, ASYM, NV>(x, lay, [&](qp::u32 seg, int lane, const uint4 (&v)[NV], qp::u32 r) {
     const int team = 1 << lay.seg_log2;
     float lo, hi, absmax;
     bool bad;
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(QP_DS_DENSE_BLOCK, QP_DS_DENSE_MIN_BLOCKS)
 moq_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, const qp::DeepSpeedOutputArgs out,
                         const qp::SegmentLayout lay) {
   typedef typename qp::FloatElement<In>::storage in_t;
-  qp::ds_dense_groups<In, false, NV, false>(x, lay, [&](qp::u32 seg, int lane, const uint4 (&v)[NV], qp::u32 r) {
+  qp::ds_dense_groups<In, false, NV>(x, lay, [&](qp::u32 seg, int lane, const uint4 (&v)[NV], qp::u32 r) {
     const int team = 1 << lay.seg_log2;
     float lo, hi, absmax;
     bool bad;

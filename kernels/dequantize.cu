@@ -18,7 +18,7 @@
 
 namespace qp {
 
-static const int kDequantizeUnroll = 4;
+static const int kDequantizeUnroll = QP_ROW_UNROLL;
 
 template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 struct DequantizeBody {
@@ -164,21 +164,12 @@ dequantize_backward_rows(const typename qp::FloatElement<Out>::storage* dy, type
 // half) before the product. Same parameters as dequantize_rows. 256-thread blocks at most, 32
 // registers.
 // dequantize_backward_dense: dequantize_backward_rows on a dense layout (VEC 8, or 4), one vector
-// per thread (kDenseDequantizeBackwardUnroll; H200 8192 x 8192 bf16: 67.8 us against 69.1 at two).
-#ifndef QP_DENSE_ROWS_MIN_BLOCKS
-#define QP_DENSE_ROWS_MIN_BLOCKS 8
-#endif
+// per thread (kDenseDequantizeBackwardUnroll).
 
 namespace qp {
 
 // Vectors per thread of dequantize_dense / dequantize_backward_dense (quantplan/_layout.py
 // DENSE_ROW_SHAPES mirrors them).
-#ifndef QP_DENSE_DEQUANTIZE_UNROLL
-#define QP_DENSE_DEQUANTIZE_UNROLL 2
-#endif
-#ifndef QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL
-#define QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL 1
-#endif
 static const int kDenseDequantizeUnroll = QP_DENSE_DEQUANTIZE_UNROLL;
 static const int kDenseDequantizeBackwardUnroll = QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL;
 
@@ -207,7 +198,7 @@ template <> struct Fp8Pair<e5m2> {
 }  // namespace qp
 
 template <class In, class Out, bool HIGH_FIRST, int VEC>
-__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+__global__ void __launch_bounds__(QP_DENSE_ROWS_BLOCK, QP_DENSE_ROWS_MIN_BLOCKS)
 dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::storage* __restrict__ y,
                  const float* __restrict__ scale_ptr, const int* __restrict__ zp_ptr, float scale_value, int zp_value,
                  const qp::RowLayout lay) {
@@ -265,7 +256,7 @@ dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::s
 }
 
 template <class Out, int VEC>
-__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+__global__ void __launch_bounds__(QP_DENSE_ROWS_BLOCK, QP_DENSE_ROWS_MIN_BLOCKS)
 dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typename qp::FloatElement<Out>::storage* dq,
                           const float* __restrict__ scale_ptr, float scale_value, const qp::RowLayout lay) {
   constexpr int U = qp::kDenseDequantizeBackwardUnroll;

@@ -266,14 +266,13 @@ __device__ __noinline__ void dense_checked_codes(const typename FloatElement<In>
 // dynamic_quantize_dense: the same result as dynamic_quantize_segments for contiguous segments
 // of S = team * 8 * NV elements (a team of 1 << seg_log2 threads per segment, each holding NV
 // vectors of 8 elements, all of them data), 16-byte aligned operands, nearest rounding, 16-bit
-// floats. Blocks of 256 threads, 32 registers, 8 blocks per SM. Against the generic kernel
-// (ncu, H200, 8192 x 8192 f16 per-token int8: 48.2 M warp instructions, 55 registers, 39% warps
-// active, DRAM 58%) it runs 34.6 M instructions at 93% warps active, DRAM 78%, by:
+// floats. Blocks of kDenseBlock threads, 32 registers, QP_DENSE_MIN_BLOCKS blocks per SM. Against
+// the generic kernel it holds fewer registers and issues fewer instructions by:
 //  * staging: the thread's share of the segment goes global -> shared memory by cp.async, so no
 //    data register lives across the reduction (the generic kernel holds 16 and runs at 55+);
 //  * addressing: one 64-bit segment base per segment, 32-bit column offsets, no bounds tests;
-//  * one segment per team and launch slot (no grid-stride prefetch; double-buffering the next
-//    segment was measured slower: 6 blocks per SM);
+//  * one segment per team and launch slot (no grid-stride prefetch: double-buffering the next
+//    segment costs occupancy);
 //  * the scan: SYMMETRIC |x| bits by pairs; ASYMMETRIC NaN-propagating pair min / max, whose
 //    result also flags NaN / Inf (no |x| scan); an unrolled butterfly for the team reduction;
 //  * the quotient check: SYMMETRIC / ASYMMETRIC ranges of SPEC section 4 bound every quotient
@@ -290,11 +289,8 @@ __device__ __noinline__ void dense_checked_codes(const typename FloatElement<In>
 // [-q_max, q_max] and need no clamp when q_min <= -q_max. A scale of 1 (an all-zero or
 // underflowing range) bounds the quotient the same way (|x| < d * 2^-126 < 1).
 // (The DeepSpeed-format own range, mode 2, has no such bound: it always takes the checked path.)
-static const int kDenseBlock = 256;  // threads of a dynamic_quantize_dense block
+static const int kDenseBlock = QP_DENSE_BLOCK;  // threads of a dynamic_quantize_dense block
 
-#ifndef QP_DENSE_MIN_BLOCKS
-#define QP_DENSE_MIN_BLOCKS 8
-#endif
 template <class In, class Out, bool HIGH_FIRST, int NV>
 __global__ void __launch_bounds__(kDenseBlock, QP_DENSE_MIN_BLOCKS)
 dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
@@ -328,8 +324,7 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
     const qp::i64 first = seg * lay.S;
     const in_t* xs = x + first;
     // The thread's share of the segment goes global -> shared memory (cp.async, no registers
-    // held across the reduction), is scanned from there and read again to quantize. (Measured:
-    // double-buffering the next segment lowers occupancy to 6 blocks and runs slower.)
+    // held across the reduction), is scanned from there and read again to quantize.
     if (active) {
 #pragma unroll
       for (int u = 0; u < NV; ++u) qp::stage_16(&stage[u * kDenseBlock + threadIdx.x], xs + (lane + u * team) * VEC);
@@ -372,13 +367,7 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
     qp::team_range_reduce<false>(range, asym, team, team_slots);
     if (!active) continue;
     int zp;
-    const acc_t scale = qp::segment_params<acc_t>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
-                                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min,
-                                                  lay.q_max, divisor, zp);
-    if (lane == 0) {
-      if (scale_out) scale_out[seg] = scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
+    const acc_t scale = qp::team_segment_params<In>(range, asym, lay, divisor, lane, seg, scale_out, zp_out, zp);
     qp::IntQuantParam<acc_t> p;
     p.set(scale, zp);
     qp::u8* qs = q + (VQ::packed ? first / 2 : first);
@@ -389,8 +378,8 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
       continue;
     }
     const bool raw = VQ::kind != 2 && lay.mode == 0 && lay.q_min <= -lay.q_max;
-    // One copy of the vector loop body (not unrolled): measured on H200 with ncu, 93% against
-    // 86% warp occupancy and up to 7% faster than the unrolled loop, at ~7% more instructions.
+    // One copy of the vector loop body (not unrolled): higher warp occupancy than the unrolled
+    // loop, for a few more instructions.
 #pragma unroll 1
     for (int u = 0; u < NV; ++u) {
       const int col = (lane + u * team) * VEC;
@@ -437,18 +426,15 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 // dynamic_quantize_lanes: the same result as dynamic_quantize_segments for contiguous segments of
 // S = LANES * 8 * NV 16-bit floats (LANES <= 32: last-axis groups such as 128), 16-byte aligned
 // operands, nearest rounding. MODE (0 SYMMETRIC, 1 ASYMMETRIC with the range widened to hold
-// zero), LANES, NV and U are template constants. Measured on H200, 8192 x 8192 f16, groups of
-// 128: asymmetric U4 44.5 us (99% of a copy; dynamic_quantize_dense 60.7 us), symmetric S8
-// 52.0 us (99%; dense 62.0 us) with 4 lanes x 4 vectors; 16 lanes x 1 vector ran at 69.6 /
-// 63.7 us there (four times the per-segment work per element) but serves small problems, where
-// it keeps more multiprocessors busy (16 x 8192: 4.4 us against 4.8 us for dense; 4.16-4.26 us,
-// 1.10-1.11x a copy, with the one-pass prologue and the parameters off the rare-path test below).
+// zero), LANES, NV and U are template constants. 4 lanes x 4 vectors serve large problems; 16
+// lanes x 1 vector (four times the per-segment work per element) serves small ones, where it keeps
+// more multiprocessors busy.
 // Against dynamic_quantize_dense, which stages a segment in shared memory for teams spanning warps:
 //  * registers only, no barrier: a warp's loads cover 32 consecutive 16-byte vectors, each team
 //    reduces its range by xor shuffles alone (SYMMETRIC: the pair of |x| bit maxima;
 //    ASYMMETRIC: the pair (-lo, hi), both maxima, one shuffle per step);
 //  * U segments per thread (template), their loads issued together: 1 is the instantiated shape
-//    (2 spills at 32 registers and ran at half speed);
+//    (2 spills at 32 registers);
 //  * one pass, no grid-stride loop: the grid covers every segment (lanes_geometry), a thread's
 //    segment follows from its block and team in 32 bits, and its load is the kernel's first
 //    memory instruction, no branch before it (16 x 8192 f16 U4, sm_90 SASS: the 16th
@@ -471,16 +457,12 @@ dynamic_quantize_dense(const typename qp::FloatElement<In>::storage* __restrict_
 // The small shape (16 lanes x 1 vector, U = 1: SMALL) is one dependent chain per thread, load ->
 // range -> parameters -> codes -> store, so it shortens that chain (sm_90 SASS, f16 U4): the
 // vector index is the grid's thread index (3 instructions from the thread / block ids to the
-// load); both teams of a warp reduce by four redux.sync maxima of 16-bit keys (QP_LANES_REDUX),
+// load); both teams of a warp reduce by four redux.sync maxima of 16-bit keys (sm_80+),
 // not four shuffle rounds; the zero-range test leaves the chain (the scale's constants no longer
 // load behind it: the code of zero is stored after the codes); and the zero point comes as the
 // bits of rn((MAGIC + q_min) - lo / scale) = MAGIC_BITS + zp, added to each code's rounding word
-// with the upper clamp in one add-and-min (QP_LANES_ZPFOLD; even q_min: rne's ties to even are
-// those of the sum; an odd q_min takes the out-of-line path). Measured on H200 (16 x 8192 f16 U4,
-// blocks of 64): 4.22 and 4.26 us in two runs against a copy of the same bytes at 3.87 / 3.81
-// and DeepSpeed at 4.11 / 4.06 (the shuffle form: 4.16-4.42 us in earlier runs, not the same
-// process). The compat pass deepspeed_quantize_lanes, the same chain in blocks of 256, ran at
-// DeepSpeed's time in the same process.
+// with the upper clamp in one add-and-min (FOLD; even q_min: rne's ties to even are those of the
+// sum; an odd q_min takes the out-of-line path).
 namespace qp {
 
 // A segment of dynamic_quantize_lanes outside its division-free path (a non-finite range, or a
@@ -608,15 +590,6 @@ __device__ __forceinline__ void quantize_vector8(const uint4& v, const IntQuantP
 
 }  // namespace qp
 
-#ifndef QP_LANES_MIN_BLOCKS
-#define QP_LANES_MIN_BLOCKS 8
-#endif
-#ifndef QP_LANES_REDUX
-#define QP_LANES_REDUX 1
-#endif
-#ifndef QP_LANES_ZPFOLD
-#define QP_LANES_ZPFOLD 1
-#endif
 template <class In, class Out, bool HIGH_FIRST, int MODE, int LANES, int NV, int U>
 __global__ void __launch_bounds__(256, QP_LANES_MIN_BLOCKS)
 dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
@@ -635,12 +608,12 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
   // SMALL: two teams of 16 lanes per warp, one vector per thread (small problems: one dependent
   // chain per thread, latency-bound); the other shapes keep the throughput form.
   constexpr bool SMALL = LANES == 16 && NV == 1 && U == 1;
-#if QP_LANES_REDUX && __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ >= 800
   constexpr bool REDUX = SMALL;
 #else
   constexpr bool REDUX = false;
 #endif
-  constexpr bool FOLD = SMALL && QP_LANES_ZPFOLD && MODE != 0;
+  constexpr bool FOLD = SMALL && MODE != 0;
   // One pass: the grid covers every segment (lanes_geometry), so a thread's segments follow from
   // its block and team alone, in 32 bits (segments < 2^31, vectors < 2^32), and its loads issue
   // first.
@@ -841,10 +814,9 @@ __device__ __forceinline__ void quantize_segment_vector(const qp::RowRange<In, M
 
 // ---- one segment over a thread-block cluster (sm_90) ----
 // dynamic_quantize_cluster: few long segments (16 rows of 8192 elements: one block per row
-// would keep 16 SMs busy; measured on H200, 16 x 8192 f16 S8: 4.7 us against 5.3 us for
-// dynamic_quantize_dense). Rows of 4096 / 8192 / 16384 take dynamic_quantize_row_shares (below:
-// 4 blocks of 256 threads that each read the whole row, no exchange, are faster); this kernel
-// serves the other lengths. Each segment of S = kClusterBlocks * blockDim.x * 8 16-bit floats
+// would keep 16 SMs busy). Rows of 4096 / 8192 / 16384 take dynamic_quantize_row_shares (below:
+// blocks that each read the whole row, no exchange between blocks); this kernel serves the other
+// lengths. Each segment of S = kClusterBlocks * blockDim.x * 8 16-bit floats
 // takes a cluster of kClusterBlocks blocks, one 16-byte vector per thread: every block reduces
 // its share (shuffles, one slot per warp) and stores it into every block of the cluster
 // (distributed shared memory); after one cluster barrier every thread combines the shares locally.
@@ -891,18 +863,12 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
 // vector of each other block's share: BLOCKS vectors per thread; the repeats come from L2),
 // reduces the range alone (range_word_n, block_range_word: shuffles and one barrier) and
 // quantizes only its share, one vector per thread. No exchange between blocks, so no cluster
-// barrier on the chain. Measured on H200, 16 x 8192 f16 per-token S8 (minimal kernels, hot L2):
-// 4 blocks x 256 threads 4.26 us (1.11x a copy) against 4.42 us for 8 x 128, 4.90 us for 16 x 64
-// and 4.67 us for dynamic_quantize_cluster's 8 x 128 with its distributed-shared-memory exchange.
-// This kernel (bench_small_floors, bench_peers): 4.06-4.22 us, 1.08-1.10x a copy of its bytes, as
-// the minimal kernel of the layout in the same runs (dynamic_quantize_cluster: 4.54-4.70 us); rows
-// of 4096 (2 blocks) and 16384 (8 blocks) also beat the cluster kernel and one block per row up
-// to 33 rows (ad-hoc sweep: 16 x 4096 4.08 against 4.54 / 4.29 us; 16 x 16384 4.70 against 4.74).
+// barrier on the chain.
 // The parameters and codes are those of dynamic_quantize_cluster (RowRange::fast_params, the rare
 // segment out of line; block 0 of the segment stores the parameters). The grid has BLOCKS blocks
 // per segment (segments * BLOCKS < 2^31). The input must not overlap the output: a block reads
 // every share of its segment, and another block may have written its share already.
-static const int kSharesBlock = 256;
+static const int kSharesBlock = QP_SHARES_BLOCK;
 
 template <class In, class Out, bool HIGH_FIRST, int MODE, int BLOCKS>
 __global__ void __launch_bounds__(kSharesBlock)
@@ -942,17 +908,8 @@ dynamic_quantize_row_shares(const typename qp::FloatElement<In>::storage* __rest
 //  * the parameters and codes of dynamic_quantize_lanes: division-free scale / inverse / zero
 //    point where the range allows it (RowRange::fast_params), the checked codes out of line
 //    otherwise (lanes_rare_segment, from the input again), quantize_vector8 per vector.
-// Measured on H200, 8192 x 8192 f16 per-token S8 (CUDA events, L2 rotated): 51.0 us, 99% of a
-// copy of the same bytes (dynamic_quantize_dense: 53.7 us); a persistent grid of 8 resident
-// blocks per SM whose blocks stage their next row by cp.async while working on this one ran at
-// 55.0 us (achieved occupancy 77%: the barrier per row idles the block's warps; 1024 or 1056
-// blocks alike), bf16 and FP8 likewise; each thread's vectors adjacent in pairs (one 16-byte
-// store of codes per pair) measured the same as the strided layout (50.9 / 51.0 us).
-static const int kRowsBlock = 256;
+static const int kRowsBlock = QP_ROWS_BLOCK;
 
-#ifndef QP_ROWS_MIN_BLOCKS
-#define QP_ROWS_MIN_BLOCKS 8
-#endif
 template <class In, class Out, bool HIGH_FIRST, int MODE, int NV>
 __global__ void __launch_bounds__(kRowsBlock, QP_ROWS_MIN_BLOCKS)
 dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,

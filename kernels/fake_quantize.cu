@@ -32,14 +32,9 @@
 #include "qp_team.cuh"
 #include "qp_vector_io.cuh"
 
-#ifndef QP_FAKE_MIN_BLOCKS
-// Resident 256-thread blocks per SM asked of the register allocator for the row kernels.
-#define QP_FAKE_MIN_BLOCKS 1
-#endif
-
 namespace qp {
 
-static const int kFakeUnroll = 4;
+static const int kFakeUnroll = QP_FAKE_FLAT_UNROLL;
 
 // The parameters of the row-layout bodies: one per item when constant along the row (cs == 0),
 // else per vector (groups of whole vectors) or per element.
@@ -201,33 +196,12 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // loaded once per item; parameters with 8-bit-like ranges take FakeShortParam's forms (six
 // operations per element forward). Against the generic rows kernel (92 registers, 25% occupancy, 64-bit
 // divisions per item) these hold 40 registers forward (6 blocks of 256 per SM) and 32 for the
-// straight-through backward (8 blocks).
-#ifndef QP_FAKE_DENSE_ROWS_MIN_BLOCKS
-#define QP_FAKE_DENSE_ROWS_MIN_BLOCKS 6  // 16-bit data: 40 registers at two vectors per thread (one: 32 at 8)
-#endif
-#ifndef QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS
-#define QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS 6  // 32- and 64-bit data: 40 registers (8: f64 spills)
-#endif
-#ifndef QP_FAKE_DENSE_STE_MIN_BLOCKS
-#define QP_FAKE_DENSE_STE_MIN_BLOCKS 8  // one vector of each input per thread: 32 registers
-#endif
-// Bytes of each input one thread takes per item: the nearest and stochastic forwards (one input)
-// 32, the straight-through backward (two inputs) 16. Measured on H200 (8192 x 8192, one-shot
-// grid of 256-thread blocks): forward 69.2 us at 32 bytes against 69.9 at 16; backward 96.2 us at
-// 16 against 97.0 at 32 (32 bytes of the two inputs together either way). The nearest forward at
-// 16 bytes in blocks of 128 with 8 resident blocks (-DQP_FAKE_DENSE_THREAD_BYTES=16
-// -DQP_FAKE_DENSE_ROWS_MIN_BLOCKS=8, quantplan._fake_rows._DENSE_THREAD_BYTES = 16,
-// _DENSE_NEAREST_BLOCK = 128) ran faster in benchmarks/probe_l2_state.py (fp16 67.64-68.02 us
-// against 68.78-69.60, the same runs) but at 70.64 in a bench_peers run: not the default.
-#ifndef QP_FAKE_DENSE_THREAD_BYTES
-#define QP_FAKE_DENSE_THREAD_BYTES 32
-#endif
-#ifndef QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES
-#define QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES 32
-#endif
-#ifndef QP_FAKE_DENSE_STE_THREAD_BYTES
-#define QP_FAKE_DENSE_STE_THREAD_BYTES 16
-#endif
+// straight-through backward (8 blocks): QP_FAKE_DENSE_ROWS_MIN_BLOCKS (16-bit data: 40 registers
+// at two vectors per thread), QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS (32- and 64-bit data; f64 spills
+// at 8), QP_FAKE_DENSE_STE_MIN_BLOCKS (one vector of each input per thread: 32 registers).
+// Bytes of each input one thread takes per item (QP_FAKE_DENSE_*THREAD_BYTES): the nearest and
+// stochastic forwards (one input) 32, the straight-through backward (two inputs) 16, so a thread
+// moves 32 bytes of input either way.
 
 namespace qp {
 
@@ -374,7 +348,7 @@ __device__ __forceinline__ void fake_dense_rows(const typename FloatElement<In>:
 }  // namespace qp
 
 template <class In, int VEC>
-__global__ void __launch_bounds__(256, sizeof(typename qp::FloatElement<In>::storage) == 2
+__global__ void __launch_bounds__(QP_FAKE_DENSE_ROWS_BLOCK, sizeof(typename qp::FloatElement<In>::storage) == 2
                                            ? QP_FAKE_DENSE_ROWS_MIN_BLOCKS
                                            : QP_FAKE_DENSE_ROWS_WIDE_MIN_BLOCKS)
 fake_quantize_dense_rows(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
@@ -385,7 +359,7 @@ fake_quantize_dense_rows(const typename qp::FloatElement<In>::storage* x, typena
 }
 
 template <class In, int VEC>
-__global__ void __launch_bounds__(256, QP_FAKE_DENSE_STE_MIN_BLOCKS)
+__global__ void __launch_bounds__(QP_FAKE_DENSE_ROWS_BLOCK, QP_FAKE_DENSE_STE_MIN_BLOCKS)
 fake_quantize_ste_dense_rows(const typename qp::FloatElement<In>::storage* x,
                              const typename qp::FloatElement<In>::storage* dy,
                              typename qp::FloatElement<In>::storage* dx,
@@ -396,7 +370,7 @@ fake_quantize_ste_dense_rows(const typename qp::FloatElement<In>::storage* x,
 }
 
 template <class In, int VEC>
-__global__ void __launch_bounds__(256, 6)
+__global__ void __launch_bounds__(QP_FAKE_DENSE_ROWS_BLOCK, 6)
 fake_quantize_stochastic_dense_rows(const typename qp::FloatElement<In>::storage* x,
                                     typename qp::FloatElement<In>::storage* y,
                                     const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr,
@@ -547,16 +521,12 @@ dynamic_fake_quantize_segments(const typename qp::FloatElement<In>::storage* x,
 //    general per-element path, out of line.
 //  * pipelining: a persistent grid (the plan sizes it to the resident blocks) double-buffers the
 //    staging: the next segment's copies are issued before this one is scanned, so every SM keeps
-//    its loads in flight through the reduction and the writes (measured on H200, 8192 x 8192
-//    f16: one segment per block and no prefetch ran at 56% of DRAM bandwidth);
+//    its loads in flight through the reduction and the writes;
 // 6 blocks per SM (two 16 KiB buffers each at NV = 4), 40 registers.
-#ifndef QP_FAKE_DENSE_MIN_BLOCKS
-#define QP_FAKE_DENSE_MIN_BLOCKS 6
-#endif
 
 namespace qp {
 
-static const int kFakeDenseBlock = 256;  // threads of a dynamic_fake_quantize_dense block
+static const int kFakeDenseBlock = QP_DENSE_BLOCK;  // threads of a dynamic_fake_quantize_dense block
 
 // A staged vector of 8 16-bit elements (slot u of this thread).
 __device__ __forceinline__ ElementVector<u16, 8> staged_vector(const uint4* stage, int u) {
@@ -642,13 +612,7 @@ dynamic_fake_quantize_dense(const typename qp::FloatElement<In>::storage* x, typ
     buf ^= 1;
     if (!active) continue;
     int zp;
-    const float scale = qp::segment_params<float>(range.lo, asym ? range.hi : qp::range_amax<In>(range.amax_bits),
-                                                  qp::range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min,
-                                                  lay.q_max, divisor, zp);
-    if (lane == 0) {
-      if (scale_out) scale_out[seg] = scale;
-      if (zp_out) zp_out[seg] = zp;
-    }
+    const float scale = qp::team_segment_params<In>(range, asym, lay, divisor, lane, seg, scale_out, zp_out, zp);
     qp::DynamicFakeParam<float> p;
     p.set(scale, zp, lay.q_min, lay.q_max);
     const qp::i64 first = seg * lay.S;
@@ -719,10 +683,7 @@ __device__ __forceinline__ void fake_vector8_nearest(const qp::DynamicFakeParam<
 //    block_range_word); the division-free scale and zero point of RowRange::fast_params, inv =
 //    rn(1 / scale) (the value DynamicFakeParam::set computes there); any other segment (NaN /
 //    Inf, extreme range) takes segment_params and DynamicFakeParam / FakeQuantParam out of line.
-// Measured on H200, 8192 x 8192 f16 symmetric 8-bit: 69.8 us, 96% of a copy of the same bytes
-// (dynamic_fake_quantize_dense, persistent and double-buffered: 83.2 us; this kernel on a
-// persistent grid staging each block's next row by cp.async: 74.0 us).
-static const int kFakeRowsBlock = 256;
+static const int kFakeRowsBlock = QP_ROWS_BLOCK;
 
 namespace qp {
 
@@ -759,9 +720,6 @@ __device__ __noinline__ void fake_rows_rare_segment(const u16* xs, u16* ys, floa
 
 }  // namespace qp
 
-#ifndef QP_FAKE_ROWS_MIN_BLOCKS
-#define QP_FAKE_ROWS_MIN_BLOCKS 8
-#endif
 template <class In, int MODE, int NV>
 __global__ void __launch_bounds__(kFakeRowsBlock, QP_FAKE_ROWS_MIN_BLOCKS)
 dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, typename qp::FloatElement<In>::storage* y,
@@ -852,15 +810,13 @@ dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
 // (dynamic_range.cu) for fake quantization. Each segment of S = BLOCKS * kFakeSharesBlock * 8
 // 16-bit elements takes BLOCKS consecutive blocks; every block loads the whole segment (its own
 // vector first), reduces the range alone (one barrier) and writes only its share: the parameters
-// of dynamic_fake_quantize_cluster, the values by DynamicFakeParam. Measured on H200, 16 x 8192
-// f16 MoQ row (8 bits): 4.14-4.37 us, 1.12x a copy of its bytes (dynamic_fake_quantize_cluster
-// 4.59-4.70 us; a minimal kernel of this layout without the exactness care 4.10 us, 1.09x).
+// of dynamic_fake_quantize_cluster, the values by DynamicFakeParam.
 // In place (y == x) a block must not write its share while another block may still read it, so
 // there block 0 of each segment writes every share (it holds the whole segment: each thread reads
 // its vectors before writing them) and the others return before loading. The plan sends in-place
 // calls to an in-place kernel (dynamic_fake_quantize_cluster / _rows); this branch keeps a call
 // that still arrives here in place correct (run(check=False) replaying an out-of-place launch).
-static const int kFakeSharesBlock = 256;
+static const int kFakeSharesBlock = QP_SHARES_BLOCK;
 
 template <class In, int MODE, int BLOCKS>
 __global__ void __launch_bounds__(kFakeSharesBlock)
@@ -883,12 +839,9 @@ dynamic_fake_quantize_row_shares(const typename qp::FloatElement<In>::storage* x
   const i64 first = seg * S;
   const uint4* row = reinterpret_cast<const uint4*>(x + first) + threadIdx.x;
   uint4 v[BLOCKS];  // the whole row (in place: share j in v[j]); `own`: this block's share
-#if QP_SHARES_LOADS == 0
-  const uint4 own = qp::load_row_shares<BLOCKS, kFakeSharesBlock>(row, part, v, [](const uint4* a) { return *a; });
-#else  // read-only loads (ld.global.nc): in place too, no block reads what a block has written
+  // Read-only loads (ld.global.nc): in place too, no block reads what a block has written.
   const uint4 own =
       qp::load_row_shares<BLOCKS, kFakeSharesBlock>(row, part, v, [](const uint4* a) { return __ldg(a); });
-#endif
   const qp::RowRange<In, MODE> range(
       qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, BLOCKS>(v), slots));
   const int q_min = lay.q_min, q_max = lay.q_max;

@@ -48,6 +48,7 @@ struct mx_e2m3 {};
 struct mx_e3m2 {};
 struct mx_e2m1 {};
 struct mx_int8 {};
+struct nv_e2m1 {};  // NVFP4's elements: e2m1 under an E4M3 block scale (no power-of-two factor)
 
 template <class T> struct BlockElement;
 
@@ -139,6 +140,14 @@ template <> struct BlockElement<mx_e2m1> {
 #endif
 };
 
+template <> struct BlockElement<nv_e2m1> {
+  static const u32 max_bits = E2M1Bits::max_bits;
+  static const int emax = 2, mbits = 1, per_byte = 2;
+  static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
+    return E2M1Bits::encode(lo) | (E2M1Bits::encode(hi) << 4);
+  }
+};
+
 // MXINT8: k = clamp(rne(v * 64), -127, 127), value k / 64 (largest 127/64).
 template <> struct BlockElement<mx_int8> {
   static const u32 max_bits = 0x3FFE0000u;  // 127/64
@@ -164,7 +173,29 @@ enum ScaleRule {
   kBlockF32MulRcp = 5,
   kBlockF32Enc = 6,
   kBlockUe8m0 = 7,
+  kNvfp4Te = 8,
 };
+
+// NVFP4's tensor-level factors (te order): from the tensor amax (finite, >= 0; none: one level),
+// S_enc = 1 if amax == 0 else min(fl(2688 / amax), FLT_MAX) (1 again if that is 0), S_dec =
+// fl(1 / S_enc), and the block scale's multiplier m = fl(S_enc * fl(1/6)).
+struct Nvfp4Tensor {
+  float s_dec, m;
+};
+
+__device__ __forceinline__ Nvfp4Tensor nvfp4_tensor(const float* amax_ptr) {
+  const float sixth = __uint_as_float(0x3E2AAAABu);
+  Nvfp4Tensor t;
+  float s_enc = 1.0f;
+  if (amax_ptr != nullptr) {
+    const float amax = *amax_ptr;
+    if (amax != 0.0f) s_enc = fminf(__fdiv_rn(2688.0f, amax), __uint_as_float(0x7F7FFFFFu));
+    if (s_enc == 0.0f) s_enc = 1.0f;
+  }
+  t.s_dec = __fdiv_rn(1.0f, s_enc);
+  t.m = __fmul_rn(s_enc, sixth);
+  return t;
+}
 
 // The E8M0 byte of fl(d) rounded up to a power of two (RCEIL), for finite d >= 0.
 __device__ __forceinline__ int e8m0_rceil(float d) {
@@ -187,9 +218,17 @@ struct BlockScale {
 };
 
 template <class E>
-__device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float amax_floor, float enc_overflow) {
+__device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float amax_floor, float enc_overflow,
+                                                  Nvfp4Tensor nv = Nvfp4Tensor()) {
   const float max_elem = __uint_as_float(E::max_bits);
   BlockScale r;
+  if (rule == kNvfp4Te) {
+    // s = e4m3(fl(bamax * m)); every element times min(fl(1 / fl(f32(s) * S_dec)), FLT_MAX).
+    const u32 s = E4M3Bits::encode(__fmul_rn(__uint_as_float(amax_bits), nv.m));
+    r.stored = s;
+    r.factor = fminf(__fdiv_rn(1.0f, __fmul_rn(Fp8Element<e4m3>::to_f32((u8)s), nv.s_dec)), __uint_as_float(0x7F7FFFFFu));
+    return r;
+  }
   if (rule <= kMxEven) {
     int e;
     if (rule == kMxRceil) {
@@ -226,8 +265,9 @@ __device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float
   return r;
 }
 
-// The NaN scale of a block holding NaN or +-Inf: E8M0 / UE8M0 0xFF, f32 quiet NaN.
+// The NaN scale of a block holding NaN or +-Inf: E8M0 / UE8M0 0xFF, E4M3 0x7F, f32 quiet NaN.
 __device__ __forceinline__ u32 nonfinite_scale(int rule) {
+  if (rule == kNvfp4Te) return 0x7Fu;
   return (rule >= kBlockF32Div && rule <= kBlockF32Enc) ? 0x7FC00000u : 0xFFu;
 }
 
@@ -337,6 +377,53 @@ __device__ __forceinline__ void zero_scale_padding(void* scales, bool f32_scale,
     else
       static_cast<u8*>(scales)[off] = 0;
   }
+}
+
+}  // namespace qp
+
+namespace qp {
+
+// ---- decoding: a stored code to its f32 value (FP4 from one nibble) ----
+template <int EBITS, int MBITS, bool SPECIALS_E4M3, bool SPECIALS_IEEE>
+__device__ __forceinline__ float decode_minifloat(u32 code) {
+  const int bias = (1 << (EBITS - 1)) - 1;
+  const u32 sign = ((code >> (EBITS + MBITS)) & 1u) << 31;
+  const u32 e = (code >> MBITS) & ((1u << EBITS) - 1u), m = code & ((1u << MBITS) - 1u);
+  if (SPECIALS_E4M3 && e == 15u && m == 7u) return __uint_as_float(sign | 0x7FC00000u);
+  if (SPECIALS_IEEE && e == (1u << EBITS) - 1u) return __uint_as_float(sign | (m ? 0x7FC00000u : 0x7F800000u));
+  if (e == 0) return __uint_as_float(sign | __float_as_uint(__fmul_rn((float)m, __uint_as_float((u32)(128 - bias - MBITS) << 23))));
+  return __uint_as_float(sign | ((e + 127u - bias) << 23) | (m << (23 - MBITS)));
+}
+
+template <class T> struct BlockDecode;
+template <> struct BlockDecode<mx_e4m3> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<4, 3, true, false>(c); }
+};
+template <> struct BlockDecode<mx_e5m2> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<5, 2, false, true>(c); }
+};
+template <> struct BlockDecode<mx_e2m3> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<2, 3, false, false>(c); }
+};
+template <> struct BlockDecode<mx_e3m2> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<3, 2, false, false>(c); }
+};
+template <> struct BlockDecode<mx_e2m1> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<2, 1, false, false>(c); }
+};
+template <> struct BlockDecode<nv_e2m1> {
+  static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<2, 1, false, false>(c); }
+};
+template <> struct BlockDecode<mx_int8> {
+  static __device__ __forceinline__ float value(u32 c) { return __fmul_rn((float)(int)(signed char)c, 0.015625f); }
+};
+
+// What a stored scale means: E8M0 / UE8M0 bytes (2^(s - 127), 0xFF NaN), f32, or NVFP4's E4M3
+// block scale (times S_dec after the exact first product).
+enum ScaleKind { kScaleE8m0 = 0, kScaleF32 = 1, kScaleE4m3 = 2 };
+
+__device__ __forceinline__ float e8m0_value(u32 s) {
+  return s == 0xFFu ? __uint_as_float(0x7FC00000u) : (s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23));
 }
 
 }  // namespace qp

@@ -311,13 +311,7 @@ struct DeepSpeedPeerDecode {
 // scale in [2^-60, 2^100], |q| >= 1; q = +-0 keeps its sign); other MoQ groups (ASYMMETRIC, or a
 // scale outside that range) take MoQSink::value_of, the IEEE formulas.
 
-#ifndef QP_DS_DENSE_BLOCK
-#define QP_DS_DENSE_BLOCK 256
-#endif
 // Resident blocks per multiprocessor the dense passes are compiled for (32 registers).
-#ifndef QP_DS_DENSE_MIN_BLOCKS
-#define QP_DS_DENSE_MIN_BLOCKS 8
-#endif
 
 // A thread's packed range word of NV vectors of 8 16-bit floats (see above): qp_range.cuh's
 // range_word_n, the asymmetric minima / maxima started from +Inf / -Inf pairs.
@@ -342,7 +336,7 @@ template <bool BREAK, class T, class Step, class Combine>
 __device__ __forceinline__ T ds_team_reduce(T r, int team, T* slots, Step step, Combine combine) {
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {  // steps at or above the team are skipped (uniform branches)
-    if (BREAK && d >= team) break;    // the loop forms measured best for each caller
+    if (BREAK && d >= team) break;    // each caller takes the loop form that suits it
     if (BREAK || d < team) step(r, d);
   }
   if (team <= 32) return r;
@@ -384,31 +378,6 @@ __device__ __forceinline__ void ds_range_values(u32 r, float& lo, float& hi, flo
   }
 }
 
-// Loads of the input vectors of a pass whose input is read-only (not MoQ, which may write in
-// place): 0 plain, 1 non-coherent (ld.global.nc), 2 streaming (ld.global.cs), 3 non-coherent
-// without L1 allocation. Measured on H200 (8192 x 8192 f16, per-token int8 and groups of 128):
-// 1 within noise of 0, 3 slower by 7-14%; 0 is the default.
-#ifndef QP_DS_LOAD
-#define QP_DS_LOAD 0
-#endif
-
-template <bool READ_ONLY>
-__device__ __forceinline__ uint4 ds_load16(const uint4* p) {
-  if constexpr (READ_ONLY && QP_DS_LOAD == 1) {
-    return __ldg(p);
-  } else if constexpr (READ_ONLY && QP_DS_LOAD == 2) {
-    return __ldcs(p);
-  } else if constexpr (READ_ONLY && QP_DS_LOAD == 3) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-  } else {
-    return *p;
-  }
-}
-
 // The group loop of the dense passes: groups of team = 1 << lay.seg_log2 threads, per block and
 // step blockDim.x / team groups (block-uniform, so every thread reaches a team reduction's
 // barriers). step(seg, lane, team, active, parity): this thread's part of group seg (which exists
@@ -429,9 +398,8 @@ __device__ __forceinline__ void ds_dense_group_loop(const SegmentLayout& lay, St
 
 // The dense passes over 16-bit input: groups of S = team * 8 * NV elements (ds_dense_group_loop).
 // body(seg, lane, v, r): the thread's vectors (columns (lane + w * team) * 8) and the group's range
-// word, for the threads of a group that exists. READ_ONLY: nothing writes x during the pass (see
-// QP_DS_LOAD).
-template <class In, bool ASYM, int NV, bool READ_ONLY, class Body>
+// word, for the threads of a group that exists. Plain loads: MoQ's pass may write x in place.
+template <class In, bool ASYM, int NV, class Body>
 __device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>::storage* x, const SegmentLayout& lay,
                                                 Body body) {
   __shared__ u32 slots[2][QP_DS_DENSE_BLOCK / 32];
@@ -440,7 +408,7 @@ __device__ __forceinline__ void ds_dense_groups(const typename FloatElement<In>:
     if (active) {
       const uint4* src = reinterpret_cast<const uint4*>(x + (i64)seg * lay.S) + lane;
 #pragma unroll
-      for (int w = 0; w < NV; ++w) v[w] = ds_load16<READ_ONLY>(src + w * team);
+      for (int w = 0; w < NV; ++w) v[w] = src[w * team];
     } else {
 #pragma unroll
       for (int w = 0; w < NV; ++w) v[w] = make_uint4(0u, 0u, 0u, 0u);
@@ -588,9 +556,6 @@ __device__ __forceinline__ uint4 moq_dense_values(const uint4& v, float a, float
 // a slot per warp), warp 0 stores it into every block of the cluster (distributed shared
 // memory), and after one cluster barrier every thread combines the shares locally. Parameters,
 // codes and the out-of-line generic path are those of the dense passes.
-#ifndef QP_DS_CLUSTER_BLOCKS
-#define QP_DS_CLUSTER_BLOCKS 8
-#endif
 #if __CUDA_ARCH__ >= 900
 #define QP_DS_CLUSTER_DIMS __cluster_dims__(QP_DS_CLUSTER_BLOCKS, 1, 1)
 #else
@@ -638,9 +603,6 @@ __device__ __forceinline__ u32 ds_cluster_range(u32 r, u32* warp_slots, u32* sha
 
 // Resident blocks per multiprocessor deepspeed_reduce_dense is compiled for (its float sums and
 // the peers' loads in flight need 40 registers).
-#ifndef QP_DS_REDUCE_MIN_BLOCKS
-#define QP_DS_REDUCE_MIN_BLOCKS 6
-#endif
 
 struct DsFloatRange {
   u32 amax;      // the largest |x| bit pattern (>= the Inf pattern: NaN / +-Inf in the group)

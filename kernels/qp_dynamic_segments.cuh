@@ -1,10 +1,9 @@
 // qp_dynamic_segments.cuh: the fused single pass of dynamic-range ops over contiguous segments
 // (token rows, last-axis groups, a leading channel axis, a small tensor), shared by
 // dynamic_quantize_segments (dynamic_range.cu: codes) and dynamic_fake_quantize_segments
-// (fake_quantize.cu: fake-quantized floats).
-// Measured on H200 (8192 x 8192, 16-bit data, groups of 128): PIPELINE lifts the fake
-// quantization pass from 86% to 91% of copy bandwidth but lowers the code-writing pass
-// (token rows 73% -> 70%), whose kernels sit at the 64-register limit and spill with it.
+// (fake_quantize.cu: fake-quantized floats). PIPELINE (the next segment loaded before this one
+// is reduced) suits the fake-quantization pass; the code-writing pass, whose kernels sit at the
+// 64-register limit, spills with it and does without.
 //
 // A team of 1 << seg_log2 threads (a power of two <= 1024) holds one segment of S elements in
 // registers (at most segment_vectors() vectors of VEC per thread), reduces its range (warp
@@ -31,6 +30,23 @@ struct SegmentLayout {
 // floats), so a team of 1024 threads covers a segment of up to 32768 (16384) elements.
 // quantplan/dynamic.py (segment_elements_per_thread) mirrors this.
 template <class T, int VEC> __host__ __device__ constexpr int segment_vectors() { return (sizeof(T) == 8 ? 16 : 32) / VEC; }
+
+// The scale (returned) and zero point of segment `seg` from its team's reduced range under lay's
+// mode and code range (segment_params; asym == (lay.mode != 0)), stored by the team's lane 0
+// where asked (scale_out / zp_out non-null).
+template <class In, class Acc, class Range>
+__device__ __forceinline__ Acc team_segment_params(const Range& range, bool asym, const SegmentLayout& lay,
+                                                   Acc divisor, int lane, i64 seg, Acc* scale_out, int* zp_out,
+                                                   int& zp) {
+  const Acc scale = segment_params<Acc>(range.lo, asym ? range.hi : range_amax<In>(range.amax_bits),
+                                        range_nonfinite<In>(range.amax_bits), lay.mode, lay.q_min, lay.q_max, divisor,
+                                        zp);
+  if (lane == 0) {
+    if (scale_out) scale_out[seg] = scale;
+    if (zp_out) zp_out[seg] = zp;
+  }
+  return scale;
+}
 
 // The elements a segment loop reads, VEC at a time: x itself. Other sources (qp_qgz.cuh: x + e,
 // or a sum of dequantized peers) have the same two members and produce vectors of their scan

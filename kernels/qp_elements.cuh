@@ -4,6 +4,7 @@
 // CUDA toolkit on the machine. Conversions use PTX `cvt` (IEEE round-to-nearest-even) or
 // exact bit manipulation; nothing here depends on fast-math.
 #pragma once
+#include "qp_tuning.cuh"
 
 namespace qp {
 

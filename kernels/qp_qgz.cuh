@@ -33,13 +33,6 @@
 #include "qp_vector_io.cuh"
 
 // Threads a fused-pass kernel is compiled for (its register budget: 64 per thread at 1024).
-#ifndef QP_QGZ_SEGMENT_BOUND
-#define QP_QGZ_SEGMENT_BOUND 1024
-#endif
-// 1: the fused pass loads the next group of 16-bit data before reducing the current one.
-#ifndef QP_QGZ_PIPELINE
-#define QP_QGZ_PIPELINE 0
-#endif
 
 namespace qp {
 
@@ -343,7 +336,7 @@ __device__ __forceinline__ void qgz_fused_segments(const Source& src, const Sink
   typedef typename FloatElement<Scan>::storage in_t;
   typedef SegmentRange<float, typename RangeScan<Scan>::bits_t> Range;
   constexpr int NV = segment_vectors<in_t, VEC>();
-  for_each_segment_range_of<Scan, VEC, QP_QGZ_PIPELINE && sizeof(in_t) == 2>(
+  for_each_segment_range_of<Scan, VEC, false>(
       src, lay, [&](i64 first, int lane, int team, const ElementVector<in_t, VEC> (&xv)[NV], const Range& range) {
         const i64 g = first / lay.S;
         const i64 out = map(g);
@@ -441,17 +434,8 @@ __device__ __forceinline__ void qgz_float_values(const Source& src, typename Flo
 //  * SYMMETRIC codes with q_min <= -q_max: the low byte (nibble) of the rounding word is the
 //    two's-complement code (|code| <= q_max by the same bound), no clamp; codes are packed by
 //    byte permutes.
-// Measured on H200 (8192 x 8192 f16, groups of 512, int4): 49.3 us, 87.6% of a copy (the
-// generic pass: 75.6 us). Tried and measured slower there: 2 or 1 vectors per thread (62.6,
-// 94.5 us), staging the next group while working on this one (56.9 us against 55.7).
 
-#ifndef QP_QGZ_DENSE_BLOCK
-#define QP_QGZ_DENSE_BLOCK 256
-#endif
 // Resident blocks per SM the dense pass is compiled for: 8 (32 registers).
-#ifndef QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS
-#define QP_QGZ_DENSE_QUANTIZE_MIN_BLOCKS 8
-#endif
 
 // The groups a thread of a dense pass works on: seg = first + k * stride + sub, k = 0, 1, ...
 // (32-bit: the dense passes serve fewer than 2^31 elements).
@@ -681,54 +665,18 @@ __device__ __forceinline__ void qgz_dense_quantize(const typename FloatElement<I
 // 2^23 (even nibbles, bytes) or, for the odd nibbles (n * 16 in the byte), of 2^19 (one ulp
 // 1/16), and one float subtraction of that power plus the offset gives q exactly; then
 // y = q * scale (one rounding, as (q - 0) * scale) and the float32 sum in peer order, peer 0
-// first (the sum starts as y_0). PEERS > 0: the peer loop fully unrolled for that N.
-// Measured on H200 (8 peers, int4, groups of 512, 8192 x 8192 codes in all): 25.4 us (the generic
-// fused pass: 38.5 us), 13.3 M warp instructions (23.2 M), no local memory; about 4.25
-// instructions per element and peer (byte permute, subtraction, product, sum; masks per word).
-// Tried there: 40 registers with 32-byte load batches 25.1 us, 64 registers 23.6 us (fewer
-// resident warps hide the loads better with more of them in flight), 8 elements per thread
-// 29.4 us (16 x 8192: 4.6 us against 5.4 with 16), blocks of 128 or 256 threads no faster.
-// Since then (same row, H200, bench medians): the FMA condition tested once per pass (the
-// largest |scale| of the pass's peers) instead of once per peer, warps as units of work over a
-// full-residency grid (DenseSchedule), the next pass's codes and scales loaded into registers
-// right after this pass's sums (QP_REDUCE_DENSE_PIPE), the team's maximum by redux.sync: 20.9-21.0
-// us against 22.3 (12.33 M warp instructions, 65% issue-active, 34% achieved occupancy of 50%,
-// SM active 90% of the elapsed cycles under ncu). Without the register pipeline 22.4 us, without
-// it and the one-test FMA 24.0 us; an L2 prefetch one or two passes ahead of the pipeline 21.9 /
-// 22.4 us; 80 registers (3 blocks of 256) 20.8 us; launch blocks of 256 threads 20.6 us (128:
-// 21.0); the even-passes grid of 2048 blocks 21.1 us. 16 x 8192 (one pass, a dependent chain per
-// thread): 4 elements per thread 4.4-4.6 us against 4.5-4.7 at 8 (FMA or decode within 0.05 us).
+// first (the sum starts as y_0). PEERS > 0: the peer loop fully unrolled for that N. About 4.25
+// instructions per element and peer (byte permute, subtraction, product, sum; masks per word), no
+// local memory. Warps are units of work over a full-residency grid (DenseSchedule); the team's
+// maximum is a redux.sync.
 
-#ifndef QP_REDUCE_DENSE_BLOCK
-#define QP_REDUCE_DENSE_BLOCK 256
-#endif
-#ifndef QP_REDUCE_DENSE_BATCH_BYTES
-#define QP_REDUCE_DENSE_BATCH_BYTES 64
-#endif
-// 1: each pass prefetches the thread's codes of its next pass into L2.
-#ifndef QP_REDUCE_DENSE_PREFETCH
-#define QP_REDUCE_DENSE_PREFETCH 1
-#endif
-// Blocks of QP_REDUCE_DENSE_BLOCK threads kept resident per SM (the register cap): 4 (64 registers,
-// no spills) measured 23.55 us against 25.28 us at 5 (48 registers) on the 8-peer int4 8192x8192
-// row (H200), the 16x8192 row unchanged (4.61 / 4.58 us).
-#ifndef QP_REDUCE_DENSE_MIN_BLOCKS
-#define QP_REDUCE_DENSE_MIN_BLOCKS 4
-#endif
+// QP_REDUCE_DENSE_MIN_BLOCKS: blocks of QP_REDUCE_DENSE_BLOCK threads kept resident per SM (the
+// register cap: 4 leaves 64 registers, no spills; more loads in flight per warp hide the latency
+// better than more resident warps).
 
-// 1: 4-bit codes under scales of magnitude below 0.5 take one fused multiply-add per code and
-// peer (DenseCodes::products_fma) instead of a subtraction and a product, from
-// QP_REDUCE_DENSE_FMA_MIN_EPT elements per thread. Measured on H200 (8 peers, int4, groups of
-// 512, 8192 x 8192 codes): 22.98 us against 24.06 (12.58 M warp instructions against 13.25 M, 70%
-// issue-active); at 8 elements per thread with the test per peer (the 16 x 8192 row,
-// latency-bound) 4.64 us against 4.45; with the test once per pass, 4 and 8 elements per thread
-// are within 0.05 us either way.
-// Tried and slower there: staging the next pass's codes and scales in shared memory by cp.async
-// (30.5 us: MIO throttle and short-scoreboard stalls), plus a per-warp table of the 16 products
-// of each peer read by shared-memory loads (38.5 us, 12.2 M instructions, 36% issue-active).
-#ifndef QP_REDUCE_DENSE_FMA
-#define QP_REDUCE_DENSE_FMA 1
-#endif
+// 4-bit codes under scales of magnitude below 0.5 take one fused multiply-add per code and peer
+// (DenseCodes::products_fma) instead of a subtraction and a product (fewer instructions), from
+// QP_REDUCE_DENSE_FMA_MIN_EPT elements per thread.
 
 // Streamed codes: read once, kept out of L1.
 __device__ __forceinline__ u8 load_stream(const u8* p) {
@@ -855,27 +803,6 @@ struct DenseCodes {
   }
 };
 
-#ifndef QP_REDUCE_DENSE_FMA_MIN_EPT
-#define QP_REDUCE_DENSE_FMA_MIN_EPT 4
-#endif
-// 1: with PEERS unrolled, the FMA products' condition is tested once for all the peers of a
-// pass (the largest |scale|, NaN-propagating), not per peer.
-#ifndef QP_REDUCE_DENSE_HOIST
-#define QP_REDUCE_DENSE_HOIST 1
-#endif
-// 1: with PEERS unrolled and at most 16 code words per thread in all, the codes and scales of
-// a thread's next pass are loaded into registers right after this pass's sums, so the loads are
-// in flight while the pass quantizes and stores.
-#ifndef QP_REDUCE_DENSE_PIPE
-#define QP_REDUCE_DENSE_PIPE 1
-#endif
-// With the registers' pipeline: D > 0 prefetches into L2, at the top of each pass, the codes of
-// the pass D passes ahead (and, before the first pass, those of passes 1 .. D - 1), so the
-// register loads find them there; 0: no L2 prefetch (1 and 2 measured slower on the 8-peer
-// int4 8192 x 8192 row: 21.9 and 22.4 us against 21.0).
-#ifndef QP_REDUCE_DENSE_PIPE_PREFETCH
-#define QP_REDUCE_DENSE_PIPE_PREFETCH 0
-#endif
 
 // acc = acc + y (or y, first), y = q * scale of one peer's codes c: FMA products (4-bit codes,
 // EPT >= QP_REDUCE_DENSE_FMA_MIN_EPT) where `small` (|scale| < 0.5), else the decoded values
@@ -884,7 +811,6 @@ template <class Code, int EPT, bool HIGH_FIRST>
 __device__ __forceinline__ void dense_add_peer(const DenseCodes<Code, EPT, HIGH_FIRST>& c, float scale, bool first,
                                                bool small, float (&acc)[EPT], u32 two23, u32 two19) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
-#if QP_REDUCE_DENSE_FMA
   if constexpr (Codes::packed && EPT >= QP_REDUCE_DENSE_FMA_MIN_EPT) {
     if (small) {
       float y[EPT];
@@ -894,7 +820,6 @@ __device__ __forceinline__ void dense_add_peer(const DenseCodes<Code, EPT, HIGH_
       return;
     }
   }
-#endif
   float v[EPT];
   c.values(v, two23, two19);
 #pragma unroll
@@ -910,7 +835,8 @@ __device__ __forceinline__ void dense_sum_loaded(const DenseCodes<Code, EPT, HIG
                                                  const float (&sc)[PEERS], float (&acc)[EPT], u32 two23,
                                                  u32 two19) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
-#if QP_REDUCE_DENSE_FMA && QP_REDUCE_DENSE_HOIST
+  // With PEERS unrolled, the FMA products' condition is tested once for all the peers of a pass
+  // (the largest |scale|, NaN-propagating), not per peer.
   if constexpr (Codes::packed && EPT >= QP_REDUCE_DENSE_FMA_MIN_EPT) {
     float m = 0.0f;
 #pragma unroll
@@ -921,7 +847,6 @@ __device__ __forceinline__ void dense_sum_loaded(const DenseCodes<Code, EPT, HIG
       return;
     }
   }
-#endif
 #pragma unroll
   for (int j = 0; j < PEERS; ++j)
     dense_add_peer(c[j], sc[j], j == 0, fabsf(sc[j]) < 0.5f, acc, two23, two19);
@@ -1018,7 +943,11 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
                                              float divisor) {
   typedef DenseCodes<Code, EPT, HIGH_FIRST> Codes;
   constexpr bool out_packed = QuantElement<Out>::kind == 1;
-  constexpr bool pipe = QP_REDUCE_DENSE_PIPE && PEERS > 0 && PEERS * Codes::words <= 16;
+  // pipe: with PEERS unrolled and at most 16 code words per thread in all, the codes and scales of
+  // a thread's next pass are loaded into registers right after this pass's sums, so the loads are
+  // in flight while the pass quantizes and stores; otherwise each pass prefetches the thread's
+  // codes of its next pass into L2.
+  constexpr bool pipe = PEERS > 0 && PEERS * Codes::words <= 16;
   __shared__ u32 amax_slots[2][32];
   int parity = 0;
   const int team = 1 << lay.seg_log2;
@@ -1062,26 +991,13 @@ __device__ __forceinline__ void dense_reduce(const PeerSumArgs& in, const QgzOut
     }
   };
   if (sched.first < segments) load_all(unit_of(sched.first));
-#if QP_REDUCE_DENSE_PIPE_PREFETCH > 1
-  if constexpr (pipe) {
-#pragma unroll
-    for (int d = 1; d < QP_REDUCE_DENSE_PIPE_PREFETCH; ++d)
-      if (sched.first + d * sched.stride < segments) prefetch_pass(sched.first + d * sched.stride);
-  }
-#endif
   for (u32 base = sched.first; base < segments; base += sched.stride) {
     const bool active = base + sched.sub < segments;
     const u32 unit = unit_of(base);
     const u32 first = unit * EPT;
     const bool more = base + sched.stride < segments;
     float acc[EPT];
-#if QP_REDUCE_DENSE_PREFETCH
     if (!pipe && more) prefetch_pass(base + sched.stride);
-#endif
-#if QP_REDUCE_DENSE_PIPE_PREFETCH > 0
-    if (pipe && base + QP_REDUCE_DENSE_PIPE_PREFETCH * sched.stride < segments)
-      prefetch_pass(base + QP_REDUCE_DENSE_PIPE_PREFETCH * sched.stride);
-#endif
     if constexpr (pipe) {
       dense_sum_loaded<Code, EPT, HIGH_FIRST, PEERS>(pc, ps, acc, two23, two19);
       if (more) load_all(unit_of(base + sched.stride));

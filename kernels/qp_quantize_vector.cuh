@@ -46,29 +46,7 @@ struct VectorQuantizer {
   static __device__ __forceinline__ void codes(const vector_t& xv, const IntQuantParam<acc_t>& p, int q_min,
                                                int q_max, bool zero_fp8, int (&c)[VEC]) {
     bool ok = false;
-    if constexpr (sizeof(acc_t) == 4) {
-      ok = p.fast;
-      if constexpr (kind == 2) {
-#if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
-        // Quotients first, then one hardware conversion per pair (no NaN where ok holds).
-        float qv[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) qv[k] = quotient_fast(FE::to_acc(xv.v[k]), p, ok);
-#pragma unroll
-        for (int k = 0; k < VEC; k += 2) {
-          const u16 pair = Fp8Element<Out>::pair_from_f32(qv[k], k + 1 < VEC ? qv[k + 1] : 0.0f);
-          c[k] = pair & 0xFFu;
-          if (k + 1 < VEC) c[k + 1] = pair >> 8;
-        }
-#else
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) c[k] = quantize_fp8_code_fast<Out>(FE::to_acc(xv.v[k]), p, ok);
-#endif
-      } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) c[k] = quantize_int_code_fast(FE::to_acc(xv.v[k]), p, q_min, q_max, ok);
-      }
-    }
+    if constexpr (sizeof(acc_t) == 4) ok = fast_codes(xv, p, q_min, q_max, c);
     if (!ok) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) c[k] = code(FE::to_acc(xv.v[k]), p, q_min, q_max, zero_fp8);
@@ -83,6 +61,7 @@ struct VectorQuantizer {
     bool ok = p.fast;
     if constexpr (kind == 2) {
 #if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
+      // Quotients first, then one hardware conversion per pair (no NaN where ok holds).
       float qv[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) qv[k] = quotient_fast(FE::to_acc(xv.v[k]), p, ok);
@@ -130,17 +109,7 @@ struct VectorQuantizer {
   static __device__ __forceinline__ void inside_mask(const vector_t& xv, const IntQuantParam<acc_t>& p, int q_min,
                                                      int q_max, bool (&m)[VEC]) {
     bool ok = false;
-    if constexpr (sizeof(acc_t) == 4) {
-      ok = p.fast;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        if constexpr (kind == 2) {
-          m[k] = quantize_fp8_inside_fast<Out>(FE::to_acc(xv.v[k]), p, ok);
-        } else {
-          m[k] = quantize_int_inside_fast(FE::to_acc(xv.v[k]), p, q_min, q_max, ok);
-        }
-      }
-    }
+    if constexpr (sizeof(acc_t) == 4) ok = fast_inside_mask(xv, p, q_min, q_max, m);
     if (!ok) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) m[k] = inside(FE::to_acc(xv.v[k]), p, q_min, q_max);

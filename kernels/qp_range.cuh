@@ -94,7 +94,7 @@ template <class Acc, class Bits> struct SegmentRange {
 // calls this): an unrolled xor butterfly inside the warp, then, for teams spanning warps, one
 // slot per warp in shared memory. lo / hi take part only when `asym`. The butterfly steps at or
 // above the width are skipped (BranchFree false), or exchange with the lane itself (BranchFree:
-// d & (width - 1) is 0 there, which leaves the range unchanged; measured faster in the qgZ pass).
+// d & (width - 1) is 0 there, which leaves the range unchanged; the qgZ pass's form).
 template <bool BranchFree>
 __device__ __forceinline__ void team_range_reduce(SegmentRange<float, u32>& r, bool asym, int team,
                                                   SegmentRange<float, u32>* slots) {
@@ -481,7 +481,7 @@ template <class In, int MODE> struct RowRange {
 // ---- one segment over a thread-block cluster (sm_90) ----
 // Blocks of a cluster that holds one segment (dynamic_quantize_cluster,
 // dynamic_fake_quantize_cluster); the kernels carry QP_CLUSTER_DIMS.
-static const int kClusterBlocks = 8;
+static const int kClusterBlocks = QP_CLUSTER_BLOCKS;
 
 #if __CUDA_ARCH__ >= 900
 #define QP_CLUSTER_DIMS __cluster_dims__(qp::kClusterBlocks, 1, 1)

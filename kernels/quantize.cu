@@ -24,16 +24,12 @@
 #include "qp_quantize_vector.cuh"
 #include "qp_row_layout.cuh"
 
-#ifndef QP_QUANTIZE_MIN_BLOCKS
-// Resident blocks per SM asked of the register allocator: 4 (64 registers) measured faster on
-// H100/H200 than the unconstrained 80-92 registers at 3 blocks; the spills it causes sit on the
-// rare exact-division path.
-#define QP_QUANTIZE_MIN_BLOCKS 4
-#endif
+// quantize_rows: QP_QUANTIZE_MIN_BLOCKS resident blocks per SM asked of the register allocator
+// (4: 64 registers); the spills it causes sit on the rare exact-division path.
 
 namespace qp {
 
-static const int kQuantizeUnroll = 4;
+static const int kQuantizeUnroll = QP_ROW_UNROLL;
 
 template <class In, class Out, int VEC, bool VECTOR_IO, bool HIGH_FIRST, bool STOCHASTIC>
 struct QuantizeBody {
@@ -217,7 +213,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 // seed and offset are not read). 256-thread blocks at most, 32 registers, no stack.
 //
 // quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 8: one 16-byte vector of
-// each input per thread; 4 on small problems; H200 8192 x 8192: 96.0 us against 98.4 at 16). The mask and
+// each input per thread; 4 on small problems; bf16 16: quantplan/_layout.py). The mask and
 // the gradient take the division-free quotient of qp_rounding.cuh (exact: Markstein's
 // correction, inv = rn(1 / scale), scale in [2^-60, 2^100], |x| and |quotient| >= 2^-100 or
 // x = 0, quotient below 2^21):
@@ -230,18 +226,9 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 //     dq when scale <= 2^75 and |dq| >= 2^-25 or dq = 0 (always, for f16).
 // A vector outside those conditions is redone out of line, element by element, by the generic
 // kernel's mask and IEEE division.
-#ifndef QP_DENSE_ROWS_MIN_BLOCKS
-#define QP_DENSE_ROWS_MIN_BLOCKS 8
-#endif
 
 namespace qp {
 
-#ifndef QP_DENSE_QUANTIZE_UNROLL
-#define QP_DENSE_QUANTIZE_UNROLL 1
-#endif
-#ifndef QP_DENSE_QUANTIZE_BACKWARD_UNROLL
-#define QP_DENSE_QUANTIZE_BACKWARD_UNROLL 1
-#endif
 // Vectors per thread of quantize_dense / quantize_backward_dense (quantplan/_layout.py
 // DENSE_ROW_SHAPES mirrors them).
 static const int kDenseQuantizeUnroll = QP_DENSE_QUANTIZE_UNROLL;
@@ -316,28 +303,15 @@ __device__ __noinline__ void quantize_vector_exact(const typename FloatElement<I
 }
 
 // The gradient quotient's lower bound on 16-bit brain floats (above): every element of the vector
-// is 0 or at least 2^-25 in magnitude. By pairs, QP_DENSE_QBWD_PAIR_RANGE (default): the least
-// magnitude of the vector (sign bits cleared, an unsigned 16-bit minimum per half: the order of
-// non-negative bf16 bit patterns, 2^-25 = 0x3300; three-input VIMNMX3.U16x2 on sm_90), and only a
-// vector holding a zero or a smaller magnitude tests its elements one by one (the per-element
-// test: 0 passes). 0: the per-element test in the element loop for every vector (three
-// instructions per element).
+// is 0 or at least 2^-25 in magnitude. By pairs: the least magnitude of the vector (sign bits
+// cleared, an unsigned 16-bit minimum per half: the order of non-negative bf16 bit patterns,
+// 2^-25 = 0x3300; three-input VIMNMX3.U16x2 on sm_90), and only a vector holding a zero or a
+// smaller magnitude tests its elements one by one (the per-element test: 0 passes).
 // A NaN passes here and fails quotient_fast's test.
-// Resident blocks of 256 threads per SM that quantize_backward_dense's registers allow on bf16
-// data (fp16: QP_DENSE_ROWS_MIN_BLOCKS). At 8 (32 registers) the 16-element bf16 kernel with the
-// pair test below spills (19 local loads and stores per thread; the per-element test fits); at 6
-// it holds 40 registers, no spill, either test. Measured on H200 (8192 x 8192 bf16,
-// per-token int8, benchmarks/probe_l2_state.py: the bench's protocol, interleaved rounds of one
-// run): 96.54 us at 6 with the pair test, 96.32 at 6 with the per-element test, 98.21 at 8 with the
-// per-element test (the kernel before), 148 at 8 with the pair test (spills), 103.9 for 8-element
-// vectors; torch.compile 95.55, the pure load/store floor 96.77. bench_peers.py: 96.70 against
-// torch.compile 95.84 (98.11 against 95.71 before).
-#ifndef QP_DENSE_QBWD_BF16_MIN_BLOCKS
-#define QP_DENSE_QBWD_BF16_MIN_BLOCKS 6
-#endif
-#ifndef QP_DENSE_QBWD_PAIR_RANGE
-#define QP_DENSE_QBWD_PAIR_RANGE 1
-#endif
+// QP_DENSE_QBWD_BF16_MIN_BLOCKS: resident blocks of 256 threads per SM that
+// quantize_backward_dense's registers allow on bf16 data (fp16: QP_DENSE_ROWS_MIN_BLOCKS). At 8
+// (32 registers) the 16-element bf16 kernel with the pair test spills; at 6 it holds 40
+// registers, no spill.
 template <int VEC>
 __device__ __forceinline__ bool bf16_gradient_in_range(const ElementVector<FloatElement<bf16>::storage, VEC>& g) {
   u32 least = 0x7FFF7FFFu;
@@ -375,7 +349,7 @@ __device__ __noinline__ void quantize_backward_vector_exact(const typename Float
 }  // namespace qp
 
 template <class In, class Out, bool HIGH_FIRST, int VEC>
-__global__ void __launch_bounds__(256, QP_DENSE_ROWS_MIN_BLOCKS)
+__global__ void __launch_bounds__(QP_DENSE_ROWS_BLOCK, QP_DENSE_ROWS_MIN_BLOCKS)
 quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp::u8* __restrict__ q,
                const float* __restrict__ scale_ptr, const int* __restrict__ zp_ptr, float scale_value, int zp_value,
                const qp::RowLayout lay, const qp::i64*, const qp::i64*, qp::u64, qp::u64) {
@@ -420,7 +394,7 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
 }
 
 template <class In, class Code, int VEC>
-__global__ void __launch_bounds__(256, qp::IsHalf<In>::value ? QP_DENSE_ROWS_MIN_BLOCKS : QP_DENSE_QBWD_BF16_MIN_BLOCKS)
+__global__ void __launch_bounds__(QP_DENSE_ROWS_BLOCK, qp::IsHalf<In>::value ? QP_DENSE_ROWS_MIN_BLOCKS : QP_DENSE_QBWD_BF16_MIN_BLOCKS)
 quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const typename qp::FloatElement<In>::storage* dq,
                         typename qp::FloatElement<In>::storage* dx, const float* __restrict__ scale_ptr,
                         const int* __restrict__ zp_ptr, float scale_value, int zp_value, const qp::RowLayout lay) {
@@ -453,18 +427,13 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
         const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
         const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
         bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
-#if QP_DENSE_QBWD_PAIR_RANGE
         if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
-#endif
         float vals[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
           const float g = FE::to_acc(gv[u].v[k]);
           const float d = qp::quotient_fast(g, p, ok);
-#if !QP_DENSE_QBWD_PAIR_RANGE
-          if constexpr (!qp::IsHalf<In>::value) ok = ok & ((fabsf(g) >= 2.9802322387695312e-08f) | (g == 0.0f));  // 2^-25
-#endif
           vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
         }
         if (ok) {

@@ -22,6 +22,14 @@ from ._device import cuda_available
 
 # The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
 from ._frontend import clear_plan_cache  # noqa: E402
+from .block_scaled import (
+    BlockScaledDequantizeArgs,
+    BlockScaledDequantizeDescriptor,
+    BlockScaledDequantizePlan,
+    BlockScaledQuantizeArgs,
+    BlockScaledQuantizeDescriptor,
+    BlockScaledQuantizePlan,
+)
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
@@ -46,7 +54,7 @@ from .fake_quantize import (
     FakeQuantizeDescriptor,
     FakeQuantizePlan,
 )
-from .functional import QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
+from .functional import BlockQuantizedTensor, QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
 from .quantize_backward import (
     DequantizeBackwardArgs,
     DequantizeBackwardDescriptor,
@@ -89,6 +97,12 @@ from .workspace import Workspace
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockScaledDequantizeArgs",
+    "BlockScaledDequantizeDescriptor",
+    "BlockScaledDequantizePlan",
+    "BlockScaledQuantizeArgs",
+    "BlockScaledQuantizeDescriptor",
+    "BlockScaledQuantizePlan",
     "DynamicRangeQuantizeArgs",
     "DynamicRangeQuantizeDescriptor",
     "DynamicRangeQuantizePlan",
@@ -146,6 +160,7 @@ __all__ = [
     "Workspace",
     "WorkspaceTooSmall",
     "QuantizedTensor",
+    "BlockQuantizedTensor",
     "clear_plan_cache",
     "cuda_available",
     "dequantize",

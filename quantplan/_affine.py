@@ -24,7 +24,8 @@ from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, 
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, param_shape, row_layout
 from ._operands import Operand, TensorArgs
 from ._plan import check_descriptor
-from .compiler import compile_options, load_kernels
+from ._tuning import kernel_options
+from .compiler import load_kernels
 from .elements import ELEMENTS, acc_ctype
 from .errors import InvalidProblem, Unsupported
 from .formats import BLOCK_ONLY_KINDS, Format, affine_scale_element, format_of, is_served_code
@@ -416,7 +417,7 @@ class AffineRows:
         else:
             kernel, rounding = "dequantize_rows", None
             unit = dequantize_unit(problem.float_kind, problem.code_kind, high_first)
-        functions = load_kernels(kernel.partition("_")[0], unit, info.arch, device_id, compile_options())
+        functions = load_kernels(kernel.partition("_")[0], unit, info.arch, device_id, kernel_options())
         params_type = _ROW_KERNEL_PARAMS[problem.precision, float_to_code]
         packed = code_info.is_packed
 

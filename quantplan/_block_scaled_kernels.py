@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported
 
@@ -47,12 +48,17 @@ ELEMENT_TAGS = {
     "e3m2": "qp::mx_e3m2",
     "e2m1": "qp::mx_e2m1",
     "int8": "qp::mx_int8",
+    "nvfp4": "qp::nv_e2m1",
 }
 #: Input tags by NumPy dtype name.
 INPUT_TAGS = {"float16": "qp::f16", "bfloat16": "qp::bf16", "float32": "qp::f32"}
 #: ``ScaleRule`` of qp_block_scaled.cuh.
 MX_RULES = {"rceil": 0, "floor": 1, "ceil": 2, "even": 3}
 FP8_RULES = {"div": 4, "mul_rcp": 5, "enc": 6, "ue8m0": 7}
+NVFP4_RULES = {"te": 8}
+#: The element of each block size's format family.
+MX_ELEMENTS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
+FP8_ELEMENTS = ("e4m3", "e5m2")
 #: ``ScaleLayout`` of qp_block_scaled.cuh.
 LAYOUTS = {"compact": 0, "blocked": 1, "column_major": 2, "packed_ue8m0": 3}
 #: Threads per block (at most; small problems launch smaller blocks to reach more multiprocessors).
@@ -82,6 +88,9 @@ class Schedule:
 #: such problems are latency-bound and take more, narrower threads. The general (ragged or
 #: misaligned) schedule keeps one vector per thread at every size.
 SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
+    (True, 16, False): Schedule(vecs=2, unroll=1, min_blocks=4),
+    (True, 16, True): Schedule(vecs=1, unroll=1, min_blocks=1),
+    (False, 16, False): Schedule(vecs=1, unroll=1, min_blocks=1),
     (True, 32, False): Schedule(vecs=4, unroll=1, min_blocks=4),
     (True, 128, False): Schedule(vecs=4, unroll=1, min_blocks=4),
     (True, 32, True): Schedule(vecs=2, unroll=1, min_blocks=1),
@@ -124,15 +133,41 @@ def instantiations() -> list[str]:
     names = []
     for (contiguous, block, _), sched in SCHEDULES.items():
         for dtype in INPUT_TAGS:
-            if block == 32:
-                names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in ELEMENT_TAGS]
+            if block == 16:
+                names.append(kernel_name(dtype, "nvfp4", 16, False, contiguous, sched))
+            elif block == 32:
+                names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in MX_ELEMENTS]
             else:
                 names += [
                     kernel_name(dtype, element, 128, divide, contiguous, sched)
-                    for element in ("e4m3", "e5m2")
+                    for element in FP8_ELEMENTS
                     for divide in (False, True)
                 ]
+    names += [amax_kernel_name(dtype) for dtype in INPUT_TAGS]
+    names += [
+        dequantize_kernel_name(dtype, element, block)
+        for dtype in INPUT_TAGS
+        for element, block in DEQUANTIZE_ELEMENT_BLOCKS
+    ]
     return names
+
+
+#: (element, block) pairs the dequantize kernel serves: MX 1x32, FP8 1x128, NVFP4 1x16.
+DEQUANTIZE_ELEMENT_BLOCKS = (
+    *((element, 32) for element in MX_ELEMENTS),
+    *((element, 128) for element in FP8_ELEMENTS),
+    ("nvfp4", 16),
+)
+
+
+def dequantize_kernel_name(output_dtype: str, element: str, block: int) -> str:
+    """The dequantize kernel for ``element`` codes in blocks of ``block`` to ``output_dtype``."""
+    return template_name("block_scaled_dequantize", INPUT_TAGS[output_dtype], ELEMENT_TAGS[element], block)
+
+
+def amax_kernel_name(input_dtype: str) -> str:
+    """The tensor-amax kernel (NVFP4's computed tensor scale) for ``input_dtype``."""
+    return template_name("block_scaled_tensor_amax", INPUT_TAGS[input_dtype])
 
 
 @dataclass(frozen=True)
@@ -177,6 +212,7 @@ def quantize_block_scaled(
     rule: str = "rceil",
     layout: str = "compact",
     amax_floor: float = 0.0,
+    tensor_amax: Any = "compute",
     input_dtype: str | None = None,
     stream: Any = None,
     schedule: Schedule | None = None,
@@ -186,6 +222,9 @@ def quantize_block_scaled(
     ``block=32`` takes an MX ``rule``; ``block=128`` an FP8 ``rule`` (``div``, ``mul_rcp``,
     ``enc``, ``ue8m0``) with ``element`` e4m3 or e5m2. ``scales`` is the layout's buffer (flat
     for ``blocked``; [cols, dim] for ``column_major``; int32 words for ``packed_ue8m0``).
+    ``element="nvfp4"`` takes ``block=16`` and ``rule="te"``; its ``tensor_amax`` is a one-element
+    float32 CuPy array (a calibrated amax), ``"compute"`` (a first pass over x computes max |x|
+    over the finite elements), or None (one level: S_enc = 1).
     ``input_dtype``: ``"bfloat16"`` for a uint16 array holding bfloat16 bits (CuPy has no
     bfloat16); otherwise x's own dtype.
     """
@@ -202,21 +241,25 @@ def quantize_block_scaled(
     if element not in ELEMENT_TAGS:
         raise InvalidProblem(f"element {element!r} is not one of {sorted(ELEMENT_TAGS)}")
     if block == 32:
-        if rule not in MX_RULES:
+        if rule not in MX_RULES or element not in MX_ELEMENTS:
             raise InvalidProblem(f"MX scale rule {rule!r} is not one of {sorted(MX_RULES)}")
         rule_code = MX_RULES[rule]
+    elif block == 16:
+        if element != "nvfp4" or rule not in NVFP4_RULES:
+            raise InvalidProblem(f"blocks of 16 are NVFP4 (element 'nvfp4', rule of {sorted(NVFP4_RULES)})")
+        rule_code = NVFP4_RULES[rule]
     elif block == 128:
         if rule not in FP8_RULES or element not in ("e4m3", "e5m2"):
             raise InvalidProblem(f"FP8 blocks take e4m3 / e5m2 and a rule of {sorted(FP8_RULES)}")
         rule_code = FP8_RULES[rule]
     else:
-        raise Unsupported(f"blocks of {block} elements: 32 (MX) and 128 (FP8) are served")
+        raise Unsupported(f"blocks of {block} elements: 16 (NVFP4), 32 (MX) and 128 (FP8) are served")
     if x.ndim < 1 or not x.flags.c_contiguous:
         raise InvalidProblem("x must be a C-contiguous array of rank >= 1")
     cols = int(x.shape[-1])
     rows = int(math.prod(x.shape[:-1]))
     blocks_per_row = -(-cols // block)
-    per_byte = 2 if element == "e2m1" else 1
+    per_byte = 2 if element in ("e2m1", "nvfp4") else 1
     f32_scales = rule in ("div", "mul_rcp", "enc")
     geo = scale_geometry(layout, rows, blocks_per_row, f32_scales)
     codes = cupy.empty((*x.shape[:-1], -(-cols // per_byte)), cupy.uint8)
@@ -229,7 +272,7 @@ def quantize_block_scaled(
     teams = rows * blocks_per_row
     sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count)
     name = kernel_name(dtype, element, block, divide, contiguous, sched)
-    fn = load_kernels("block_scaled", [name], info.arch, x.device.id)[name]
+    fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     slots = teams * sched.team(dtype, block)
     threads, grid = launch_shape(slots, info.sm_count, _resident(fn) if sched.persistent else 0, sched.unroll)
     input_max = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}[dtype]
@@ -249,8 +292,38 @@ def quantize_block_scaled(
         np.int64(geo.pad_cols),
     )
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    fn((grid,), (threads,), args, stream=stream)
+    amax_ptr = 0
+    if element == "nvfp4" and tensor_amax is not None:
+        if isinstance(tensor_amax, str):
+            if tensor_amax != "compute":
+                raise InvalidProblem(
+                    f"tensor_amax must be a float32 device array, 'compute' or None, got {tensor_amax!r}"
+                )
+            tensor_amax = tensor_amax_of(x, dtype, stream)
+        if tensor_amax.dtype != cupy.float32 or tensor_amax.size != 1:
+            raise InvalidProblem("tensor_amax must be a one-element float32 array")
+        amax_ptr = tensor_amax.data.ptr
+    fn((grid,), (threads,), (*args, np.uint64(amax_ptr)), stream=stream)
     return codes, scales
+
+
+def tensor_amax_of(x: Any, dtype: str, stream: Any) -> Any:
+    """max |x| over the finite elements of CuPy array ``x`` (a one-element float32 array), on ``stream``."""
+    import cupy
+    import numpy as np
+
+    from ._device import device_info
+
+    info = device_info(x.device.id)
+    out = cupy.zeros(1, cupy.float32)
+    n = int(x.size)
+    vec = VECTOR_ELEMENTS[dtype]
+    vector_elements = n // vec * vec if x.data.ptr % 16 == 0 else 0
+    name = amax_kernel_name(dtype)
+    fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
+    grid = max(1, min(-(-max(n // vec, 1) // BLOCK_THREADS), 4 * info.sm_count))
+    fn((grid,), (BLOCK_THREADS,), (x, np.int64(n), np.int64(vector_elements), out), stream=stream)
+    return out
 
 
 def _resident(fn: Any) -> int:
@@ -270,3 +343,64 @@ def launch_shape(slots: int, sm_count: int, resident_blocks: int, unroll: int) -
     if resident_blocks:
         grid = min(grid, resident_blocks * sm_count * (BLOCK_THREADS // threads))
     return threads, max(1, grid)
+
+
+def dequantize_block_scaled(
+    codes: Any,
+    scales: Any,
+    shape: tuple[int, ...],
+    *,
+    element: str,
+    block: int,
+    scale_kind: str,
+    out_dtype: str = "float32",
+    tensor_scale: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Dequantize block-scaled ``codes`` with compact ``scales`` (CuPy arrays) to a new array of ``shape``.
+
+    ``scale_kind``: ``"e8m0"`` (MX, FP8 UE8M0), ``"f32"`` (FP8 f32 scales) or ``"e4m3"`` (NVFP4,
+    with ``tensor_scale`` the one-element S_dec array; None: one level). ``out_dtype`` float32,
+    float16 or bfloat16 (returned as uint16 bits). Formula: y = fl(dec(code) * scale) in f32
+    (NVFP4: fl(fl(dec(code) * f32(s)) * S_dec)), rounded once to the output dtype.
+    """
+    import cupy
+    import numpy as np
+
+    from ._device import device_info
+
+    if (element, block) not in DEQUANTIZE_ELEMENT_BLOCKS:
+        raise Unsupported(f"dequantize of {element} in blocks of {block}: one of {DEQUANTIZE_ELEMENT_BLOCKS}")
+    kinds = {"e8m0": 0, "f32": 1, "e4m3": 2}
+    if scale_kind not in kinds:
+        raise InvalidProblem(f"scale_kind {scale_kind!r} is not one of {sorted(kinds)}")
+    cols = int(shape[-1])
+    rows = int(math.prod(shape[:-1]))
+    out = cupy.empty(
+        shape, cupy.float32 if out_dtype == "float32" else (cupy.float16 if out_dtype == "float16" else cupy.uint16)
+    )
+    if rows * cols == 0:
+        return out
+    info = device_info(codes.device.id)
+    name = dequantize_kernel_name(out_dtype, element, block)
+    fn = load_kernels("block_scaled", [name], info.arch, codes.device.id, kernel_options())[name]
+    total = rows * -(-cols // 8)
+    grid = max(1, min(-(-total // BLOCK_THREADS), 32 * info.sm_count))
+    ts = 0 if tensor_scale is None else tensor_scale.data.ptr
+    stream = stream if stream is not None else cupy.cuda.get_current_stream()
+    fn(
+        (grid,),
+        (BLOCK_THREADS,),
+        (
+            codes,
+            scales,
+            np.int32(kinds[scale_kind]),
+            np.uint64(ts),
+            np.int64(rows),
+            np.int64(cols),
+            np.int64(-(-cols // block)),
+            out,
+        ),
+        stream=stream,
+    )
+    return out

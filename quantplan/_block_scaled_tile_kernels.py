@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._block_scaled_kernels import ELEMENT_TAGS, FP8_RULES, INPUT_TAGS, MX_RULES, scale_geometry
+from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported
 
@@ -94,7 +95,7 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
     "float32": TransposeSchedule(2),
 }
 #: Elements of each 2-D block; rules and elements of the fused transpose.
-TILE_ELEMENTS = {(128, 128): ("e4m3", "e5m2"), (32, 32): tuple(ELEMENT_TAGS)}
+TILE_ELEMENTS = {(128, 128): ("e4m3", "e5m2"), (32, 32): ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")}
 TRANSPOSE_ELEMENTS = ("e4m3", "e5m2")
 #: Scale layouts each kernel writes.
 TILE_LAYOUTS = {(128, 128): ("compact", "column_major"), (32, 32): ("compact", "blocked")}
@@ -242,7 +243,7 @@ def quantize_block_scaled_2d(
     aligned = cols % 16 == 0 and x.data.ptr % 16 == 0 and codes.data.ptr % 16 == 0
     name = tile_kernel_name(dtype, element, rule == "div", aligned, sched)
     info = device_info(x.device.id)
-    fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id)[name]
+    fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id, kernel_options())[name]
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
     col_tiles = -(-cols // sched.tile_cols)
     for i, (base, count) in enumerate(row_tile_slices(-(-rows // sched.tile_rows))):
@@ -345,7 +346,7 @@ def quantize_transpose_block_scaled(
     aligned = cols % 16 == 0 and rows % 16 == 0 and all(a.data.ptr % 16 == 0 for a in (x, codes_r, codes_c))
     name = transpose_kernel_name(dtype, element, block, te, rule == "div", aligned, sched)
     info = device_info(x.device.id)
-    fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id)[name]
+    fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id, kernel_options())[name]
     shared = transpose_shared_bytes(dtype, block, te)
     _allow_shared(fn, shared)
     stream = stream if stream is not None else cupy.cuda.get_current_stream()

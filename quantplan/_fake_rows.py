@@ -20,33 +20,31 @@ from ._families import FAKE_DENSE_ROW_KERNELS, FAKE_ROW_KERNELS, fake_quantize_u
 from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, division_magic, row_layout
 from ._operands import Operand
-from .compiler import compile_options, load_kernels, template_name
+from ._tuning import TUNING, kernel_options
+from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype
 from .types import MathPrecision, Rounding, TensorScope
 
 #: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value, an int32 array, a float array.
 ZP_VALUE, ZP_INT32, ZP_FLOAT = 0, 1, 2
 #: Vectors one thread of ``fake_quantize_flat`` takes per tile (kFakeUnroll in the kernel).
-_FLAT_UNROLL = 4
+_FLAT_UNROLL = TUNING.fake_flat_unroll
 #: Most blocks of one ``fake_quantize_flat`` launch (grid-stride beyond).
 _FLAT_MAX_BLOCKS = 1 << 20
 #: Most threads of a dense-rows block (``__launch_bounds__`` of the kernels), fewest, and the
 #: shortest row the dense kernels take (32 vectors: a warp's worth).
-_DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = 256, 64, 32
+_DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = TUNING.fake_dense_rows_block, 64, 32
 #: A small problem's dense-rows block narrows while its grid holds fewer blocks than 1 /
-#: _DENSE_SM_SHARE of the SMs. Measured on H200 (16 x 8192 f16, data in L2): fewer, wider blocks
-#: are faster; 64 blocks of 256 threads: 4.38 µs forward, 4.51 backward, against 4.58 and 4.64 for
-#: 256 blocks of 64.
+#: _DENSE_SM_SHARE of the SMs (fewer, wider blocks win on small problems).
 _DENSE_SM_SHARE = 4
 #: Bytes of each input one thread of a dense-rows kernel takes per item, by op: nearest forward,
 #: straight-through backward, stochastic forward (QP_FAKE_DENSE_THREAD_BYTES,
 #: QP_FAKE_DENSE_STE_THREAD_BYTES, QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES in the kernel).
-_DENSE_THREAD_BYTES, _DENSE_STE_THREAD_BYTES, _DENSE_STOCHASTIC_THREAD_BYTES = 32, 16, 32
+_DENSE_THREAD_BYTES = TUNING.fake_dense_thread_bytes
+_DENSE_STE_THREAD_BYTES = TUNING.fake_dense_ste_thread_bytes
+_DENSE_STOCHASTIC_THREAD_BYTES = TUNING.fake_dense_stochastic_thread_bytes
 #: Most threads of a nearest-forward dense-rows block on 16-bit data (the others take
-#: _DENSE_BLOCK). One 16-byte vector per thread in blocks of 128 (with the kernel's
-#: QP_FAKE_DENSE_THREAD_BYTES=16, QP_FAKE_DENSE_ROWS_MIN_BLOCKS=8) measured 67.64-68.02 µs against
-#: 68.78-69.60 for these defaults in ``benchmarks/probe_l2_state.py`` (H200, 8192 x 8192 fp16,
-#: same runs) but 70.64 in a ``bench_peers.py`` run, so the defaults stay.
+#: _DENSE_BLOCK; an experiment sets another here, e.g. ``benchmarks/probe_l2_state.py``).
 _DENSE_NEAREST_BLOCK = _DENSE_BLOCK
 
 
@@ -242,7 +240,7 @@ def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) 
     for TensorScope, the row kernels for the other scopes."""
     info = device_info(device_id)
     functions = load_kernels(
-        "fake_quantize", fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options()
+        "fake_quantize", fake_quantize_unit(problem.float_kind), info.arch, device_id, kernel_options()
     )
     float_info = ELEMENTS[problem.float_kind]
     tag, in_bytes, vec = float_info.cpp_tag, float_info.storage_bits // 8, float_info.vec_max

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._layout import dense_row_widths
+from ._tuning import TUNING
 from .compiler import template_name
 from .elements import ELEMENTS, FLOAT_KINDS, acc_cpp
 from .formats import SERVED_CODE_KINDS as CODE_KINDS
@@ -205,7 +206,7 @@ def dense_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_firs
 #: (more threads per segment) spreads small ones over more multiprocessors.
 LANES_SHAPES = ((4, 4, 1), (16, 1, 1))
 #: Blocks of a thread-block cluster of ``dynamic_quantize_cluster`` (``kClusterBlocks``).
-CLUSTER_BLOCKS = 8
+CLUSTER_BLOCKS = TUNING.cluster_blocks
 
 
 def _mode_codes(code_kind: ElementKind) -> tuple[int, ...]:
@@ -234,7 +235,7 @@ def cluster_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_fi
 #: (``BLOCKS``: segments of ``SHARES_BLOCK * 8 * blocks`` 16-bit elements, 4096 / 8192 / 16384).
 SHARES_BLOCKS = (2, 4, 8)
 #: Threads per block of the row-shares kernels (``kSharesBlock`` / ``kFakeSharesBlock``).
-SHARES_BLOCK = 256
+SHARES_BLOCK = TUNING.shares_block
 
 
 def shares_kernel_name(
@@ -251,7 +252,7 @@ def shares_kernel_name(
 #: (whole rows of ``ROWS_BLOCK * 8 * nv`` 16-bit elements held in registers by one block).
 ROWS_NV = (1, 2, 4)
 #: Threads per block of the rows kernels (``kRowsBlock`` / ``kFakeRowsBlock``).
-ROWS_BLOCK = 256
+ROWS_BLOCK = TUNING.rows_block
 
 
 def rows_kernel_name(float_kind: ElementKind, code_kind: ElementKind, high_first: bool, mode: int, nv: int) -> str:

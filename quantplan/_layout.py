@@ -15,13 +15,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ._tuning import TUNING
 from .errors import InvalidProblem, Unsupported
 from .types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope
 
 #: Threads per block of the row kernels; must match __launch_bounds__ in the .cu files.
 BLOCK_THREADS = 256
 #: Vectors each thread handles per (row, chunk) item (kQuantizeUnroll / kDequantizeUnroll).
-UNROLL = 4
+UNROLL = TUNING.row_unroll
 #: Rows shorter than this are merged with their neighbours where the scope allows.
 MERGE_BELOW = 2048
 _MAX_ROW = 2**31 - 1
@@ -254,47 +255,38 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
     )
 
 
-#: (elements per vector, vectors per thread) of each dense row kernel; mirrors the kernels'
-#: constants (kernels/quantize.cu, kernels/dequantize.cu: kDense*Unroll).
+#: (elements per vector, vectors per thread) of each dense row kernel; the vectors per thread are
+#: the tuning table's (the kernels' kDense*Unroll).
 DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
-    "quantize_dense": (16, 1),
-    "quantize_backward_dense": (8, 1),
-    "dequantize_dense": (8, 2),
-    "dequantize_backward_dense": (8, 1),
+    "quantize_dense": (16, TUNING.dense_quantize_unroll),
+    "quantize_backward_dense": (8, TUNING.dense_quantize_backward_unroll),
+    "dequantize_dense": (8, TUNING.dense_dequantize_unroll),
+    "dequantize_backward_dense": (8, TUNING.dense_dequantize_backward_unroll),
 }
-#: Exceptions to DENSE_ROW_SHAPES for one float kind. Measured on H200 (8192 x 8192): the fp16
-#: quantize backward is faster with vectors of 8 (96.0 against 98.4 µs, same run), the bf16 one
-#: slower (99.5 against 98.4 µs at 16, other runs), so bf16 keeps vectors of 16.
+#: Exceptions to DENSE_ROW_SHAPES for one float kind: the bf16 quantize backward keeps vectors of
+#: 16 (docs/performance.md, "What was tried").
 DENSE_ROW_SHAPES_BY_FLOAT: dict[tuple[str, ElementKind], tuple[int, int]] = {
     ("quantize_backward_dense", ElementKind.BF16): (16, 1),
 }
 #: Elements per vector of each dense kernel on small problems (fewer elements than one 256-thread
-#: block of full vectors per SM). Measured on H200 (16 x 8192, data in L2, launch- and
-#: latency-bound): quantize and dequantize are fastest with their full vectors (4.16 and 4.10 µs
-#: against 4.38 and 4.32 with vectors of 4); the gradients, which read two operands, with 4.
+#: block of full vectors per SM; launch- and latency-bound): quantize and dequantize keep their full
+#: vectors, the gradients, which read two operands, take 4.
 DENSE_SMALL_VEC: dict[str, int] = {
     "quantize_dense": 16,
     "quantize_backward_dense": 4,
     "dequantize_dense": 8,
     "dequantize_backward_dense": 4,
 }
-#: Most threads of a dense block (``__launch_bounds__`` of the dense kernels). Measured on H200
-#: (8192 x 8192, one-shot grids): 256-thread blocks are as fast as 128-thread ones or faster
-#: (quantize backward 96.0 against 96.4 µs, dequantize backward 68.3 against 68.8; 67.0 against
-#: 67.5 in ``benchmarks/probe_l2_state.py``).
-DENSE_MAX_THREADS = 256
+#: Most threads of a dense block (``__launch_bounds__`` of the dense kernels: the tuning table's).
+DENSE_MAX_THREADS = TUNING.dense_rows_block
 #: Kernels whose blocks hold fewer threads than DENSE_MAX_THREADS on large problems (none by
-#: default). Dequantize with one 8-element vector per thread in blocks of 128 (and the kernel's
-#: QP_DENSE_DEQUANTIZE_UNROLL=1) measured 52.53-53.33 µs against 53.17-53.60 for (8, 2) in 256
-#: in ``benchmarks/probe_l2_state.py`` (H200, 8192 x 8192 int8 -> fp16, same runs; FP8 and bf16
-#: within 0.2 µs either way) but 56.37 in a ``bench_peers.py`` run, so it is not the default.
+#: default; an experiment sets one here, e.g. ``benchmarks/probe_l2_state.py``).
 DENSE_ROW_THREADS: dict[str, int] = {}
 #: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
 _DENSE_MIN_THREADS = 64
 #: A small problem's block narrows while its grid holds fewer blocks than 1 / _DENSE_SM_SHARE of
-#: the SMs. Measured on H200 (16 x 8192): fewer, wider blocks are faster (a block launched is a
-#: cost of its own when the whole problem is a few µs of latency), down to about a quarter of the
-#: SMs: 64 blocks of 128 threads beat 256 of 64 (quantize 4.16 against 4.45 µs) and 32 of 256.
+#: the SMs: fewer, wider blocks win on small problems (a block launched is a cost of its own when
+#: the whole problem is latency), down to about a quarter of the SMs.
 _DENSE_SM_SHARE = 4
 
 

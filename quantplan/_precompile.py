@@ -10,7 +10,8 @@ import signal
 from collections.abc import Callable, Sequence
 
 from ._families import FAMILIES, compile_units
-from .compiler import compile_instantiations, compile_options, nvrtc_version
+from ._tuning import kernel_options
+from .compiler import compile_instantiations, nvrtc_version
 from .errors import Unsupported
 from .types import ArchSku
 
@@ -77,7 +78,7 @@ def precompile(
 
     check_nvrtc()
     chosen = list(families) if families else sorted(FAMILIES)
-    work = [(f, unit, arch.nvrtc_arch, compile_options(), not check) for f in chosen for unit in compile_units(f)]
+    work = [(f, unit, arch.nvrtc_arch, kernel_options(), not check) for f in chosen for unit in compile_units(f)]
     done = 0
     pool = Pool(processes=jobs or os.cpu_count(), initializer=_worker_ignores_interrupt)
     try:

@@ -30,6 +30,7 @@ from ._families import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, is_scalar, pointer_view
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
+from ._tuning import TUNING
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
 from .formats import BLOCK_ONLY_KINDS, format_of
@@ -38,7 +39,7 @@ from .types import ElementKind, QuantMode
 #: Threads of a block of the element pass (``__launch_bounds__(256)``).
 ELEMENT_BLOCK = 256
 #: Threads of a block of the dense passes (``QP_QGZ_DENSE_BLOCK`` of ``kernels/qp_qgz.cuh``).
-DENSE_BLOCK = 256
+DENSE_BLOCK = TUNING.qgz_dense_block
 #: The dense passes index with 32-bit integers: they serve fewer elements than this.
 DENSE_MAX_ELEMENTS = 2**31
 #: Elements one thread of the fused pass holds (the scan element is float32 or 16-bit: 32).

@@ -33,7 +33,8 @@ from ._families import (
 )
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
-from .compiler import compile_options, load_kernels, template_name
+from ._tuning import TUNING, kernel_options
+from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype
 from .types import ElementKind, MathPrecision, QuantMode, TensorScope
 
@@ -138,8 +139,8 @@ def fused_segment_geometry(
     team = 1
     while team * per_thread < length:
         team *= 2
-    # Widen small problems up to one block: measured faster than larger teams, whose extra
-    # warps each hold one vector and add barrier work (16 x 8192 bf16 on H200: 5.3 vs 5.9 us).
+    # Widen small problems up to one block, not beyond: larger teams' extra warps would each hold
+    # one vector and add barrier work.
     while team < BLOCK_THREADS and team * vec < length and segments * team < busy_threads:
         team *= 2
     return SegmentGeometry(segments, length, vec, vector_io, team, max(team, BLOCK_THREADS))
@@ -155,8 +156,8 @@ def fused_geometries(problem: AffineProblem, busy_threads: int) -> tuple[Segment
     return geometry, fallback
 
 
-#: Threads per block of ``dynamic_quantize_dense``.
-DENSE_BLOCK = 256
+#: Threads per block of ``dynamic_quantize_dense`` / ``dynamic_fake_quantize_dense``.
+DENSE_BLOCK = TUNING.dense_block
 
 
 def dense_geometry(
@@ -168,8 +169,7 @@ def dense_geometry(
     It serves nearest rounding of F16 / BF16 segments of exactly ``team * 8 * nv`` elements
     (team a power of two up to one block of :data:`DENSE_BLOCK`, nv in ``DENSE_NV``) with 16-byte
     vector I/O: the most vectors per thread, fewer (a wider team) while that leaves SMs idle.
-    F32 stays on the generic kernel, measured faster there (8192-element rows on an H200: 84%
-    against 56% of a copy's bandwidth).
+    F32 stays on the generic kernel, which serves it better (docs/performance.md).
     """
     if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
         return None
@@ -193,9 +193,7 @@ def lanes_geometry(
     It serves nearest rounding of F16 / BF16 segments of exactly ``lanes * 8 * nv`` elements for
     one of the shapes, with 16-byte vector I/O. Large problems take the first shape of that
     length, problems whose threads would leave multiprocessors idle the last (more lanes per
-    segment); blocks of 256 threads for every size (H200, 16 x 8192 fp16 group(128) asymmetric
-    int4, two A/B rounds in one session: 4.16 / 4.06 us against 4.22 / 4.19 us in blocks halved
-    to 64 for small problems). The grid covers every segment (the kernel makes one pass, no
+    segment); blocks of 256 threads for every size (no halving for small problems). The grid covers every segment (the kernel makes one pass, no
     grid-stride loop).
     """
     if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
@@ -267,12 +265,10 @@ def shares_geometry(problem: AffineProblem, geometry: SegmentGeometry, info: Dev
     They serve nearest rounding of F16 / BF16 segments of ``SHARES_BLOCK * 8 * blocks`` elements
     (blocks in :data:`~quantplan._families.SHARES_BLOCKS`: rows of 4096, 8192, 16384) with 16-byte
     vector I/O when they are few: at least :data:`SHARES_SMS_PER_SEGMENT` multiprocessors per
-    segment (at most 33 rows on an H200; 16 rows of 8192: 64 blocks), where one block per segment
+    segment (16 rows of 8192: 64 blocks), where one block per segment
     would leave most multiprocessors idle. Every block of a segment reads all of it (L2 serves the repeats) and
-    writes its share, so no block waits for another (no cluster: any architecture); measured
-    faster than ``dynamic_quantize_cluster`` on H200 (16 x 8192 f16 S8: 4.1 against 4.6 us; with
-    64 rows of 8192 it still matches one block per row, 4.54 against 4.62 us, with 128 rows it
-    loses, 5.18 against 4.77 us). The kernels read the
+    writes its share, so no block waits for another (no cluster: any architecture; it beats
+    ``dynamic_quantize_cluster`` there). The kernels read the
     whole segment after other blocks may have written theirs: the output must not overlap the
     input (the fake-quantize plan keeps an in-place launch beside it).
     """
@@ -304,8 +300,8 @@ def rows_geometry(problem: AffineProblem, geometry: SegmentGeometry) -> RowsLaun
 
     They serve nearest rounding of F16 / BF16 segments of exactly ``ROWS_BLOCK * 8 * nv``
     elements (nv in :data:`~quantplan._families.ROWS_NV`: rows of 2048, 4096, 8192) with 16-byte
-    vector I/O: one block per segment (grid-stride past the grid's limit). Measured faster than a
-    persistent grid that prefetches each block's next row (kernels/dynamic_range.cu).
+    vector I/O: one block per segment (grid-stride past the grid's limit), not a persistent grid
+    that prefetches each block's next row (docs/performance.md).
     """
     if problem.stochastic or problem.float_kind not in DENSE_FLOAT_KINDS or geometry.vec != 8:
         return None
@@ -371,7 +367,7 @@ def prepare_segments(
     block-full of segments, no grid-stride, unless ``dense_grid`` gives the grid), same argument
     block."""
     info = device_info(device_id)
-    functions = load_kernels(family, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(family, unit, info.arch, device_id, kernel_options())
     params_type = SEGMENT_PARAMS[problem.precision]
     divisor = range_divisor(problem)
     inverse = divisor_inverse(divisor)
@@ -442,7 +438,7 @@ class RangePasses:
         """Compile (first use) and prepare the range passes of ``problem`` on ``device_id``."""
         info = device_info(device_id)
         functions = load_kernels(
-            "dynamic_range", dynamic_range_unit(problem.float_kind), info.arch, device_id, compile_options()
+            "dynamic_range", dynamic_range_unit(problem.float_kind), info.arch, device_id, kernel_options()
         )
         acc = acc_cpp(problem.precision)
         float_info = ELEMENTS[problem.float_kind]

@@ -10,8 +10,8 @@ One path serves the GPU and the GPU-less check:
   launchable functions; modules are cached per (family, arch, options, names).
 
 Plans call :func:`load_kernels` from ``select``; ``run`` never compiles. The compile layer is a
-leaf over the vocabulary: which instantiations each family has is the declarative table of
-:mod:`quantplan._families`, and :mod:`quantplan._precompile` fills the cache ahead from it
+leaf over the vocabulary: its callers pass the tuning defines (:mod:`quantplan._tuning`), which
+instantiations each family has is the declarative table of :mod:`quantplan._families`, and :mod:`quantplan._precompile` fills the cache ahead from it
 (``python -m quantplan precompile sm_90``); a CPU test compiles every unit for sm_80 and sm_90.
 """
 
@@ -83,8 +83,9 @@ def compile_options() -> tuple[str, ...]:
 
     ``QUANTPLAN_FP8_SOFTWARE=1`` forces the portable (sm_80) FP8 conversion on every arch, which
     lets a Hopper GPU test that path. ``QUANTPLAN_NVRTC_OPTIONS`` (shell-quoted) appends NVRTC
-    options, e.g. ``-DQP_QUANTIZE_MIN_BLOCKS=4``, for tuning experiments; both are part of the
-    cache key.
+    options; both are part of the cache key. The kernels' tuning defines are not made here: the
+    callers pass them (``quantplan._tuning.kernel_options``, which also reads overrides such as
+    ``-DQP_QUANTIZE_MIN_BLOCKS=4`` from ``QUANTPLAN_NVRTC_OPTIONS`` into its table).
     """
     options = ["-DQP_FP8_SOFTWARE"] if os.environ.get("QUANTPLAN_FP8_SOFTWARE") == "1" else []
     options += shlex.split(os.environ.get("QUANTPLAN_NVRTC_OPTIONS", ""))

@@ -66,7 +66,8 @@ from ._qgz_launch import (
     widest_dividing,
 )
 from ._segments import SegmentLayoutArgs, range_divisor_of
-from .compiler import compile_options, load_kernels, template_name
+from ._tuning import TUNING, kernel_options
+from .compiler import load_kernels, template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import (
@@ -190,7 +191,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     code, out = ELEMENTS[desc.input_element], ELEMENTS[desc.output_element]
     high_first = (code.is_packed or out.is_packed) and desc.nibble_order is NibbleOrder.HIGH_FIRST
     unit = dequant_reduce_unit(desc.input_element, desc.error_element, desc.output_element, high_first)
-    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     chunk = desc.chunk_elements
     peer_input = PeerSumArgs(
         peer_bytes=_storage(chunk, desc.input_element),
@@ -260,7 +261,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
 
 
 #: Threads per block of ``dequant_reduce_dense`` (at least the team).
-DENSE_REDUCE_BLOCK = 256
+DENSE_REDUCE_BLOCK = TUNING.reduce_dense_block
 
 
 def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple[int, int, int, int] | None:

@@ -37,7 +37,8 @@ from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_gr
 from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, check_param_values, is_scalar, operand, view
 from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend, preferred
-from .compiler import compile_options, load_kernels, template_name
+from ._tuning import kernel_options
+from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype
 from .errors import InvalidArgumentType, InvalidProblem, Unsupported
 from .types import (
@@ -430,7 +431,7 @@ class _LsqLaunches(LaunchPair):
 def _prepare_lsq(problem: FakeQuantizeProblem, geometry: LsqGeometry, device_id: int) -> _LsqLaunches:
     info = device_info(device_id)
     functions = load_kernels(
-        "fake_quantize", fake_quantize_unit(problem.float_kind), info.arch, device_id, compile_options()
+        "fake_quantize", fake_quantize_unit(problem.float_kind), info.arch, device_id, kernel_options()
     )
     tag = ELEMENTS[problem.float_kind].cpp_tag
 

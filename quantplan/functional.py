@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ._block_functional import BLOCK_NAMES, BLOCK_OPTIONS, BlockQuantizedTensor, dequantize_block, quantize_block
 from ._frontend import TORCH, Target, array_signature, dtype_name, remember_replay, replay, replayed
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .elements import ELEMENTS
@@ -92,6 +94,13 @@ _SCALE_DTYPES: dict[tuple[ElementKind, ElementKind], str] = {
 _FLOAT_SCALE_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))
 #: What ``quantize(nonfinite=...)`` does when a scale of the result is not finite.
 NONFINITE = ("propagate", "warn", "raise")
+
+
+def _traced(x: Any) -> bool:
+    """Whether torch.compile is tracing this call (then PyTorch tensors go through quantplan's
+    torch.library operators, which it can trace). False without PyTorch imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling() and isinstance(x, torch.Tensor)
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -281,8 +290,23 @@ def quantize(
     offset: int = 0,
     nibble_order: NibbleOrder = NibbleOrder.LOW_FIRST,
     nonfinite: str = "propagate",
-) -> QuantizedTensor:
+    **block_options: Any,
+) -> QuantizedTensor | BlockQuantizedTensor:
     """Quantize ``x`` to ``dtype`` codes; the scale comes from the data unless one is given.
+
+    **Block-scaled formats** (``dtype`` ``"mxfp8"`` (= ``"mxfp8_e4m3"``), ``"mxfp8_e5m2"``,
+    ``"mxfp6_e2m3"``, ``"mxfp6_e3m2"``, ``"mxfp4"``, ``"mxint8"``, ``"nvfp4"``, ``"fp8_block"``
+    (= ``"fp8_block_e4m3"``), ``"fp8_block_e5m2"``): a :class:`BlockQuantizedTensor` from
+    :class:`~quantplan.BlockScaledQuantizePlan` (docs/block_scaled.md), with the options
+    ``axis`` (the block axis, default -1), ``block`` ((32, 32) MXFP8, (16, 16) NVFP4, (1, 128) /
+    (128, 128) FP8 blocks), ``layout`` (``"compact"``, ``"blocked"``, ``"column_major"``,
+    ``"packed_ue8m0"``), ``scale_mode`` (MX ``"rceil"`` / ``"floor"`` / ``"ceil"`` / ``"even"``; NVFP4
+    ``"te"`` / ``"torchao"``; FP8 ``"div"`` / ``"mul_rcp"`` / ``"enc"``), ``scale_format`` (FP8
+    blocks: ``"f32"`` or ``"ue8m0"``), ``amax_floor`` (FP8 blocks), ``two_level`` and
+    ``global_amax`` (NVFP4), ``rounding`` / ``seed`` / ``offset`` (NVFP4, MX float elements) and
+    ``nonfinite`` (``block_options``: the keywords beyond the affine ones). ``scope``,
+    ``group_size``, ``asymmetric``, ``scale``, ``zero_point``, ``q_min``, ``q_max`` and
+    ``nibble_order`` do not apply to them.
 
     Dynamic range (no ``scale``): symmetric ``scale = amax / q_max`` (FP8: ``amax / fp8_max``),
     asymmetric ``scale = (hi - lo) / (q_max - q_min)`` with ``lo = min(min x, 0)``,
@@ -320,6 +344,12 @@ def quantize(
     round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
     ``seed`` and ``offset``); deterministic.
     """
+    if _traced(x):  # torch.compile: through the torch.library operators
+        from . import _torch_ops
+
+        code = _kind(dtype, CODE_NAMES, "dtype")
+        given = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
+        return _torch_ops.quantize(QuantizedTensor, x, code, *given, nibble_order)  # type: ignore[no-any-return]
     replay_key: tuple[Any, ...] | None = None
     if scale is None and zero_point is None and rounding is Rounding.NEAREST_EVEN and seed is None:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer.
@@ -343,6 +373,17 @@ def quantize(
             result = replayed(replay_key, x)
             if result is not None:
                 return result  # type: ignore[no-any-return]
+    if type(dtype) is str and dtype in BLOCK_NAMES:
+        return _quantize_block_scaled(
+            x, dtype, scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset,
+            nibble_order, nonfinite, block_options, None if block_options else replay_key,
+        )  # fmt: skip
+    if block_options:
+        unknown = ", ".join(f"{name}=" for name in block_options)
+        raise InvalidProblem(
+            f"{unknown}: quantize() takes these keywords only for the block-scaled formats "
+            f"({', '.join(BLOCK_NAMES)}), not for dtype={dtype!r}"
+        )
     replayable = replay_key is not None
     if nonfinite not in NONFINITE:
         raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
@@ -416,7 +457,49 @@ def quantize(
     return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2, given=True)
 
 
-def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> Any:
+def _quantize_block_scaled(
+    x: Any,
+    dtype: str,
+    scope: Any,
+    group_size: Any,
+    axis: int | None,
+    asymmetric: bool,
+    scale: Any,
+    zero_point: Any,
+    q_min: Any,
+    q_max: Any,
+    rounding: Rounding,
+    seed: int | None,
+    offset: int,
+    nibble_order: NibbleOrder,
+    nonfinite: str,
+    options: dict[str, Any],
+    replay_key: Any,
+) -> BlockQuantizedTensor:
+    """``quantize`` of a block-scaled format: the affine options refused, the rest passed on."""
+    affine = dict(scope=scope, group_size=group_size, scale=scale, zero_point=zero_point, q_min=q_min, q_max=q_max)
+    given = [name for name, value in affine.items() if value is not None]
+    given += ["asymmetric"] if asymmetric else []
+    given += ["nibble_order"] if nibble_order is not NibbleOrder.LOW_FIRST else []
+    if given:
+        raise InvalidProblem(
+            f"dtype={dtype!r} is block-scaled (scales from each block); {', '.join(given)} apply to the affine formats"
+        )
+    unknown = sorted(set(options) - set(BLOCK_OPTIONS))
+    if unknown:
+        raise InvalidProblem(
+            f"quantize(x, {dtype!r}) got unknown keyword(s) {', '.join(unknown)}; the block-scaled options are "
+            f"{', '.join(BLOCK_OPTIONS)}"
+        )
+    if nonfinite not in NONFINITE:
+        raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
+    return quantize_block(
+        x, dtype, axis=axis, rounding=rounding, seed=seed, offset=offset, nonfinite=nonfinite, replay_key=replay_key,
+        **options,
+    )  # fmt: skip
+
+
+def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | str | None = None) -> Any:
     """``y = (codes - zero_point) * scale`` rounded once to ``dtype`` (default: the dtype quantized).
 
     A ``dtype`` of another precision than the data quantized (float32 output of float64 data, or the
@@ -427,9 +510,15 @@ def dequantize(qt: QuantizedTensor, dtype: ElementKind | str | None = None) -> A
     ElementKind). The output is a new array of the codes' library and device.
     """
     if not isinstance(qt, QuantizedTensor):
+        if isinstance(qt, BlockQuantizedTensor):
+            return dequantize_block(qt, dtype)
         raise InvalidArgumentType(f"dequantize takes a QuantizedTensor (from qp.quantize), got {type(qt).__name__}")
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
+    if _traced(qt.codes):  # torch.compile: through the torch.library operator
+        from . import _torch_ops
+
+        return _torch_ops.dequantize(qt, out_kind)
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
     key = (DequantizePlan, desc, out_kind)
 
@@ -477,6 +566,10 @@ def fake_quantize(
 
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
+    if _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
+        from . import pytorch
+
+        return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
     target = Target.of(
         x,
         None if isinstance(scale, (int, float)) else scale,
@@ -500,4 +593,13 @@ def fake_quantize(
     return y
 
 
-__all__ = ["CODE_NAMES", "FLOAT_NAMES", "NONFINITE", "QuantizedTensor", "dequantize", "fake_quantize", "quantize"]
+__all__ = [
+    "CODE_NAMES",
+    "FLOAT_NAMES",
+    "NONFINITE",
+    "BlockQuantizedTensor",
+    "QuantizedTensor",
+    "dequantize",
+    "fake_quantize",
+    "quantize",
+]

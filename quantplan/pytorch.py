@@ -25,6 +25,12 @@ slices, ``channels_last``) are copied with ``.contiguous()`` first, and outputs 
 ``torch.empty_like`` of that contiguous input: always C-contiguous. Tensors that require grad
 reach the plans without a copy (CUDA: the tensor itself; CPU: a NumPy view of its ``.detach()``).
 
+Under ``torch.compile`` the functions and modules call ``torch.library`` operators of the
+``quantplan`` namespace instead (:mod:`quantplan._torch_ops` has their conventions), which it
+traces with ``fullgraph=True`` and records into CUDA graphs with ``mode="reduce-overhead"``;
+eager calls skip the dispatcher (the autograd.Function, or the plan alone when no gradient is
+recorded). Build scopes outside compiled code (a pydantic model is not traced).
+
 Plans are selected once per problem -- (kind, shape, dtype, scope, mode, range, device) -- and
 kept in quantplan's per-thread front-end cache of :data:`PLAN_CACHE_SIZE` entries (shared with
 :mod:`quantplan.compat.deepspeed`; plans are not safe to run from two host threads at once), so a
@@ -36,7 +42,7 @@ caching allocator, stream-ordered on the current stream).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +63,7 @@ from ._frontend import (
 )
 from ._layout import normalize_axis, param_shape
 from ._operands import scalar_scale
+from ._torch_ops import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
@@ -89,6 +96,8 @@ _PARAM_DTYPES: dict[ElementKind, Any] = {
 }
 _PARAM_NUMPY: dict[Any, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 _TENSOR = TensorScope()
+#: True while torch.compile traces (the public functions then call the torch.library operators).
+_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
 _SCOPES = (TensorScope, ChannelScope, TokenScope, GroupScope)
 
@@ -273,6 +282,26 @@ def _check_range(q_min: int, q_max: int) -> tuple[int, int]:
     return int(q_min), int(q_max)
 
 
+def _grad_for(*inputs: Any) -> bool:
+    """Whether a call on ``inputs`` records a gradient (grad mode on, a tensor requiring grad)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in inputs)
+
+
+def _static_forward_parts(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
+) -> tuple[Any, Any, Any, Any, _Static, ElementKind]:
+    """Static fake quantization: ``(y, x contiguous, scale, zero point as run, problem, element)``."""
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+    s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
+    return _run_forward(target, xc, static.plan, s, z), xc, s, z, static, kind
+
+
+def _static_forward(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """``x`` fake-quantized with static parameters, no autograd."""
+    return _static_forward_parts(x, scale, zero_point, scope, q_min, q_max)[0]
+
+
 class FakeQuantizeFunction(torch.autograd.Function):
     """Static fake quantization as an autograd op (``FakeQuantizeFunction.apply(x, scale, zero_point,
     scope, q_min, q_max)``; prefer :func:`fake_quantize`).
@@ -286,10 +315,7 @@ class FakeQuantizeFunction(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
     ) -> Any:
-        xc, kind, target = _input(x)
-        static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
-        s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
-        y = _run_forward(target, xc, static.plan, s, z)
+        y, xc, s, z, static, kind = _static_forward_parts(x, scale, zero_point, scope, q_min, q_max)
         s_t = s if isinstance(s, torch.Tensor) else None
         z_t = z if isinstance(z, torch.Tensor) else None
         ctx.save_for_backward(xc, s_t, z_t)
@@ -332,7 +358,47 @@ def fake_quantize(
     TokenScope and GroupScope(axis, group_size).
     """
     q_min, q_max = _check_range(q_min, q_max)
-    return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+    return _fake_quantize(x, scale, zero_point, scope, q_min, q_max)
+
+
+def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """Eager: :class:`FakeQuantizeFunction` where a gradient is recorded, else the plan alone (no
+    dispatcher on the hot path); under torch.compile the ``quantplan::fake_quantize`` operator."""
+    if not _compiling():
+        if _grad_for(x):
+            return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+        return _static_forward(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
+    return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+
+
+def _fake_quantize_call(x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int) -> Any:
+    """The ``quantplan::fake_quantize`` operator on these arguments (a number parameter as the
+    operator's ``Scalar``, a sequence as a tensor)."""
+    if isinstance(scale, torch.Tensor):
+        s_t, s_v = scale, 0.0
+    elif _is_number(scale):
+        s_t, s_v = None, float(scale)
+    else:
+        s_t, s_v = torch.as_tensor(scale), 0.0
+    if zero_point is None or isinstance(zero_point, torch.Tensor):
+        z_t, z_v = zero_point, None
+    elif _is_number(zero_point):
+        z_t, z_v = None, zero_point
+    else:
+        z_t, z_v = torch.as_tensor(zero_point), None
+    return fake_quantize_op(x, s_t, s_v, z_t, z_v, scope, q_min, q_max)
+
+
+def traced_functional_fake_quantize(
+    x: Any, scale: Any, zero_point: Any, scope: Scope | None, axis: int | None, q_min: int, q_max: int
+) -> Any:
+    """:func:`quantplan.fake_quantize` of a tensor while torch.compile traces: the
+    ``quantplan::fake_quantize`` operator (same bits; where ``x`` requires grad, the
+    straight-through gradient flows, where eager returns a tensor without one)."""
+    if scope is not None and axis is not None:
+        raise InvalidProblem("give one of scope=, axis= (got scope, axis)")
+    scope_list = [1, axis, 0] if axis is not None else [0, 0, 0] if scope is None else scope_ints(scope)
+    return _fake_quantize_call(x, scale, zero_point, scope_list, q_min, q_max)
 
 
 # ---- learnable (LSQ) fake quantization --------------------------------------------------------
@@ -381,6 +447,18 @@ def _run_lsq(
     return dx, ds, dz
 
 
+def _learnable_forward(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
+) -> tuple[Any, Any, Any, Any, _Static, ElementKind]:
+    """LSQ forward (float parameters): ``(y, x contiguous, scale, zero point, problem, element)``."""
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+    fdtype = _PARAM_DTYPES[kind]
+    s_t = _param(scale, "scale", static.pshape, fdtype, xc)
+    z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
+    return _run_forward(target, xc, static.plan, s_t, z_t), xc, s_t, z_t, static, kind
+
+
 class LearnableFakeQuantizeFunction(torch.autograd.Function):
     """Learnable (LSQ) fake quantization as an autograd op (``apply(x, scale, zero_point, scope,
     q_min, q_max, grad_factor)``; prefer :func:`fake_quantize_learnable`).
@@ -403,12 +481,7 @@ class LearnableFakeQuantizeFunction(torch.autograd.Function):
         q_max: int,
         grad_factor: float,
     ) -> Any:
-        xc, kind, target = _input(x)
-        static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
-        fdtype = _PARAM_DTYPES[kind]
-        s_t = _param(scale, "scale", static.pshape, fdtype, xc)
-        z_t = None if zero_point is None else _param(zero_point, "zero_point", static.pshape, fdtype, xc)
-        y = _run_forward(target, xc, static.plan, s_t, z_t)
+        y, xc, s_t, z_t, static, kind = _learnable_forward(x, scale, zero_point, scope, q_min, q_max)
         ctx.save_for_backward(xc, s_t, z_t)
         ctx.spec = (static, scope, q_min, q_max, float(grad_factor), kind)
         ctx.param_meta = tuple(
@@ -468,7 +541,24 @@ def fake_quantize_learnable(
     the backward (one copy of ``x`` and ``dy``).
     """
     q_min, q_max = _check_range(q_min, q_max)
-    return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, float(grad_factor))
+    return _fake_quantize_learnable(x, scale, zero_point, scope, q_min, q_max, float(grad_factor))
+
+
+def _fake_quantize_learnable(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int, grad_factor: float
+) -> Any:
+    """Eager: :class:`LearnableFakeQuantizeFunction` where a gradient is recorded, else the plan
+    alone; under torch.compile the
+    ``quantplan::fake_quantize_learnable`` operator (parameters as tensors)."""
+    if not _compiling():
+        if _grad_for(x, scale, zero_point):
+            return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max, grad_factor)
+        return _learnable_forward(x, scale, zero_point, scope, q_min, q_max)[0]
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.as_tensor(scale, dtype=torch.float32)
+    if zero_point is not None and not isinstance(zero_point, torch.Tensor):
+        zero_point = torch.as_tensor(zero_point, dtype=torch.float32)
+    return fake_quantize_learnable_op(x, scale, zero_point, scope_ints(scope), q_min, q_max, grad_factor)
 
 
 # ---- dynamic-range fake quantization -----------------------------------------------------------
@@ -504,6 +594,33 @@ def _rng_arg(value: Any, target: Target) -> Any:
     return target.arg(_contiguous(value.to(device=target.device)))
 
 
+def _run_dynamic(
+    x: Any, bits: int, mode: QuantMode, scope: Scope, rounding: Rounding, rng_seed: Any, rng_offset: Any
+) -> Any:
+    """``x`` fake-quantized by DynamicRangeFakeQuantizePlan (a fresh C-contiguous tensor)."""
+    xc, kind, target = _input(x)
+    plan = _dynamic_plan(target, xc, kind, scope, mode, bits, rounding)
+    y = torch.empty_like(xc)
+    # Unchecked where this call established what the plan would check: nearest rounding
+    # without seeds, or stochastic rounding with Python-int seeds (checked here, the plan's
+    # rule: [0, 2**64)). Seed tensors, and seeds given to nearest rounding, the plan checks.
+    if rounding is Rounding.STOCHASTIC:
+        unchecked = type(rng_seed) is int and type(rng_offset) is int
+        if unchecked:
+            check_seed(rng_seed, "rng_seed")
+            check_seed(rng_offset, "rng_offset")
+    else:
+        unchecked = rng_seed is None and rng_offset is None
+    args = DynamicRangeFakeQuantizeArgs(
+        input=target.arg(xc),
+        output=target.arg(y),
+        rng_seed=_rng_arg(rng_seed, target),
+        rng_offset=_rng_arg(rng_offset, target),
+    )
+    target.run_with_workspace(plan, args, check=not unchecked)
+    return y
+
+
 class DynamicFakeQuantizeFunction(torch.autograd.Function):
     """Dynamic-range fake quantization as an autograd op (``apply(x, bits, mode, scope, rounding,
     rng_seed, rng_offset)``; prefer :func:`dynamic_fake_quantize`).
@@ -524,27 +641,7 @@ class DynamicFakeQuantizeFunction(torch.autograd.Function):
         rng_seed: Any,
         rng_offset: Any,
     ) -> Any:
-        xc, kind, target = _input(x)
-        plan = _dynamic_plan(target, xc, kind, scope, mode, bits, rounding)
-        y = torch.empty_like(xc)
-        # Unchecked where this call established what the plan would check: nearest rounding
-        # without seeds, or stochastic rounding with Python-int seeds (checked here, the plan's
-        # rule: [0, 2**64)). Seed tensors, and seeds given to nearest rounding, the plan checks.
-        if rounding is Rounding.STOCHASTIC:
-            unchecked = type(rng_seed) is int and type(rng_offset) is int
-            if unchecked:
-                check_seed(rng_seed, "rng_seed")
-                check_seed(rng_offset, "rng_offset")
-        else:
-            unchecked = rng_seed is None and rng_offset is None
-        args = DynamicRangeFakeQuantizeArgs(
-            input=target.arg(xc),
-            output=target.arg(y),
-            rng_seed=_rng_arg(rng_seed, target),
-            rng_offset=_rng_arg(rng_offset, target),
-        )
-        target.run_with_workspace(plan, args, check=not unchecked)
-        return y
+        return _run_dynamic(x, bits, mode, scope, rounding, rng_seed, rng_offset)
 
     @staticmethod
     def backward(ctx: Any, dy: Any) -> tuple[Any, None, None, None, None, None, None]:  # type: ignore[override]
@@ -579,7 +676,330 @@ def dynamic_fake_quantize(
         raise InvalidProblem(
             "rounding=Rounding.STOCHASTIC needs rng_seed and rng_offset (ints); DynamicFakeQuantize keeps them for you"
         )
-    return DynamicFakeQuantizeFunction.apply(x, _bits(bits, mode), mode, scope, rounding, rng_seed, rng_offset)
+    return _dynamic_fake_quantize(x, _bits(bits, mode), mode, scope, rounding, rng_seed, rng_offset)
+
+
+def _dynamic_fake_quantize(
+    x: Any, bits: int, mode: QuantMode, scope: Scope, rounding: Rounding, rng_seed: Any, rng_offset: Any
+) -> Any:
+    """Eager: :class:`DynamicFakeQuantizeFunction` where a gradient is recorded, else the plan
+    alone; under torch.compile the
+    ``quantplan::dynamic_fake_quantize`` operator (a seed / offset tensor or int each)."""
+    if not _compiling():
+        if _grad_for(x):
+            return DynamicFakeQuantizeFunction.apply(x, bits, mode, scope, rounding, rng_seed, rng_offset)
+        return _run_dynamic(x, bits, mode, scope, rounding, rng_seed, rng_offset)
+    seed_t = rng_seed if isinstance(rng_seed, torch.Tensor) else None
+    offset_t = rng_offset if isinstance(rng_offset, torch.Tensor) else None
+    seed_v = None if seed_t is not None else signed_seed(rng_seed)
+    offset_v = None if offset_t is not None else signed_seed(rng_offset)
+    return dynamic_fake_quantize_op(
+        x,
+        bits,
+        mode is QuantMode.ASYMMETRIC,
+        scope_ints(scope),
+        rounding is Rounding.STOCHASTIC,
+        seed_t,
+        offset_t,
+        seed_v,
+        offset_v,
+    )
+
+
+# ---- torch.library operators ---------------------------------------------------------------------
+#
+# Under torch.compile the functions and modules above call operators of the ``quantplan``
+# namespace (``quantplan._torch_ops`` has the conventions): ``fake_quantize`` with its
+# straight-through backward ``fake_quantize_ste_backward``, ``fake_quantize_learnable`` with
+# ``fake_quantize_learnable_backward``, and ``dynamic_fake_quantize`` (identity gradient). Their
+# CPU and CUDA kernels are the autograd.Functions' forward and backward bodies; eager calls of the
+# public functions take the autograd.Functions directly (no dispatcher on the hot path).
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_modes: Callable[[], int] = torch._C._len_torch_dispatch_stack
+
+
+def _register_autograd(
+    name: str,
+    op: Any,
+    impl: Callable[..., Any],
+    setup: Callable[[Any, tuple[Any, ...], Any], None],
+    backward: Callable[..., tuple[Any, ...]],
+    eager: Callable[..., Any],
+) -> None:
+    """The Autograd kernel of operator ``name``: on plain tensors with no dispatch mode active
+    (an eager call) ``eager``, the adapter's autograd.Function (one Python autograd node, no
+    second trip through the dispatcher), or without a gradient to record ``impl`` (the CPU /
+    CUDA kernel) itself; otherwise (torch.compile tracing with fake / functional
+    tensors, a dispatch mode watching) an autograd.Function whose forward re-dispatches ``op``
+    below autograd and saves what ``setup`` picks, and whose backward is ``backward``, made of
+    operators -- what ``torch.library.register_autograd`` builds, which costs every eager call
+    about twice the dispatcher overhead (``benchmarks/host_torch_ops.py``)."""
+
+    class Traced(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op(*args)
+            setup(ctx, args, out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return backward(ctx, *grads)
+
+    Traced.__name__ = Traced.__qualname__ = f"{name}_autograd"
+
+    def kernel(*args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if _dispatch_modes() or not all(type(t) in _PLAIN for t in tensors):
+            return Traced.apply(*args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return eager(*args)
+        return impl(*args)  # no gradient to record: the CPU / CUDA kernel itself
+
+    LIBRARY.impl(name, kernel, "Autograd")
+
+
+def _mode_of(zero_point: Any, zero_point_value: Any) -> QuantMode:
+    return _MODES[zero_point is not None or zero_point_value is not None]
+
+
+# -- static fake quantization (straight-through gradient) --
+
+
+def _fq_impl(
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    sc = scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
+    s, z = _static_params(
+        xc,
+        scale_value if scale is None else scale,
+        zero_point_value if zero_point is None else zero_point,
+        static.pshape,
+        sc,
+        kind,
+    )
+    return _run_forward(target, xc, static.plan, s, z)
+
+
+def _fq_fake(x: Any, *rest: Any) -> Any:
+    _element(x)
+    return fresh_like(x)
+
+
+def _ste_impl(
+    dy: Any,
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    sc = scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
+    s, z = _static_params(
+        xc,
+        scale_value if scale is None else scale,
+        zero_point_value if zero_point is None else zero_point,
+        static.pshape,
+        sc,
+        kind,
+    )
+    return _run_ste(target, xc, kind, dy, s, z, static)
+
+
+def _ste_fake(dy: Any, x: Any, *rest: Any) -> Any:
+    return fresh_like(x)
+
+
+_FQ_ARGS = (
+    "Tensor? scale, float scale_value, Tensor? zero_point, Scalar? zero_point_value, int[] scope, int q_min, int q_max"
+)
+fake_quantize_op = define(f"fake_quantize(Tensor x, {_FQ_ARGS}) -> Tensor", _fq_impl, _fq_fake)
+fake_quantize_ste_backward_op = define(
+    f"fake_quantize_ste_backward(Tensor grad_output, Tensor x, {_FQ_ARGS}) -> Tensor", _ste_impl, _ste_fake
+)
+
+
+def _fq_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[3])
+    ctx.rest = (inputs[2], inputs[4], inputs[5], inputs[6], inputs[7])
+
+
+def _fq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
+    x, scale, zero_point = ctx.saved_tensors
+    scale_value, zero_point_value, scope, q_min, q_max = ctx.rest
+    dx = fake_quantize_ste_backward_op(dy, x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max)
+    return dx, None, None, None, None, None, None, None
+
+
+def _fq_eager(
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    s = scale_value if scale is None else scale
+    z = zero_point_value if zero_point is None else zero_point
+    return FakeQuantizeFunction.apply(x, s, z, scope_of(scope), q_min, q_max)
+
+
+_register_autograd("fake_quantize", fake_quantize_op, _fq_impl, _fq_setup, _fq_backward, _fq_eager)
+
+
+# -- learnable (LSQ) fake quantization --
+
+
+def _lsq_forward_impl(
+    x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
+) -> Any:
+    return _learnable_forward(x, scale, zero_point, scope_of(scope), q_min, q_max)[0]
+
+
+def _lsq_backward_impl(
+    dy: Any, x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
+) -> tuple[Any, Any, Any]:
+    sc = scope_of(scope)
+    xc, kind, target = _input(x)
+    static = _static(target, xc, kind, sc, _MODES[zero_point is not None], q_min, q_max)
+    fdtype = _PARAM_DTYPES[kind]
+    pshape = static.pshape
+    s_t = _exact(_param(scale, "scale", pshape, fdtype, xc), pshape)
+    z_t = None if zero_point is None else _exact(_param(zero_point, "zero_point", pshape, fdtype, xc), pshape)
+    dx, ds, dz = _run_lsq(xc, dy, s_t, z_t, sc, q_min, q_max, grad_factor)
+
+    def as_param(grad: Any, like: Any) -> Any:
+        grad = shaped(grad, tuple(like.shape))
+        return grad if grad.dtype is like.dtype else grad.to(like.dtype)
+
+    ds = as_param(ds, scale)
+    dz = scale.new_empty((0,)) if zero_point is None else as_param(dz, zero_point)
+    return dx, ds, dz
+
+
+def _lsq_backward_fake(dy: Any, x: Any, scale: Any, zero_point: Any, *rest: Any) -> tuple[Any, Any, Any]:
+    dz = scale.new_empty((0,)) if zero_point is None else fresh_like(zero_point)
+    return fresh_like(x), fresh_like(scale), dz
+
+
+_LSQ_ARGS = "Tensor scale, Tensor? zero_point, int[] scope, int q_min, int q_max, float grad_factor"
+fake_quantize_learnable_op = define(
+    f"fake_quantize_learnable(Tensor x, {_LSQ_ARGS}) -> Tensor", _lsq_forward_impl, _fq_fake
+)
+fake_quantize_learnable_backward_op = define(
+    f"fake_quantize_learnable_backward(Tensor grad_output, Tensor x, {_LSQ_ARGS}) -> (Tensor, Tensor, Tensor)",
+    _lsq_backward_impl,
+    _lsq_backward_fake,
+)
+
+
+def _lsq_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1], inputs[2])
+    ctx.rest = tuple(inputs[3:])
+
+
+def _lsq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
+    x, scale, zero_point = ctx.saved_tensors
+    scope, q_min, q_max, grad_factor = ctx.rest
+    if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+        dx = fake_quantize_ste_backward_op(dy, x, scale, 0.0, zero_point, None, scope, q_min, q_max)
+        return dx, None, None, None, None, None, None
+    dx, ds, dz = fake_quantize_learnable_backward_op(dy, x, scale, zero_point, scope, q_min, q_max, grad_factor)
+    return dx, ds, None if zero_point is None else dz, None, None, None, None
+
+
+def _lsq_eager(
+    x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int, grad_factor: float
+) -> Any:
+    return LearnableFakeQuantizeFunction.apply(x, scale, zero_point, scope_of(scope), q_min, q_max, grad_factor)
+
+
+_register_autograd(
+    "fake_quantize_learnable", fake_quantize_learnable_op, _lsq_forward_impl, _lsq_setup, _lsq_backward, _lsq_eager
+)
+
+
+# -- dynamic-range fake quantization (identity gradient) --
+
+
+def _dynamic_impl(
+    x: Any,
+    bits: int,
+    asymmetric: bool,
+    scope: list[int],
+    stochastic: bool,
+    rng_seed: Any,
+    rng_offset: Any,
+    rng_seed_value: int | None,
+    rng_offset_value: int | None,
+) -> Any:
+    mode = _MODES[asymmetric]
+    rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
+    seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
+    offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
+    return _run_dynamic(x, bits, mode, scope_of(scope), rounding, seed, offset)
+
+
+def _dynamic_fake(x: Any, *rest: Any) -> Any:
+    _element(x)
+    return fresh_like(x)
+
+
+dynamic_fake_quantize_op = define(
+    "dynamic_fake_quantize(Tensor x, int bits, bool asymmetric, int[] scope, bool stochastic, Tensor? rng_seed, "
+    "Tensor? rng_offset, int? rng_seed_value, int? rng_offset_value) -> Tensor",
+    _dynamic_impl,
+    _dynamic_fake,
+)
+
+
+def _dynamic_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
+    return (dy, *(None,) * 8)
+
+
+def _dynamic_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    pass
+
+
+def _dynamic_eager(
+    x: Any,
+    bits: int,
+    asymmetric: bool,
+    scope: list[int],
+    stochastic: bool,
+    rng_seed: Any,
+    rng_offset: Any,
+    rng_seed_value: int | None,
+    rng_offset_value: int | None,
+) -> Any:
+    rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
+    seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
+    offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
+    return DynamicFakeQuantizeFunction.apply(x, bits, _MODES[asymmetric], scope_of(scope), rounding, seed, offset)
+
+
+_register_autograd(
+    "dynamic_fake_quantize", dynamic_fake_quantize_op, _dynamic_impl, _dynamic_setup, _dynamic_backward, _dynamic_eager
+)
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -661,7 +1081,7 @@ class FakeQuantize(torch.nn.Module):
         if not self.enabled:
             return x
         # q_min / q_max were checked at construction: straight to the op.
-        return FakeQuantizeFunction.apply(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max)
+        return _fake_quantize(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max)
 
     def extra_repr(self) -> str:
         mode = "symmetric" if self.zero_point is None else "asymmetric"
@@ -737,9 +1157,7 @@ class LearnableFakeQuantize(torch.nn.Module):
         gf = self.grad_factor
         if gf is None:
             gf = 1.0 / math.sqrt(max(1, x.numel() * max(1, self.q_max)))
-        return LearnableFakeQuantizeFunction.apply(
-            x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max, float(gf)
-        )
+        return _fake_quantize_learnable(x, self.scale, self.zero_point, self.scope, self.q_min, self.q_max, float(gf))
 
     def extra_repr(self) -> str:
         mode = "symmetric" if self.zero_point is None else "asymmetric"
@@ -828,9 +1246,9 @@ class DynamicFakeQuantize(torch.nn.Module):
     def forward(self, x: Any) -> Any:
         """``x`` fake-quantized with its own range (advances the offset when stochastic)."""
         if self.rounding is not Rounding.STOCHASTIC:
-            return DynamicFakeQuantizeFunction.apply(x, self.bits, self.mode, self.scope, self.rounding, None, None)
+            return _dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding, None, None)
         seed, offset = self._philox.take(x.numel())
-        return DynamicFakeQuantizeFunction.apply(x, self.bits, self.mode, self.scope, self.rounding, seed, offset)
+        return _dynamic_fake_quantize(x, self.bits, self.mode, self.scope, self.rounding, seed, offset)
 
     def get_extra_state(self) -> dict[str, int]:
         """The Philox seed and offset (saved in the ``state_dict``)."""

@@ -47,7 +47,8 @@ from ._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupanc
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, row_layout
 from ._operands import Operand, OperandChecks, check_outputs, check_param_values
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend, preferred
-from .compiler import compile_options, load_kernels, template_name
+from ._tuning import kernel_options
+from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype
 from .errors import InvalidProblem, Unsupported
 from .types import BackendKind, MathPrecision, OpCategory, PlanPreference, QuantMode, TensorScope
@@ -181,7 +182,7 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
             return cls(problem, None, None, REFERENCE_VARIANT)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
-        functions = load_kernels(cls._family, cls._unit(problem), info.arch, device_id, compile_options())
+        functions = load_kernels(cls._family, cls._unit(problem), info.arch, device_id, kernel_options())
 
         def prepare(layout: RowLayout) -> PreparedLaunch:
             fn = functions[cls._kernel_name(problem, layout.vec)]

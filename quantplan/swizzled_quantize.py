@@ -50,7 +50,8 @@ from ._qgz_launch import (
     set_output_args,
 )
 from ._segments import SegmentLayoutArgs, range_divisor_of
-from .compiler import compile_options, load_kernels, template_name
+from ._tuning import kernel_options
+from .compiler import load_kernels, template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import (
@@ -89,7 +90,7 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
     code = ELEMENTS[desc.output_element]
     high_first = code.is_packed and desc.nibble_order is NibbleOrder.HIGH_FIRST
     unit = swizzled_quantize_unit(desc.input_element, desc.error_element, desc.output_element, high_first)
-    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
     fixed = dict(
         divisor=range_divisor_of(desc.mode, q_min, q_max),

@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "_fake_rows": MACHINERY,
     "_families": MACHINERY,
     "_precompile": MACHINERY,
+    "_tuning": MACHINERY,
     "compiler": MACHINERY,
     "workspace": MACHINERY,
     # reference backends (NumPy)
@@ -56,12 +57,15 @@ LAYERS: dict[str, int] = {
     "dynamic_fake_quantize": OPS,
     "swizzled_quantize": OPS,
     "dequant_reduce": OPS,
+    "block_scaled": OPS,
     "compat._deepspeed_plans": OPS,
     # front-ends: what users call with their arrays
     "__init__": FRONTENDS,
     "__main__": FRONTENDS,
     "_frontend": FRONTENDS,
     "functional": FRONTENDS,
+    "_torch_ops": FRONTENDS,
+    "_block_functional": FRONTENDS,
     "pytorch": FRONTENDS,
     "distributed": FRONTENDS,
     "compat": FRONTENDS,

@@ -336,6 +336,8 @@ rdd = _factory(
     input_element=EK.S8,
     output_element=EK.S8,
 )
+# block-scaled: MXFP8 e4m3 blocks of 32 along the last axis (37: a partial last block)
+bsd = _factory(qp.BlockScaledQuantizeDescriptor, shape=SHAPE, format="mxfp8_e4m3", input_element=EK.F32)
 
 
 def _static_params(rng: np.random.Generator, d: Any, host: dict[str, Any], zp_range: tuple[int, int]) -> None:
@@ -542,6 +544,27 @@ def setup_dequant_reduce(rng: np.random.Generator, **kw: Any) -> Setup:
     )
 
 
+def setup_block_scaled(rng: np.random.Generator, **kw: Any) -> Setup:
+    d = bsd(**kw)
+    host: dict[str, Any] = dict(
+        input=_floats(rng, d.shape, d.input_element),
+        codes=_sentinel(d.codes_shape, np.uint8),
+        scales=_sentinel(d.scales_shape, d.scales_dtype),
+    )
+    outputs: tuple[str, ...] = ("codes", "scales")
+    if d.tensor_scale_shape is not None:
+        host["tensor_scale"] = _sentinel(d.tensor_scale_shape, np.float32)
+        outputs += ("tensor_scale",)
+    return Setup(
+        qp.BlockScaledQuantizePlan,
+        d,
+        qp.BlockScaledQuantizeArgs,
+        host,
+        outputs,
+        wrong_args=lambda v: qp.DynamicRangeQuantizeArgs(v["input"], v["codes"], v["scales"]),
+    )
+
+
 SetupFn = Callable[..., Setup]
 BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
     "quantize": (setup_quantize, {}),
@@ -576,12 +599,47 @@ BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
         setup_dequant_reduce,
         dict(mode=ASYM, input_element=EK.U8, output_element=EK.U8, error_element=EK.F32),
     ),
+    "block_scaled": (setup_block_scaled, {}),
+    "block_scaled.mxfp4_blocked": (
+        setup_block_scaled,
+        dict(shape=(6, 64), format="mxfp4", input_element=EK.BF16, scale_layout="blocked"),
+    ),
+    "block_scaled.fp8_column_major": (
+        setup_block_scaled,
+        dict(
+            shape=(3, 256),
+            format="fp8_block_e4m3",
+            input_element=EK.F16,
+            scale_layout="column_major",
+            scale_mode="mul_rcp",
+            amax_floor=1e-4,
+        ),
+    ),
+    "block_scaled.fp8_ue8m0_packed": (
+        setup_block_scaled,
+        dict(shape=(2, 3, 300), format="fp8_block_e4m3_ue8m0", scale_layout="packed_ue8m0"),
+    ),
+}
+
+
+#: Valid baselines of plan configurations the CUDA backend does not serve yet (the REFERENCE backend
+#: only): their cases run on NumPy, and the fast-path tests (which select on CUDA) leave them out.
+REFERENCE_BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
+    "block_scaled.nvfp4": (setup_block_scaled, dict(format="nvfp4", shape=(4, 40), input_element=EK.BF16)),
+    "block_scaled.nvfp4_stochastic": (
+        setup_block_scaled,
+        dict(format="nvfp4", shape=(4, 40), rounding=STOCHASTIC, block=(16, 16), scale_layout="blocked"),
+    ),
+    "block_scaled.mx_axis0": (setup_block_scaled, dict(format="mxfp6_e3m2", shape=(70, 3), axis=0)),
 }
 
 
 def make_setup(base: str, rng: np.random.Generator) -> Setup:
-    fn, kw = BASES[base]
-    return fn(rng, **kw)
+    fn, kw = BASES[base] if base in BASES else REFERENCE_BASES[base]
+    setup = fn(rng, **kw)
+    if getattr(setup.desc, "rounding", None) is STOCHASTIC and isinstance(setup.desc, qp.BlockScaledQuantizeDescriptor):
+        setup.host["rng_seed"], setup.host["rng_offset"] = 1234, 5
+    return setup
 
 
 # =====================================================================================================
@@ -767,6 +825,7 @@ PLANS: list[tuple[str, str, str, str]] = [
     ("dynamic_fake", "input", "output", "output"),
     ("swizzled", "input", "output", "scale_out"),
     ("dequant_reduce", "input", "output", "scale_out"),
+    ("block_scaled", "input", "codes", "input"),
 ]
 
 ARGS_CLASS = {
@@ -780,6 +839,7 @@ ARGS_CLASS = {
     "dynamic_fake": "DynamicRangeFakeQuantizeArgs",
     "swizzled": "SwizzledQuantizeArgs",
     "dequant_reduce": "DequantReduceArgs",
+    "block_scaled": "BlockScaledQuantizeArgs",
 }
 
 
@@ -1027,6 +1087,235 @@ CASES += [
     # ---- descriptor models shared by every plan
     select_case("scope.group_size_zero_model", Q, lambda: qd(scope=qp.GroupScope(group_size=0)), IP, "group_size"),
     select_case("scope.channel_axis_float", Q, lambda: qd(scope=qp.ChannelScope(axis=1.5)), IP, "axis"),
+]
+
+# ---- BlockScaledQuantizePlan / BlockScaledDequantizePlan ------------------------------------------
+
+BS = qp.BlockScaledQuantizePlan
+BSD = qp.BlockScaledDequantizePlan
+bdd = _factory(qp.BlockScaledDequantizeDescriptor, shape=SHAPE, format="mxfp8_e4m3")
+REF_ONLY = ("numpy",)
+
+CASES += [
+    select_case(
+        "block_scaled.select.format_unknown", BS, lambda: bsd(format="mxfp9"), IP, all_of("mxfp9", "mxfp8_e4m3")
+    ),
+    select_case("block_scaled.select.format_affine", BS, lambda: bsd(format="int8"), IP, "format"),
+    select_case("block_scaled.select.format_none", BS, lambda: bsd(format=None), IP, "format"),
+    select_case("block_scaled.select.input_f64", BS, lambda: bsd(input_element=EK.F64), IP, "input_element"),
+    select_case("block_scaled.select.input_code", BS, lambda: bsd(input_element=EK.S8), IP, "input_element"),
+    select_case("block_scaled.select.rank0", BS, lambda: bsd(shape=()), IP, "dimension"),
+    select_case("block_scaled.select.negative_extent", BS, lambda: bsd(shape=(5, -1)), IP, "negative"),
+    select_case("block_scaled.select.huge", BS, lambda: bsd(shape=(2**70,)), IP, HUGE),
+    select_case("block_scaled.select.block_16", BS, lambda: bsd(block=(1, 16)), IP, all_of("block", "32")),
+    select_case("block_scaled.select.mxfp4_tile", BS, lambda: bsd(format="mxfp4", block=(32, 32)), IP, "block"),
+    select_case("block_scaled.select.block_string", BS, lambda: bsd(block="1x32"), IP, "block"),
+    select_case("block_scaled.select.axis_out_of_range", BS, lambda: bsd(axis=2), IP, "axis 2"),
+    select_case("block_scaled.select.nvfp4_axis0", BS, lambda: bsd(format="nvfp4", axis=0), UNS, "last axis"),
+    select_case("block_scaled.select.fp8_axis0", BS, lambda: bsd(format="fp8_block_e4m3", axis=0), UNS, "last axis"),
+    select_case(
+        "block_scaled.select.mx_mode_div", BS, lambda: bsd(scale_mode="div"), IP, all_of("scale_mode", "rceil")
+    ),
+    select_case(
+        "block_scaled.select.fp8_mode_rceil", BS, lambda: bsd(format="fp8_block_e4m3", scale_mode="rceil"), IP, "div"
+    ),
+    select_case(
+        "block_scaled.select.ue8m0_mode_div",
+        BS,
+        lambda: bsd(format="fp8_block_e4m3_ue8m0", scale_mode="div"),
+        IP,
+        "rceil",
+    ),
+    select_case("block_scaled.select.nvfp4_mode_floor", BS, lambda: bsd(format="nvfp4", scale_mode="floor"), IP, "te"),
+    select_case("block_scaled.select.amax_floor_mx", BS, lambda: bsd(amax_floor=1e-4), IP, "amax_floor"),
+    select_case(
+        "block_scaled.select.amax_floor_negative",
+        BS,
+        lambda: bsd(format="fp8_block_e4m3", amax_floor=-1.0),
+        IP,
+        "amax_floor",
+    ),
+    select_case(
+        "block_scaled.select.amax_floor_inf",
+        BS,
+        lambda: bsd(format="fp8_block_e4m3", amax_floor=float("inf")),
+        IP,
+        "amax_floor",
+    ),
+    select_case("block_scaled.select.two_level_mx", BS, lambda: bsd(two_level=False), IP, "two_level"),
+    select_case(
+        "block_scaled.select.stochastic_fp8",
+        BS,
+        lambda: bsd(format="fp8_block_e4m3", rounding=STOCHASTIC),
+        UNS,
+        "STOCHASTIC",
+    ),
+    select_case(
+        "block_scaled.select.stochastic_mxint8", BS, lambda: bsd(format="mxint8", rounding=STOCHASTIC), UNS, "mxint8"
+    ),
+    select_case("block_scaled.select.layout_unknown", BS, lambda: bsd(scale_layout="swizzled"), IP, "scale_layout"),
+    select_case(
+        "block_scaled.select.blocked_f32",
+        BS,
+        lambda: bsd(format="fp8_block_e4m3", scale_layout="blocked"),
+        IP,
+        "byte scales",
+    ),
+    select_case(
+        "block_scaled.select.packed_nvfp4", BS, lambda: bsd(format="nvfp4", scale_layout="packed_ue8m0"), IP, "E8M0"
+    ),
+    select_case("block_scaled.select.extra_field", BS, lambda: bsd(bogus=1), IP, "bogus"),
+    select_case("block_scaled.select.descriptor_of_quantize", BS, lambda: qd(), IP, "BlockScaledQuantizeDescriptor"),
+    select_case("block_scaled.select.preference_string", BS, bsd, IP, "PlanPreference", pref="fast"),
+    select_case(
+        "block_scaled.select.cuda_without_gpu",
+        BS,
+        bsd,
+        UNS,
+        "GPU",
+        pref=qp.PlanPreference(backend=qp.BackendKind.CUDA),
+        backends=REF_ONLY,
+    ),
+    # the CUDA backend serves MX 1x32 and FP8 1x128 along the last axis only (for now)
+    select_case(
+        "block_scaled.select.cuda_nvfp4",
+        BS,
+        lambda: bsd(format="nvfp4"),
+        UNS,
+        all_of("NVFP4|nvfp4", "REFERENCE"),
+        backends=("cupy", "torch"),
+    ),
+    select_case(
+        "block_scaled.select.cuda_tile", BS, lambda: bsd(block=(32, 32)), UNS, "2-D", backends=("cupy", "torch")
+    ),
+    select_case("block_scaled.select.cuda_axis0", BS, lambda: bsd(axis=0), UNS, "axis 0", backends=("cupy", "torch")),
+    select_case(
+        "block_scaled.select.cuda_stochastic",
+        BS,
+        lambda: bsd(rounding=STOCHASTIC),
+        UNS,
+        "stochastic",
+        backends=("cupy", "torch"),
+    ),
+    select_case("block_scaled.select.cuda_dequantize", BSD, bdd, UNS, "REFERENCE", backends=("cupy", "torch")),
+    select_case("block_scaled_dequantize.select.output_s8", BSD, lambda: bdd(output_element=EK.S8), IP, "F16"),
+    select_case("block_scaled_dequantize.select.format_unknown", BSD, lambda: bdd(format="mx"), IP, "format"),
+    # arguments beyond the common cases
+    arg_case(
+        "block_scaled.scales.wrong_dtype_f32",
+        "block_scaled",
+        IP,
+        all_of("scales", "dtype"),
+        fields={"scales": astype(np.float32)},
+    ),
+    arg_case("block_scaled.scales.none", "block_scaled", IP, "scales", fields={"scales": None}),
+    arg_case(
+        "block_scaled.scales.compact_for_blocked",
+        "block_scaled.mxfp4_blocked",
+        IP,
+        all_of("scales", "shape"),
+        fields={"scales": host_value(np.zeros((6, 2), np.uint8))},
+    ),
+    arg_case(
+        "block_scaled.scales.uint8_for_packed",
+        "block_scaled.fp8_ue8m0_packed",
+        IP,
+        all_of("scales", "dtype"),
+        fields={"scales": astype(np.uint8)},
+    ),
+    arg_case(
+        "block_scaled.codes.unpacked_fp4",
+        "block_scaled.mxfp4_blocked",
+        IP,
+        all_of("codes", "shape"),
+        fields={"codes": host_value(np.zeros((6, 64), np.uint8))},
+    ),
+    arg_case(
+        "block_scaled.tensor_scale.not_nvfp4",
+        "block_scaled",
+        IP,
+        "NVFP4",
+        fields={"tensor_scale": host_value(np.zeros(1, np.float32))},
+    ),
+    arg_case("block_scaled.global_amax.not_nvfp4", "block_scaled", IP, "NVFP4", fields={"global_amax": 2.0}),
+    arg_case("block_scaled.rng_seed.nearest", "block_scaled", IP, "rng_seed", fields={"rng_seed": 3}),
+    arg_case(
+        "block_scaled.codes_overlap_scales",
+        "block_scaled",
+        IP,
+        overlap_msg("codes", "scales"),
+        overlap=Overlap("codes", "scales"),
+    ),
+    arg_case(
+        "block_scaled.codes_overlap_input",
+        "block_scaled",
+        IP,
+        overlap_msg("codes", "input"),
+        overlap=Overlap("input", "codes"),
+    ),
+    arg_case(
+        "block_scaled.scales.misaligned_f32",
+        "block_scaled.fp8_column_major",
+        MO,
+        all_of("scales", "align"),
+        fields={"scales": misaligned()},
+    ),
+    arg_case(
+        "block_scaled_nvfp4.tensor_scale.none",
+        "block_scaled.nvfp4",
+        IP,
+        "tensor_scale",
+        fields={"tensor_scale": None},
+        backends=REF_ONLY,
+    ),
+    arg_case(
+        "block_scaled_nvfp4.tensor_scale.float64",
+        "block_scaled.nvfp4",
+        IP,
+        all_of("tensor_scale", "dtype"),
+        fields={"tensor_scale": astype(np.float64)},
+        backends=REF_ONLY,
+    ),
+    arg_case(
+        "block_scaled_nvfp4.global_amax.negative",
+        "block_scaled.nvfp4",
+        IP,
+        "global_amax",
+        fields={"global_amax": -1.0},
+        backends=REF_ONLY,
+    ),
+    arg_case(
+        "block_scaled_nvfp4.global_amax.nan",
+        "block_scaled.nvfp4",
+        IP,
+        "global_amax",
+        fields={"global_amax": float("nan")},
+        backends=REF_ONLY,
+    ),
+    arg_case(
+        "block_scaled_nvfp4.global_amax.int_array",
+        "block_scaled.nvfp4",
+        IP,
+        "global_amax",
+        fields={"global_amax": host_value(np.ones(1, np.int32))},
+        backends=REF_ONLY,
+    ),
+    arg_case(
+        "block_scaled_nvfp4.global_amax.two_elements",
+        "block_scaled.nvfp4",
+        IP,
+        "global_amax",
+        fields={"global_amax": host_value(np.ones(2, np.float32))},
+        backends=REF_ONLY,
+    ),
+    arg_case(
+        "block_scaled_nvfp4.stochastic_without_seed",
+        "block_scaled.nvfp4_stochastic",
+        IP,
+        "rng_seed",
+        fields={"rng_seed": None},
+        backends=REF_ONLY,
+    ),
 ]
 
 
@@ -2041,9 +2330,11 @@ def test_table_is_large_and_names_are_unique() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("base", list(BASES))
+@pytest.mark.parametrize("base", [*BASES, *REFERENCE_BASES])
 def test_baseline_runs(base: str, backend: str, rng: np.random.Generator) -> None:
     """Every case is one mistake away from this call, which must run and write its outputs."""
+    if base in REFERENCE_BASES and backend != "numpy":
+        pytest.skip(f"{base} runs on the REFERENCE backend only (no CUDA kernel yet)")
     ops = _ops(backend)
     setup = make_setup(base, rng)
     plan = setup.plan_cls.select(None, setup.desc, ops.pref)

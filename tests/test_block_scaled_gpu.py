@@ -147,3 +147,85 @@ def test_large_tensor_past_2_31_elements() -> None:
     np.testing.assert_array_equal(codes[-1].get(), ref.codes[0])
     np.testing.assert_array_equal(scales.reshape(rows, -1)[-1].get(), ref.scales[0])
     assert int(scales.reshape(rows, -1)[0, 0].get()) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("amax_mode", ["given", "compute", "one_level"])
+def test_nvfp4_te_matches_reference(rng: np.random.Generator, dtype: type, amax_mode: str) -> None:
+    import cupy
+
+    for shape in [(4, 64), (3, 100), (2, 5, 48), (1, 15), (130, 33), (64, 4096)]:
+        x = _data(rng, shape, dtype, 16)
+        if amax_mode == "given":
+            amax = np.float32(np.abs(x.astype(np.float32)[np.isfinite(x.astype(np.float32))]).max() * 0.75)
+            ref = rbs.nvfp4_quantize(x, global_amax=float(amax))
+            kw = {"tensor_amax": cupy.asarray(np.array([amax], np.float32))}
+        elif amax_mode == "compute":
+            ref = rbs.nvfp4_quantize(x)
+            kw = {}
+        else:
+            ref = rbs.nvfp4_quantize(x, two_level=False)
+            kw = {"tensor_amax": None}
+        codes, scales = _run(x, element="nvfp4", block=16, rule="te", **kw)
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes, err_msg=f"codes {shape}")
+        np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales, err_msg=f"scales {shape}")
+        if amax_mode == "compute":
+            from quantplan._block_scaled_kernels import tensor_amax_of
+
+            dname = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
+            got = tensor_amax_of(to_device(x), dname, cupy.cuda.get_current_stream()).get()[0]
+            assert got.view(np.uint32) == np.float32(ref.amax).view(np.uint32)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=lambda d: np.dtype(d).name)
+def test_nvfp4_misaligned_and_blocked_layout(rng: np.random.Generator, dtype: type) -> None:
+    for shape in [(64, 128), (129, 96), (5, 70)]:
+        x = _data(rng, shape, dtype, 16)
+        ref = rbs.nvfp4_quantize(x)
+        codes, scales = _run(x, misaligned=True, element="nvfp4", block=16, rule="te")
+        np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes)
+        np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales)
+        _, blocked = _run(x, element="nvfp4", block=16, rule="te", layout="blocked")
+        np.testing.assert_array_equal(blocked, rbs.to_blocked(ref.scales.reshape(shape[0], -1)))
+
+
+@pytest.mark.parametrize("out_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "fmt", ["mx_e4m3", "mx_e5m2", "mx_e2m3", "mx_e3m2", "mx_e2m1", "mx_int8", "fp8_f32", "fp8_ue8m0", "nvfp4"]
+)
+def test_dequantize_matches_reference(rng: np.random.Generator, out_dtype: str, fmt: str) -> None:
+    import cupy
+
+    from quantplan._block_scaled_kernels import dequantize_block_scaled
+
+    out_np = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[out_dtype]
+    for shape in [(4, 64), (3, 100), (2, 5, 48), (1, 15), (130, 257)]:
+        x = _data(rng, shape, np.float32, 32)
+        if fmt.startswith("mx_"):
+            q = rbs.mx_quantize(x, fmt[3:])
+            want = rbs.mx_dequantize(q, out_np)
+            kw = {"element": fmt[3:], "block": 32, "scale_kind": "e8m0"}
+            scales = q.scales
+        elif fmt.startswith("fp8_"):
+            sf = fmt[4:]
+            q = rbs.fp8_block_quantize(x, block=(1, 128), scale_format=sf)
+            want = rbs.fp8_block_dequantize(q, out_np)
+            kw = {"element": "e4m3", "block": 128, "scale_kind": "e8m0" if sf == "ue8m0" else "f32"}
+            scales = q.scales
+        else:
+            q = rbs.nvfp4_quantize(x)
+            want = rbs.nvfp4_dequantize(q, out_np)
+            kw = {
+                "element": "nvfp4",
+                "block": 16,
+                "scale_kind": "e4m3",
+                "tensor_scale": cupy.asarray(np.array([q.tensor_scale], np.float32)),
+            }
+            scales = q.scales
+        got = dequantize_block_scaled(
+            cupy.asarray(q.codes), cupy.asarray(np.ascontiguousarray(scales)), shape, out_dtype=out_dtype, **kw
+        ).get()
+        if out_dtype == "bfloat16":  # compare values (NaN equals NaN whatever its payload)
+            got = (got.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            want = want.astype(np.float32)
+        np.testing.assert_array_equal(got.reshape(want.shape), want, err_msg=f"{fmt} {shape}")

@@ -313,7 +313,8 @@ def _bases() -> dict[str, Any]:
         import test_bad_inputs
     except Exception:  # the table is not importable in this checkout: nothing to run over
         return {}
-    return dict(test_bad_inputs.BASES)
+    # the reference-only configurations too: their checks are the CUDA plan's checks
+    return {**test_bad_inputs.BASES, **getattr(test_bad_inputs, "REFERENCE_BASES", {})}
 
 
 def _as_cuda(plan: Any) -> Any:

@@ -233,6 +233,9 @@ def test_front_end_replays_launch_what_the_full_path_launches(
         ("ds_quantize_fp16", lambda: ds.ds_quantize_fp16(v, 12, 8)),
         ("qp.quantize", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())),
         ("qp.quantize groups asymmetric", lambda: qp.quantize(x, "uint4", group_size=100, asymmetric=True)),
+        ("qp.quantize mxfp8", lambda: qp.quantize(x, "mxfp8")),
+        ("qp.quantize mxfp4 axis -1", lambda: qp.quantize(x8, "mxfp4", axis=-1)),
+        ("qp.quantize fp8_block", lambda: qp.quantize(x8, "fp8_block")),
     ]
     events, reset = byte_recorder
     for name, call in calls:

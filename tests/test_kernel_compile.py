@@ -17,6 +17,7 @@ import pytest
 
 from quantplan import _families, compiler
 from quantplan._precompile import precompile
+from quantplan._tuning import kernel_options
 from quantplan.types import ArchSku
 
 
@@ -70,7 +71,7 @@ def test_a_sample_of_every_family_compiles(family: str, arch: ArchSku, tmp_path,
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     sample = covering_sample(_families.all_instantiations(family))
-    module = compiler.compile_instantiations(family, sample, arch, use_cache=False)
+    module = compiler.compile_instantiations(family, sample, arch, kernel_options(), use_cache=False)
     assert set(module.lowered_names) == set(sample)
     assert module.cubin_path.stat().st_size > 10_000
     print(f"{family} {arch.nvrtc_arch}: {len(sample)} sampled instantiations compiled")
@@ -84,7 +85,7 @@ def test_every_instantiation_compiles(family: str, arch: ArchSku, tmp_path, monk
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     names = _families.all_instantiations(family)
     assert len(names) == len(set(names)) >= {"dynamic_range": 16, "fake_quantize": 40}.get(family, 100)
-    module = compiler.compile_instantiations(family, names, arch, use_cache=False)
+    module = compiler.compile_instantiations(family, names, arch, kernel_options(), use_cache=False)
     assert set(module.lowered_names) == set(names)
     assert module.cubin_path.stat().st_size > 10_000
     print(f"{family} {arch.nvrtc_arch}: {len(names)} instantiations compiled")
@@ -114,7 +115,9 @@ def test_compile_errors_carry_the_nvrtc_log(monkeypatch, tmp_path) -> None:  # n
     from quantplan.errors import KernelCompileError
 
     with pytest.raises(KernelCompileError) as info:
-        compiler.compile_instantiations("quantize", ["quantize_rows<qp::f16, qp::f16, 8, true, false>"], ArchSku(9, 0))
+        compiler.compile_instantiations(
+            "quantize", ["quantize_rows<qp::f16, qp::f16, 8, true, false>"], ArchSku(9, 0), kernel_options()
+        )
     assert "error" in info.value.log
 
 

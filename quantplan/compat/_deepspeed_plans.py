@@ -60,7 +60,6 @@ from .._operands import (
 )
 from .._plan import Plan, choose_backend, snapshot
 from .._qgz_launch import (
-    DENSE_BLOCK,
     DENSE_MAX_ELEMENTS,
     DenseLaunch,
     PeerSumArgs,
@@ -80,7 +79,8 @@ from .._qgz_launch import (
     widest_dividing,
 )
 from .._segments import SegmentLayoutArgs, segment_layout
-from ..compiler import compile_options, load_kernels, template_name
+from .._tuning import TUNING, kernel_options
+from ..compiler import load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
 from ..types import BackendKind, ElementKind, Model, OpCategory, PlanPreference, QuantizeKind, QuantMode, Rounding
@@ -261,7 +261,9 @@ def _write_reference_outputs(a: QgzOperands, codes: np.ndarray, params: np.ndarr
 
 #: Blocks of a thread-block cluster of the cluster passes (``QP_DS_CLUSTER_BLOCKS`` of
 #: ``kernels/qp_deepspeed_format.cuh``).
-CLUSTER_BLOCKS = 8
+CLUSTER_BLOCKS = TUNING.ds_cluster_blocks
+#: Threads of a block of the dense passes (``QP_DS_DENSE_BLOCK``).
+DS_DENSE_BLOCK = TUNING.ds_dense_block
 
 
 @dataclass(frozen=True)
@@ -288,22 +290,21 @@ def _dense_pass(
     (below 2**31 elements), or None.
 
     * cluster (sm_90): few long groups, at most two clusters' blocks per multiprocessor in all,
-      of ``CLUSTER_BLOCKS * 8 * block`` elements (block a multiple of 32, at most ``DENSE_BLOCK``):
+      of ``CLUSTER_BLOCKS * 8 * block`` elements (block a multiple of 32, at most ``DS_DENSE_BLOCK``):
       one vector per thread;
     * dense: groups of ``team * 8 * nv`` (:func:`~quantplan._qgz_launch.dense_quantize_geometry`,
-      ``dense_name(nv)``), blocks of ``DENSE_BLOCK`` threads; where that is one vector per thread
+      ``dense_name(nv)``), blocks of ``DS_DENSE_BLOCK`` threads; where that is one vector per thread
       for a team in ``DEEPSPEED_LANES_TEAMS`` and ``lanes_name`` is given (quantize with the
       identity group map), ``lanes_name(team)`` instead: the same geometry, the team's size a
       compile-time constant (``deepspeed_quantize_lanes``: 16 x 8192 f16, groups of 128).
 
-    The grid covers every group at once (measured on H200, 8192 x 8192 f16 per-token int8: 51.1 us
-    against 55.3 us for a grid of resident blocks striding over the groups)."""
+    The grid covers every group at once (not a grid of resident blocks striding over the groups)."""
     if element not in DENSE_FLOAT_KINDS or not 0 < numel < DENSE_MAX_ELEMENTS:
         return None
     size = numel // groups
     per_block, rem = divmod(size, 8 * CLUSTER_BLOCKS)
     few = groups * CLUSTER_BLOCKS <= 2 * info.sm_count
-    if info.arch.major >= 9 and few and not rem and per_block % 32 == 0 and 0 < per_block <= DENSE_BLOCK:
+    if info.arch.major >= 9 and few and not rem and per_block % 32 == 0 and 0 < per_block <= DS_DENSE_BLOCK:
         tag = f"cluster[{CLUSTER_BLOCKS}x{per_block}t-per-group,1vec8-per-thread]"
         launch = DenseLaunch(functions[cluster_name], per_block, 8, tag)
         return _Dense(launch, per_block, groups * CLUSTER_BLOCKS, cluster=True)
@@ -313,9 +314,9 @@ def _dense_pass(
     team, nv = shape
     if lanes_name is not None and nv == 1 and team in DEEPSPEED_LANES_TEAMS:
         launch = DenseLaunch(functions[lanes_name(team)], team, 8, f"lanes[{team}t-per-group,1vec8-per-thread]")
-        return _Dense(launch, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // team)))
+        return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
     launch = DenseLaunch(functions[dense_name(nv)], team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
-    return _Dense(launch, DENSE_BLOCK, -(-groups // (DENSE_BLOCK // team)))
+    return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
 
 
 def _with_dense(
@@ -396,7 +397,7 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
     info = device_info(device_id)
     code = ELEMENTS[deepspeed_code_kind(desc.num_bits)]
     unit = deepspeed_quantize_unit(desc.input_element, desc.error_element, desc.num_bits)
-    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
     slices = desc.nodes * desc.devices_per_node * desc.pipeline
     group_size = desc.numel // desc.groups
@@ -595,7 +596,7 @@ def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> 
     info = device_info(device_id)
     code_kind = deepspeed_code_kind(desc.num_bits)
     unit = deepspeed_dequantize_unit(desc.num_bits, desc.output_element)
-    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tags = (ELEMENTS[code_kind].cpp_tag, ELEMENTS[desc.output_element].cpp_tag)
     group_size = desc.numel // desc.groups
     return prepare_float_values(
@@ -739,7 +740,7 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
     info = device_info(device_id)
     code = ELEMENTS[deepspeed_code_kind(desc.num_bits)]
     unit = deepspeed_reduce_unit(desc.num_bits, desc.error_element)
-    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tags = (code.cpp_tag, error_tag(desc.error_element))
     chunk = desc.chunk_elements
     peer_groups = desc.in_groups // desc.devices_per_node
@@ -779,8 +780,8 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
         fn = functions[deepspeed_reduce_dense_name(desc.num_bits, desc.mode is QuantMode.ASYMMETRIC, nv)]
         tag = f"dense[{team}t-per-group,{nv}vec8-per-thread,{desc.devices_per_node}-peer-sum]"
         # Few groups: smaller blocks (down to 64 threads, one group) spread the peer sums over
-        # more multiprocessors (H200, 16 x 8192 int4, 8 peers: 4.9 us at 64 threads, 5.0 at 256).
-        block = DENSE_BLOCK
+        # more multiprocessors.
+        block = DS_DENSE_BLOCK
         while block > max(64, team) and -(-desc.out_groups // (block // team)) < 2 * info.sm_count:
             block //= 2
         dense = _Dense(DenseLaunch(fn, team, 8, tag), block, -(-desc.out_groups // (block // team)))
@@ -806,7 +807,7 @@ def _reduce_dense_shape(group_size: int) -> tuple[int, int] | None:
     ``team * 8 * nv`` elements, team a power of two up to one block, the fewest vectors per thread."""
     for nv in DEEPSPEED_REDUCE_DENSE_NV:
         team, rem = divmod(group_size, 8 * nv)
-        if not rem and 0 < team <= DENSE_BLOCK and team & (team - 1) == 0:
+        if not rem and 0 < team <= DS_DENSE_BLOCK and team & (team - 1) == 0:
             return team, nv
     return None
 
@@ -947,7 +948,7 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
     info = device_info(device_id)
     unit = moq_fake_quantize_unit(desc.element, desc.rounding)
-    functions = load_kernels(_FAMILY, unit, info.arch, device_id, compile_options())
+    functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tag = ELEMENTS[desc.element].cpp_tag
     group_size = desc.numel // desc.groups
     kernels = QgzKernels(

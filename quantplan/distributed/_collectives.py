@@ -8,11 +8,12 @@ import numpy as np
 import torch
 
 from .._frontend import Target
+from .._torch_ops import dequantize_out_op, dynamic_quantize_out_op, kind_index, scope_ints
 from ..dequant_reduce import DequantReduceDescriptor
-from ..dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
+from ..dynamic_range import DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from ..elements import ELEMENTS
 from ..errors import InvalidProblem, Unsupported
-from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
+from ..static_quantize import DequantizeDescriptor, DequantizePlan
 from ..swizzled_quantize import SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from ..types import BackendKind, ElementKind, GroupScope, PlanPreference, QuantMode
 from ._comm import _communicator, _hierarchy, _LocalComm
@@ -100,7 +101,7 @@ class QuantizedReduceScatter:
     plus for ``nodes > 1`` the re-quantized node chunk and its receive buffer
     (``2 * numel / dpn * (bits / 8 + ...)``); the composed implementation adds ``4 * numel /
     dpn * dpn = 4 * numel`` bytes of float32 dequantized peers (intra step) and a float32 chunk.
-    Plan workspaces, if any, on the device, once.
+    Plan workspaces, where a plan needs one, come from PyTorch's caching allocator per call.
 
     **Precision guarantee:** bit for bit the composition of :func:`quantplan.reference.swizzled_quantize`
     and :func:`quantplan.reference.dequant_reduce` in the order above, on every backend and both
@@ -209,8 +210,6 @@ class QuantizedReduceScatter:
         else:
             self._reduce_intra = reduce_step(reduce_desc(dpn, width, self.float_kind))
             self._reduce_inter = None
-        steps = [self._swizzle, self._reduce_intra] + ([self._reduce_inter] if self._reduce_inter else [])
-        self._workspace = target.workspace(max(s.workspace_size() for s in steps))
         self._intra, self._inter = _hierarchy(comm, self.nodes) if self.numel else (comm, _LocalComm())
         inter_bytes = 0 if self._mid is None else (self.nodes - 1) * self._mid.row_bytes()
         self.bytes_sent = CommBytes(intra=(dpn - 1) * self._send.row_bytes(), inter=inter_bytes)
@@ -248,20 +247,18 @@ class QuantizedReduceScatter:
         self._check(output, input)
         if self.numel == 0:
             return
-        stream = Target.of_torch_device(self.device).handle
-        ws = self._workspace
         x = input.detach().view(-1)
         y = output.detach().view(-1)
-        self._swizzle.run(stream, ws, x, self._send)
+        self._swizzle.run(x, self._send)
         for s, r in zip(self._send.tensors(), self._recv.tensors(), strict=True):
             self._intra.all_to_all(s, r)
         if self._mid is None or self._recv2 is None or self._reduce_inter is None:
-            self._reduce_intra.run(stream, ws, self._recv, y)
+            self._reduce_intra.run(self._recv, y)
             return
-        self._reduce_intra.run(stream, ws, self._recv, self._mid)
+        self._reduce_intra.run(self._recv, self._mid)
         for s, r in zip(self._mid.tensors(), self._recv2.tensors(), strict=True):
             self._inter.all_to_all(s, r)
-        self._reduce_inter.run(stream, ws, self._recv2, y)
+        self._reduce_inter.run(self._recv2, y)
 
 
 # ---- qwZ: quantized all-gather --------------------------------------------------------------------
@@ -336,7 +333,7 @@ class QuantizedAllGather:
         comm = self._comm = _communicator(group, self.device)
         self.world = comm.size
         self.rank = comm.rank
-        scope = GroupScope(axis=-1, group_size=self.group_size)
+        scope = self._scope = GroupScope(axis=-1, group_size=self.group_size)
         self._quantize = target.select(
             DynamicRangeQuantizePlan,
             DynamicRangeQuantizeDescriptor(
@@ -359,9 +356,6 @@ class QuantizedAllGather:
         )
         self._send = _Buffers.empty(target, 1, self.shard, self.group_size, self.code, self.mode)
         self._recv = _Buffers.empty(target, self.world, self.shard, self.group_size, self.code, self.mode)
-        self._workspace = target.workspace(
-            max(int(self._quantize.workspace_size()), int(self._dequantize.workspace_size()))
-        )
         self.bytes_sent = CommBytes(intra=(self.world - 1) * self._send.row_bytes(), inter=0)
 
     def describe(self) -> dict[str, str]:
@@ -391,21 +385,10 @@ class QuantizedAllGather:
         self._check(output, input)
         if self.shard == 0:
             return
-        d = Target.of_torch_device(self.device)
-        stream = d.handle
-        ws = self._workspace
         send = self._send.flat()
-        qargs = DynamicRangeQuantizeArgs(
-            input=d.arg(input.detach().view(-1)),
-            output=d.arg(send.q),
-            scale_out=d.arg(send.s),
-            zero_point_out=d.arg(send.z),
-        )
-        self._quantize.run(stream, ws, qargs)
+        code, scope, asymmetric = kind_index(self.code), scope_ints(self._scope), self.mode is QuantMode.ASYMMETRIC
+        dynamic_quantize_out_op(input.detach().view(-1), send.q, send.s, send.z, code, scope, asymmetric)
         for s, r in zip(self._send.tensors(), self._recv.tensors(), strict=True):
             self._comm.all_gather(s, r)
         recv = self._recv.flat()
-        dargs = DequantizeArgs(
-            input=d.arg(recv.q), output=d.arg(output.detach().view(-1)), scale=d.arg(recv.s), zero_point=d.arg(recv.z)
-        )
-        self._dequantize.run(stream, ws, dargs)
+        dequantize_out_op(recv.q, recv.s, recv.z, output.detach().view(-1), code, scope, 0)

@@ -11,14 +11,21 @@ import numpy as np
 import torch
 
 from .._frontend import Target
-from ..dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
-from ..dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
+from .._torch_ops import (
+    dequant_reduce_out_op,
+    dequantize_out_op,
+    dynamic_quantize_out_op,
+    kind_index,
+    scope_ints,
+    swizzled_quantize_out_op,
+)
+from ..dequant_reduce import DequantReduceDescriptor, DequantReducePlan
+from ..dynamic_range import DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from ..elements import ELEMENTS
 from ..errors import InvalidProblem, Unsupported
-from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
-from ..swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
+from ..static_quantize import DequantizeDescriptor, DequantizePlan
+from ..swizzled_quantize import SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from ..types import ElementKind, GroupScope, QuantMode
-from ..workspace import Workspace
 
 Implementation = Literal["auto", "plans", "composed"]
 
@@ -138,21 +145,18 @@ class _Step:
 
     label: str
 
-    def workspace_size(self) -> int:
-        return 0
-
 
 class _SwizzleStep(_Step):
     """Swizzled quantization of the flat input into the send buffers ``(devices_per_node, nodes * slice)``."""
 
-    def run(self, stream: Any, ws: Workspace | None, x: torch.Tensor, send: _Buffers) -> None:
+    def run(self, x: torch.Tensor, send: _Buffers) -> None:
         raise NotImplementedError
 
 
 class _ReduceStep(_Step):
     """Dequantize-reduce of ``(peers, chunk)`` received blocks into re-quantized buffers or the float output."""
 
-    def run(self, stream: Any, ws: Workspace | None, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
+    def run(self, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
         raise NotImplementedError
 
 
@@ -188,26 +192,27 @@ class _PlanStep(_Step):
         self.plan = target.select(plan_cls, desc)
         self.label = plan_label(self.plan)
 
-    def workspace_size(self) -> int:
-        return int(self.plan.workspace_size())
-
 
 class _SwizzlePlanStep(_PlanStep, _SwizzleStep):
     """SwizzledQuantizePlan writing the send buffers ``(devices_per_node, nodes * slice)``."""
 
     def __init__(self, target: Target, desc: SwizzledQuantizeDescriptor) -> None:
         super().__init__(target, SwizzledQuantizePlan, desc)
+        self.desc = desc
 
-    def run(self, stream: Any, ws: Workspace | None, x: torch.Tensor, send: _Buffers) -> None:
-        d = self.target
-        dpn = send.q.shape[0]
-        args = SwizzledQuantizeArgs(
-            input=d.arg(x),
-            output=d.arg(send.q.view(1, dpn, -1)),
-            scale_out=d.arg(send.s.view(1, dpn, -1)),
-            zero_point_out=None if send.z is None else d.arg(send.z.view(1, dpn, -1)),
+    def run(self, x: torch.Tensor, send: _Buffers) -> None:
+        d = self.desc
+        swizzled_quantize_out_op(
+            x,
+            send.q,
+            send.s,
+            send.z,
+            d.group_size,
+            d.nodes,
+            d.devices_per_node,
+            kind_index(d.output_element),
+            d.mode is QuantMode.ASYMMETRIC,
         )
-        self.plan.run(stream, ws, args)
 
 
 class _SwizzleComposed(_SwizzleStep):
@@ -226,6 +231,8 @@ class _SwizzleComposed(_SwizzleStep):
             output_element=desc.output_element,
         )
         self.plan = target.select(DynamicRangeQuantizePlan, qdesc)
+        self.code, self.scope = kind_index(desc.output_element), scope_ints(qdesc.scope)
+        self.asymmetric = desc.mode is QuantMode.ASYMMETRIC
         self.tmp = (
             _Buffers.empty(target, 1, desc.numel, desc.group_size, desc.output_element, desc.mode).flat()
             if desc.nodes > 1
@@ -233,16 +240,9 @@ class _SwizzleComposed(_SwizzleStep):
         )
         self.label = f"composed[DynamicRangeQuantizePlan:{self.plan.sku().variant}+swizzle copy]"
 
-    def workspace_size(self) -> int:
-        return int(self.plan.workspace_size())
-
-    def run(self, stream: Any, ws: Workspace | None, x: torch.Tensor, send: _Buffers) -> None:
-        d = self.target
+    def run(self, x: torch.Tensor, send: _Buffers) -> None:
         out = send.flat() if self.tmp is None else self.tmp
-        args = DynamicRangeQuantizeArgs(
-            input=d.arg(x), output=d.arg(out.q), scale_out=d.arg(out.s), zero_point_out=d.arg(out.z)
-        )
-        self.plan.run(stream, ws, args)
+        dynamic_quantize_out_op(x, out.q, out.s, out.z, self.code, self.scope, self.asymmetric)
         if self.tmp is not None:
             for src, dst in zip(self.tmp.tensors(), send.tensors(), strict=True):
                 dst.view(self.dpn, self.nodes, -1).copy_(src.view(self.nodes, self.dpn, -1).transpose(0, 1))
@@ -253,23 +253,30 @@ class _ReducePlanStep(_PlanStep, _ReduceStep):
 
     def __init__(self, target: Target, desc: DequantReduceDescriptor) -> None:
         super().__init__(target, DequantReducePlan, desc)
+        self.desc = desc
 
-    def run(self, stream: Any, ws: Workspace | None, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
-        d = self.target
+    def run(self, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
+        d = self.desc
         if isinstance(out, torch.Tensor):
-            y, s_out, z_out = d.arg(out), None, None
+            y, s_out, z_out = out, None, None
         else:
             flat = out.flat()
-            y, s_out, z_out = d.arg(flat.q), d.arg(flat.s), d.arg(flat.z)
-        args = DequantReduceArgs(
-            input=d.arg(src.q),
-            scale=d.arg(src.s),
-            output=y,
-            scale_out=s_out,
-            zero_point=d.arg(src.z),
-            zero_point_out=z_out,
+            y, s_out, z_out = flat.q, flat.s, flat.z
+        dequant_reduce_out_op(
+            src.q,
+            src.s,
+            src.z,
+            y,
+            s_out,
+            z_out,
+            d.peers,
+            d.chunk_elements,
+            d.input_group_size,
+            d.output_group_size,
+            kind_index(d.input_element),
+            kind_index(d.output_element),
+            d.average,
         )
-        self.plan.run(stream, ws, args)
 
 
 class _ReduceComposed(_ReduceStep):
@@ -291,6 +298,8 @@ class _ReduceComposed(_ReduceStep):
             output_element=ElementKind.F32,
         )
         self.dequantize = target.select(DequantizePlan, ddesc)
+        self.in_code, self.in_scope = kind_index(desc.input_element), scope_ints(ddesc.scope)
+        self.asymmetric = desc.mode is QuantMode.ASYMMETRIC
         self.y = target.empty((desc.peers, chunk), "float32")
         self.acc = target.empty((chunk,), "float32") if desc.peers > 1 else self.y[0]
         self.divisor = torch.full((), float(desc.peers), dtype=torch.float32, device=target.device)
@@ -306,22 +315,13 @@ class _ReduceComposed(_ReduceStep):
                 output_element=desc.output_element,
             )
             self.quantize = target.select(DynamicRangeQuantizePlan, qdesc)
+            self.out_code, self.out_scope = kind_index(desc.output_element), scope_ints(qdesc.scope)
             variant += f"+DynamicRangeQuantizePlan:{self.quantize.sku().variant}"
         self.label = f"composed[{variant}]"
 
-    def workspace_size(self) -> int:
-        sizes = [int(self.dequantize.workspace_size())]
-        if self.quantize is not None:
-            sizes.append(int(self.quantize.workspace_size()))
-        return max(sizes)
-
-    def run(self, stream: Any, ws: Workspace | None, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
-        d = self.target
+    def run(self, src: _Buffers, out: _Buffers | torch.Tensor) -> None:
         flat = src.flat()
-        args = DequantizeArgs(
-            input=d.arg(flat.q), output=d.arg(self.y.view(-1)), scale=d.arg(flat.s), zero_point=d.arg(flat.z)
-        )
-        self.dequantize.run(stream, ws, args)
+        dequantize_out_op(flat.q, flat.s, flat.z, self.y.view(-1), self.in_code, self.in_scope, 0)
         acc = self.acc
         if self.peers > 1:
             torch.add(self.y[0], self.y[1], out=acc)
@@ -333,7 +333,4 @@ class _ReduceComposed(_ReduceStep):
             out.copy_(acc)
             return
         o = out.flat()
-        qargs = DynamicRangeQuantizeArgs(
-            input=d.arg(acc), output=d.arg(o.q), scale_out=d.arg(o.s), zero_point_out=d.arg(o.z)
-        )
-        self.quantize.run(stream, ws, qargs)
+        dynamic_quantize_out_op(acc, o.q, o.s, o.z, self.out_code, self.out_scope, self.asymmetric)

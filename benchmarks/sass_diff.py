@@ -1,0 +1,145 @@
+"""Record and compare the SASS of a representative set of kernel instantiations.
+
+A refactor of ``kernels/`` that must not change the compiled code (tuning values moved into a
+table, duplicated device code merged into a helper) is proven by hashing the disassembly of every
+kernel before and after::
+
+    python benchmarks/sass_diff.py record before.json      # at the base commit
+    python benchmarks/sass_diff.py record after.json       # with the change
+    python benchmarks/sass_diff.py compare before.json after.json
+
+The set: per family of :data:`quantplan._families.FAMILIES`, a greedy cover of its compile units
+such that every kernel template appears with every element tag and every template argument value
+it takes in the table (so every template, every element kind and every tuning shape is compiled
+at least once). Units are compiled with NVRTC exactly as the plans compile them (the same options,
+including the tuning defines) for one architecture (default sm_90), disassembled with
+``cuobjdump -sass`` (``$CUOBJDUMP`` or on ``PATH``; the ``nvidia-cuda-cuobjdump`` wheel has one),
+and each function's SASS is hashed with its own name removed (so a renamed template hashes the
+same), keyed by its name expression. No GPU is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from quantplan import compiler  # noqa: E402
+from quantplan._families import FAMILIES  # noqa: E402
+from quantplan.types import ArchSku  # noqa: E402
+
+
+def _kernel_options() -> tuple[str, ...]:
+    """The options plans compile with (the tuning defines when the project has a tuning table)."""
+    try:
+        from quantplan import _tuning
+    except ImportError:
+        return compiler.compile_options()
+    return tuple(_tuning.kernel_options())
+
+
+def _features(name: str) -> set[tuple[str, int, str]]:
+    """(template, argument position, argument) of every template argument of ``name``."""
+    base, _, args = name.partition("<")
+    parts = [a.strip() for a in args.rstrip(">").split(",")]
+    return {(base, i, a) for i, a in enumerate(parts)}
+
+
+def representative_units(family: str) -> list[list[str]]:
+    """A greedy cover of ``family``'s units over :func:`_features` of their names."""
+    units = FAMILIES[family]()
+    wanted: set[tuple[str, int, str]] = set()
+    for unit in units:
+        for name in unit:
+            wanted |= _features(name)
+    chosen: list[list[str]] = []
+    while wanted:
+        best = max(units, key=lambda u: (len(wanted & set().union(*map(_features, u))), -len(u)))
+        gain = wanted & set().union(*map(_features, best))
+        if not gain:
+            break
+        chosen.append(best)
+        wanted -= gain
+    return chosen
+
+
+_FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
+
+
+def sass_by_function(cubin: Path) -> dict[str, str]:
+    """``cuobjdump -sass`` of ``cubin`` split per function (mangled name -> its SASS lines)."""
+    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if tool is None:
+        raise SystemExit("cuobjdump not found: set $CUOBJDUMP or install the nvidia-cuda-cuobjdump wheel")
+    text = subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    pieces = _FUNCTION.split(text)
+    return {pieces[i]: pieces[i + 1] for i in range(1, len(pieces) - 1, 2)}
+
+
+def normalize(sass: str, mangled: str) -> str:
+    """The function's SASS with its own (mangled) name blanked and blank lines dropped."""
+    lines = (line.replace(mangled, "<self>").rstrip() for line in sass.splitlines())
+    return "\n".join(line for line in lines if line.strip())
+
+
+def record(out: Path, arch: ArchSku, families: list[str]) -> None:
+    options = _kernel_options()
+    result: dict[str, dict[str, str]] = {}
+    start = time.time()
+    for family in families:
+        hashes: dict[str, str] = {}
+        for unit in representative_units(family):
+            module = compiler.compile_instantiations(family, unit, arch, options, use_cache=False)
+            functions = sass_by_function(module.cubin_path)
+            for name, mangled in module.lowered_names.items():
+                body = normalize(functions[mangled], mangled)
+                hashes[name] = hashlib.sha256(body.encode()).hexdigest()[:20]
+        result[family] = dict(sorted(hashes.items()))
+        print(f"{family}: {len(hashes)} kernels ({time.time() - start:.0f} s)", flush=True)
+        # Written after every family, so an interrupted run keeps what it compiled.
+        out.write_text(json.dumps({"arch": arch.name, "options": list(options), "kernels": result}, indent=1) + "\n")
+
+
+def compare(before: Path, after: Path) -> int:
+    a, b = json.loads(before.read_text())["kernels"], json.loads(after.read_text())["kernels"]
+    total = same = 0
+    for family in sorted(set(a) | set(b)):
+        ka, kb = a.get(family, {}), b.get(family, {})
+        for name in sorted(set(ka) | set(kb)):
+            total += 1
+            if ka.get(name) == kb.get(name):
+                same += 1
+            else:
+                print(f"DIFFERS {family}: {name} ({ka.get(name)} -> {kb.get(name)})")
+    print(f"{same} of {total} kernels identical")
+    return 0 if same == total else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="compile, disassemble and hash; write JSON")
+    rec.add_argument("out", type=Path)
+    rec.add_argument("--arch", default="sm_90")
+    rec.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
+    cmp_ = sub.add_parser("compare", help="compare two recordings")
+    cmp_.add_argument("before", type=Path)
+    cmp_.add_argument("after", type=Path)
+    args = parser.parse_args()
+    if args.command == "record":
+        record(args.out, ArchSku.parse(args.arch), args.family or list(FAMILIES))
+        return 0
+    return compare(args.before, args.after)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

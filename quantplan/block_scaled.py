@@ -1,0 +1,918 @@
+"""Block-scaled quantization plans: MX (MXFP8, MXFP6, MXFP4, MXINT8), NVFP4 and DeepSeek FP8 blocks.
+
+The contract is the project's ``MICROSCALING.md`` (sections cited as §n); the semantics, bit for
+bit, are :mod:`quantplan.reference_block_scaled`. A problem names a row of
+:data:`quantplan.formats.FORMATS` (``"mxfp8_e4m3"``, ``"mxfp4"``, ``"nvfp4"``,
+``"fp8_block_e4m3"``, ``"fp8_block_e4m3_ue8m0"``, ...), a block geometry of that row, the block
+axis, a scale rule and the layout the scales are written in:
+
+* :class:`BlockScaledQuantizePlan`: x -> (codes, scales[, NVFP4 tensor scale]);
+* :class:`BlockScaledDequantizePlan`: (codes, scales[, tensor scale]) -> y.
+
+Backends. The CUDA backend serves what ``kernels/block_scaled.cu`` implements today: quantize
+of MX 1x32 blocks and FP8 1x128 blocks along the last axis (contiguous input; float16, bfloat16
+or float32; nearest rounding), in every scale layout. NVFP4, 2-D tiles (32x32, 16x16, 128x128),
+blocks along another axis, stochastic rounding and dequantize run on the REFERENCE backend; on
+CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served, until their
+kernels land.
+
+Scale layouts (``scale_layout``), of the 2-D scale matrix S [R, C] (C blocks per row; R the
+product of the other extents: the rows of the K-major GEMM operand; FP8 blocks: R = ⌈M/bm⌉):
+
+* ``compact`` (default): the reference's scale tensor (MX: x's shape with the block axis
+  replaced by ⌈n/32⌉; NVFP4: (..., ⌈K/16⌉); FP8 blocks: [⌈M/bm⌉, ⌈K/bk⌉]);
+* ``blocked``: the cuBLAS / CUTLASS 128x4 layout of S, flat, zero padded (byte scales only);
+* ``column_major``: DeepGEMM's TMA-aligned buffer [C, align(R, 16 / itemsize)], zero padded;
+* ``packed_ue8m0``: four E8M0 bytes per int32, column-major TMA-aligned [⌈C/4⌉, align(R, 4)]
+  (DeepGEMM SM100; E8M0 scales only).
+
+Kernels: ``kernels/block_scaled.cu`` (+ ``qp_block_scaled.cuh``), named by
+:mod:`quantplan._block_scaled_kernels`; tests: ``tests/test_block_scaled_plans.py`` (reference
+backend, descriptors, one-liners) and ``tests/test_block_scaled_plans_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import numbers
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import numpy as np
+from pydantic import ConfigDict
+
+from . import reference_block_scaled as rb
+from ._block_scaled_kernels import (
+    FP8_RULES,
+    MX_RULES,
+    Schedule,
+    choose_schedule,
+    kernel_name,
+    launch_shape,
+    scale_geometry,
+)
+from ._device import device_info, stream_device_id
+from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
+from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
+from ._plan import Plan, check_descriptor, choose_backend, preferred
+from ._tuning import kernel_options
+from .compiler import load_kernels
+from .elements import ELEMENTS, ElementInfo
+from .errors import InvalidProblem, Unsupported
+from .formats import FORMATS, FP8_BLOCK, MX_BLOCK, Format
+from .types import BackendKind, ElementKind, Model, OpCategory, PlanPreference, QuantizeKind, Rounding, Shape
+from .workspace import Workspace
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+#: The block-scaled rows of :data:`quantplan.formats.FORMATS` (every row no affine plan serves).
+BLOCK_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if not f.served)
+#: Scale layouts (module docstring).
+SCALE_LAYOUTS: tuple[str, ...] = ("compact", "blocked", "column_major", "packed_ue8m0")
+#: Input elements of the block-scaled formats.
+INPUT_ELEMENTS: tuple[ElementKind, ...] = (ElementKind.F16, ElementKind.BF16, ElementKind.F32)
+#: Scale modes per family: the first is the default (``fp8_block``: f32 scales; UE8M0 scales have one rule).
+MODES: dict[str, tuple[str, ...]] = {
+    "mx": rb.MX_SCALE_MODES,
+    "nvfp4": rb.NVFP4_MODES,
+    "fp8_block": rb.FP8_ELEM_OPS,
+    "fp8_block_ue8m0": ("rceil",),
+}
+#: The reference's element names by :mod:`quantplan.formats` element name.
+_REFERENCE_ELEMENT = {"e4m3": "e4m3", "e5m2": "e5m2", "e2m3": "e2m3", "e3m2": "e3m2", "e2m1": "e2m1", "mxint8": "int8"}
+_SERVED_ON_CUDA = (
+    "the CUDA backend serves MX 1x32 and FP8 1x128 blocks along the last axis with nearest rounding "
+    "(NVFP4, 2-D tiles, other axes and stochastic rounding run on PlanPreference(backend=BackendKind.REFERENCE) "
+    "until their kernels land)"
+)
+_F32 = ELEMENTS[ElementKind.F32]
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _family(fmt: Format) -> str:
+    """``mx``, ``nvfp4``, ``fp8_block`` or ``fp8_block_ue8m0`` from the row's geometry and scales."""
+    if fmt.tensor_scale is not None:
+        return "nvfp4"
+    if MX_BLOCK in fmt.geometries:
+        return "mx"
+    if FP8_BLOCK in fmt.geometries:
+        return "fp8_block_ue8m0" if fmt.scale_element(ElementKind.F32) is ElementKind.E8M0 else "fp8_block"
+    raise Unsupported(f"format {fmt.name} has no block-scaled geometry")  # pragma: no cover - table rows
+
+
+@dataclass(frozen=True)
+class BlockScaledProblem:
+    """A validated block-scaled problem: everything ``run`` and the reference read, resolved once.
+
+    ``family``: ``mx`` / ``nvfp4`` / ``fp8_block`` / ``fp8_block_ue8m0``; ``element``: the
+    reference's element name; ``block``: (rows, cols) of a block (1 for 1-D blocks); ``axis``:
+    the block axis (non-negative); ``mode``: the resolved scale mode; ``matrix``: (R, C) of the
+    2-D scale matrix; ``compact_shape``: the reference's scale shape; ``scales_shape`` /
+    ``scale_kind``: the layout's buffer (I32 for ``packed_ue8m0``).
+    """
+
+    shape: tuple[int, ...]
+    format: Format
+    family: str
+    element: str
+    input_element: ElementKind
+    block: tuple[int, int]
+    axis: int
+    mode: str
+    amax_floor: float
+    two_level: bool
+    rounding: Rounding
+    layout: str
+    codes_shape: tuple[int, ...]
+    compact_shape: tuple[int, ...]
+    matrix: tuple[int, int]
+    scales_shape: tuple[int, ...]
+    scale_kind: ElementKind
+    output_element: ElementKind | None = None
+
+    @property
+    def numel(self) -> int:
+        """Elements of x."""
+        return math.prod(self.shape)
+
+    @property
+    def code_kind(self) -> ElementKind:
+        """The element kind of the codes' storage."""
+        return self.format.code_kind
+
+    @property
+    def stochastic(self) -> bool:
+        return self.rounding is Rounding.STOCHASTIC
+
+    @property
+    def is_nvfp4(self) -> bool:
+        return self.family == "nvfp4"
+
+    @property
+    def ue8m0(self) -> bool:
+        """Scales are E8M0 bytes (MX, FP8 blocks with UE8M0 scales)."""
+        return self.format.scale_element(self.input_element) is ElementKind.E8M0
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def resolve(
+    shape: tuple[int, ...],
+    format: str,
+    input_element: Any,
+    block: tuple[int, int] | None,
+    axis: int,
+    scale_layout: str,
+    scale_mode: str | None = None,
+    amax_floor: float = 0.0,
+    two_level: bool = True,
+    rounding: Rounding = Rounding.NEAREST_EVEN,
+) -> BlockScaledProblem:
+    """Validate a block-scaled problem (InvalidProblem / Unsupported naming the field) and resolve it."""
+    fmt = FORMATS.get(format) if isinstance(format, str) else None
+    if fmt is None or format not in BLOCK_FORMATS:
+        raise InvalidProblem(f"format={format!r} is not a block-scaled format; use one of {', '.join(BLOCK_FORMATS)}")
+    family = _family(fmt)
+    if input_element not in INPUT_ELEMENTS:
+        raise InvalidProblem(
+            f"input_element={getattr(input_element, 'name', input_element)}: block-scaled formats read F16, BF16 or F32"
+        )
+    if len(shape) == 0:
+        raise InvalidProblem(f"shape {shape}: x must have at least one dimension (blocks run along an axis)")
+    geometries = {(g.rows, g.cols): g for g in fmt.geometries}
+    blk = fmt.geometries[0] if block is None else geometries.get(tuple(block))  # type: ignore[arg-type]
+    if blk is None or blk.cols is None:
+        shapes = ", ".join(f"({g.rows}, {g.cols})" for g in fmt.geometries)
+        raise InvalidProblem(f"block={block!r}: {fmt.name} is defined for blocks {shapes}")
+    bm, bk = blk.rows, int(blk.cols)
+    ndim = len(shape)
+    if not -ndim <= axis < ndim:
+        raise InvalidProblem(f"axis {axis} is out of range for shape {shape} (rank {ndim})")
+    ax = axis % ndim
+    if family != "mx" and ax != ndim - 1:
+        raise Unsupported(f"axis={axis}: {fmt.name} blocks run along the last axis (MX formats take any axis)")
+    modes = MODES[family]
+    mode = modes[0] if scale_mode is None else scale_mode
+    if mode not in modes:
+        raise InvalidProblem(f"scale_mode={scale_mode!r} is not one of {fmt.name}'s modes {modes} (default {modes[0]})")
+    if isinstance(amax_floor, bool) or not isinstance(amax_floor, numbers.Real):
+        raise InvalidProblem(f"amax_floor={amax_floor!r} must be a finite number >= 0")
+    floor = float(amax_floor)
+    if not (math.isfinite(floor) and 0 <= floor <= _FLT_MAX):
+        raise InvalidProblem(f"amax_floor={amax_floor!r} must be a finite number >= 0 (in float32)")
+    if floor and not family.startswith("fp8_block"):
+        raise InvalidProblem(f"amax_floor={amax_floor!r} applies to FP8 blocks only; {fmt.name} takes 0")
+    if not two_level and family != "nvfp4":
+        raise InvalidProblem(f"two_level=False applies to NVFP4 only; {fmt.name} has one scale level")
+    if rounding is Rounding.STOCHASTIC and (family.startswith("fp8_block") or fmt.element.name == "mxint8"):
+        raise Unsupported(
+            f"rounding=STOCHASTIC: {fmt.name} rounds to nearest even only (stochastic rounding is defined for "
+            f"NVFP4 and the MX float elements)"
+        )
+    if scale_layout not in SCALE_LAYOUTS:
+        raise InvalidProblem(f"scale_layout={scale_layout!r} is not one of {SCALE_LAYOUTS}")
+    scale_kind = fmt.scale_element(input_element)
+    if scale_layout == "blocked" and scale_kind is ElementKind.F32:
+        raise InvalidProblem(
+            "scale_layout='blocked': the 128x4 layout holds byte scales; f32 scales take compact or column_major"
+        )
+    if scale_layout == "packed_ue8m0" and scale_kind is not ElementKind.E8M0:
+        raise InvalidProblem(
+            f"scale_layout='packed_ue8m0' packs E8M0 bytes; {fmt.name} has {scale_kind.name} scales "
+            f"(use an MX format or fp8_block_*_ue8m0)"
+        )
+    n = shape[ax]
+    packed = fmt.element.codes_per_byte == 2
+    codes_shape = tuple(_ceil(e, 2) if packed and i == ax else e for i, e in enumerate(shape))
+    if family.startswith("fp8_block"):
+        m = math.prod(shape[:-1])
+        compact: tuple[int, ...] = (_ceil(m, bm), _ceil(n, bk))
+        matrix = compact
+    else:
+        compact = tuple(_ceil(e, bk) if i == ax else e for i, e in enumerate(shape))
+        matrix = (math.prod(e for i, e in enumerate(shape) if i != ax), _ceil(n, bk))
+    r, c = matrix
+    itemsize = ELEMENTS[scale_kind].numpy_dtype.itemsize
+    if scale_layout == "compact":
+        scales_shape = compact
+    elif scale_layout == "blocked":
+        scales_shape = (512 * _ceil(r, 128) * _ceil(c, 4),)
+    elif scale_layout == "column_major":
+        align = 16 // itemsize
+        scales_shape = (c, _ceil(r, align) * align)
+    else:
+        scales_shape = (_ceil(c, 4), _ceil(r, 4) * 4)
+        scale_kind = ElementKind.I32
+    return BlockScaledProblem(
+        tuple(shape),
+        fmt,
+        family,
+        _REFERENCE_ELEMENT[fmt.element.name],
+        input_element,
+        (bm, bk),
+        ax,
+        mode,
+        float(np.float32(floor)),
+        bool(two_level),
+        rounding,
+        scale_layout,
+        codes_shape,
+        compact,
+        (r, c),
+        scales_shape,
+        scale_kind,
+    )
+
+
+# ---- descriptors ---------------------------------------------------------------------------------
+
+
+class _BlockScaledFields(Model):
+    model_config = _FROZEN
+    shape: Shape
+    format: str
+    block: tuple[int, int] | None = None
+    axis: int = -1
+    scale_layout: str = "compact"
+
+    @property
+    def format_spec(self) -> Format:
+        """The :data:`quantplan.formats.FORMATS` row named by ``format``."""
+        fmt = FORMATS.get(self.format)
+        if fmt is None or self.format not in BLOCK_FORMATS:
+            raise InvalidProblem(f"format={self.format!r} is not one of {', '.join(BLOCK_FORMATS)}")
+        return fmt
+
+    @property
+    def numel(self) -> int:
+        """Elements of the float tensor."""
+        return math.prod(self.shape)
+
+    def _problem(self) -> BlockScaledProblem:
+        raise NotImplementedError
+
+    @property
+    def codes_shape(self) -> tuple[int, ...]:
+        """Shape of the codes: x's shape, FP4 (MXFP4, NVFP4) packed two per byte along the block axis."""
+        return self._problem().codes_shape
+
+    @property
+    def scales_shape(self) -> tuple[int, ...]:
+        """Shape of the scale buffer of ``scale_layout`` (module docstring)."""
+        return self._problem().scales_shape
+
+    @property
+    def compact_scales_shape(self) -> tuple[int, ...]:
+        """Shape of the compact (row-major) scale tensor, whatever the layout."""
+        return self._problem().compact_shape
+
+    @property
+    def scales_dtype(self) -> np.dtype:
+        """NumPy dtype of the scale buffer: uint8 (E8M0 / E4M3 bytes), float32, or int32 (packed_ue8m0)."""
+        kind = self._problem().scale_kind
+        return np.dtype(np.uint8) if kind is ElementKind.FP8_E4M3 else ELEMENTS[kind].numpy_dtype
+
+    @property
+    def tensor_scale_shape(self) -> tuple[int, ...] | None:
+        """(1,) for NVFP4 (its f32 tensor scale S_dec), None otherwise."""
+        return (1,) if self.format_spec.tensor_scale is not None else None
+
+
+class BlockScaledQuantizeDescriptor(_BlockScaledFields):
+    """A block-scaled quantization problem (see :class:`BlockScaledQuantizePlan`).
+
+    Fields: ``shape`` of x (any rank >= 1); ``format``: a block-scaled row of
+    :data:`quantplan.formats.FORMATS` (``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``,
+    ``mxfp6_e3m2``, ``mxfp4``, ``mxint8``, ``nvfp4``, ``fp8_block_e4m3``, ``fp8_block_e5m2``,
+    ``fp8_block_e4m3_ue8m0``, ``fp8_block_e5m2_ue8m0``); ``input_element`` F16, BF16 or F32;
+    ``block`` None (the format's 1-D block: 1x32, 1x16, 1x128) or one of its geometries ((32, 32)
+    for MXFP8, (16, 16) for NVFP4, (1, 128) / (128, 128) for FP8 blocks); ``axis`` the block axis
+    (MX: any; NVFP4 and FP8 blocks: the last); ``scale_mode`` None (the default) or: MX ``rceil``
+    (default), ``floor``, ``ceil``, ``even``; NVFP4 ``te`` (default), ``torchao``; FP8 blocks with
+    f32 scales ``div`` (default), ``mul_rcp``, ``enc`` (UE8M0 scales: ``rceil`` only);
+    ``amax_floor`` (FP8 blocks: a = max(amax, amax_floor); 0, 1e-10 as vLLM, 1e-4 as DeepGEMM);
+    ``two_level`` (NVFP4: False for S = 1); ``rounding`` NEAREST_EVEN or STOCHASTIC (NVFP4 and MX
+    float elements); ``scale_layout`` ``compact`` (default), ``blocked``, ``column_major``,
+    ``packed_ue8m0``.
+
+    Shapes it implies: ``codes_shape``, ``scales_shape`` (the layout's buffer),
+    ``compact_scales_shape``, ``tensor_scale_shape`` (NVFP4); ``scales_dtype``.
+    """
+
+    input_element: ElementKind
+    scale_mode: str | None = None
+    amax_floor: float = 0.0
+    two_level: bool = True
+    rounding: Rounding = Rounding.NEAREST_EVEN
+
+    def _problem(self) -> BlockScaledProblem:
+        return resolve(
+            self.shape,
+            self.format,
+            self.input_element,
+            self.block,
+            self.axis,
+            self.scale_layout,
+            self.scale_mode,
+            self.amax_floor,
+            self.two_level,
+            self.rounding,
+        )
+
+
+class BlockScaledDequantizeDescriptor(_BlockScaledFields):
+    """A block-scaled dequantization problem (see :class:`BlockScaledDequantizePlan`).
+
+    Fields: ``shape`` of the float output (the logical shape, not the packed one), ``format``,
+    ``block``, ``axis`` and ``scale_layout`` as the quantization that made the codes, and
+    ``output_element`` F16, BF16 or F32. Implied: ``codes_shape``, ``scales_shape``,
+    ``tensor_scale_shape``, ``scales_dtype``.
+    """
+
+    output_element: ElementKind = ElementKind.F32
+
+    def _problem(self) -> BlockScaledProblem:
+        p = resolve(self.shape, self.format, self.output_element, self.block, self.axis, self.scale_layout)
+        return replace(p, output_element=self.output_element)
+
+
+# ---- arguments -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BlockScaledQuantizeArgs:
+    """Arguments of :class:`BlockScaledQuantizePlan`.
+
+    ``input``: x (the descriptor's shape; float16, bfloat16 or its uint16 bits, float32).
+    ``codes``: ``codes_shape``, uint8 (or the element's own dtype: float8_e4m3fn / float8_e5m2,
+    float4_e2m1fn_x2, int8 for MXINT8). ``scales``: ``scales_shape`` of the layout: uint8 or
+    float8_e8m0fnu (E8M0), uint8 or float8_e4m3fn (NVFP4), float32 (FP8 f32 scales), int32
+    (``packed_ue8m0``). NVFP4: ``tensor_scale`` (a one-element float32 output, shape (1,): S_dec)
+    and ``global_amax`` (None: the amax of x over its finite elements; or a number >= 0, or a
+    one-element float32 array: a calibrated amax). STOCHASTIC rounding: ``rng_seed`` /
+    ``rng_offset`` (Python ints in [0, 2**64) or one-element int64 arrays).
+    """
+
+    input: Any
+    codes: Any
+    scales: Any
+    tensor_scale: Any = None
+    global_amax: Any = None
+    rng_seed: Any = None
+    rng_offset: Any = None
+
+
+@dataclass(slots=True)
+class BlockScaledDequantizeArgs:
+    """Arguments of :class:`BlockScaledDequantizePlan`: ``codes`` and ``scales`` as the quantize
+    plan wrote them, ``tensor_scale`` (NVFP4: the one-element float32 S_dec; else None) and
+    ``output`` (the descriptor's shape; float16, bfloat16 or uint16 bits, float32)."""
+
+    codes: Any
+    scales: Any
+    output: Any
+    tensor_scale: Any = None
+
+
+class BlockScaledOperands(NamedTuple):
+    """The operands of one quantize call, checked."""
+
+    x: Operand
+    codes: Operand
+    scales: Operand
+    tensor_scale: Operand | None
+    global_amax: Operand | float | None
+    seed: Operand | int
+    offset: Operand | int
+
+
+class BlockScaledDequantizeOperands(NamedTuple):
+    """The operands of one dequantize call, checked."""
+
+    codes: Operand
+    scales: Operand
+    y: Operand
+    tensor_scale: Operand | None
+
+
+def _info(kind: ElementKind, *extra: str) -> ElementInfo:
+    """The elements-table row of ``kind``, accepting the dtype names ``extra`` too."""
+    info = ELEMENTS[kind]
+    return replace(info, dtype_names=info.dtype_names | frozenset(extra))
+
+
+def _codes_info(p: BlockScaledProblem) -> ElementInfo:
+    return _info(p.code_kind, "uint8")
+
+
+def _scales_info(p: BlockScaledProblem) -> ElementInfo:
+    return _info(p.scale_kind) if p.scale_kind is ElementKind.I32 else _info(p.scale_kind, "uint8")
+
+
+# ---- the scale layouts on the host -----------------------------------------------------------
+
+
+def _scale_matrix(p: BlockScaledProblem, compact: np.ndarray) -> np.ndarray:
+    """The compact scales as the 2-D scale matrix S [R, C] of the layouts."""
+    if p.family == "mx":
+        return np.moveaxis(compact, p.axis, -1).reshape(p.matrix)
+    return compact.reshape(p.matrix)
+
+
+def layout_scales(p: BlockScaledProblem, compact: np.ndarray) -> np.ndarray:
+    """The compact scales of ``p`` laid out in ``p.layout`` (NumPy; the reference backend's writer)."""
+    if p.layout == "compact":
+        return compact
+    s = _scale_matrix(p, compact)
+    if p.layout == "blocked":
+        return rb.to_blocked(s)
+    if p.layout == "column_major":
+        return rb.col_major_tma_aligned(s)
+    return rb.deepgemm_sf_layout(s)
+
+
+def compact_scales(p: BlockScaledProblem, buffer: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`layout_scales`: the compact scales from the layout's buffer (padding dropped)."""
+    if p.layout == "compact":
+        return buffer.reshape(p.compact_shape)
+    r, c = p.matrix
+    if p.layout == "blocked":
+        s = rb.from_blocked(buffer.reshape(-1), r, c)
+    elif p.layout == "column_major":
+        s = np.ascontiguousarray(buffer.reshape(p.scales_shape)[:, :r].T)
+    else:
+        words = np.ascontiguousarray(buffer.reshape(p.scales_shape)[:, :r].T).view(np.int32).astype("<i4")
+        s = np.ascontiguousarray(words.view(np.uint8).reshape(r, -1)[:, :c])
+    if p.family == "mx":
+        moved = tuple(e for i, e in enumerate(p.compact_shape) if i != p.axis) + (c,)
+        return np.ascontiguousarray(np.moveaxis(s.reshape(moved), -1, p.axis))
+    return s.reshape(p.compact_shape)
+
+
+def _scalar_of(value: Operand | float | int | None) -> Any:
+    """A scalar argument's value (a one-element array read on the host)."""
+    if isinstance(value, Operand):
+        return host_values(value)[0].item()
+    return value
+
+
+def reference_quantize(
+    p: BlockScaledProblem, x: np.ndarray, global_amax: float | None = None, seed: int = 0, offset: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.float32 | None]:
+    """(codes, scale buffer, NVFP4 tensor scale S_dec or None) of ``p`` on the NumPy reference."""
+    rounding = p.rounding
+    if p.family == "mx":
+        q: Any = rb.mx_quantize(
+            x,
+            p.element,
+            axis=p.axis,
+            scale_mode=p.mode,
+            rounding=rounding,
+            seed=seed,
+            offset=offset,
+            block_2d=p.block[0] > 1,
+        )
+        return q.codes, layout_scales(p, q.scales), None
+    if p.family == "nvfp4":
+        q = rb.nvfp4_quantize(
+            x,
+            mode=p.mode,
+            two_level=p.two_level,
+            global_amax=global_amax,
+            block_2d=p.block[0] > 1,
+            rounding=rounding,
+            seed=seed,
+            offset=offset,
+        )
+        return q.codes, layout_scales(p, q.scales), np.float32(q.tensor_scale)
+    ue8m0 = p.family == "fp8_block_ue8m0"
+    q = rb.fp8_block_quantize(
+        x,
+        block=p.block,
+        element=p.element,
+        scale_format="ue8m0" if ue8m0 else "f32",
+        elem_op="div" if ue8m0 else p.mode,
+        amax_floor=p.amax_floor,
+    )
+    return q.codes, layout_scales(p, q.scales), None
+
+
+def reference_dequantize(
+    p: BlockScaledProblem, codes: np.ndarray, buffer: np.ndarray, tensor_scale: float | None, out_dtype: Any
+) -> np.ndarray:
+    """The float tensor of ``p``'s codes and scale buffer on the NumPy reference (``out_dtype``)."""
+    codes = np.asarray(codes).view(np.uint8).reshape(p.codes_shape)
+    scales = compact_scales(p, np.asarray(buffer))
+    if p.family == "mx":
+        mq = rb.MXQuantized(codes, scales.view(np.uint8), p.element, p.axis, p.shape, p.mode, p.block[0] > 1)
+        return rb.mx_dequantize(mq, out_dtype)
+    if p.family == "nvfp4":
+        s_dec = np.float32(1.0 if tensor_scale is None else tensor_scale)
+        nq = rb.NVFP4Quantized(
+            codes, scales.view(np.uint8), s_dec, np.float32(0), p.shape, p.mode, True, p.block[0] > 1
+        )
+        return rb.nvfp4_dequantize(nq, out_dtype)
+    ue8m0 = p.family == "fp8_block_ue8m0"
+    fq = rb.FP8BlockQuantized(
+        codes,
+        scales.view(np.uint8) if ue8m0 else scales.view(np.float32),
+        p.element,
+        p.block,
+        "ue8m0" if ue8m0 else "f32",
+        "div",
+        p.shape,
+    )
+    return rb.fp8_block_dequantize(fq, out_dtype)
+
+
+# ---- the CUDA launch -----------------------------------------------------------------------------
+
+_QUANTIZE_PARAMS = params_struct(
+    "BlockScaledQuantizeParams",
+    [
+        ("x", ctypes.c_uint64),
+        ("codes", ctypes.c_uint64),
+        ("scales", ctypes.c_uint64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("blocks_per_row", ctypes.c_int64),
+        ("rule", ctypes.c_int32),
+        ("layout", ctypes.c_int32),
+        ("layout_dim", ctypes.c_int64),
+        ("amax_floor", ctypes.c_float),
+        ("enc_overflow", ctypes.c_float),
+        ("pad_rows", ctypes.c_int64),
+        ("pad_cols", ctypes.c_int64),
+        ("tensor_amax", ctypes.c_uint64),
+    ],
+)
+#: Largest finite value of each input (the ``enc`` rule's replacement of an infinite 448 / amax).
+_INPUT_MAX = {ElementKind.F16: 65504.0, ElementKind.BF16: 3.3895313892515355e38, ElementKind.F32: 3.4028234663852886e38}
+_INPUT_DTYPE = {ElementKind.F16: "float16", ElementKind.BF16: "bfloat16", ElementKind.F32: "float32"}
+
+
+def cuda_refusal(p: BlockScaledProblem) -> str | None:
+    """Why the CUDA backend does not serve ``p`` yet (None: it does)."""
+    if p.family == "nvfp4":
+        return f"{p.format.name} has no CUDA kernel yet"
+    if p.block[0] > 1:
+        return f"2-D tiles of {p.block[0]}x{p.block[1]} have no CUDA kernel yet"
+    if p.axis != len(p.shape) - 1:
+        return f"blocks along axis {p.axis} of a rank-{len(p.shape)} tensor have no CUDA kernel yet"
+    if p.stochastic:
+        return "stochastic rounding has no block-scaled CUDA kernel yet"
+    return None
+
+
+@dataclass(frozen=True)
+class _Launches:
+    """The prepared launches of one problem: the general schedule, and the contiguous one (cols a
+    multiple of the block) chosen when x and the codes are 16-byte aligned."""
+
+    general: PreparedLaunch
+    pair: LaunchPair | None
+    describe: str
+
+    @property
+    def launches(self) -> tuple[PreparedLaunch, ...]:
+        return (self.general,) if self.pair is None else (self.pair.primary, self.general)
+
+
+def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
+    """Compile (first use) and prepare the quantize launches of ``p`` on ``device_id``."""
+    info = device_info(device_id)
+    block = p.block[1]
+    rule = "ue8m0" if p.family == "fp8_block_ue8m0" else p.mode
+    rule_code = MX_RULES[rule] if p.family == "mx" else FP8_RULES[rule]
+    dtype = _INPUT_DTYPE[p.input_element]
+    cols = p.shape[-1]
+    rows = p.numel // cols if cols else 0
+    per_row = _ceil(cols, block)
+    f32 = p.scale_kind is ElementKind.F32
+    geo = scale_geometry(p.layout, rows, per_row, f32)
+    divide = rule == "div"
+    contiguous = cols % block == 0
+    teams = rows * per_row
+    schedules = [choose_schedule(dtype, block, False, teams, info.sm_count)]
+    if contiguous:
+        schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count))
+    names = [kernel_name(dtype, p.element, block, divide, i == 1, sched) for i, sched in enumerate(schedules)]
+    functions = load_kernels("block_scaled", names, info.arch, device_id, kernel_options())
+    fixed = dict(
+        rows=rows,
+        cols=cols,
+        blocks_per_row=per_row,
+        rule=rule_code,
+        layout=geo.layout,
+        layout_dim=geo.dim,
+        amax_floor=p.amax_floor,
+        enc_overflow=_INPUT_MAX[p.input_element],
+        pad_rows=geo.pad_rows,
+        pad_cols=geo.pad_cols,
+        tensor_amax=0,
+    )
+
+    def prepared(name: str, sched: Schedule) -> PreparedLaunch:
+        fn = functions[name]
+        resident = occupancy_grid(fn, 256, 1 << 30, info) // info.sm_count if sched.persistent else 0
+        threads, grid = launch_shape(teams * sched.team(dtype, block), info.sm_count, resident, sched.unroll)
+        return PreparedLaunch(fn, grid, threads, _QUANTIZE_PARAMS, **fixed)
+
+    general = prepared(names[0], schedules[0])
+    pair = LaunchPair(prepared(names[1], schedules[1]), general, 16, 16) if contiguous else None
+    tag = f"lanes[{p.format.name},1x{block},{rule},{p.layout}" + (",contiguous|general]" if contiguous else ",general]")
+    return _Launches(general, pair, tag)
+
+
+# ---- plans -------------------------------------------------------------------------------------
+
+
+class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, BlockScaledOperands]):
+    """Block-scaled quantization: MX, NVFP4 or FP8 blocks, scales from the data, in the GEMM's layout.
+
+    Formulas (MICROSCALING.md; every step one IEEE f32 operation, no FMA, no flush to zero;
+    amax over a block's finite valid elements; a partial last block uses its valid elements):
+
+    * MX (blocks of 32, E8M0 byte s): ``rceil`` s = RCEIL(fl(amax / max_elem)), ``floor`` /
+      ``ceil`` / ``even`` from amax's exponent (§2.3); ``code = enc(fl(x * 2**(127 - s)))``.
+    * NVFP4 ``te`` (§3.2-3.3): ``S_enc = fl(2688 / amax)`` (1 if amax is 0), ``S_dec = fl(1 / S_enc)``;
+      per block of 16 ``s = e4m3(fl(bamax * fl(S_enc * fl32(1/6))))``,
+      ``code = e2m1(fl(x * min(fl(1 / fl(f32(s) * S_dec)), FLT_MAX)))``; ``torchao``: §3.3.
+    * FP8 blocks (§4.2, a = max(amax, amax_floor)): ``div`` s = fl(a / 448), ``code = e4m3(fl(x / s))``;
+      ``mul_rcp`` ``e4m3(fl(x * fl(1 / s)))``; ``enc`` e = fl(448 / a), ``code = e4m3(fl(x * e))``,
+      s = fl(1 / e); UE8M0 byte = clamp(RCEIL(fl(a / 448)), 1, 254); all-zero tile: s = 1.
+    * ``enc`` is RNE with saturation to ±max (stochastic rounding: §1.6, Philox words by the
+      row-major flat index of x). A block holding NaN or ±Inf gets the NaN scale (E8M0 0xFF,
+      E4M3 0x7F, f32 0x7FC00000) and codes 0.
+
+    **When to use:** producing MX / NVFP4 / FP8-block GEMM operands (cuBLAS / CUTLASS block-scaled
+    GEMMs, DeepGEMM, TransformerEngine recipes) with the scales already in the layout the GEMM
+    reads. One-liners: ``qp.quantize(x, "mxfp8")``, ``"mxfp4"``, ``"nvfp4"``, ``"fp8_block"``.
+
+    **Dtypes:** input F16 / BF16 / F32; codes uint8 (or float8_e4m3fn / float8_e5m2 /
+    float4_e2m1fn_x2 / int8 views); scales per ``scale_layout`` (see the descriptor).
+
+    **Shape limits:** rank >= 1, any extents (partial blocks), 64-bit indexing. CUDA: MX 1x32 and
+    FP8 1x128 blocks along the last axis with nearest rounding; everything else on the REFERENCE
+    backend until its kernel lands (``select`` raises Unsupported on CUDA).
+
+    **Kernel variants:** ``lanes[format,1xB,rule,layout,...]``: each thread holds 16-byte vectors
+    of one block (the tuning table ``_block_scaled_kernels.SCHEDULES``), a team of threads per
+    block, amax by shuffles of integer keys, the scale written in the layout by the team's first
+    thread; a contiguous twin (vector loads) when the last extent is a multiple of B and x and the
+    codes are 16-byte aligned. ``numpy`` on the reference backend.
+
+    **Workspace:** none.
+
+    **Precision guarantee:** bit-exact to :mod:`quantplan.reference_block_scaled` (codes, scales,
+    layout padding zero); deterministic.
+    """
+
+    _args_type = BlockScaledQuantizeArgs
+    _category = OpCategory.QUANTIZE
+    _op = QuantizeKind.DYNAMIC_RANGE
+    _checked = BlockScaledOperands
+    _extract_fields = ("input", "codes", "scales", "tensor_scale", "global_amax", "rng_seed", "rng_offset")
+
+    def __init__(
+        self,
+        desc: BlockScaledQuantizeDescriptor,
+        problem: BlockScaledProblem,
+        device_id: int | None = None,
+        variant: str = "numpy",
+        launches: _Launches | None = None,
+    ) -> None:
+        prepared = () if launches is None else launches.launches
+        super().__init__(problem, device_id, problem.input_element, problem.code_kind, variant, prepared=prepared)
+        self.descriptor = desc
+        self._launches = launches
+        self._in_info = ELEMENTS[problem.input_element]
+        self._codes_info = _codes_info(problem)
+        self._scales_info = _scales_info(problem)
+        self._nvfp4 = problem.is_nvfp4
+        self._stochastic = problem.stochastic
+
+    @classmethod
+    def select(
+        cls, stream: Any, desc: BlockScaledQuantizeDescriptor, pref: PlanPreference | None = None
+    ) -> BlockScaledQuantizePlan:
+        """Validate ``desc`` (InvalidProblem / Unsupported naming the field), pick the backend,
+        compile and prepare the kernels (CUDA, first use). On CUDA, Unsupported for the
+        combinations without a kernel yet (see the class docstring)."""
+        check_descriptor(desc, BlockScaledQuantizeDescriptor)
+        problem = desc._problem()
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+            return preferred(cls(desc, problem), pref)
+        refusal = cuda_refusal(problem)
+        if refusal is not None:
+            raise Unsupported(f"{refusal}: {_SERVED_ON_CUDA}")
+        device_id = stream_device_id(stream)
+        launches = _prepare(problem, device_id)
+        return preferred(cls(desc, problem, device_id, launches.describe, launches), pref)
+
+    # ---- arguments ----------------------------------------------------------------------------
+
+    def _check(self, args: BlockScaledQuantizeArgs) -> BlockScaledOperands:
+        p = self.problem
+        x = self._required(args.input, "input", p.shape, self._in_info)
+        codes = self._required(args.codes, "codes", p.codes_shape, self._codes_info)
+        scales = self._required(args.scales, "scales", p.scales_shape, self._scales_info)
+        tensor_scale: Operand | None = None
+        global_amax: Operand | float | None = None
+        if self._nvfp4:
+            tensor_scale = self._required(args.tensor_scale, "tensor_scale", (1,), _F32)
+            global_amax = self._global_amax(args.global_amax)
+        elif args.tensor_scale is not None or args.global_amax is not None:
+            raise InvalidProblem(f"tensor_scale / global_amax apply to NVFP4 only; leave them None for {p.format.name}")
+        seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
+        check_outputs(
+            (("codes", codes), ("scales", scales), ("tensor_scale", tensor_scale)),
+            (("input", x), ("global_amax", global_amax)),
+        )
+        return BlockScaledOperands(x, codes, scales, tensor_scale, global_amax, seed, offset)
+
+    def _global_amax(self, value: Any) -> Operand | float | None:
+        """NVFP4's calibrated amax: None, a number >= 0 (+Inf allowed), or a one-element float32 array."""
+        if value is None:
+            return None
+        if is_scalar(value):
+            amax = float(value)
+            if not amax >= 0:
+                raise InvalidProblem(f"global_amax={value!r} must be >= 0 (and not NaN), or None to compute it")
+            return value  # type: ignore[no-any-return]
+        op = operand(value, "global_amax")
+        if op.device_id != self.device_id or (self.backend is BackendKind.REFERENCE and type(op.obj) is not np.ndarray):
+            self._check_residence(op, "global_amax")
+        if op.size != 1 or op.dtype_name != "float32":
+            raise InvalidProblem(
+                f"global_amax must be None, a number or a one-element float32 array, got {op.dtype_name} {op.shape}"
+            )
+        return op
+
+    # ---- execution --------------------------------------------------------------------------
+
+    def _launch(self, handle: int, workspace: Workspace | None, a: BlockScaledOperands) -> None:
+        launches = self._launches
+        assert launches is not None and self.device_id is not None
+        launch = launches.general if launches.pair is None else launches.pair.pick(a.x.ptr, a.codes.ptr)
+        params = launch.params
+        params.x = a.x.ptr
+        params.codes = a.codes.ptr
+        params.scales = a.scales.ptr
+        launch_on(self.device_id, handle, launch)
+
+    def _run_reference(self, a: BlockScaledOperands) -> None:
+        p = self.problem
+        amax = _scalar_of(a.global_amax)
+        if p.numel == 0:
+            if a.tensor_scale is not None:
+                empty_s_dec = rb.nvfp4_tensor_scales(0.0 if amax is None else amax, p.mode, p.two_level)[1]
+                self._write_host(a.tensor_scale, np.asarray([empty_s_dec], np.float32))
+            return
+        x = host_view(a.x, self._in_info).reshape(p.shape)
+        seed, offset = int(_scalar_of(a.seed) or 0), int(_scalar_of(a.offset) or 0)
+        codes, scales, s_dec = reference_quantize(p, x, amax, seed, offset)
+        self._write_host(a.codes, codes)
+        self._write_host(a.scales, scales)
+        if a.tensor_scale is not None and s_dec is not None:
+            self._write_host(a.tensor_scale, np.asarray([s_dec], np.float32))
+
+
+class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, BlockScaledDequantizeOperands]):
+    """Block-scaled dequantization: (codes, scales[, tensor scale]) -> y, for every block-scaled format.
+
+    Formulas (every product one f32 operation, then one rounding to the output dtype):
+    MX ``y = fl(dec(code) * 2**(s - 127))`` (§2.9); NVFP4 ``y = fl(fl(e2m1 * f32(s)) * S_dec)``
+    (§3.8); FP8 blocks ``y = fl(dec(code) * s)`` (s = 2**(byte - 127) for UE8M0). A NaN scale
+    (E8M0 0xFF, E4M3 0x7F, f32 NaN) gives NaN over its block.
+
+    **When to use:** checking or consuming block-scaled tensors outside a GEMM (the one-liner is
+    ``qt.dequantize()`` of ``qp.quantize(x, "mxfp8")``).
+
+    **Dtypes:** codes and scales as :class:`BlockScaledQuantizePlan` writes them; output F16 /
+    BF16 (or its uint16 bits) / F32.
+
+    **Shape limits:** as the quantization. REFERENCE backend only for now: on CUDA ``select``
+    raises Unsupported until the dequantize kernel lands.
+
+    **Workspace:** none.
+
+    **Precision guarantee:** exact in f32 unless a product overflows; one rounding to the output
+    dtype; bit-exact to :mod:`quantplan.reference_block_scaled`.
+    """
+
+    _args_type = BlockScaledDequantizeArgs
+    _category = OpCategory.DEQUANTIZE
+    _op = QuantizeKind.STATIC
+    _checked = BlockScaledDequantizeOperands
+    _extract_fields = ("codes", "scales", "output", "tensor_scale")
+
+    def __init__(self, desc: BlockScaledDequantizeDescriptor, problem: BlockScaledProblem) -> None:
+        assert problem.output_element is not None
+        super().__init__(problem, None, problem.output_element, problem.code_kind)
+        self.descriptor = desc
+        self._out_info = ELEMENTS[problem.output_element]
+        self._codes_info = _codes_info(problem)
+        self._scales_info = _scales_info(problem)
+
+    @classmethod
+    def select(
+        cls, stream: Any, desc: BlockScaledDequantizeDescriptor, pref: PlanPreference | None = None
+    ) -> BlockScaledDequantizePlan:
+        """Validate ``desc`` and pick the backend: REFERENCE (CUDA: Unsupported for now)."""
+        check_descriptor(desc, BlockScaledDequantizeDescriptor)
+        problem = desc._problem()
+        if choose_backend(pref, stream) is not BackendKind.REFERENCE:
+            raise Unsupported(
+                "block-scaled dequantize has no CUDA kernel yet; select it with "
+                "PlanPreference(backend=BackendKind.REFERENCE) on host arrays"
+            )
+        return preferred(cls(desc, problem), pref)
+
+    def _check(self, args: BlockScaledDequantizeArgs) -> BlockScaledDequantizeOperands:
+        p = self.problem
+        codes = self._required(args.codes, "codes", p.codes_shape, self._codes_info)
+        scales = self._required(args.scales, "scales", p.scales_shape, self._scales_info)
+        y = self._required(args.output, "output", p.shape, self._out_info)
+        tensor_scale: Operand | None = None
+        if p.is_nvfp4:
+            tensor_scale = self._required(args.tensor_scale, "tensor_scale", (1,), _F32)
+        elif args.tensor_scale is not None:
+            raise InvalidProblem(f"tensor_scale applies to NVFP4 only; leave it None for {p.format.name}")
+        check_outputs((("output", y),), (("codes", codes), ("scales", scales), ("tensor_scale", tensor_scale)))
+        return BlockScaledDequantizeOperands(codes, scales, y, tensor_scale)
+
+    def _run_reference(self, a: BlockScaledDequantizeOperands) -> None:
+        p = self.problem
+        if p.numel == 0:
+            return
+        s_dec = None if a.tensor_scale is None else float(host_values(a.tensor_scale)[0])
+        codes = host_view(a.codes, ELEMENTS[ElementKind.U8])
+        scales = np.asarray(a.scales.obj).view(ELEMENTS[p.scale_kind].numpy_dtype)
+        y = reference_dequantize(p, codes, scales, s_dec, self._out_info.numpy_dtype)
+        self._write_host(a.y, y)
+
+    def _launch(self, handle: int, workspace: Workspace | None, a: BlockScaledDequantizeOperands) -> None:
+        raise Unsupported("block-scaled dequantize has no CUDA kernel yet")  # pragma: no cover - select refuses
+
+
+__all__ = [
+    "BLOCK_FORMATS",
+    "SCALE_LAYOUTS",
+    "BlockScaledDequantizeArgs",
+    "BlockScaledDequantizeDescriptor",
+    "BlockScaledDequantizePlan",
+    "BlockScaledProblem",
+    "BlockScaledQuantizeArgs",
+    "BlockScaledQuantizeDescriptor",
+    "BlockScaledQuantizePlan",
+    "compact_scales",
+    "cuda_refusal",
+    "layout_scales",
+    "reference_dequantize",
+    "reference_quantize",
+    "resolve",
+]
