@@ -289,6 +289,98 @@ __device__ __forceinline__ i64 scale_offset(int layout, i64 r, i64 c, i64 cols, 
 
 }  // namespace qp
 
+// ---- shared by the 2-D tile and fused transpose kernels (block_scaled_tiles.cu) ----
+namespace qp {
+
+// Input words: a run of elements held as 32-bit words in element order (two 16-bit elements per
+// word, element 2i low), and |x| keys that order like |x| (sign cleared; NaN and Inf above every
+// finite value). key_bits turns a key into the f32 bits of |x|.
+template <class In> struct InputWords;
+
+template <> struct InputWords<bf16> {
+  static const int vec = 8, bytes = 2;
+  static __device__ __forceinline__ u32 word_key(u32 w) {
+    const u32 m = w & 0x7FFF7FFFu;
+    return max(m & 0xFFFFu, m >> 16);
+  }
+  static __device__ __forceinline__ u32 half_key(u32 w, int h) { return (w >> (16 * h)) & 0x7FFFu; }
+  static __device__ __forceinline__ u32 key_bits(u32 key) { return key << 16; }
+  static __device__ __forceinline__ float element(const u32* w, int k) {
+    return __uint_as_float(k & 1 ? (w[k / 2] & 0xFFFF0000u) : (w[k / 2] << 16));
+  }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
+    const u32 h = *static_cast<const u16*>(p);
+    w[k / 2] |= k & 1 ? h << 16 : h;
+  }
+};
+
+template <> struct InputWords<f16> {
+  static const int vec = 8, bytes = 2;
+  static __device__ __forceinline__ u32 word_key(u32 w) {
+    const u32 m = w & 0x7FFF7FFFu;
+    return max(m & 0xFFFFu, m >> 16);
+  }
+  static __device__ __forceinline__ u32 half_key(u32 w, int h) { return (w >> (16 * h)) & 0x7FFFu; }
+  static __device__ __forceinline__ u32 key_bits(u32 key) {
+    return __float_as_uint(FloatElement<f16>::to_acc((u16)key));
+  }
+  static __device__ __forceinline__ float element(const u32* w, int k) {
+    return FloatElement<f16>::to_acc((u16)(k & 1 ? w[k / 2] >> 16 : w[k / 2] & 0xFFFFu));
+  }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
+    const u32 h = *static_cast<const u16*>(p);
+    w[k / 2] |= k & 1 ? h << 16 : h;
+  }
+};
+
+template <> struct InputWords<f32> {
+  static const int vec = 4, bytes = 4;
+  static __device__ __forceinline__ u32 word_key(u32 w) { return w & 0x7FFFFFFFu; }
+  static __device__ __forceinline__ u32 half_key(u32 w, int) { return w & 0x7FFFFFFFu; }
+  static __device__ __forceinline__ u32 key_bits(u32 key) { return key; }
+  static __device__ __forceinline__ float element(const u32* w, int k) { return __uint_as_float(w[k]); }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
+};
+
+// The scale of a block from the f32 bits of its amax (NaN / Inf bits: a non-finite block, which
+// stores the NaN scale and whose factor is unused: its codes are 0).
+template <class E>
+__device__ __forceinline__ BlockScale block_scale_or_nan(u32 amax_bits, int rule, float amax_floor, float enc_overflow) {
+  if (amax_bits >= 0x7F800000u) {
+    BlockScale r;
+    r.stored = nonfinite_scale(rule);
+    r.factor = 0.0f;
+    return r;
+  }
+  return block_scale<E>(amax_bits, rule, amax_floor, enc_overflow);
+}
+
+// Zero bytes (or f32 zeros) at every position of the padded scale grid [pad_rows, pad_cols]
+// outside the scale matrix [rows, cols]; this thread takes positions first, first + stride, ...
+__device__ __forceinline__ void zero_scale_padding(void* scales, bool f32_scale, int layout, i64 rows, i64 cols,
+                                                   i64 dim, i64 pad_rows, i64 pad_cols, i64 first, i64 stride) {
+  const i64 extra_rows = (pad_rows - rows) * pad_cols;
+  const i64 pads = extra_rows + rows * (pad_cols - cols);
+  for (i64 p = first; p < pads; p += stride) {
+    i64 r, c;
+    if (p < extra_rows) {
+      r = rows + p / pad_cols;
+      c = p - (r - rows) * pad_cols;
+    } else {
+      const i64 q = p - extra_rows, width = pad_cols - cols;
+      r = q / width;
+      c = cols + (q - r * width);
+    }
+    const i64 off = scale_offset(layout, r, c, cols, dim);
+    if (f32_scale)
+      static_cast<u32*>(scales)[off] = 0u;
+    else
+      static_cast<u8*>(scales)[off] = 0;
+  }
+}
+
+}  // namespace qp
+
 namespace qp {
 
 // ---- decoding: a stored code to its f32 value (FP4 from one nibble) ----

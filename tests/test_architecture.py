@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "_affine": MACHINERY,
     "_qgz_launch": MACHINERY,
     "_block_scaled_kernels": MACHINERY,
+    "_block_scaled_tile_kernels": MACHINERY,
     "_fake_rows": MACHINERY,
     "_families": MACHINERY,
     "_precompile": MACHINERY,
