@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ._block_scaled_kernels import instantiations as block_scaled_instantiations
+from ._block_scaled_tile_kernels import instantiations as block_scaled_tile_instantiations
 from ._layout import dense_row_widths
 from ._tuning import TUNING
 from .compiler import template_name
@@ -626,8 +627,15 @@ def block_scaled_units() -> list[Unit]:
     return [[name] for name in block_scaled_instantiations()]
 
 
+def block_scaled_tiles_units() -> list[Unit]:
+    """``block_scaled_tiles.cu``: the 2-D tile and fused-transpose kernels
+    (:func:`quantplan._block_scaled_tile_kernels.instantiations`), one per unit."""
+    return [[name] for name in block_scaled_tile_instantiations()]
+
+
 FAMILIES: dict[str, Callable[[], list[Unit]]] = {
     "block_scaled": block_scaled_units,
+    "block_scaled_tiles": block_scaled_tiles_units,
     "quantize": quantize_units,
     "dequantize": dequantize_units,
     "dynamic_range": dynamic_range_units,
