@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the bit comparison with the reference")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--only-tiles", action="store_true", help="only the 2-D tile and fused transpose rows")
+    p.add_argument("--only", metavar="TEXT", help="rows whose label contains TEXT (A|B: either)")
     args = p.parse_args(argv)
     t_start = time.time()
     peers: dict[str, Any] = {}
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in (torch.bfloat16, torch.float16) if not args.only_tiles else ():
         dname = "bf16" if dtype == torch.bfloat16 else "fp16"
         for label, kind, shape, kw, code_bytes in cases:
+            if args.only and not any(t in label for t in args.only.split("|")):
+                continue
             x = torch.randn(shape, device="cuda", dtype=torch.float32).mul_(4).to(dtype)
             sets = harness.rotation_sets(x.numel() * 2)
             xs = [x] + [x.clone() for _ in range(sets - 1)]

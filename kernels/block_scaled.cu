@@ -104,9 +104,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   typedef BlockInput<In> In_;
   typedef BlockElement<Elem> E;
   constexpr int VEC = In_::vec;
-  constexpr int ELEMS = VEC * VECS;  // elements of one thread
-  constexpr int TEAM = BLOCK / ELEMS;
-  static_assert(TEAM >= 1 && TEAM <= 32 && (32 % TEAM) == 0 && TEAM * ELEMS == BLOCK, "a team lies within a warp");
+  constexpr int ELEMS = VEC * VECS;                      // elements of one thread
+  constexpr int SUB = ELEMS > BLOCK ? ELEMS / BLOCK : 1;  // whole blocks of one thread (then no team)
+  constexpr int TEAM = ELEMS > BLOCK ? 1 : BLOCK / ELEMS;
+  constexpr int SUB_WORDS = VECS * 4 / SUB;               // input words of one of them
+  static_assert(TEAM <= 32 && (32 % TEAM) == 0 && TEAM * ELEMS == BLOCK * SUB, "a team lies within a warp");
+  static_assert(SUB == 1 || CONTIGUOUS, "several blocks per thread: the contiguous schedule only");
   constexpr int CODE_BYTES = ELEMS / E::per_byte;
   constexpr int CODE_WORDS = CODE_BYTES / 4 > 0 ? CODE_BYTES / 4 : 1;
   const bool f32_scale = rule >= kBlockF32Div && rule <= kBlockF32Enc;
@@ -114,14 +117,14 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   if (rule == kNvfp4Te) nv = nvfp4_tensor(tensor_amax);  // NVFP4: the tensor amax (null: one level)
 
   const i64 teams = rows * blocks_per_row;
-  const i64 slots = teams * TEAM;
+  const i64 slots = teams * TEAM / SUB;  // SUB > 1: the caller guarantees SUB divides teams
   const i64 stride = (i64)gridDim.x * blockDim.x;
   const int lane = threadIdx.x % TEAM;
   const i64 warp_first = (i64)blockIdx.x * blockDim.x + (threadIdx.x & ~31u);
 
   for (i64 base = warp_first; base < slots; base += stride * UNROLL) {
     u32 raw[UNROLL][VECS * 4];
-    u32 amax[UNROLL];
+    u32 amax[UNROLL][SUB];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const i64 slot = base + (threadIdx.x & 31u) + (i64)u * stride;
@@ -148,29 +151,40 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
         for (int k = 0; k < ELEMS; ++k)
           if (c0 + k < cols) In_::put(raw[u] + (k / VEC) * 4, k % VEC, row + k * In_::bytes);
       }
-      u32 key = In_::word_key(raw[u][0]);
 #pragma unroll
-      for (int w = 1; w < VECS * 4; ++w) key = max(key, In_::word_key(raw[u][w]));
-      amax[u] = key;
+      for (int j = 0; j < SUB; ++j) {
+        u32 key = In_::word_key(raw[u][j * SUB_WORDS]);
+#pragma unroll
+        for (int w = 1; w < SUB_WORDS; ++w) key = max(key, In_::word_key(raw[u][j * SUB_WORDS + w]));
+        amax[u][j] = key;
+      }
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
-      for (int o = TEAM / 2; o > 0; o /= 2) amax[u] = max(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], o));
-      amax[u] = In_::key_bits(amax[u]);
+      for (int j = 0; j < SUB; ++j) {
+#pragma unroll
+        for (int o = TEAM / 2; o > 0; o /= 2)
+          amax[u][j] = max(amax[u][j], __shfl_xor_sync(0xFFFFFFFFu, amax[u][j], o));
+        amax[u][j] = In_::key_bits(amax[u][j]);
+      }
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const i64 slot = base + (threadIdx.x & 31u) + (i64)u * stride;
       if (slot >= slots) continue;
-      const i64 team = slot / TEAM;
-      const bool finite = amax[u] < 0x7F800000u;
-      BlockScale s;
-      if (finite) {
-        s = block_scale<E>(amax[u], rule, amax_floor, enc_overflow, nv);
-      } else {
-        s.stored = nonfinite_scale(rule);
-        s.factor = 0.0f;
+      const i64 team = slot * SUB / TEAM;  // the first block of the slot
+      bool finite[SUB];
+      BlockScale s[SUB];
+#pragma unroll
+      for (int j = 0; j < SUB; ++j) {
+        finite[j] = amax[u][j] < 0x7F800000u;
+        if (finite[j]) {
+          s[j] = block_scale<E>(amax[u][j], rule, amax_floor, enc_overflow, nv);
+        } else {
+          s[j].stored = nonfinite_scale(rule);
+          s[j].factor = 0.0f;
+        }
       }
       u32 packed[CODE_WORDS];
 #pragma unroll
@@ -178,22 +192,25 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       if constexpr (LaneFp4<In, Elem, DIVIDE>::path == kBf16Words) {
         // FP4 from bfloat16 in 16-bit lanes (the MX factor is a power of two: its bfloat16 bits
         // are the f32 bits' high half).
-        if (finite) {
-#pragma unroll
-          for (int k = 0; k < ELEMS; k += 2)
-            packed[k / 8] |= E::encode_bf16x2(raw[u][k / 2], __float_as_uint(s.factor) >> 16) << ((k / 2) % 4 * 8);
-        }
-      } else if (finite) {
 #pragma unroll
         for (int k = 0; k < ELEMS; k += 2) {
+          if (finite[k / BLOCK % SUB])
+            packed[k / 8] |= E::encode_bf16x2(raw[u][k / 2], __float_as_uint(s[k / BLOCK % SUB].factor) >> 16)
+                             << ((k / 2) % 4 * 8);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < ELEMS; k += 2) {
+          if (!finite[k / BLOCK % SUB]) continue;
+          const float factor = s[k / BLOCK % SUB].factor;
           float lo = In_::element(raw[u] + (k / VEC) * 4, k % VEC);
           float hi = In_::element(raw[u] + (k / VEC) * 4, k % VEC + 1);
           if (DIVIDE) {
-            lo = __fdiv_rn(lo, s.factor);
-            hi = __fdiv_rn(hi, s.factor);
+            lo = __fdiv_rn(lo, factor);
+            hi = __fdiv_rn(hi, factor);
           } else {
-            lo = __fmul_rn(lo, s.factor);
-            hi = __fmul_rn(hi, s.factor);
+            lo = __fmul_rn(lo, factor);
+            hi = __fmul_rn(hi, factor);
           }
           u32 pair;
           if constexpr (LaneFp4<In, Elem, DIVIDE>::path == kF16Values)
@@ -217,15 +234,18 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
           if ((i64)b * E::per_byte < valid) codes[r * row_bytes + c0 / E::per_byte + b] = bytes[b];
       }
       if (lane == 0) {
-        i64 off = team;  // kCompact
-        if (layout != kCompact) {
-          const i64 r = team / blocks_per_row;
-          off = scale_offset(layout, r, team - r * blocks_per_row, blocks_per_row, layout_dim);
+#pragma unroll
+        for (int j = 0; j < SUB; ++j) {
+          i64 off = team + j;  // kCompact
+          if (layout != kCompact) {
+            const i64 r = (team + j) / blocks_per_row;
+            off = scale_offset(layout, r, team + j - r * blocks_per_row, blocks_per_row, layout_dim);
+          }
+          if (f32_scale)
+            static_cast<u32*>(scales)[off] = s[j].stored;
+          else
+            static_cast<u8*>(scales)[off] = (u8)s[j].stored;
         }
-        if (f32_scale)
-          static_cast<u32*>(scales)[off] = s.stored;
-        else
-          static_cast<u8*>(scales)[off] = (u8)s.stored;
       }
     }
   }

@@ -224,9 +224,22 @@ __device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float
   BlockScale r;
   if (rule == kNvfp4Te) {
     // s = e4m3(fl(bamax * m)); every element times min(fl(1 / fl(f32(s) * S_dec)), FLT_MAX).
-    const u32 s = E4M3Bits::encode(__fmul_rn(__uint_as_float(amax_bits), nv.m));
+    const float s_raw = __fmul_rn(__uint_as_float(amax_bits), nv.m);
+#if __CUDA_ARCH__ >= 890
+    // The conversions in hardware (s_raw is finite or +Inf and >= 0: the same RNE and saturation).
+    u16 pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(s_raw));
+    const u32 s = pair & 0xFFu;
+    u32 halves;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"((u16)s));
+    const float s_f = FloatElement<f16>::to_acc((u16)(halves & 0xFFFFu));
+#else
+    const u32 s = E4M3Bits::encode(s_raw);
+    const float s_f = Fp8Element<e4m3>::to_f32((u8)s);
+#endif
     r.stored = s;
-    r.factor = fminf(__fdiv_rn(1.0f, __fmul_rn(Fp8Element<e4m3>::to_f32((u8)s), nv.s_dec)), __uint_as_float(0x7F7FFFFFu));
+    // fl(1 / y) is the correctly rounded reciprocal: __frcp_rn.
+    r.factor = fminf(__frcp_rn(__fmul_rn(s_f, nv.s_dec)), __uint_as_float(0x7F7FFFFFu));
     return r;
   }
   if (rule <= kMxEven) {

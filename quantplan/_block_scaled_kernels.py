@@ -79,8 +79,16 @@ class Schedule:
     persistent: bool = False
 
     def team(self, input_dtype: str, block: int) -> int:
-        """Threads per block of ``block`` elements."""
+        """Threads per block of ``block`` elements (1 when a thread holds whole blocks)."""
         return max(1, block // (VECTOR_ELEMENTS[input_dtype] * self.vecs))
+
+    def blocks_per_thread(self, input_dtype: str, block: int) -> int:
+        """Whole blocks one thread holds (1 when a team shares a block)."""
+        return max(1, VECTOR_ELEMENTS[input_dtype] * self.vecs // block)
+
+    def slots(self, input_dtype: str, block: int, teams: int) -> int:
+        """Thread slots covering ``teams`` blocks."""
+        return teams * self.team(input_dtype, block) // self.blocks_per_thread(input_dtype, block)
 
 
 #: The tuning table: (contiguous, block elements, small) -> Schedule. ``small``: the large
@@ -88,7 +96,7 @@ class Schedule:
 #: such problems are latency-bound and take more, narrower threads. The general (ragged or
 #: misaligned) schedule keeps one vector per thread at every size.
 SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
-    (True, 16, False): Schedule(vecs=2, unroll=1, min_blocks=4),
+    (True, 16, False): Schedule(vecs=4, unroll=1, min_blocks=4),
     (True, 16, True): Schedule(vecs=1, unroll=1, min_blocks=1),
     (False, 16, False): Schedule(vecs=1, unroll=1, min_blocks=1),
     (True, 32, False): Schedule(vecs=4, unroll=1, min_blocks=4),
@@ -108,7 +116,9 @@ def choose_schedule(input_dtype: str, block: int, contiguous: bool, teams: int, 
     if not contiguous:
         return SCHEDULES[False, block, False]
     large = SCHEDULES[True, block, False]
-    small = -(-teams * large.team(input_dtype, block) // BLOCK_THREADS) < SMALL_BLOCKS_PER_SM * sm_count
+    small = -(-large.slots(input_dtype, block, teams) // BLOCK_THREADS) < SMALL_BLOCKS_PER_SM * sm_count
+    if not small and teams % large.blocks_per_thread(input_dtype, block):
+        small = True  # whole blocks per thread need a whole number of slots: the one-block schedule
     return SCHEDULES[True, block, small]
 
 
@@ -273,7 +283,7 @@ def quantize_block_scaled(
     sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count)
     name = kernel_name(dtype, element, block, divide, contiguous, sched)
     fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
-    slots = teams * sched.team(dtype, block)
+    slots = sched.slots(dtype, block, teams)
     threads, grid = launch_shape(slots, info.sm_count, _resident(fn) if sched.persistent else 0, sched.unroll)
     input_max = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}[dtype]
     args = (

@@ -659,7 +659,7 @@ def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
     def prepared(name: str, sched: Schedule) -> PreparedLaunch:
         fn = functions[name]
         resident = occupancy_grid(fn, 256, 1 << 30, info) // info.sm_count if sched.persistent else 0
-        threads, grid = launch_shape(teams * sched.team(dtype, block), info.sm_count, resident, sched.unroll)
+        threads, grid = launch_shape(sched.slots(dtype, block, teams), info.sm_count, resident, sched.unroll)
         return PreparedLaunch(fn, grid, threads, _QUANTIZE_PARAMS, **fixed)
 
     general = prepared(names[0], schedules[0])
