@@ -19,7 +19,7 @@ from typing import Any
 from . import __version__, compiler
 from ._device import cuda_available, device_info
 from ._families import FAMILIES
-from ._precompile import INSTALL_HINT, precompile
+from ._precompile import INSTALL_HINT, check_nvrtc, precompile
 from .errors import KernelCompileError, QuantPlanError
 from .types import ArchSku
 
@@ -90,6 +90,10 @@ def _precompile(args: argparse.Namespace) -> int:
         archs = [device_info(0).arch] if cuda_available() else [ArchSku(9, 0)]
     if args.jobs is not None and args.jobs < 1:
         return _fail(f"--jobs {args.jobs}: give at least 1")
+    try:
+        check_nvrtc()  # before any progress line: no CuPy / NVRTC is one line naming the extra
+    except QuantPlanError as exc:
+        return _fail(str(exc), 1)
     for arch in archs:
         show = _ProgressLine(f"precompile {arch.nvrtc_arch}")
         start = time.perf_counter()

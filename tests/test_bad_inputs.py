@@ -230,7 +230,7 @@ _TORCH_DTYPES: dict[str, Callable[[Any], Any]] = {
 def _raw_view(a: np.ndarray) -> np.ndarray:
     """bfloat16 / float8 arrays as their raw bits (CuPy has neither dtype)."""
     if a.dtype.itemsize == 2 and a.dtype.kind not in "fiu":
-        return a.view(np.int16)
+        return a.view(np.uint16)
     if a.dtype.itemsize == 1 and a.dtype.kind not in "iu":
         return a.view(np.uint8)
     return a
