@@ -21,6 +21,20 @@ namespace qp {
 // The input words and |x| keys of one 16-byte vector: InputWords (qp_block_scaled.cuh).
 template <class In> using BlockInput = InputWords<In>;
 
+// N bytes of codes stored as the widest aligned words.
+template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const u32* w) {
+  if constexpr (N % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  } else if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<u32*>(dst) = w[0];
+  } else {
+    *reinterpret_cast<u16*>(dst) = (u16)w[0];
+  }
+}
 
 // The 16-bit-lane FP4 encoders (sm_90 and later): bfloat16 input from its own words times the
 // power-of-two MX factor (kBf16Words), float16 input from its scaled values (kF16Values).

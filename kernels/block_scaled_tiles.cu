@@ -53,6 +53,20 @@ __device__ __forceinline__ void encode_run(const u32* w, float factor, bool fini
   }
 }
 
+// N code bytes (N = 2, 4, 8 or a multiple of 16) from words to dst, aligned to min(N, 16).
+template <int N> __device__ __forceinline__ void store_code_run(u8* dst, const u32* w) {
+  if constexpr (N % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  } else if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<u32*>(dst) = w[0];
+  } else {
+    *reinterpret_cast<u16*>(dst) = (u16)w[0];
+  }
+}
 
 // The first `valid` of N code bytes, one byte at a time.
 template <int N> __device__ __forceinline__ void store_code_prefix(u8* dst, const u32* w, i64 valid) {
@@ -173,7 +187,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     encode_run<In, E, DIVIDE, CH>(raw[p], s.factor, finite, packed);
     u8* dst = codes + r * row_bytes + c / E::per_byte;
     if (full) {
-      store_code_bytes<CODE_BYTES>(dst, packed);
+      store_code_run<CODE_BYTES>(dst, packed);
     } else if (r < rows && c < cols) {
       if (ALIGNED) {
         constexpr int VB = VEC / E::per_byte;  // code bytes of one vector
@@ -181,7 +195,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
         for (int j = 0; j < VECS; ++j)
           if (c + j * VEC < cols) {
             if constexpr (VB >= 4)
-              store_code_bytes<VB>(dst + j * VB, packed + j * VB / 4);
+              store_code_run<VB>(dst + j * VB, packed + j * VB / 4);
             else  // two FP4 bytes of one f32 vector
               *reinterpret_cast<u16*>(dst + j * VB) = (u16)(packed[j * VB / 4] >> (8 * (j * VB % 4)));
           }
@@ -272,7 +286,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     encode_run<In, E, DIVIDE, VEC>(raw[p], s.factor, bits < 0x7F800000u, packed);
     u8* dst = codes_r + r * cols + c;
     if (full || (ALIGNED && r < rows && c < cols))
-      store_code_bytes<VEC>(dst, packed);
+      store_code_run<VEC>(dst, packed);
     else if (!ALIGNED && r < rows && c < cols)
       store_code_prefix<VEC>(dst, packed, cols - c);
     if (ci % TEAM == 0 && r < rows && c < cols) {
@@ -331,10 +345,10 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       if (k < cols && m0 < rows) {
         u8* dst = codes_c + k * rows + m0;
         if (full) {
-          store_code_bytes<R>(dst, packed);
+          store_code_run<R>(dst, packed);
         } else if (ALIGNED) {  // rows % 16 == 0: each 16-byte half is wholly in or out
-          store_code_bytes<16>(dst, packed);
-          if (m0 + 16 < rows) store_code_bytes<16>(dst + 16, packed + 4);
+          store_code_run<16>(dst, packed);
+          if (m0 + 16 < rows) store_code_run<16>(dst + 16, packed + 4);
         } else {
           store_code_prefix<R>(dst, packed, rows - m0);
         }
@@ -370,7 +384,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       }
       u8* dst = codes_c + r * cols + c;
       if (full || (ALIGNED && r < rows && c < cols))
-        store_code_bytes<VEC>(dst, packed);
+        store_code_run<VEC>(dst, packed);
       else if (!ALIGNED && r < rows && c < cols)
         store_code_prefix<VEC>(dst, packed, cols - c);
     }

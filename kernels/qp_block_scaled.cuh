@@ -308,21 +308,6 @@ namespace qp {
 // Input words: a run of elements held as 32-bit words in element order (two 16-bit elements per
 // word, element 2i low), and |x| keys that order like |x| (sign cleared; NaN and Inf above every
 // finite value). key_bits turns a key into the f32 bits of |x|.
-// N code bytes (N = 2, 4, 8 or a multiple of 16) from words to dst, aligned to min(N, 16).
-template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const u32* w) {
-  if constexpr (N % 16 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 16; ++i)
-      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-  } else if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-  } else if constexpr (N == 4) {
-    *reinterpret_cast<u32*>(dst) = w[0];
-  } else {
-    *reinterpret_cast<u16*>(dst) = (u16)w[0];
-  }
-}
-
 template <class In> struct InputWords;
 
 template <> struct InputWords<bf16> {
