@@ -18,8 +18,51 @@
 
 namespace qp {
 
-// The input words and |x| keys of one 16-byte vector: InputWords (qp_block_scaled.cuh).
-template <class In> using BlockInput = InputWords<In>;
+// A 16-byte vector of input elements as four words, and |x| keys that order like |x| (sign
+// cleared; NaN and Inf above every finite value).
+template <class In> struct BlockInput;
+
+template <> struct BlockInput<bf16> {
+  static const int vec = 8, bytes = 2;
+  static __device__ __forceinline__ u32 word_key(u32 w) {
+    const u32 m = w & 0x7FFF7FFFu;
+    return max(m & 0xFFFFu, m >> 16);
+  }
+  static __device__ __forceinline__ u32 key_bits(u32 key) { return key << 16; }  // the f32 bits of |x|
+  static __device__ __forceinline__ float element(const u32* w, int k) {
+    return __uint_as_float(k & 1 ? (w[k / 2] & 0xFFFF0000u) : (w[k / 2] << 16));
+  }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
+    const u32 h = *static_cast<const u16*>(p);
+    w[k / 2] |= k & 1 ? h << 16 : h;
+  }
+};
+
+template <> struct BlockInput<f16> {
+  static const int vec = 8, bytes = 2;
+  static __device__ __forceinline__ u32 word_key(u32 w) {
+    const u32 m = w & 0x7FFF7FFFu;
+    return max(m & 0xFFFFu, m >> 16);
+  }
+  static __device__ __forceinline__ u32 key_bits(u32 key) {
+    return __float_as_uint(FloatElement<f16>::to_acc((u16)key));
+  }
+  static __device__ __forceinline__ float element(const u32* w, int k) {
+    return FloatElement<f16>::to_acc((u16)(k & 1 ? w[k / 2] >> 16 : w[k / 2] & 0xFFFFu));
+  }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
+    const u32 h = *static_cast<const u16*>(p);
+    w[k / 2] |= k & 1 ? h << 16 : h;
+  }
+};
+
+template <> struct BlockInput<f32> {
+  static const int vec = 4, bytes = 4;
+  static __device__ __forceinline__ u32 word_key(u32 w) { return w & 0x7FFFFFFFu; }
+  static __device__ __forceinline__ u32 key_bits(u32 key) { return key; }
+  static __device__ __forceinline__ float element(const u32* w, int k) { return __uint_as_float(w[k]); }
+  static __device__ __forceinline__ void put(u32* w, int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
+};
 
 // N bytes of codes stored as the widest aligned words.
 template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const u32* w) {
