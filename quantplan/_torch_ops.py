@@ -48,6 +48,7 @@ from ._layout import param_shape
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .errors import InvalidProblem
+from .formats import affine_scale_dtype
 from .static_quantize import (
     DequantizeArgs,
     DequantizeDescriptor,
@@ -68,6 +69,13 @@ from .types import (
     TensorScope,
     TokenScope,
 )
+
+#: The parameters' dtype for each float data element: the affine formats' scale element
+#: (:mod:`quantplan.formats`), never inferred from the arithmetic precision.
+_PARAM_DTYPES: dict[ElementKind, Any] = {
+    kind: getattr(torch, affine_scale_dtype(kind).name)
+    for kind in (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64)
+}
 
 #: The ``quantplan`` operator namespace (every front-end defines its operators in it).
 LIBRARY = torch.library.Library("quantplan", "FRAGMENT")
@@ -256,6 +264,40 @@ def _prepare(x: Any) -> tuple[Target, Any, ElementKind]:
     return target, xc, _float_kind_of(xc)
 
 
+def _code_plan(
+    target: Target,
+    plan_cls: Any,
+    desc_cls: Any,
+    shape: tuple[int, ...],
+    kind: ElementKind,
+    scope: list[int],
+    asymmetric: bool,
+    code_kind: ElementKind,
+    q_min: int | None,
+    q_max: int | None,
+    nibble_order: int,
+    stochastic: bool,
+) -> Any:
+    """The cached plan of a quantize operator (dynamic or static): its descriptor from the
+    operator's flat arguments, selected once per key."""
+    key = (shape, kind, tuple(scope), asymmetric, code_kind, q_min, q_max, nibble_order, stochastic)
+    return target.plan(
+        plan_cls,
+        key,
+        lambda: desc_cls(
+            shape=shape,
+            scope=scope_of(scope),
+            mode=_MODES[asymmetric],
+            input_element=kind,
+            output_element=code_kind,
+            q_min=q_min,
+            q_max=q_max,
+            nibble_order=_NIBBLES[nibble_order],
+            rounding=_rounding(stochastic),
+        ),
+    )
+
+
 def _quantize_dynamic_impl(
     x: Any,
     code: int,
@@ -271,25 +313,23 @@ def _quantize_dynamic_impl(
     target, xc, kind = _prepare(x)
     shape = tuple(xc.shape)
     code_kind = _kind_at(code)
-    key = (shape, kind, tuple(scope), asymmetric, code_kind, q_min, q_max, nibble_order, stochastic)
-    plan = target.plan(
+    plan = _code_plan(
+        target,
         DynamicRangeQuantizePlan,
-        key,
-        lambda: DynamicRangeQuantizeDescriptor(
-            shape=shape,
-            scope=scope_of(scope),
-            mode=_MODES[asymmetric],
-            input_element=kind,
-            output_element=code_kind,
-            q_min=q_min,
-            q_max=q_max,
-            nibble_order=_NIBBLES[nibble_order],
-            rounding=_rounding(stochastic),
-        ),
+        DynamicRangeQuantizeDescriptor,
+        shape,
+        kind,
+        scope,
+        asymmetric,
+        code_kind,
+        q_min,
+        q_max,
+        nibble_order,
+        stochastic,
     )
     codes_shape, pshape = _quantize_layout(shape, tuple(scope), asymmetric, _KIND_INDEX[kind], code, nibble_order)
     codes, bits = _storage(codes_shape, code_kind, xc)
-    scale = xc.new_empty(pshape, dtype=torch.float64 if kind is ElementKind.F64 else torch.float32)
+    scale = xc.new_empty(pshape, dtype=_PARAM_DTYPES[kind])
     zp = xc.new_empty(pshape if asymmetric else (0,), dtype=torch.int32)
     seed, offset = _rng(stochastic, rng_seed, rng_offset)
     arg = target.arg
@@ -305,7 +345,7 @@ def _quantize_dynamic_fake(x: Any, code: int, scope: list[int], asymmetric: bool
         tuple(x.shape), tuple(scope), asymmetric, _KIND_INDEX[float_kind], code, nibble
     )
     _store_descriptor(tuple(x.shape), tuple(scope), asymmetric, code, _KIND_INDEX[float_kind], nibble)
-    pdtype = torch.float64 if float_kind is ElementKind.F64 else torch.float32
+    pdtype = _PARAM_DTYPES[float_kind]
     codes = x.new_empty(codes_shape, dtype=_CODE_DTYPES[_kind_at(code)])
     zp = x.new_empty(pshape if asymmetric else (0,), dtype=torch.int32)
     return codes, x.new_empty(pshape, dtype=pdtype), zp
@@ -341,21 +381,19 @@ def _quantize_static_impl(
     shape = tuple(xc.shape)
     code_kind = _kind_at(code)
     asymmetric = zero_point is not None or zero_point_value is not None
-    key = (shape, kind, tuple(scope), asymmetric, code_kind, q_min, q_max, nibble_order, stochastic)
-    plan = target.plan(
+    plan = _code_plan(
+        target,
         QuantizePlan,
-        key,
-        lambda: QuantizeDescriptor(
-            shape=shape,
-            scope=scope_of(scope),
-            mode=_MODES[asymmetric],
-            input_element=kind,
-            output_element=code_kind,
-            q_min=q_min,
-            q_max=q_max,
-            nibble_order=_NIBBLES[nibble_order],
-            rounding=_rounding(stochastic),
-        ),
+        QuantizeDescriptor,
+        shape,
+        kind,
+        scope,
+        asymmetric,
+        code_kind,
+        q_min,
+        q_max,
+        nibble_order,
+        stochastic,
     )
     codes_shape, _ = _quantize_layout(shape, tuple(scope), asymmetric, _KIND_INDEX[kind], code, nibble_order)
     codes, bits = _storage(codes_shape, code_kind, xc)
@@ -431,7 +469,7 @@ def _dequantize_impl(
         raise InvalidProblem(f"dequantize output {out_kind.name}: float16, bfloat16, float32 or float64")
     y = codes.new_empty(desc.shape, dtype=_TORCH_OF[out_kind])
     if scale is not None:
-        pdtype = torch.float64 if out_kind is ElementKind.F64 else torch.float32
+        pdtype = _PARAM_DTYPES[out_kind]
         scale = scale if scale.dtype == pdtype else scale.to(pdtype)
     if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         codes = codes.view(torch.uint8)  # the plans read FP8 codes as their bits
@@ -553,7 +591,7 @@ def dequantize(qt: Any, out_kind: ElementKind) -> Any:
     scale, zero_point = qt.scale, qt.zero_point
     s_t, s_v = (None, float(scale)) if _is_number(scale) else (scale, 0.0)
     if s_t is not None:
-        pdtype = torch.float64 if out_kind is ElementKind.F64 else torch.float32
+        pdtype = _PARAM_DTYPES[out_kind]
         if s_t.dtype != pdtype:  # another precision: the scale rounded to its parameter type first
             s_t = s_t.to(pdtype)
     z_t, z_v = (None, zero_point) if zero_point is None or _is_number(zero_point) else (zero_point, None)

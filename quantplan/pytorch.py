@@ -769,7 +769,7 @@ def _mode_of(zero_point: Any, zero_point_value: Any) -> QuantMode:
 # -- static fake quantization (straight-through gradient) --
 
 
-def _fq_impl(
+def _static_operands(
     x: Any,
     scale: Any,
     scale_value: float,
@@ -778,7 +778,9 @@ def _fq_impl(
     scope: list[int],
     q_min: int,
     q_max: int,
-) -> Any:
+) -> tuple[Any, Any, ElementKind, Any, Any, Any]:
+    """The static fake-quantize operators' shared setup: (target, x's view, its element, the static
+    plans, scale, zero point) from the operator's flat arguments."""
     sc = scope_of(scope)
     xc, kind, target = _input(x)
     static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
@@ -789,6 +791,22 @@ def _fq_impl(
         static.pshape,
         sc,
         kind,
+    )
+    return target, xc, kind, static, s, z
+
+
+def _fq_impl(
+    x: Any,
+    scale: Any,
+    scale_value: float,
+    zero_point: Any,
+    zero_point_value: Any,
+    scope: list[int],
+    q_min: int,
+    q_max: int,
+) -> Any:
+    target, xc, kind, static, s, z = _static_operands(
+        x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max
     )
     return _run_forward(target, xc, static.plan, s, z)
 
@@ -809,16 +827,8 @@ def _ste_impl(
     q_min: int,
     q_max: int,
 ) -> Any:
-    sc = scope_of(scope)
-    xc, kind, target = _input(x)
-    static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
-    s, z = _static_params(
-        xc,
-        scale_value if scale is None else scale,
-        zero_point_value if zero_point is None else zero_point,
-        static.pshape,
-        sc,
-        kind,
+    target, xc, kind, static, s, z = _static_operands(
+        x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max
     )
     return _run_ste(target, xc, kind, dy, s, z, static)
 
