@@ -75,15 +75,26 @@ def preferred(plan: PlanT, pref: PlanPreference | None) -> PlanT:
     return plan
 
 
-def choose_backend(pref: PlanPreference | None, stream: Any = None) -> BackendKind:
+def choose_backend(pref: PlanPreference | None, stream: Any = None, schedules: tuple[str, ...] = ()) -> BackendKind:
     """CUDA when a GPU is present (or demanded), else REFERENCE. ``pref`` must be None or a
-    PlanPreference and ``stream`` a stream ``run`` takes (both backends: InvalidArgumentType)."""
+    PlanPreference and ``stream`` a stream ``run`` takes (both backends: InvalidArgumentType).
+    ``schedules``: the names the calling plan accepts in ``PlanPreference.schedule`` (none: the
+    plan takes no forced schedule); any other forced name is Unsupported, on both backends."""
     if stream is not None:
         check_stream(stream)
     if pref is not None and not isinstance(pref, PlanPreference):
         raise InvalidArgumentType(
             f"pref must be None or a quantplan.PlanPreference, got {type(pref).__name__}; "
             f"pass e.g. qp.PlanPreference(backend=qp.BackendKind.REFERENCE)"
+        )
+    if pref is not None and pref.schedule is not None and pref.schedule not in schedules:
+        raise Unsupported(
+            f"PlanPreference(schedule={pref.schedule!r}): "
+            + (
+                f"this plan's schedules are {', '.join(schedules)}"
+                if schedules
+                else "this plan takes no forced schedule"
+            )
         )
     wanted = None if pref is None else pref.backend
     if wanted is BackendKind.REFERENCE:

@@ -26,12 +26,21 @@ from pydantic import ConfigDict
 from . import reference
 from ._affine import ResolvedCodeRange
 from ._device import device_info, stream_device_id
-from ._families import DENSE_FLOAT_KINDS, QGZ_WIDTHS, error_tag, swizzled_dense_name, swizzled_quantize_unit
+from ._families import (
+    DENSE_FLOAT_KINDS,
+    QGZ_DENSE_NV,
+    QGZ_WIDTHS,
+    error_tag,
+    swizzled_dense_name,
+    swizzled_quantize_unit,
+)
 from ._launch import launch_on
 from ._operands import Operand, TensorArgs, check_disjoint, check_positive, check_writeable, host_view, write_back
 from ._plan import Plan, check_descriptor, choose_backend, snapshot
 from ._qgz_launch import (
+    DENSE_BLOCK,
     DENSE_MAX_ELEMENTS,
+    QGZ_ELEMENTS_PER_THREAD,
     DenseLaunch,
     QgzChecks,
     QgzKernels,
@@ -49,11 +58,11 @@ from ._qgz_launch import (
     qgz_geometry,
     set_output_args,
 )
-from ._segments import SegmentLayoutArgs, range_divisor_of
+from ._segments import MAX_TEAM, SegmentLayoutArgs, fused_segment_geometry, range_divisor_of
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .elements import ELEMENTS
-from .errors import InvalidProblem
+from .errors import InvalidProblem, Unsupported
 from .types import (
     BackendKind,
     ElementKind,
@@ -84,17 +93,86 @@ _SWIZZLE_PARAMS = type(
 _F32, _I32 = ELEMENTS[ElementKind.F32], ELEMENTS[ElementKind.I32]
 
 
-def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
-    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+#: The schedules of :class:`SwizzledQuantizePlan`, the order ``select`` tries them in (the first
+#: that serves the problem); ``PlanPreference(schedule=...)`` forces one of them.
+SCHEDULES = ("dense", "fused", "fused-element-io", "two-pass")
+
+
+def flat_view(desc: SwizzledQuantizeDescriptor) -> SwizzledQuantizeDescriptor:
+    """``desc`` with its input viewed flat, ``shape == (numel,)``.
+
+    The swizzle's groups are runs of ``group_size`` consecutive elements of the input in C order,
+    and its slices runs of ``slice_elements``: neither depends on how the input's extents are
+    split into dimensions, so every view of the same bytes (a flat bucket, rows, any rank) is one
+    problem. ``select`` resolves the view here, and the schedule and the launches read only this
+    flat problem: the same bytes get the same kernels, grids and argument bytes at every rank.
+    """
+    return desc if len(desc.shape) == 1 else desc.model_copy(update={"shape": (desc.numel,)})
+
+
+def schedule_misfit(flat: SwizzledQuantizeDescriptor, schedule: str) -> str | None:
+    """Why ``schedule`` cannot serve the flat problem ``flat``, or None where it can.
+
+    * ``dense``: F16 / BF16 input without LoCo, fewer than ``2**31`` elements, groups of exactly
+      ``team * 8 * nv`` elements (``team`` a power of two up to ``DENSE_BLOCK``, ``nv`` in
+      ``QGZ_DENSE_NV``);
+    * ``fused`` / ``fused-element-io``: groups a team holds (at most ``MAX_TEAM * 32`` elements;
+      4-bit codes: even groups);
+    * ``two-pass``: every problem.
+    """
+    if schedule == "two-pass":
+        return None
+    packed = ELEMENTS[flat.output_element].is_packed
+    if fused_segment_geometry(flat.groups, flat.group_size, packed, QGZ_ELEMENTS_PER_THREAD, 1, 1) is None:
+        return (
+            f"groups of {flat.group_size} elements are not held by one team of the fused pass (at most "
+            f"{MAX_TEAM * QGZ_ELEMENTS_PER_THREAD} elements; even groups for 4-bit codes)"
+        )
+    if schedule != "dense":
+        return None
+    if flat.input_element not in DENSE_FLOAT_KINDS or flat.error_element is not None:
+        return "the dense pass reads F16 / BF16 input without LoCo error feedback"
+    if flat.numel >= DENSE_MAX_ELEMENTS:
+        return f"the dense pass indexes with 32-bit integers: fewer than {DENSE_MAX_ELEMENTS} elements"
+    if dense_quantize_geometry(flat.groups, flat.group_size, 1) is None:
+        return (
+            f"the dense pass takes groups of team * 8 * nv elements (team a power of two up to {DENSE_BLOCK}, "
+            f"nv in {QGZ_DENSE_NV}), not {flat.group_size}"
+        )
+    return None
+
+
+def choose_schedule(flat: SwizzledQuantizeDescriptor, forced: str | None = None) -> str:
+    """The schedule of the flat problem ``flat``: ``forced`` (Unsupported where it cannot serve
+    the problem), else the first of :data:`SCHEDULES` that can (dense, fused, two-pass; the
+    element-I/O twin is never the first choice: it serves misaligned operands at ``run``). An
+    empty problem launches nothing: two-pass, whatever is forced."""
+    if flat.numel == 0:
+        return "two-pass"
+    if forced is not None:
+        why = schedule_misfit(flat, forced)
+        if why is not None:
+            raise Unsupported(f"PlanPreference(schedule={forced!r}) cannot serve this problem: {why}")
+        return forced
+    return next(s for s in SCHEDULES if s != "fused-element-io" and schedule_misfit(flat, s) is None)
+
+
+def prepare_swizzled_quantize(
+    flat: SwizzledQuantizeDescriptor, q_min: int, q_max: int, device_id: int, schedule: str
+) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of the flat problem ``flat`` (:func:`flat_view`)
+    on ``device_id`` in ``schedule`` (:func:`choose_schedule`). ``dense`` and ``fused`` keep the
+    fused pass's element-I/O twin for operands not aligned to their vectors."""
+    assert len(flat.shape) == 1, "launches are prepared from the flat view only"
     info = device_info(device_id)
-    code = ELEMENTS[desc.output_element]
-    high_first = code.is_packed and desc.nibble_order is NibbleOrder.HIGH_FIRST
-    unit = swizzled_quantize_unit(desc.input_element, desc.error_element, desc.output_element, high_first)
+    code = ELEMENTS[flat.output_element]
+    high_first = code.is_packed and flat.nibble_order is NibbleOrder.HIGH_FIRST
+    unit = swizzled_quantize_unit(flat.input_element, flat.error_element, flat.output_element, high_first)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
-    tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
+    tags = (ELEMENTS[flat.input_element].cpp_tag, error_tag(flat.error_element), code.cpp_tag)
     fixed = dict(
-        divisor=range_divisor_of(desc.mode, q_min, q_max),
-        map=SwizzleMapArgs(desc.slice_groups, desc.nodes, desc.devices_per_node, desc.pipeline, 0),
+        divisor=range_divisor_of(flat.mode, q_min, q_max),
+        map=SwizzleMapArgs(flat.slice_groups, flat.nodes, flat.devices_per_node, flat.pipeline, 0),
     )
     kernels = QgzKernels(
         lambda vec, vector_io: functions[
@@ -105,27 +183,31 @@ def prepare_swizzled_quantize(desc: SwizzledQuantizeDescriptor, q_min: int, q_ma
         _SWIZZLE_PARAMS,
         fixed,
     )
-    bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
-    if desc.error_element is not None:
-        bits.append(ELEMENTS[desc.error_element].storage_bits)
-    geometry = qgz_geometry(desc.groups, desc.group_size, code.is_packed, QGZ_WIDTHS[0], info)
+    bits = [ELEMENTS[flat.input_element].storage_bits, code.storage_bits]
+    if flat.error_element is not None:
+        bits.append(ELEMENTS[flat.error_element].storage_bits)
+    geometry = None
+    if schedule != "two-pass":
+        geometry = qgz_geometry(flat.groups, flat.group_size, code.is_packed, QGZ_WIDTHS[0], info)
+        assert geometry is not None
+        if schedule == "fused-element-io":
+            geometry = (geometry[1], geometry[1])
     dense = None
-    dense_kind = desc.input_element in DENSE_FLOAT_KINDS and desc.error_element is None
-    if geometry is not None and dense_kind and desc.numel < DENSE_MAX_ELEMENTS:
-        shape = dense_quantize_geometry(desc.groups, desc.group_size, info.busy_threads)
-        if shape is not None:
-            team, nv = shape
-            fn = functions[swizzled_dense_name(desc.input_element, desc.output_element, high_first, nv)]
-            dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+    if schedule == "dense":
+        shape = dense_quantize_geometry(flat.groups, flat.group_size, info.busy_threads)
+        assert shape is not None
+        team, nv = shape
+        fn = functions[swizzled_dense_name(flat.input_element, flat.output_element, high_first, nv)]
+        dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
     return prepare_qgz_launches(
         kernels,
         geometry,
-        desc.groups,
-        desc.group_size,
-        desc.numel // (2 if code.is_packed else 1),
+        flat.groups,
+        flat.group_size,
+        flat.numel // (2 if code.is_packed else 1),
         q_min,
         q_max,
-        desc.mode,
+        flat.mode,
         bits,
         info,
         dense=dense,
@@ -268,6 +350,14 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     parameters, then every element is read again and quantized. ``numpy`` on the reference
     backend.
 
+    **Schedule selection** (``select``, on the flat view of the input: :func:`flat_view`; a
+    1-D bucket and any other view of the same bytes get the same kernels, grids and argument
+    bytes): the first of ``dense``, ``fused``, ``two-pass`` that serves the problem
+    (:func:`schedule_misfit`); ``PlanPreference(schedule=...)`` forces one of :data:`SCHEDULES`
+    (``fused-element-io``: the element-I/O twin for every operand), Unsupported where it cannot
+    serve the problem. Operands not aligned to the vectors of ``dense`` or ``fused`` take the
+    element-I/O twin at ``run``, forced or not.
+
     **Workspace:** none.
 
     **Precision guarantee:** float32 arithmetic; exact min / max reductions; bit-exact to
@@ -328,10 +418,14 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
                 f"elements; each of the {desc.slices} slices holds {desc.slice_elements} (pad to "
                 f"{desc.numel + unit} elements, or use an even group_size)"
             )
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        backend = choose_backend(pref, stream, SCHEDULES)
+        flat = flat_view(desc)
+        schedule = choose_schedule(flat, None if pref is None else pref.schedule)
+        if backend is BackendKind.REFERENCE:
             return cls(desc, q_min, q_max)
         device_id = stream_device_id(stream)
-        return cls(desc, q_min, q_max, device_id, prepare_swizzled_quantize(desc, q_min, q_max, device_id))
+        launches = prepare_swizzled_quantize(flat, q_min, q_max, device_id, schedule)
+        return cls(desc, q_min, q_max, device_id, launches)
 
     # ---- arguments ------------------------------------------------------------------------
 

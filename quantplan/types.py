@@ -341,11 +341,18 @@ class PlanPreference(Model):
     range). True makes every checked ``run`` / ``can_implement`` of the plan copy them to the
     host and inspect them, raising InvalidProblem naming the first bad index: for debugging,
     not for production (a device-to-host copy per array parameter per call).
+
+    ``schedule``: None lets the plan choose how its kernels cover the problem; a name forces
+    one of the plan's schedules (``SwizzledQuantizePlan``: ``"dense"``, ``"fused"``,
+    ``"fused-element-io"``, ``"two-pass"``), for tests and measurements. ``select`` raises
+    Unsupported for a name the plan does not list, for a schedule that cannot serve the problem,
+    and on plans that take no forced schedule. The bits do not depend on the schedule.
     """
 
     model_config = _FROZEN
     backend: BackendKind | None = None
     validate_values: bool = False
+    schedule: str | None = None
 
 
 __all__ = [
