@@ -54,8 +54,10 @@ def run_both(
     error: np.ndarray | None = None,
     beta: float | None = None,
     offset: int = 0,
-) -> None:
-    """Run the reference and the CUDA plan on the same data and assert every output is bit-equal."""
+    pref: qp.PlanPreference | None = None,
+) -> tuple[bytes, ...]:
+    """Run the reference and the CUDA plan (selected with ``pref``) on the same data, assert every
+    output is bit-equal, and return the CUDA outputs' bytes (codes, scales, zero points, error buffer)."""
     import cupy
 
     asym = desc.mode is ASYM
@@ -67,7 +69,7 @@ def run_both(
     qp.SwizzledQuantizePlan.select(None, desc, REFERENCE).run(
         None, None, qp.SwizzledQuantizeArgs(x, q_ref, s_ref, z_ref, e_ref, beta)
     )
-    plan = qp.SwizzledQuantizePlan.select(None, desc)
+    plan = qp.SwizzledQuantizePlan.select(None, desc, pref)
     assert plan.backend is qp.BackendKind.CUDA
     q_dev = device_view(np.full(desc.output_shape, 0x5A, np.uint8).view(qdtype), offset)
     s_dev = cupy.full(desc.param_shape, 7.0, np.float32)
@@ -87,6 +89,12 @@ def run_both(
         assert e_dev is not None and e_ref is not None
         got_e = e_dev.get().view(e_ref.dtype)
         assert float_bits_equal(got_e, e_ref), f"{variant}: error buffer {first_mismatch(got_e, e_ref)}"
+    return (
+        got_q.tobytes(),
+        s_dev.get().tobytes(),
+        b"" if z_dev is None else z_dev.get().tobytes(),
+        b"" if e_dev is None else e_dev.get().tobytes(),
+    )
 
 
 def descriptor(
@@ -241,3 +249,83 @@ def test_dense_pass_matches_reference(rng, shape, group, split, float_kind, code
     desc = descriptor(shape, group, split, mode=mode, input_element=float_kind, output_element=code, nibble_order=order)
     assert qp.SwizzledQuantizePlan.select(None, desc).sku().variant.startswith("dense")
     run_both(desc, x)
+
+
+# ---- views of the same bytes, and forced schedules -----------------------------------------------
+
+#: (numel, group size, split, input, code, mode, LoCo buffer): ragged flat buckets reaching each
+#: schedule by default: dense (2311 groups of 512 per slice: 4 vectors per thread on an H100; 16 x
+#: 8192 in groups of 512; groups of 2048), the fused pass (groups of 110 and 6, F32 input, LoCo),
+#: two-pass (groups above 32768, odd 4-bit groups).
+VIEW_CASES = [
+    (2 * 4 * 2311 * 512, 512, (2, 4, 1), EK.F16, EK.S4, SYM, None),
+    (16 * 8192, 512, (1, 8, 1), EK.BF16, EK.U4, ASYM, None),
+    (8 * 9 * 2048, 2048, (1, 8, 1), EK.F16, EK.S8, SYM, None),
+    (2 * 3 * 13 * 110, 110, (2, 3, 1), EK.BF16, EK.S4, SYM, None),
+    (2 * 2 * 2 * 29 * 6, 6, (2, 2, 2), EK.F32, EK.U8, ASYM, None),
+    (4 * 11 * 64, 64, (2, 2, 1), EK.F16, EK.S4, ASYM, EK.BF16),
+    (2 * 3 * 40000, 40000, (1, 2, 1), EK.BF16, EK.S8, SYM, None),
+    (2 * 2 * 7 * 2, 7, (1, 2, 1), EK.F16, EK.U4, SYM, None),
+]
+
+
+def _views(numel: int, group: int, slices: int) -> list[tuple[int, ...]]:
+    """The flat bucket, rows of one group, rows of one slice, and a 3-D view (leading 2 where it divides)."""
+    lead = 2 if (numel // group) % 2 == 0 else 1
+    return [(numel,), (numel // group, group), (slices, numel // slices), (lead, numel // (lead * group), group)]
+
+
+def _loco_buffer(rng: np.random.Generator, shape: tuple[int, ...], kind: EK | None) -> np.ndarray | None:
+    if kind is None:
+        return None
+    small = random_floats(rng, shape, EK.F32, specials=False) * np.float32(0.01)
+    return small.astype(ELEMENTS[kind].numpy_dtype)
+
+
+@pytest.mark.parametrize("numel,group,split,float_kind,code,mode,error_kind", VIEW_CASES)
+def test_every_view_of_a_bucket_gives_the_same_bytes(
+    rng, numel, group, split, float_kind, code, mode, error_kind
+) -> None:  # noqa: ANN001
+    """The flat 1-D bucket and its 2-D / 3-D views: each equals the reference, and all are byte-identical."""
+    flat = special_groups(random_floats(rng, (numel,), float_kind), group, float_kind)
+    error = _loco_buffer(rng, (numel,), error_kind)
+    outputs = []
+    variants = set()
+    for shape in _views(numel, group, split[0] * split[1] * split[2]):
+        desc = descriptor(shape, group, split, mode=mode, input_element=float_kind, output_element=code,
+                          error_element=error_kind)  # fmt: skip
+        variants.add(qp.SwizzledQuantizePlan.select(None, desc).sku().variant)
+        e = None if error is None else error.reshape(shape).copy()
+        outputs.append(run_both(desc, flat.reshape(shape), e, None if e is None else 0.25))
+    assert len(variants) == 1, variants
+    assert all(o == outputs[0] for o in outputs[1:]), "a view of the same bytes changed the output"
+
+
+@pytest.mark.parametrize("schedule", ["dense", "fused", "fused-element-io", "two-pass"])
+@pytest.mark.parametrize("numel,group,split,float_kind,code,mode,error_kind", VIEW_CASES)
+def test_forced_schedule_matches_reference(
+    rng, schedule, numel, group, split, float_kind, code, mode, error_kind
+) -> None:  # noqa: ANN001
+    """Every schedule forced on every problem it can serve (refused before any launch otherwise):
+    the reference's bits, flat and as rows, and the variant that ran is the one forced."""
+    pref = qp.PlanPreference(schedule=schedule)
+    flat = special_groups(random_floats(rng, (numel,), float_kind), group, float_kind)
+    error = _loco_buffer(rng, (numel,), error_kind)
+    outputs = []
+    for shape in ((numel,), (numel // group, group)):
+        desc = descriptor(shape, group, split, mode=mode, input_element=float_kind, output_element=code,
+                          error_element=error_kind)  # fmt: skip
+        try:
+            plan = qp.SwizzledQuantizePlan.select(None, desc, pref)
+        except qp.Unsupported:
+            assert schedule != "two-pass"
+            continue
+        variant = plan.sku().variant
+        tag = {"dense": "dense[", "fused": "fused-single-pass[", "two-pass": "two-pass["}.get(schedule)
+        if tag is not None:
+            assert variant.startswith(tag), variant
+        else:  # the element-I/O twin: one element per access (two for 4-bit codes, scalar I/O)
+            assert variant.startswith("fused-single-pass[") and ("vec1" in variant or "scalar-io" in variant), variant
+        e = None if error is None else error.reshape(shape).copy()
+        outputs.append(run_both(desc, flat.reshape(shape), e, None if e is None else 0.25, pref=pref))
+    assert all(o == outputs[0] for o in outputs[1:])
