@@ -14,7 +14,8 @@ from the CUDA functions of its prepared launches).
 Rows: the peer rows of the performance issue (8192x8192, fp16, and bf16 for the quantize rows):
 dynamic per-token symmetric int8, dynamic group(128) asymmetric int4, dynamic group(128)
 symmetric int8, dequantize per-token int8, MoQ dynamic fake quantization per row (nearest and
-stochastic), swizzled quantization int4 in groups of 512 for 1 node x 8 devices, dequant-reduce
+stochastic), swizzled quantization int4 in groups of 512 for 1 node x 8 devices (the 8192x8192
+view and the flat 1-D bucket of the same 8192 * 8192 elements, as ZeRO++ hands it over), dequant-reduce
 int4 of 8 peers (groups of 512); the 16x8192 row of every plan family (GPU µs against the copy,
 plus host rows: ``plan.run`` with checks and with ``check=False`` where the plan has the
 keyword, the compat call, DeepSpeed's binding, the ``torch.compile``d call and, when the package
@@ -88,6 +89,8 @@ import harness  # noqa: E402
 
 BIG = (8192, 8192)
 SMALL = (16, 8192)
+#: The BIG elements as one flat bucket (the swizzle row's 1-D view).
+FLAT = (BIG[0] * BIG[1],)
 GROUP = 128
 SWIZZLE_GROUP = 512
 PEERS = 8
@@ -107,7 +110,7 @@ class Spec:
 
     label: str
     kind: str  # dynamic | quantize | dequantize | fake | fake_bwd | quant_bwd | dequant_bwd | moq | swizzle | reduce
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     dtype: str  # fp16 | bf16 | "-" (codes only)
     code: str = "S8"  # ElementKind name of the codes
     scope: str = "token"  # token | group | channel0 | tensor
@@ -136,6 +139,9 @@ def specs() -> list[Spec]:
     rows += _both(Spec("MoQ fake quant row nearest", "moq", BIG, "fp16"))
     rows += _both(Spec("MoQ fake quant row stochastic", "moq", BIG, "fp16", stochastic=True))
     rows += _both(Spec("swizzled quant int4 g512 1x8", "swizzle", BIG, "fp16", code="S4", group=SWIZZLE_GROUP))
+    rows += _both(
+        Spec("swizzled quant int4 g512 1x8 flat bucket", "swizzle", FLAT, "fp16", code="S4", group=SWIZZLE_GROUP)
+    )
     rows.append(Spec("dequant-reduce int4 8 peers g512", "reduce", BIG, "-", code="S4", group=SWIZZLE_GROUP))
     # 16 x 8192: launch-bound; host time per call too.
     rows += _both(Spec("dynamic per-token sym int8", dyn, SMALL, "fp16", host=True))
@@ -1568,6 +1574,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _smoke_shape(spec: Spec) -> tuple[int, ...]:
+    """The small shape of a row in ``--cpu-smoke``: 8 rows (16 for reduce) of its last extent, or as many
+    elements flat for a 1-D row."""
+    rows = 16 if spec.kind == "reduce" else 8
+    return (rows, spec.shape[1]) if len(spec.shape) == 2 else (rows * BIG[1],)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the rows, print the table, write the report. Exit 1 if a plan differed from the reference
     or a row failed, 2 without a GPU."""
@@ -1580,7 +1593,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [s for s in specs() if any(t in s.name for t in wanted) and not (args.quick and s.dtype == "bf16")]
     if args.cpu_smoke:
         _DEV = "cpu"
-        rows = [replace(s, shape=(8, s.shape[1]) if s.kind != "reduce" else (16, s.shape[1])) for s in rows]
+        rows = [replace(s, shape=_smoke_shape(s)) for s in rows]
         header: dict[str, Any] = {"device": "cpu (reference backend, plumbing check)"}
         ds, ds_note = None, "not loaded"
     else:

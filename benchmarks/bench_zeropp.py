@@ -3,7 +3,8 @@ PyTorch eager and torch.compile.
 
 Rows: swizzled quantization of an 8192 x 8192 fp16 / bf16 gradient to symmetric int8 and int4
 in groups of 2048 for 2 nodes x 4 devices (plus one row with LoCo error feedback in a bf16
-buffer); dequantize-reduce of 8 peers' chunks (8192 x 8192 codes in all, chunk = 8192 * 8192 / 8
+buffer, and the int4 rows again on the same elements as one flat 1-D bucket, as ZeRO++ hands
+it over: the plan resolves both views to one problem, so the two should time alike); dequantize-reduce of 8 peers' chunks (8192 x 8192 codes in all, chunk = 8192 * 8192 / 8
 elements, groups of 2048 on both sides, summed in float32 in peer order) re-quantized to int8 /
 int4; and the same two ops in DeepSpeed's formats (``quantplan.compat.deepspeed``'s plans:
 symmetric ``mult = 2**(b-1) / absmax``, stored ``1 / mult``, int4 high nibble first), bf16
@@ -34,6 +35,8 @@ import harness  # noqa: E402
 from harness import Row, Timing  # noqa: E402
 
 SHAPE = (8192, 8192)
+#: The same elements as one flat bucket.
+FLAT = (SHAPE[0] * SHAPE[1],)
 GROUP = 2048
 NODES, DEVICES = 2, 4
 PEERS = 8
@@ -41,12 +44,14 @@ PEERS = 8
 
 @dataclass(frozen=True)
 class ZeroppCase:
-    """One row: op (swizzle / loco / reduce), code (S8 / S4) and float dtype."""
+    """One row: op (swizzle / loco / reduce), code (S8 / S4), float dtype and the input's view
+    (swizzle / loco: ``SHAPE`` or the flat bucket ``FLAT``)."""
 
     label: str
     op: str
     code: str
     dtype: str
+    shape: tuple[int, ...] = SHAPE
 
 
 def cases() -> list[ZeroppCase]:
@@ -54,6 +59,8 @@ def cases() -> list[ZeroppCase]:
     for code, name in (("S8", "int8"), ("S4", "int4")):
         for dtype in ("fp16", "bf16"):
             rows.append(ZeroppCase(f"swizzled quantize {name} 2x4", "swizzle", code, dtype))
+    for dtype in ("fp16", "bf16"):
+        rows.append(ZeroppCase("swizzled quantize int4 2x4 flat bucket", "swizzle", "S4", dtype, FLAT))
     rows.append(ZeroppCase("swizzled quantize int4 2x4 + LoCo(bf16)", "loco", "S4", "bf16"))
     for code, name in (("S8", "int8"), ("S4", "int4")):
         rows.append(ZeroppCase(f"dequant-reduce {name} 8 peers", "reduce", code, "-"))
@@ -222,7 +229,7 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
         float_dtype = torch.float16 if case.dtype == "fp16" else torch.bfloat16
         loco = case.op == "loco"
         desc = qp.SwizzledQuantizeDescriptor(
-            shape=SHAPE,
+            shape=case.shape,
             group_size=GROUP,
             nodes=NODES,
             devices_per_node=DEVICES,
@@ -234,8 +241,8 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
         read = n * 2 + (n * 2 if loco else 0)
         written = code_bytes + params * 4 + (n * 2 if loco else 0)
         for _ in range(harness.rotation_sets(read + written)):
-            x = torch.randn(SHAPE, device="cuda", dtype=float_dtype)
-            e = (torch.randn(SHAPE, device="cuda") * 0.01).to(torch.bfloat16) if loco else None
+            x = torch.randn(case.shape, device="cuda", dtype=float_dtype)
+            e = (torch.randn(case.shape, device="cuda") * 0.01).to(torch.bfloat16) if loco else None
             q = torch.empty(desc.output_shape, device="cuda", dtype=torch.uint8 if packed else torch.int8)
             s = torch.empty(desc.param_shape, device="cuda")
             inputs.append((x, e, q, s))
@@ -286,7 +293,7 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
         notes.append("plan != eager")
     if case.op == "loco":  # the check above advanced the buffers; time on fresh ones
         for t in inputs:
-            t[1].copy_((torch.randn(SHAPE, device="cuda") * 0.01).to(torch.bfloat16))
+            t[1].copy_((torch.randn(case.shape, device="cuda") * 0.01).to(torch.bfloat16))
     kw = {"warmup": timing.warmup, "reps": timing.reps}
     ours = harness.time_gpu([lambda a=a: plan.run(stream, None, a) for a in args], **kw)
     copy_us, _ = harness.copy_time(read, written, **kw)
@@ -301,7 +308,7 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
         compile_us = harness.time_gpu([lambda t=t: compiled(*eager_args(t)) for t in inputs], **kw)
     return Row(
         op=case.label,
-        shape="x".join(map(str, SHAPE)),
+        shape="x".join(map(str, case.shape)),
         dtype=case.dtype,
         us=ours,
         nbytes=read + written,
