@@ -79,17 +79,22 @@ template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const
   }
 }
 
-// The 16-bit-lane FP4 encoders (sm_90 and later): bfloat16 input from its own words times the
-// power-of-two MX factor (kBf16Words), float16 input from its scaled values (kF16Values).
-enum LaneFp4Path { kNoLanes = 0, kBf16Words = 1, kF16Values = 2 };
+// The 16-bit-lane FP4 encoders (sm_90 and later, fp4_lane_codes): MX bfloat16 input from its own
+// words times the power-of-two factor in bfloat16 lanes (kBf16Words); MX float16 input from its
+// scaled values, exact in float16 where it matters (kF16Values); NVFP4 from its f32 products
+// rounded to odd at three mantissa bits, exact in float16 from 2^-14 up (kRoundOddValues).
+enum LaneFp4Path { kNoLanes = 0, kBf16Words = 1, kF16Values = 2, kRoundOddValues = 3 };
 template <class In, class Elem, bool DIVIDE> struct LaneFp4 {
   static const int path = kNoLanes;
 };
 template <> struct LaneFp4<bf16, mx_e2m1, false> {
-  static const int path = BlockElement<mx_e2m1>::has_bf16x2 ? kBf16Words : kNoLanes;
+  static const int path = kFp4Lanes ? kBf16Words : kNoLanes;
 };
 template <> struct LaneFp4<f16, mx_e2m1, false> {
-  static const int path = BlockElement<mx_e2m1>::has_bf16x2 ? kF16Values : kNoLanes;
+  static const int path = kFp4Lanes ? kF16Values : kNoLanes;
+};
+template <class In> struct LaneFp4<In, nv_e2m1, false> {
+  static const int path = kFp4Lanes ? kRoundOddValues : kNoLanes;
 };
 
 }  // namespace qp
@@ -189,19 +194,37 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       u32 packed[CODE_WORDS];
 #pragma unroll
       for (int w = 0; w < CODE_WORDS; ++w) packed[w] = 0;
-      if constexpr (LaneFp4<In, Elem, DIVIDE>::path == kBf16Words) {
-        // FP4 from bfloat16 in 16-bit lanes (the MX factor is a power of two: its bfloat16 bits
-        // are the f32 bits' high half).
+      constexpr int LANES = LaneFp4<In, Elem, DIVIDE>::path;
+      if constexpr (LANES != kNoLanes) {
+        // FP4 in 16-bit lanes, four elements (16 bits of codes) at a time.
 #pragma unroll
-        for (int k = 0; k < ELEMS; k += 2) {
-          if (finite[k / BLOCK % SUB])
-            packed[k / 8] |= E::encode_bf16x2(raw[u][k / 2], __float_as_uint(s[k / BLOCK % SUB].factor) >> 16)
-                             << ((k / 2) % 4 * 8);
+        for (int k = 0; k < ELEMS; k += 4) {
+          const float factor = s[k / BLOCK % SUB].factor;
+          u32 lanes[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int e = k + 2 * h;  // the pair's first element
+            if constexpr (LANES == kBf16Words) {
+              u32 v;
+              asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(v) : "r"(raw[u][e / 2]), "r"((__float_as_uint(factor) >> 16) * 0x10001u));
+              lanes[h] = fp4_lane_codes<true>(v);
+            } else {
+              float lo = __fmul_rn(In_::element(raw[u] + (e / VEC) * 4, e % VEC), factor);
+              float hi = __fmul_rn(In_::element(raw[u] + (e / VEC) * 4, e % VEC + 1), factor);
+              if constexpr (LANES == kRoundOddValues) {
+                lo = round_odd_m3(lo);
+                hi = round_odd_m3(hi);
+              }
+              u32 v;
+              asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+              lanes[h] = fp4_lane_codes<false>(v);
+            }
+          }
+          packed[k / 8] |= fp4_join(lanes[0], lanes[1]) << (k % 8 * 4);
         }
       } else {
 #pragma unroll
         for (int k = 0; k < ELEMS; k += 2) {
-          if (!finite[k / BLOCK % SUB]) continue;
           const float factor = s[k / BLOCK % SUB].factor;
           float lo = In_::element(raw[u] + (k / VEC) * 4, k % VEC);
           float hi = In_::element(raw[u] + (k / VEC) * 4, k % VEC + 1);
@@ -212,15 +235,14 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
             lo = __fmul_rn(lo, factor);
             hi = __fmul_rn(hi, factor);
           }
-          u32 pair;
-          if constexpr (LaneFp4<In, Elem, DIVIDE>::path == kF16Values)
-            pair = E::encode_f16x2(lo, hi);
-          else
-            pair = E::encode_pair(lo, hi);
           const int bit = (k / 2) * (16 / E::per_byte);  // bit position of this pair in the thread's codes
-          packed[bit / 32] |= pair << (bit % 32);
+          packed[bit / 32] |= E::encode_pair(lo, hi) << (bit % 32);
         }
       }
+      // A block holding NaN or +-Inf stores zero codes (its encoders ran on non-finite values).
+#pragma unroll
+      for (int w = 0; w < CODE_WORDS; ++w)
+        if (!finite[w * 4 * E::per_byte / BLOCK % SUB]) packed[w] = 0;
       if (CONTIGUOUS) {
         store_code_bytes<CODE_BYTES>(codes + slot * CODE_BYTES, packed);
       } else {

@@ -11,11 +11,12 @@
 // along cols, stored like the 1-D kernel) and the columnwise copy (blocks of BLOCK along rows,
 // stored transposed: codes [cols, rows], scales [cols, ceil(rows / BLOCK)]). Phase A: the rows are
 // read into registers and shared memory, the rowwise blocks encoded and stored from registers.
-// Phase B: a thread takes one 32-bit word column (two 16-bit columns, or one f32 column) of 32
-// consecutive rows from shared memory: the 32 lanes of a warp read 32 consecutive words of one
-// row (no bank conflict with an unpadded row), and each thread stores 32 consecutive code bytes
-// of a transposed row (a full 32-byte sector). BLOCK = 128 (FP8 1x128 / 128x1) completes the
-// column amax across the tile's four row quarters through shared memory.
+// Phase B: two lanes take one 32-bit word column (two 16-bit columns, or one f32 column) of 32
+// consecutive rows from shared memory, 16 rows each; the column amax is their two maxima, and
+// each stores its 16 code bytes of a transposed row, the pair one whole 32-byte sector. Rows
+// 16-31 of every 32 sit in shared memory with their word index's bit 4 flipped (tile_word), so the
+// pair's reads fall in different banks. BLOCK = 128 (FP8 1x128 / 128x1) completes the column amax
+// across the tile's four row quarters through shared memory.
 //
 // TE: TE's MXFP8 layout of the columnwise copy (codes untransposed [rows, cols], scales
 // [ceil(rows / 32), cols]): phase B leaves each column block's factor in shared memory, phase C
@@ -85,18 +86,23 @@ __device__ __forceinline__ void store_scale(void* scales, bool f32_scale, i64 of
 
 __device__ __forceinline__ bool is_f32_rule(int rule) { return rule >= kBlockF32Div && rule <= kBlockF32Enc; }
 
-// Words of 32 consecutive rows of one 32-bit word column to the run of column h (0: the low
+// Words of N consecutive rows of one 32-bit word column to the run of column h (0: the low
 // 16-bit element of each word, 1: the high one; f32: the words themselves).
-template <class In> __device__ __forceinline__ void column_run(const u32* w, int h, u32* out) {
+template <class In, int N> __device__ __forceinline__ void column_run(const u32* w, int h, u32* out) {
   if constexpr (InputWords<In>::bytes == 4) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) out[j] = w[j];
+    for (int j = 0; j < N; ++j) out[j] = w[j];
   } else {
 #pragma unroll
-    for (int j = 0; j < 32; j += 2)
+    for (int j = 0; j < N; j += 2)
       out[j / 2] = h ? ((w[j] >> 16) | (w[j + 1] & 0xFFFF0000u)) : ((w[j] & 0xFFFFu) | (w[j + 1] << 16));
   }
 }
+
+// Word `wc` of tile row `row` in shared memory (SW words a row): rows 16-31 of every 32 hold their
+// words with bit 4 of the index flipped (16-byte vectors stay whole), so the two lanes that read
+// one word column 16 rows apart fall in different banks.
+template <int SW> __device__ __forceinline__ int tile_word(int row, int wc) { return row * SW + (wc ^ (row & 16)); }
 
 }  // namespace qp
 
@@ -234,11 +240,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   constexpr int TEAM = BLOCK / VEC;      // threads of one rowwise block
   constexpr int SW = T * W::bytes / 4;   // words per shared row
   constexpr int CPW = 4 / W::bytes;      // columns per word
-  constexpr int R = 32;                  // rows of one phase-B task
+  constexpr int R = 32;                  // rows of one column block of phase B (a row quarter)
+  constexpr int H = R / 2;               // rows of one phase-B task (half a quarter)
   constexpr int MP = T / R;              // row quarters
-  constexpr int TASKS = SW * MP / 256;   // phase-B tasks per thread
+  constexpr int TASKS = SW * MP * 2 / 256;  // phase-B tasks per thread
   static_assert(E::per_byte == 1, "one code per byte");
-  static_assert((BLOCK == 32 || BLOCK == 128) && TEAM <= 32 && TASKS * 256 == SW * MP, "tile geometry");
+  static_assert((BLOCK == 32 || BLOCK == 128) && TEAM <= 32 && TASKS * 256 == SW * MP * 2 && SW % 32 == 0, "tile geometry");
   static_assert(!TE || (BLOCK == 32 && !DIVIDE), "the TE layout is MXFP8's");
   extern __shared__ uint4 smem_vectors[];
   u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [T][SW]
@@ -273,7 +280,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   }
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
-    *reinterpret_cast<uint4*>(tile + (rp + p * RPP) * SW + ci * 4) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
+    *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
 #pragma unroll
   for (int p = 0; p < PASSES; ++p) {
     const i64 r = r0 + rp + p * RPP;
@@ -299,12 +306,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   // Phase B: the columnwise copy. Task q: word column q % SW of row quarter q / SW.
   if constexpr (BLOCK == 128) {
 #pragma unroll
-    for (int i = 0; i < TASKS; ++i) {
+    for (int i = 0; i < TASKS / 2; ++i) {
       const int q = t + i * 256, wc = q % SW, mp = q / SW;
       u32 k0 = 0, k1 = 0;
 #pragma unroll
       for (int j = 0; j < R; ++j) {
-        const u32 w = tile[(mp * R + j) * SW + wc];
+        const u32 w = tile[tile_word<SW>(mp * R + j, wc)];
         k0 = max(k0, W::half_key(w, 0));
         k1 = max(k1, W::half_key(w, 1));
       }
@@ -315,11 +322,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   }
 #pragma unroll
   for (int i = 0; i < TASKS; ++i) {
-    const int q = t + i * 256, wc = q % SW, mp = q / SW;
-    const i64 m0 = r0 + mp * R;
-    u32 w[R];
+    const int q = t + i * 256, half = q & 1, wc = (q >> 1) % SW, mp = (q >> 1) / SW;
+    const i64 m0 = r0 + mp * R;  // the column block's first row
+    const i64 mh = m0 + half * H;  // this lane's first row
+    u32 w[H];
 #pragma unroll
-    for (int j = 0; j < R; ++j) w[j] = tile[(mp * R + j) * SW + wc];
+    for (int j = 0; j < H; ++j) w[j] = tile[tile_word<SW>(mp * R + half * H + j, wc)];
 #pragma unroll
     for (int h = 0; h < CPW; ++h) {
       const int col = wc * CPW + h;
@@ -329,30 +337,29 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
         key = max(max(colkey[col], colkey[T + col]), max(colkey[2 * T + col], colkey[3 * T + col]));
       } else {
 #pragma unroll
-        for (int j = 0; j < R; ++j) key = max(key, W::half_key(w[j], h));
+        for (int j = 0; j < H; ++j) key = max(key, W::half_key(w[j], h));
+        key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, 1));
       }
       const u32 bits = W::key_bits(key);
       const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
       if constexpr (TE) {  // the factor for phase C; the scale at [m0 / 32, k] of [ceil(rows / 32), cols]
-        colkey[mp * T + col] = bits < 0x7F800000u ? __float_as_uint(s.factor) : 0xFFFFFFFFu;
-        if (k < cols && m0 < rows) static_cast<u8*>(scales_c)[(m0 / BLOCK) * cols + k] = (u8)s.stored;
+        if (half == 0) {
+          colkey[mp * T + col] = bits < 0x7F800000u ? __float_as_uint(s.factor) : 0xFFFFFFFFu;
+          if (k < cols && m0 < rows) static_cast<u8*>(scales_c)[(m0 / BLOCK) * cols + k] = (u8)s.stored;
+        }
         continue;
       }
-      u32 run[R * W::bytes / 4];
-      column_run<In>(w, h, run);
-      u32 packed[R / 4];
-      encode_run<In, E, DIVIDE, R>(run, s.factor, bits < 0x7F800000u, packed);
-      if (k < cols && m0 < rows) {
-        u8* dst = codes_c + k * rows + m0;
-        if (full) {
-          store_code_run<R>(dst, packed);
-        } else if (ALIGNED) {  // rows % 16 == 0: each 16-byte half is wholly in or out
-          store_code_run<16>(dst, packed);
-          if (m0 + 16 < rows) store_code_run<16>(dst + 16, packed + 4);
-        } else {
-          store_code_prefix<R>(dst, packed, rows - m0);
-        }
-        if (BLOCK == 32 || mp == 0) {
+      u32 run[H * W::bytes / 4];
+      column_run<In, H>(w, h, run);
+      u32 packed[H / 4];
+      encode_run<In, E, DIVIDE, H>(run, s.factor, bits < 0x7F800000u, packed);
+      if (k < cols && mh < rows) {
+        u8* dst = codes_c + k * rows + mh;
+        if (ALIGNED)  // rows % 16 == 0: the lane's 16 bytes are wholly in or out
+          store_code_run<H>(dst, packed);
+        else
+          store_code_prefix<H>(dst, packed, rows - mh);
+        if ((BLOCK == 32 || mp == 0) && half == 0) {
           const i64 cb = m0 / BLOCK;
           const i64 off = layout == kCompact ? k * col_blocks + cb : scale_offset(layout, k, cb, col_blocks, dim_c);
           store_scale(scales_c, f32_scale, off, s.stored);
@@ -369,7 +376,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     for (int p = 0; p < PASSES; ++p) {
       const int tr = rp + p * RPP;
       const i64 r = r0 + tr;
-      const uint4 v = *reinterpret_cast<const uint4*>(tile + tr * SW + ci * 4);
+      const uint4 v = *reinterpret_cast<const uint4*>(tile + tile_word<SW>(tr, ci * 4));
       const u32 w[4] = {v.x, v.y, v.z, v.w};
       const u32* f = colkey + (tr / R) * T + ci * VEC;
       u32 packed[VEC / 4];

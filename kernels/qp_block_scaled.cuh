@@ -97,6 +97,45 @@ template <> struct BlockElement<mx_e3m2> {
   }
 };
 
+// FP4 codes in 16-bit lanes (sm_90 and later): a word of two lanes gives the codes of both, lane
+// 0's in bits 0-3 and lane 1's in bits 16-19; two such words join into 16 bits of codes.
+//
+// fp4_lane_codes<BF16>(v): v holds two values of the lane format (bfloat16, or float16) already
+// scaled, each exact or far below every grid point; |v| is clamped to 6 (saturation), and the
+// rounding add of MiniFloat::encode runs in the lanes: M = 2^(e + mantissa bits - 1), e the lane's
+// exponent (at least 1.0's), rounds |v| to its E2M1 step with ties to even.
+template <bool BF16> __device__ __forceinline__ u32 fp4_lane_codes(u32 v) {
+#if __CUDA_ARCH__ >= 900
+  constexpr u32 six = BF16 ? 0x40C040C0u : 0x46004600u, one = BF16 ? 0x3F803F80u : 0x3C003C00u;
+  constexpr u32 exp_mask = BF16 ? 0x7F807F80u : 0x7C007C00u, ulp = BF16 ? 0x03000300u : 0x24002400u;
+  constexpr int mant = BF16 ? 6 : 9;  // lane mantissa bits - 1: the code step between exponents
+  u32 a, e, sum;
+  asm("min.u16x2 %0, %1, %2;" : "=r"(a) : "r"(v & 0x7FFF7FFFu), "r"(six));
+  asm("max.u16x2 %0, %1, %2;" : "=r"(e) : "r"(a), "r"(one));
+  e &= exp_mask;
+  const u32 magic = e + ulp;
+  if (BF16)
+    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(magic));
+  else
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(magic));
+  return (sum - magic) + ((e - one) >> mant) + ((v & 0x80008000u) >> 12);
+#else
+  return 0;
+#endif
+}
+
+#if __CUDA_ARCH__ >= 900
+static const bool kFp4Lanes = true;
+#else
+static const bool kFp4Lanes = false;
+#endif
+
+// Two lane-code words (elements 0, 1 in a; 2, 3 in b) to 16 bits of codes, element 0 in bits 0-3.
+__device__ __forceinline__ u32 fp4_join(u32 a, u32 b) {
+  const u32 t = a | (b << 8);  // codes 0, 2, 1, 3 in bits 0, 8, 16, 24
+  return (t | (t >> 12)) & 0xFFFFu;
+}
+
 // FP4: two codes per byte, element 2i in bits 0-3.
 template <> struct BlockElement<mx_e2m1> {
   static const u32 max_bits = E2M1Bits::max_bits;
@@ -104,41 +143,15 @@ template <> struct BlockElement<mx_e2m1> {
   static __device__ __forceinline__ u32 encode_pair(float lo, float hi) {
     return E2M1Bits::encode(lo) | (E2M1Bits::encode(hi) << 4);
   }
-#if __CUDA_ARCH__ >= 900
-  // Two bfloat16 elements (one word, element 2i low) times a power-of-two factor (bfloat16 bits)
-  // to one byte of codes, in 16-bit lanes: the product is exact (or far below every grid point),
-  // and the rounding add of MiniFloat::encode works the same with bfloat16's 7 mantissa bits.
-  static const bool has_bf16x2 = true;
-  static __device__ __forceinline__ u32 encode_bf16x2(u32 word, u32 factor16) {
-    u32 v, a, e, sum;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(v) : "r"(word), "r"(factor16 * 0x10001u));
-    asm("min.u16x2 %0, %1, %2;" : "=r"(a) : "r"(v & 0x7FFF7FFFu), "r"(0x40C040C0u));  // 6.0: saturate
-    asm("max.u16x2 %0, %1, %2;" : "=r"(e) : "r"(a), "r"(0x3F803F80u));               // 1.0: smallest normal
-    e &= 0x7F807F80u;
-    const u32 magic = e + 0x03000300u;  // 2^(exponent + 7 - 1): the lane's grid step is its ulp
-    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(magic));
-    const u32 codes = (sum - magic) + ((e - 0x3F803F80u) >> 6) + ((v & 0x80008000u) >> 12);
-    return (codes & 0xFu) | ((codes >> 12) & 0xF0u);
-  }
-  // Two scaled values of float16 data (each exact in float16 where it matters: below 2^-14 it
-  // rounds to a code of zero either way) to one byte of codes, in float16 lanes.
-  static __device__ __forceinline__ u32 encode_f16x2(float lo, float hi) {
-    u32 v, a, e, sum;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
-    asm("min.u16x2 %0, %1, %2;" : "=r"(a) : "r"(v & 0x7FFF7FFFu), "r"(0x46004600u));  // 6.0
-    asm("max.u16x2 %0, %1, %2;" : "=r"(e) : "r"(a), "r"(0x3C003C00u));               // 1.0
-    e &= 0x7C007C00u;
-    const u32 magic = e + 0x24002400u;  // 2^(exponent + 10 - 1)
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum) : "r"(a), "r"(magic));
-    const u32 codes = (sum - magic) + ((e - 0x3C003C00u) >> 9) + ((v & 0x80008000u) >> 12);
-    return (codes & 0xFu) | ((codes >> 12) & 0xF0u);
-  }
-#else
-  static const bool has_bf16x2 = false;
-  static __device__ __forceinline__ u32 encode_bf16x2(u32, u32) { return 0; }
-  static __device__ __forceinline__ u32 encode_f16x2(float, float) { return 0; }
-#endif
 };
+
+// v rounded to odd at three mantissa bits: the bits below are cut, and the lowest kept bit is set
+// when any of them was set. Rounding that to nearest at one mantissa bit (E2M1) gives what rounding
+// v itself would: round-to-odd with two or more extra bits leaves no double-rounding error.
+__device__ __forceinline__ float round_odd_m3(float v) {
+  const u32 b = __float_as_uint(v);
+  return __uint_as_float((b | ((b & 0xFFFFFu) + 0xFFFFFu)) & 0xFFF00000u);
+}
 
 template <> struct BlockElement<nv_e2m1> {
   static const u32 max_bits = E2M1Bits::max_bits;
@@ -217,12 +230,20 @@ struct BlockScale {
   float factor;
 };
 
+// NVFP4's elements take the two-level scale (kNvfp4Te) and no other rule.
+template <class E> struct TwoLevelScale {
+  static const bool value = false;
+};
+template <> struct TwoLevelScale<BlockElement<nv_e2m1> > {
+  static const bool value = true;
+};
+
 template <class E>
 __device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float amax_floor, float enc_overflow,
                                                   Nvfp4Tensor nv = Nvfp4Tensor()) {
   const float max_elem = __uint_as_float(E::max_bits);
   BlockScale r;
-  if (rule == kNvfp4Te) {
+  if (TwoLevelScale<E>::value) {
     // s = e4m3(fl(bamax * m)); every element times min(fl(1 / fl(f32(s) * S_dec)), FLT_MAX).
     const float s_raw = __fmul_rn(__uint_as_float(amax_bits), nv.m);
 #if __CUDA_ARCH__ >= 890
