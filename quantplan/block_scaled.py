@@ -9,12 +9,14 @@ axis, a scale rule and the layout the scales are written in:
 * :class:`BlockScaledQuantizePlan`: x -> (codes, scales[, NVFP4 tensor scale]);
 * :class:`BlockScaledDequantizePlan`: (codes, scales[, tensor scale]) -> y.
 
-Backends. The CUDA backend serves what ``kernels/block_scaled.cu`` implements today: quantize
-of MX 1x32 blocks and FP8 1x128 blocks along the last axis (contiguous input; float16, bfloat16
-or float32; nearest rounding), in every scale layout. NVFP4, 2-D tiles (32x32, 16x16, 128x128),
-blocks along another axis, stochastic rounding and dequantize run on the REFERENCE backend; on
-CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served, until their
-kernels land.
+Backends. The CUDA backend serves, with nearest rounding and blocks along the last axis
+(:func:`cuda_refusal`, :func:`dequantize_refusal`): quantize of MX 1x32, NVFP4 1x16 (``te``) and
+FP8 1x128 blocks in every scale layout (``kernels/block_scaled.cu``, NVFP4's tensor amax by its
+``block_scaled_tensor_amax``), MXFP8 32x32 and FP8 128x128 tiles and the fused columnwise copy of
+MXFP8 1x32 / FP8 1x128 (``kernels/block_scaled_tiles.cu``), and dequantize from compact scales
+(``block_scaled_dequantize``). Stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16
+tiles, FP8 128x128 dequantize and the layouts a kernel does not write run on the REFERENCE
+backend; on CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served.
 
 Scale layouts (``scale_layout``), of the 2-D scale matrix S [R, C] (C blocks per row; R the
 product of the other extents: the rows of the K-major GEMM operand; FP8 blocks: R = ⌈M/bm⌉):
@@ -26,9 +28,11 @@ product of the other extents: the rows of the K-major GEMM operand; FP8 blocks: 
 * ``packed_ue8m0``: four E8M0 bytes per int32, column-major TMA-aligned [⌈C/4⌉, align(R, 4)]
   (DeepGEMM SM100; E8M0 scales only).
 
-Kernels: ``kernels/block_scaled.cu`` (+ ``qp_block_scaled.cuh``), named by
-:mod:`quantplan._block_scaled_kernels`; tests: ``tests/test_block_scaled_plans.py`` (reference
-backend, descriptors, one-liners) and ``tests/test_block_scaled_plans_gpu.py``.
+Kernels: ``kernels/block_scaled.cu`` and ``kernels/block_scaled_tiles.cu`` (+
+``qp_block_scaled.cuh``), named by :mod:`quantplan._block_scaled_kernels` and
+:mod:`quantplan._block_scaled_tile_kernels`; tests: ``tests/test_block_scaled_plans.py``
+(reference backend, descriptors, one-liners), ``tests/test_block_scaled_plans_select.py`` (CUDA
+selection on a simulated GPU, the columnwise reference) and ``tests/test_block_scaled_plans_gpu.py``.
 """
 
 from __future__ import annotations
@@ -913,7 +917,7 @@ def _prepare_tiles(p: BlockScaledProblem, device_id: int) -> _Launches:
     rule, rule_code = _rule(p)
     sched = TILE_SCHEDULES[p.block, dtype]
     cols = p.shape[-1]
-    rows = p.numel // cols
+    rows = math.prod(p.shape[:-1])
     scale_rows, scale_cols = (rows if p.family == "mx" else _ceil(rows, p.block[0])), _ceil(cols, p.block[1])
     geo = scale_geometry(p.layout, scale_rows, scale_cols, p.scale_kind is ElementKind.F32)
     variants = (False, True) if cols % 16 == 0 else (False,)
@@ -963,7 +967,7 @@ def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
     block = p.block[1]
     te = p.columnwise == "te_mxfp8"
     cols = p.shape[-1]
-    rows = p.numel // cols
+    rows = math.prod(p.shape[:-1])
     f32 = p.scale_kind is ElementKind.F32
     geo_r = scale_geometry(p.layout, rows, _ceil(cols, block), f32)
     geo_c = scale_geometry(p.layout, cols, _ceil(rows, block), f32)
@@ -1060,6 +1064,8 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     * ``enc`` is RNE with saturation to ±max (stochastic rounding: §1.6, Philox words by the
       row-major flat index of x). A block holding NaN or ±Inf gets the NaN scale (E8M0 0xFF,
       E4M3 0x7F, f32 0x7FC00000) and codes 0.
+    * ``columnwise`` (§6): also C = the same quantization of xᵀ (blocks along M; FP8 1x128: 128x1
+      blocks of x), from the same x (one read on CUDA), stored [K, M] or TE's ``te_mxfp8``.
 
     **When to use:** producing MX / NVFP4 / FP8-block GEMM operands (cuBLAS / CUTLASS block-scaled
     GEMMs, DeepGEMM, TransformerEngine recipes) with the scales already in the layout the GEMM

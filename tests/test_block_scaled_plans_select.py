@@ -454,3 +454,33 @@ def test_columnwise_outputs_without_columnwise_are_refused(rng: np.random.Genera
             None, None, qp.BlockScaledQuantizeArgs(x, codes, scales, columnwise_codes=extra)
         )
     assert not codes.any()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(format="fp8_block_e4m3", block=(128, 128)),
+        dict(format="mxfp8_e4m3", block=(32, 32)),
+        dict(format="mxfp8_e4m3", columnwise="transposed"),
+        dict(format="nvfp4", two_level=False),
+    ],
+)
+@pytest.mark.parametrize("shape", [(0, 64), (5, 0), (3, 0, 7)])
+def test_empty_problems_select_and_launch_nothing(sim: _Sim, kw: dict[str, Any], shape: tuple[int, ...]) -> None:
+    d = _quantize(shape=shape, **kw)
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    args: dict[str, Any] = dict(
+        input=host_sim.device_array(int(X_PTR), shape, "uint16"),
+        codes=host_sim.device_array(int(CODES_PTR), d.codes_shape, "uint8"),
+        scales=host_sim.device_array(int(SCALES_PTR), d.scales_shape, d.scales_dtype),
+    )
+    if d.columnwise:
+        args["columnwise_codes"] = host_sim.device_array(int(AMAX_PTR), d.columnwise_codes_shape, "uint8")
+        args["columnwise_scales"] = host_sim.device_array(int(WS_PTR), d.columnwise_scales_shape, d.scales_dtype)
+    if d.tensor_scale_shape:
+        args["tensor_scale"] = host_sim.device_array(int(TS_PTR), (1,), "float32")
+    plan.run(None, None, qp.BlockScaledQuantizeArgs(**args))
+    launches = [e for e in sim.events if e[0] == "launch"]
+    assert not launches
+    if d.tensor_scale_shape:  # NVFP4 still writes S_dec (1 for one level)
+        assert sim.events == [("h2d", int(TS_PTR), np.float32(1.0).tobytes())]
