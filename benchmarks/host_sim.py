@@ -105,6 +105,7 @@ def gpu_patches(
         (cupy.cuda, "Device", _Device),
         (driver, "occupancyMaxActiveBlocksPerMultiprocessor", lambda fn, block, smem: 8),
         (driver, "launchKernel", launch),
+        (driver, "funcSetAttribute", lambda fn, attribute, value: None),
     ]
     for name, module in list(sys.modules.items()):
         if name.startswith("quantplan") and getattr(module, "load_kernels", None) is not None:

@@ -13,11 +13,13 @@ the plan is selected once per problem and device and kept in the front-ends' pla
 are allocated by x's library on x's device, and the plan runs on that library's current stream.
 
 Where the arrays live: NumPy arrays and PyTorch CPU tensors run on the reference backend; CuPy
-arrays and PyTorch CUDA tensors on the CUDA kernel where it serves the problem (MX 1x32 and FP8
-1x128 blocks along the last axis, nearest rounding). Until the other kernels land (NVFP4, 2-D
-tiles, other axes, stochastic rounding, and every dequantize), those calls on device arrays run the
-reference on a host copy and return device arrays: the same bytes, at host speed
-(``qt.backend`` says which ran).
+arrays and PyTorch CUDA tensors on the CUDA kernels where they serve the problem
+(:func:`~quantplan.block_scaled.cuda_refusal`: MX 1x32, NVFP4 1x16 ``te`` and FP8 1x128 blocks
+along the last axis, MXFP8 32x32 and FP8 128x128 tiles, nearest rounding; dequantize:
+:func:`~quantplan.block_scaled.dequantize_refusal`, compact scales along the last axis except
+FP8 128x128). The other calls on device arrays (stochastic rounding, other axes, NVFP4
+``torchao`` and 16x16, ...) run the reference on a host copy and return device arrays: the same
+bytes, at host speed (``qt.backend`` says which ran).
 
 Dtypes returned: PyTorch codes and scales carry torch's own dtypes where they exist
 (``float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``float8_e8m0fnu``; checked with
@@ -46,6 +48,7 @@ from .block_scaled import (
     BlockScaledQuantizePlan,
     compact_scales,
     cuda_refusal,
+    dequantize_refusal,
 )
 from .elements import ELEMENTS
 from .errors import InvalidArgumentType, InvalidProblem
@@ -185,6 +188,15 @@ def _typed(target: Target, a: Any, kind: ElementKind, codes: bool) -> Any:
         return a
     if codes and target.library == NUMPY and kind in (ElementKind.FP8_E4M3, ElementKind.FP8_E5M2):
         return a.view(ELEMENTS[kind].numpy_dtype)
+    return a
+
+
+def _bytes_of(a: Any) -> Any:
+    """A device array of one-byte typed elements (torch float8 / float4) as uint8 bytes (others as they are)."""
+    if hasattr(a, "element_size") and a.element_size() == 1:
+        import torch
+
+        return a.view(torch.uint8)
     return a
 
 
@@ -353,7 +365,7 @@ def quantize_block(
             seed if stochastic else None,
             offset if stochastic else None,
         )
-        target.run(job.plan, args)
+        target.run_with_workspace(job.plan, args)  # NVFP4: the device f32 tensor amax
         backend = job.plan.backend
         if replay_key is not None and nonfinite == "propagate" and not p.is_nvfp4 and p.numel:
             outputs = [(p.codes_shape, job.codes_dtype), (p.scales_shape, job.scales_dtype)]
@@ -392,8 +404,9 @@ def _check_nonfinite(qt: BlockQuantizedTensor, nonfinite: str) -> None:
 
 
 def dequantize_block(qt: BlockQuantizedTensor, dtype: ElementKind | str | None = None) -> Any:
-    """The float tensor of ``qt`` (:class:`~quantplan.BlockScaledDequantizePlan` on the reference
-    backend; device arrays through a host copy until the dequantize kernel lands)."""
+    """The float tensor of ``qt`` (:class:`~quantplan.BlockScaledDequantizePlan`: on the CUDA
+    kernel for device arrays it serves, else on the reference backend, device arrays through a
+    host copy)."""
     if not isinstance(qt, BlockQuantizedTensor):
         raise InvalidArgumentType(f"expected a BlockQuantizedTensor (from qp.quantize), got {type(qt).__name__}")
     d = qt.descriptor
@@ -416,10 +429,19 @@ def dequantize_block(qt: BlockQuantizedTensor, dtype: ElementKind | str | None =
             scale_layout=d.scale_layout,
             output_element=out_kind,
         )
+        if target.cuda and dequantize_refusal(desc._problem()) is None:
+            return target.select(BlockScaledDequantizePlan, desc)
         return BlockScaledDequantizePlan.select(None, desc, _REFERENCE)
 
     plan = target.cached(key, build)
     p = plan.problem
+    if plan.backend is BackendKind.CUDA:
+        names = {ElementKind.F16: "float16", ElementKind.F32: "float32"}
+        bf16 = "bfloat16" if target.library == TORCH else "uint16"  # CuPy: bfloat16 as its uint16 bits
+        y_t = target.empty(d.shape, names.get(out_kind, bf16))
+        ts_t = qt.tensor_scale
+        target.run(plan, BlockScaledDequantizeArgs(_bytes_of(qt.codes), _bytes_of(qt.scales), y_t, ts_t))
+        return y_t
     codes = _raw_host(qt.codes, np.uint8)
     scales = _raw_host(
         qt.scales, ELEMENTS[p.scale_kind].numpy_dtype if p.scale_kind is not ElementKind.FP8_E4M3 else np.uint8

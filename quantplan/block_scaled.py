@@ -9,12 +9,14 @@ axis, a scale rule and the layout the scales are written in:
 * :class:`BlockScaledQuantizePlan`: x -> (codes, scales[, NVFP4 tensor scale]);
 * :class:`BlockScaledDequantizePlan`: (codes, scales[, tensor scale]) -> y.
 
-Backends. The CUDA backend serves what ``kernels/block_scaled.cu`` implements today: quantize
-of MX 1x32 blocks and FP8 1x128 blocks along the last axis (contiguous input; float16, bfloat16
-or float32; nearest rounding), in every scale layout. NVFP4, 2-D tiles (32x32, 16x16, 128x128),
-blocks along another axis, stochastic rounding and dequantize run on the REFERENCE backend; on
-CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served, until their
-kernels land.
+Backends. The CUDA backend serves, with nearest rounding and blocks along the last axis
+(:func:`cuda_refusal`, :func:`dequantize_refusal`): quantize of MX 1x32, NVFP4 1x16 (``te``) and
+FP8 1x128 blocks in every scale layout (``kernels/block_scaled.cu``, NVFP4's tensor amax by its
+``block_scaled_tensor_amax``), MXFP8 32x32 and FP8 128x128 tiles and the fused columnwise copy of
+MXFP8 1x32 / FP8 1x128 (``kernels/block_scaled_tiles.cu``), and dequantize from compact scales
+(``block_scaled_dequantize``). Stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16
+tiles, FP8 128x128 dequantize and the layouts a kernel does not write run on the REFERENCE
+backend; on CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served.
 
 Scale layouts (``scale_layout``), of the 2-D scale matrix S [R, C] (C blocks per row; R the
 product of the other extents: the rows of the K-major GEMM operand; FP8 blocks: R = ⌈M/bm⌉):
@@ -26,9 +28,11 @@ product of the other extents: the rows of the K-major GEMM operand; FP8 blocks: 
 * ``packed_ue8m0``: four E8M0 bytes per int32, column-major TMA-aligned [⌈C/4⌉, align(R, 4)]
   (DeepGEMM SM100; E8M0 scales only).
 
-Kernels: ``kernels/block_scaled.cu`` (+ ``qp_block_scaled.cuh``), named by
-:mod:`quantplan._block_scaled_kernels`; tests: ``tests/test_block_scaled_plans.py`` (reference
-backend, descriptors, one-liners) and ``tests/test_block_scaled_plans_gpu.py``.
+Kernels: ``kernels/block_scaled.cu`` and ``kernels/block_scaled_tiles.cu`` (+
+``qp_block_scaled.cuh``), named by :mod:`quantplan._block_scaled_kernels` and
+:mod:`quantplan._block_scaled_tile_kernels`; tests: ``tests/test_block_scaled_plans.py``
+(reference backend, descriptors, one-liners), ``tests/test_block_scaled_plans_select.py`` (CUDA
+selection on a simulated GPU, the columnwise reference) and ``tests/test_block_scaled_plans_gpu.py``.
 """
 
 from __future__ import annotations
@@ -44,16 +48,35 @@ from pydantic import ConfigDict
 
 from . import reference_block_scaled as rb
 from ._block_scaled_kernels import (
+    BLOCK_THREADS,
     FP8_RULES,
     MX_RULES,
+    NVFP4_RULES,
+    VECTOR_ELEMENTS,
     Schedule,
+    amax_kernel_name,
     choose_schedule,
+    dequantize_kernel_name,
     kernel_name,
     launch_shape,
     scale_geometry,
 )
+from ._block_scaled_tile_kernels import THREADS as TILE_THREADS
+from ._block_scaled_tile_kernels import (
+    TILE_LAYOUTS,
+    TILE_SCHEDULES,
+    TRANSPOSE_ELEMENTS,
+    TRANSPOSE_LAYOUTS,
+    TRANSPOSE_SCHEDULES,
+    TRANSPOSE_TILE,
+    row_tile_slices,
+    tile_kernel_name,
+    transpose_kernel_name,
+    transpose_shared_bytes,
+)
+from ._block_scaled_tile_kernels import _allow_shared as allow_shared
 from ._device import device_info, stream_device_id
-from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
+from ._launch import PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
 from ._plan import Plan, check_descriptor, choose_backend, preferred
 from ._tuning import kernel_options
@@ -82,9 +105,9 @@ MODES: dict[str, tuple[str, ...]] = {
 #: The reference's element names by :mod:`quantplan.formats` element name.
 _REFERENCE_ELEMENT = {"e4m3": "e4m3", "e5m2": "e5m2", "e2m3": "e2m3", "e3m2": "e3m2", "e2m1": "e2m1", "mxint8": "int8"}
 _SERVED_ON_CUDA = (
-    "the CUDA backend serves MX 1x32 and FP8 1x128 blocks along the last axis with nearest rounding "
-    "(NVFP4, 2-D tiles, other axes and stochastic rounding run on PlanPreference(backend=BackendKind.REFERENCE) "
-    "until their kernels land)"
+    "the CUDA backend serves, with nearest rounding along the last axis, MX 1x32, NVFP4 1x16 (te) and FP8 1x128 "
+    "blocks in every layout, MXFP8 32x32 and FP8 128x128 tiles, and the fused transpose of MXFP8 1x32 and FP8 "
+    "1x128 (see cuda_refusal); run this problem with PlanPreference(backend=BackendKind.REFERENCE)"
 )
 _F32 = ELEMENTS[ElementKind.F32]
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -130,6 +153,12 @@ class BlockScaledProblem:
     scales_shape: tuple[int, ...]
     scale_kind: ElementKind
     output_element: ElementKind | None = None
+    #: The fused columnwise copy (:func:`quantplan.reference_block_scaled.quantize_transpose`):
+    #: None, ``transposed`` or ``te_mxfp8``; its codes' shape, scale matrix and scale buffer shape.
+    columnwise: str | None = None
+    columnwise_codes_shape: tuple[int, ...] = ()
+    columnwise_matrix: tuple[int, int] = (0, 0)
+    columnwise_scales_shape: tuple[int, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -159,6 +188,20 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _layout_shape(layout: str, r: int, c: int, itemsize: int) -> tuple[int, ...]:
+    """The buffer shape of ``layout`` for an [r, c] scale matrix of ``itemsize``-byte scales (module docstring)."""
+    if layout == "blocked":
+        return (512 * _ceil(r, 128) * _ceil(c, 4),)
+    if layout == "column_major":
+        align = 16 // itemsize
+        return (c, _ceil(r, align) * align)
+    return (_ceil(c, 4), _ceil(r, 4) * 4)  # packed_ue8m0
+
+
+#: Columnwise copies of the fused quantize + transpose (``columnwise``; None: rowwise only).
+COLUMNWISE: tuple[str, ...] = rb.TRANSPOSE_LAYOUTS
+
+
 def resolve(
     shape: tuple[int, ...],
     format: str,
@@ -170,6 +213,7 @@ def resolve(
     amax_floor: float = 0.0,
     two_level: bool = True,
     rounding: Rounding = Rounding.NEAREST_EVEN,
+    columnwise: str | None = None,
 ) -> BlockScaledProblem:
     """Validate a block-scaled problem (InvalidProblem / Unsupported naming the field) and resolve it."""
     fmt = FORMATS.get(format) if isinstance(format, str) else None
@@ -236,15 +280,32 @@ def resolve(
         matrix = (math.prod(e for i, e in enumerate(shape) if i != ax), _ceil(n, bk))
     r, c = matrix
     itemsize = ELEMENTS[scale_kind].numpy_dtype.itemsize
-    if scale_layout == "compact":
-        scales_shape = compact
-    elif scale_layout == "blocked":
-        scales_shape = (512 * _ceil(r, 128) * _ceil(c, 4),)
-    elif scale_layout == "column_major":
-        align = 16 // itemsize
-        scales_shape = (c, _ceil(r, align) * align)
-    else:
-        scales_shape = (_ceil(c, 4), _ceil(r, 4) * 4)
+    scales_shape = compact if scale_layout == "compact" else _layout_shape(scale_layout, r, c, itemsize)
+    col_codes: tuple[int, ...] = ()
+    col_matrix, col_scales = (0, 0), ()
+    if columnwise is not None:
+        if columnwise not in COLUMNWISE:
+            raise InvalidProblem(f"columnwise={columnwise!r} is not None or one of {COLUMNWISE}")
+        if ndim < 2 or ax != ndim - 1:
+            raise InvalidProblem(
+                f"columnwise={columnwise!r}: the fused transpose takes x of rank >= 2 ([M, K], leading dims "
+                f"flattened into M) with blocks along the last axis; got shape {shape}, axis {axis}"
+            )
+        m = math.prod(shape[:-1])
+        if columnwise == "te_mxfp8":
+            if family != "mx" or fmt.element.name not in ("e4m3", "e5m2") or bm > 1 or scale_layout != "compact":
+                raise InvalidProblem(
+                    "columnwise='te_mxfp8' is TransformerEngine's MXFP8 layout: an MXFP8 format, 1x32 blocks, "
+                    "compact scales"
+                )
+            col_codes, col_matrix = (m, n), (_ceil(m, bk), n)
+            col_scales = col_matrix
+        else:  # the quantization of x^T [K, M] with the same block
+            col_codes = (n, _ceil(m, 2) if packed else m)
+            col_matrix = (_ceil(n, bm), _ceil(m, bk)) if family.startswith("fp8_block") else (n, _ceil(m, bk))
+            cr, cc = col_matrix
+            col_scales = col_matrix if scale_layout == "compact" else _layout_shape(scale_layout, cr, cc, itemsize)
+    if scale_layout == "packed_ue8m0":
         scale_kind = ElementKind.I32
     return BlockScaledProblem(
         tuple(shape),
@@ -264,6 +325,10 @@ def resolve(
         (r, c),
         scales_shape,
         scale_kind,
+        columnwise=columnwise,
+        columnwise_codes_shape=col_codes,
+        columnwise_matrix=col_matrix,
+        columnwise_scales_shape=col_scales,
     )
 
 
@@ -336,10 +401,15 @@ class BlockScaledQuantizeDescriptor(_BlockScaledFields):
     ``amax_floor`` (FP8 blocks: a = max(amax, amax_floor); 0, 1e-10 as vLLM, 1e-4 as DeepGEMM);
     ``two_level`` (NVFP4: False for S = 1); ``rounding`` NEAREST_EVEN or STOCHASTIC (NVFP4 and MX
     float elements); ``scale_layout`` ``compact`` (default), ``blocked``, ``column_major``,
-    ``packed_ue8m0``.
+    ``packed_ue8m0``; ``columnwise`` None (default: the rowwise copy only) or the fused
+    quantize + transpose (§6, x of rank >= 2 as [M, K], blocks along the last axis): ``transposed``
+    also writes Q(xᵀ) ([K, M] codes, the scales of xᵀ's blocks in ``scale_layout``);
+    ``te_mxfp8`` (MXFP8, 1x32, compact) TransformerEngine's untransposed columnwise copy ([M, K]
+    codes, [⌈M/32⌉, K] scales).
 
     Shapes it implies: ``codes_shape``, ``scales_shape`` (the layout's buffer),
-    ``compact_scales_shape``, ``tensor_scale_shape`` (NVFP4); ``scales_dtype``.
+    ``compact_scales_shape``, ``tensor_scale_shape`` (NVFP4); ``scales_dtype``;
+    ``columnwise_codes_shape`` / ``columnwise_scales_shape`` (None without ``columnwise``).
     """
 
     input_element: ElementKind
@@ -347,6 +417,19 @@ class BlockScaledQuantizeDescriptor(_BlockScaledFields):
     amax_floor: float = 0.0
     two_level: bool = True
     rounding: Rounding = Rounding.NEAREST_EVEN
+    columnwise: str | None = None
+
+    @property
+    def columnwise_codes_shape(self) -> tuple[int, ...] | None:
+        """Codes of the columnwise copy: [K, M] (``transposed``; FP4 [K, ⌈M/2⌉]) or [M, K] (``te_mxfp8``)."""
+        p = self._problem()
+        return p.columnwise_codes_shape if p.columnwise else None
+
+    @property
+    def columnwise_scales_shape(self) -> tuple[int, ...] | None:
+        """Scale buffer of the columnwise copy in ``scale_layout`` (``te_mxfp8``: [⌈M/32⌉, K])."""
+        p = self._problem()
+        return p.columnwise_scales_shape if p.columnwise else None
 
     def _problem(self) -> BlockScaledProblem:
         return resolve(
@@ -360,6 +443,7 @@ class BlockScaledQuantizeDescriptor(_BlockScaledFields):
             self.amax_floor,
             self.two_level,
             self.rounding,
+            self.columnwise,
         )
 
 
@@ -393,7 +477,9 @@ class BlockScaledQuantizeArgs:
     (``packed_ue8m0``). NVFP4: ``tensor_scale`` (a one-element float32 output, shape (1,): S_dec)
     and ``global_amax`` (None: the amax of x over its finite elements; or a number >= 0, or a
     one-element float32 array: a calibrated amax). STOCHASTIC rounding: ``rng_seed`` /
-    ``rng_offset`` (Python ints in [0, 2**64) or one-element int64 arrays).
+    ``rng_offset`` (Python ints in [0, 2**64) or one-element int64 arrays). ``columnwise_codes`` /
+    ``columnwise_scales``: the columnwise copy's outputs when the descriptor names ``columnwise``
+    (``columnwise_codes_shape`` / ``columnwise_scales_shape``, dtypes as ``codes`` / ``scales``).
     """
 
     input: Any
@@ -403,6 +489,8 @@ class BlockScaledQuantizeArgs:
     global_amax: Any = None
     rng_seed: Any = None
     rng_offset: Any = None
+    columnwise_codes: Any = None
+    columnwise_scales: Any = None
 
 
 @dataclass(slots=True)
@@ -427,6 +515,8 @@ class BlockScaledOperands(NamedTuple):
     global_amax: Operand | float | None
     seed: Operand | int
     offset: Operand | int
+    col_codes: Operand | None = None
+    col_scales: Operand | None = None
 
 
 class BlockScaledDequantizeOperands(NamedTuple):
@@ -568,93 +658,239 @@ def reference_dequantize(
     return rb.fp8_block_dequantize(fq, out_dtype)
 
 
+def _layout_matrix(layout: str, s: np.ndarray) -> np.ndarray:
+    """A 2-D scale matrix S [R, C] laid out in ``layout`` (NumPy)."""
+    if layout == "compact":
+        return s
+    if layout == "blocked":
+        return rb.to_blocked(s)
+    if layout == "column_major":
+        return rb.col_major_tma_aligned(s)
+    return rb.deepgemm_sf_layout(s)
+
+
+def reference_columnwise(
+    p: BlockScaledProblem, x: np.ndarray, global_amax: float | None = None, seed: int = 0, offset: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scale buffer) of the columnwise copy of ``p`` (``p.columnwise`` set) on the NumPy
+    reference: :func:`quantplan.reference_block_scaled.quantize_transpose`'s columnwise copy, its
+    scales laid out in ``p.layout`` (``te_mxfp8``: compact)."""
+    assert p.columnwise is not None
+    block_2d = p.block[0] > 1
+    if p.family == "mx":
+        pair = rb.quantize_transpose(
+            x, "mx", p.columnwise, element=p.element, scale_mode=p.mode, rounding=p.rounding, seed=seed,
+            offset=offset, block_2d=block_2d,
+        )  # fmt: skip
+    elif p.family == "nvfp4":
+        pair = rb.quantize_transpose(
+            x, "nvfp4", p.columnwise, mode=p.mode, two_level=p.two_level, global_amax=global_amax,
+            block_2d=block_2d, rounding=p.rounding, seed=seed, offset=offset,
+        )  # fmt: skip
+    else:
+        ue8m0 = p.family == "fp8_block_ue8m0"
+        pair = rb.quantize_transpose(
+            x, "fp8_block", p.columnwise, block=p.block, element=p.element,
+            scale_format="ue8m0" if ue8m0 else "f32", elem_op="div" if ue8m0 else p.mode, amax_floor=p.amax_floor,
+        )  # fmt: skip
+    col = pair.columnwise
+    scales = np.asarray(col.scales)
+    if p.columnwise == "transposed":
+        scales = _layout_matrix(p.layout, scales.reshape(p.columnwise_matrix))
+    return np.asarray(col.codes), scales
+
+
 # ---- the CUDA launch -----------------------------------------------------------------------------
 
 _QUANTIZE_PARAMS = params_struct(
     "BlockScaledQuantizeParams",
     [
-        ("x", ctypes.c_uint64),
-        ("codes", ctypes.c_uint64),
-        ("scales", ctypes.c_uint64),
-        ("rows", ctypes.c_int64),
-        ("cols", ctypes.c_int64),
-        ("blocks_per_row", ctypes.c_int64),
-        ("rule", ctypes.c_int32),
-        ("layout", ctypes.c_int32),
+        *fields(ctypes.c_uint64, "x", "codes", "scales"),
+        *fields(ctypes.c_int64, "rows", "cols", "blocks_per_row"),
+        *fields(ctypes.c_int32, "rule", "layout"),
         ("layout_dim", ctypes.c_int64),
-        ("amax_floor", ctypes.c_float),
-        ("enc_overflow", ctypes.c_float),
-        ("pad_rows", ctypes.c_int64),
-        ("pad_cols", ctypes.c_int64),
+        *fields(ctypes.c_float, "amax_floor", "enc_overflow"),
+        *fields(ctypes.c_int64, "pad_rows", "pad_cols"),
         ("tensor_amax", ctypes.c_uint64),
+    ],
+)
+_AMAX_PARAMS = params_struct(
+    "BlockScaledTensorAmaxParams",
+    [("x", ctypes.c_uint64), *fields(ctypes.c_int64, "n", "vector_elements"), ("amax", ctypes.c_uint64)],
+)
+_TILE_PARAMS = params_struct(
+    "BlockScaledTileParams",
+    [
+        *fields(ctypes.c_uint64, "x", "codes", "scales"),
+        *fields(ctypes.c_int64, "rows", "cols", "row_tile_base"),
+        *fields(ctypes.c_int32, "rule", "layout"),
+        ("layout_dim", ctypes.c_int64),
+        *fields(ctypes.c_float, "amax_floor", "enc_overflow"),
+        *fields(ctypes.c_int64, "scale_rows", "scale_cols", "pad_rows", "pad_cols"),
+    ],
+)
+_TRANSPOSE_PARAMS = params_struct(
+    "BlockScaledTransposeParams",
+    [
+        *fields(ctypes.c_uint64, "x", "codes", "scales", "col_codes", "col_scales"),
+        *fields(ctypes.c_int64, "rows", "cols", "row_tile_base"),
+        ("rule", ctypes.c_int32),
+        *fields(ctypes.c_float, "amax_floor", "enc_overflow"),
+        ("layout", ctypes.c_int32),
+        *fields(ctypes.c_int64, "dim_r", "pad_rows_r", "pad_cols_r", "dim_c", "pad_rows_c", "pad_cols_c"),
+    ],
+)
+_DEQUANTIZE_PARAMS = params_struct(
+    "BlockScaledDequantizeParams",
+    [
+        *fields(ctypes.c_uint64, "codes", "scales"),
+        ("scale_kind", ctypes.c_int32),
+        ("tensor_scale", ctypes.c_uint64),
+        *fields(ctypes.c_int64, "rows", "cols", "blocks_per_row"),
+        ("out", ctypes.c_uint64),
     ],
 )
 #: Largest finite value of each input (the ``enc`` rule's replacement of an infinite 448 / amax).
 _INPUT_MAX = {ElementKind.F16: 65504.0, ElementKind.BF16: 3.3895313892515355e38, ElementKind.F32: 3.4028234663852886e38}
 _INPUT_DTYPE = {ElementKind.F16: "float16", ElementKind.BF16: "bfloat16", ElementKind.F32: "float32"}
+#: The dequantize kernel's ``ScaleKind`` (qp_block_scaled.cuh) by scale element.
+_SCALE_KIND_CODES = {ElementKind.E8M0: 0, ElementKind.F32: 1, ElementKind.FP8_E4M3: 2}
+#: Bytes of the NVFP4 workspace: the device f32 tensor amax the quantize kernel reads.
+NVFP4_WORKSPACE = 4
 
 
 def cuda_refusal(p: BlockScaledProblem) -> str | None:
-    """Why the CUDA backend does not serve ``p`` yet (None: it does)."""
-    if p.family == "nvfp4":
-        return f"{p.format.name} has no CUDA kernel yet"
-    if p.block[0] > 1:
-        return f"2-D tiles of {p.block[0]}x{p.block[1]} have no CUDA kernel yet"
-    if p.axis != len(p.shape) - 1:
-        return f"blocks along axis {p.axis} of a rank-{len(p.shape)} tensor have no CUDA kernel yet"
+    """Why the CUDA backend does not serve quantization problem ``p`` (None: a kernel does).
+
+    Served: 1-D blocks along the last axis (MX 1x32, NVFP4 1x16 ``te``, FP8 1x128) in every scale
+    layout (``block_scaled.cu``); 2-D tiles MXFP8 32x32 (compact, blocked) and FP8 128x128
+    (compact, column_major) (``block_scaled_tiles.cu``); the fused columnwise copy of MXFP8 1x32
+    (``transposed`` in compact / blocked scales, ``te_mxfp8``) and FP8 1x128 (``transposed`` in
+    compact / column_major / packed_ue8m0 scales); nearest rounding."""
+    last = p.axis == len(p.shape) - 1
     if p.stochastic:
         return "stochastic rounding has no block-scaled CUDA kernel yet"
+    if not last:
+        return f"blocks along axis {p.axis} of a rank-{len(p.shape)} tensor have no CUDA kernel yet"
+    if p.is_nvfp4 and p.mode != "te":
+        return f"NVFP4 scale_mode={p.mode!r}: the CUDA kernel computes the te order only"
+    tile = p.block[0] > 1
+    if p.columnwise is not None:
+        if tile or p.is_nvfp4:
+            return (
+                f"the fused transpose of {p.format.name} {p.block[0]}x{p.block[1]} has no CUDA kernel "
+                f"(block_scaled_transpose serves MXFP8 1x32 and FP8 1x128)"
+            )
+        if p.element not in TRANSPOSE_ELEMENTS:
+            return f"the fused transpose of {p.format.name} has no CUDA kernel (MXFP8 e4m3 / e5m2 and FP8 only)"
+        if p.layout not in TRANSPOSE_LAYOUTS[p.block[1]]:
+            return (
+                f"the fused transpose of {p.block[0]}x{p.block[1]} blocks writes the scale layouts "
+                f"{TRANSPOSE_LAYOUTS[p.block[1]]}, not {p.layout!r}"
+            )
+        return None
+    if tile:
+        if p.is_nvfp4:
+            return "NVFP4 16x16 tiles have no CUDA kernel (block_scaled_tiles.cu serves FP8 128x128 and MX 32x32)"
+        if p.layout not in TILE_LAYOUTS[p.block]:
+            return f"{p.block[0]}x{p.block[1]} tiles write the scale layouts {TILE_LAYOUTS[p.block]}, not {p.layout!r}"
     return None
+
+
+def dequantize_refusal(p: BlockScaledProblem) -> str | None:
+    """Why the CUDA backend does not serve dequantization problem ``p`` (None: ``block_scaled_dequantize`` does).
+
+    The kernel reads compact scales with one row of scales per row of x along the last axis: every
+    1-D block, and the 2-D tiles whose compact scales repeat over the tile's rows (MX 32x32, NVFP4
+    16x16); not FP8 128x128 (one scale row per 128 rows) or the other layouts."""
+    if p.axis != len(p.shape) - 1:
+        return f"blocks along axis {p.axis} of a rank-{len(p.shape)} tensor have no CUDA dequantize kernel"
+    if p.layout != "compact":
+        return f"the dequantize kernel reads compact scales, not {p.layout!r}"
+    if p.family.startswith("fp8_block") and p.block[0] > 1:
+        return "FP8 128x128 tiles have no CUDA dequantize kernel (its scales are one row per 128 rows)"
+    return None
+
+
+class _GridLaunch(PreparedLaunch):
+    """A prepared launch on a 2-D grid (``grid`` x ``grid_y``) with ``shared`` bytes of dynamic shared memory."""
+
+    __slots__ = ("grid_y", "shared")
+
+    def __init__(
+        self, function: Any, grid: tuple[int, int], block: int, shared: int, params_type: Any, **fixed: Any
+    ) -> None:
+        super().__init__(function, grid[0], block, params_type, **fixed)
+        self.grid_y = int(grid[1])
+        self.shared = int(shared)
+
+    def launch(self, stream_handle: int) -> None:
+        """Enqueue the kernel with the current field values on ``stream_handle``."""
+        self._driver_launch(
+            self.function_ptr, self.grid, self.grid_y, 1, self.block, 1, 1, self.shared, stream_handle,
+            self._kernel_params, 0,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class _Launches:
-    """The prepared launches of one problem: the general schedule, and the contiguous one (cols a
-    multiple of the block) chosen when x and the codes are 16-byte aligned."""
+    """The prepared launches of one problem, resolved at ``select``.
 
-    general: PreparedLaunch
-    pair: LaunchPair | None
+    ``aligned`` (empty: none) runs when x and every codes buffer are 16-byte aligned, ``general``
+    otherwise; each is the launches of one call in order (row-tile slices of the tile kernels).
+    ``amax``: NVFP4's tensor-amax launch (computed amax). ``names``: the instantiations loaded.
+    """
+
+    aligned: tuple[PreparedLaunch, ...]
+    general: tuple[PreparedLaunch, ...]
     describe: str
+    names: tuple[str, ...]
+    amax: PreparedLaunch | None = None
 
     @property
     def launches(self) -> tuple[PreparedLaunch, ...]:
-        return (self.general,) if self.pair is None else (self.pair.primary, self.general)
+        return (*self.aligned, *self.general, *(() if self.amax is None else (self.amax,)))
 
 
-def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
-    """Compile (first use) and prepare the quantize launches of ``p`` on ``device_id``."""
+def _load(family: str, names: list[str], device_id: int) -> dict[str, Any]:
+    info = device_info(device_id)
+    return {name: load_kernels(family, [name], info.arch, device_id, kernel_options())[name] for name in names}
+
+
+def _rule(p: BlockScaledProblem) -> tuple[str, int]:
+    """The scale rule's name and ``ScaleRule`` code."""
+    if p.family == "nvfp4":
+        return "te", NVFP4_RULES["te"]
+    if p.family == "mx":
+        return p.mode, MX_RULES[p.mode]
+    rule = "ue8m0" if p.family == "fp8_block_ue8m0" else p.mode
+    return rule, FP8_RULES[rule]
+
+
+def _prepare_lanes(p: BlockScaledProblem, device_id: int) -> _Launches:
+    """``block_scaled_quantize`` (1-D blocks; NVFP4 with the tensor-amax kernel) for ``p``."""
     info = device_info(device_id)
     block = p.block[1]
-    rule = "ue8m0" if p.family == "fp8_block_ue8m0" else p.mode
-    rule_code = MX_RULES[rule] if p.family == "mx" else FP8_RULES[rule]
+    rule, rule_code = _rule(p)
+    element = "nvfp4" if p.is_nvfp4 else p.element
     dtype = _INPUT_DTYPE[p.input_element]
     cols = p.shape[-1]
     rows = p.numel // cols if cols else 0
     per_row = _ceil(cols, block)
-    f32 = p.scale_kind is ElementKind.F32
-    geo = scale_geometry(p.layout, rows, per_row, f32)
-    divide = rule == "div"
+    geo = scale_geometry(p.layout, rows, per_row, p.scale_kind is ElementKind.F32)
     contiguous = cols % block == 0
     teams = rows * per_row
     schedules = [choose_schedule(dtype, block, False, teams, info.sm_count)]
     if contiguous:
         schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count))
-    names = [kernel_name(dtype, p.element, block, divide, i == 1, sched) for i, sched in enumerate(schedules)]
-    options = kernel_options()
-    functions = {name: load_kernels("block_scaled", [name], info.arch, device_id, options)[name] for name in names}
+    names = [kernel_name(dtype, element, block, rule == "div", i == 1, sched) for i, sched in enumerate(schedules)]
+    amax_name = amax_kernel_name(dtype) if p.is_nvfp4 and p.two_level else None
+    functions = _load("block_scaled", names + ([amax_name] if amax_name else []), device_id)
     fixed = dict(
-        rows=rows,
-        cols=cols,
-        blocks_per_row=per_row,
-        rule=rule_code,
-        layout=geo.layout,
-        layout_dim=geo.dim,
-        amax_floor=p.amax_floor,
-        enc_overflow=_INPUT_MAX[p.input_element],
-        pad_rows=geo.pad_rows,
-        pad_cols=geo.pad_cols,
-        tensor_amax=0,
-    )
+        rows=rows, cols=cols, blocks_per_row=per_row, rule=rule_code, layout=geo.layout, layout_dim=geo.dim,
+        amax_floor=p.amax_floor, enc_overflow=_INPUT_MAX[p.input_element], pad_rows=geo.pad_rows,
+        pad_cols=geo.pad_cols, tensor_amax=0,
+    )  # fmt: skip
 
     def prepared(name: str, sched: Schedule) -> PreparedLaunch:
         fn = functions[name]
@@ -663,9 +899,149 @@ def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
         return PreparedLaunch(fn, grid, threads, _QUANTIZE_PARAMS, **fixed)
 
     general = prepared(names[0], schedules[0])
-    pair = LaunchPair(prepared(names[1], schedules[1]), general, 16, 16) if contiguous else None
+    aligned = (prepared(names[1], schedules[1]),) if contiguous else ()
+    amax = None
+    if amax_name is not None:
+        n, vec = p.numel, VECTOR_ELEMENTS[dtype]
+        grid = max(1, min(_ceil(max(n // vec, 1), BLOCK_THREADS), 4 * info.sm_count))
+        amax = PreparedLaunch(functions[amax_name], grid, BLOCK_THREADS, _AMAX_PARAMS, n=n, vector_elements=0)
     tag = f"lanes[{p.format.name},1x{block},{rule},{p.layout}" + (",contiguous|general]" if contiguous else ",general]")
-    return _Launches(general, pair, tag)
+    if amax is not None:
+        tag = "tensor_amax+" + tag
+    return _Launches(aligned, (general,), tag, tuple(functions), amax)
+
+
+def _prepare_tiles(p: BlockScaledProblem, device_id: int) -> _Launches:
+    """``block_scaled_tiles`` (MX 32x32, FP8 128x128) for ``p``: one launch per slice of row tiles."""
+    dtype = _INPUT_DTYPE[p.input_element]
+    rule, rule_code = _rule(p)
+    sched = TILE_SCHEDULES[p.block, dtype]
+    cols = p.shape[-1]
+    rows = math.prod(p.shape[:-1])
+    scale_rows, scale_cols = (rows if p.family == "mx" else _ceil(rows, p.block[0])), _ceil(cols, p.block[1])
+    geo = scale_geometry(p.layout, scale_rows, scale_cols, p.scale_kind is ElementKind.F32)
+    variants = (False, True) if cols % 16 == 0 else (False,)
+    names = [tile_kernel_name(dtype, p.element, rule == "div", aligned, sched) for aligned in variants]
+    functions = _load("block_scaled_tiles", names, device_id)
+    col_tiles = _ceil(cols, sched.tile_cols)
+
+    def slices(name: str) -> tuple[PreparedLaunch, ...]:
+        out = []
+        for i, (base, count) in enumerate(row_tile_slices(_ceil(rows, sched.tile_rows))):
+            pad_rows, pad_cols = (geo.pad_rows, geo.pad_cols) if i == 0 else (scale_rows, scale_cols)
+            out.append(
+                _GridLaunch(
+                    functions[name],
+                    (col_tiles, count),
+                    TILE_THREADS,
+                    0,
+                    _TILE_PARAMS,
+                    rows=rows,
+                    cols=cols,
+                    row_tile_base=base,
+                    rule=rule_code,
+                    layout=geo.layout,
+                    layout_dim=geo.dim,
+                    amax_floor=p.amax_floor,
+                    enc_overflow=_INPUT_MAX[p.input_element],
+                    scale_rows=scale_rows,
+                    scale_cols=scale_cols,
+                    pad_rows=pad_rows,
+                    pad_cols=pad_cols,
+                )  # fmt: skip
+            )
+        return tuple(out)
+
+    general = slices(names[0])
+    aligned = slices(names[1]) if len(names) > 1 else ()
+    tag = f"tiles[{p.format.name},{p.block[0]}x{p.block[1]},{rule},{p.layout}" + (
+        ",aligned|general]" if aligned else ",general]"
+    )
+    return _Launches(aligned, general, tag, tuple(names))
+
+
+def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
+    """``block_scaled_transpose`` (MXFP8 1x32, FP8 1x128 with 128x1 columnwise) for ``p``."""
+    dtype = _INPUT_DTYPE[p.input_element]
+    rule, rule_code = _rule(p)
+    block = p.block[1]
+    te = p.columnwise == "te_mxfp8"
+    cols = p.shape[-1]
+    rows = math.prod(p.shape[:-1])
+    f32 = p.scale_kind is ElementKind.F32
+    geo_r = scale_geometry(p.layout, rows, _ceil(cols, block), f32)
+    geo_c = scale_geometry(p.layout, cols, _ceil(rows, block), f32)
+    sched = TRANSPOSE_SCHEDULES[dtype]
+    variants = (False, True) if cols % 16 == 0 and rows % 16 == 0 else (False,)
+    names = [transpose_kernel_name(dtype, p.element, block, te, rule == "div", aligned, sched) for aligned in variants]
+    functions = _load("block_scaled_tiles", names, device_id)
+    shared = transpose_shared_bytes(dtype, block, te)
+    for fn in functions.values():
+        allow_shared(fn, shared)
+    col_tiles = _ceil(cols, TRANSPOSE_TILE)
+
+    def slices(name: str) -> tuple[PreparedLaunch, ...]:
+        out = []
+        for i, (base, count) in enumerate(row_tile_slices(_ceil(rows, TRANSPOSE_TILE))):
+            first = i == 0
+            out.append(
+                _GridLaunch(
+                    functions[name],
+                    (col_tiles, count),
+                    TILE_THREADS,
+                    shared,
+                    _TRANSPOSE_PARAMS,
+                    rows=rows,
+                    cols=cols,
+                    row_tile_base=base,
+                    rule=rule_code,
+                    amax_floor=p.amax_floor,
+                    enc_overflow=_INPUT_MAX[p.input_element],
+                    layout=geo_r.layout,
+                    dim_r=geo_r.dim,
+                    pad_rows_r=geo_r.pad_rows if first else rows,
+                    pad_cols_r=geo_r.pad_cols if first else _ceil(cols, block),
+                    dim_c=geo_c.dim,
+                    pad_rows_c=geo_c.pad_rows if first else cols,
+                    pad_cols_c=geo_c.pad_cols if first else _ceil(rows, block),
+                )  # fmt: skip
+            )
+        return tuple(out)
+
+    general = slices(names[0])
+    aligned = slices(names[1]) if len(names) > 1 else ()
+    tag = f"transpose[{p.format.name},1x{block},{rule},{p.layout},{p.columnwise}" + (
+        ",aligned|general]" if aligned else ",general]"
+    )
+    return _Launches(aligned, general, tag, tuple(names))
+
+
+def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
+    """Compile (first use) and prepare the quantize launches of ``p`` on ``device_id`` (``cuda_refusal`` is None)."""
+    if p.columnwise is not None:
+        return _prepare_transpose(p, device_id)
+    if p.block[0] > 1:
+        return _prepare_tiles(p, device_id)
+    return _prepare_lanes(p, device_id)
+
+
+def _prepare_dequantize(p: BlockScaledProblem, device_id: int) -> _Launches:
+    """``block_scaled_dequantize`` for ``p`` (``dequantize_refusal`` is None)."""
+    assert p.output_element is not None
+    info = device_info(device_id)
+    dtype = _INPUT_DTYPE[p.output_element]
+    element, block = ("nvfp4" if p.is_nvfp4 else p.element), p.block[1]
+    name = dequantize_kernel_name(dtype, element, block)
+    fn = _load("block_scaled", [name], device_id)[name]
+    cols = p.shape[-1]
+    rows = p.numel // cols if cols else 0
+    grid = max(1, min(_ceil(rows * _ceil(cols, 8), BLOCK_THREADS), 32 * info.sm_count))
+    scale_kind = _SCALE_KIND_CODES[p.format.scale_element(p.output_element)]
+    launch = PreparedLaunch(
+        fn, grid, BLOCK_THREADS, _DEQUANTIZE_PARAMS, scale_kind=scale_kind, rows=rows, cols=cols,
+        blocks_per_row=_ceil(cols, block), tensor_scale=0,
+    )  # fmt: skip
+    return _Launches((), (launch,), f"dequantize[{p.format.name},{p.block[0]}x{block},{dtype}]", (name,))
 
 
 # ---- plans -------------------------------------------------------------------------------------
@@ -688,6 +1064,8 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     * ``enc`` is RNE with saturation to ±max (stochastic rounding: §1.6, Philox words by the
       row-major flat index of x). A block holding NaN or ±Inf gets the NaN scale (E8M0 0xFF,
       E4M3 0x7F, f32 0x7FC00000) and codes 0.
+    * ``columnwise`` (§6): also C = the same quantization of xᵀ (blocks along M; FP8 1x128: 128x1
+      blocks of x), from the same x (one read on CUDA), stored [K, M] or TE's ``te_mxfp8``.
 
     **When to use:** producing MX / NVFP4 / FP8-block GEMM operands (cuBLAS / CUTLASS block-scaled
     GEMMs, DeepGEMM, TransformerEngine recipes) with the scales already in the layout the GEMM
@@ -696,17 +1074,32 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     **Dtypes:** input F16 / BF16 / F32; codes uint8 (or float8_e4m3fn / float8_e5m2 /
     float4_e2m1fn_x2 / int8 views); scales per ``scale_layout`` (see the descriptor).
 
-    **Shape limits:** rank >= 1, any extents (partial blocks), 64-bit indexing. CUDA: MX 1x32 and
-    FP8 1x128 blocks along the last axis with nearest rounding; everything else on the REFERENCE
-    backend until its kernel lands (``select`` raises Unsupported on CUDA).
+    **Shape limits:** rank >= 1, any extents (partial blocks), 64-bit indexing. CUDA, nearest
+    rounding, blocks along the last axis (:func:`cuda_refusal`): MX 1x32, NVFP4 1x16 (``te``) and
+    FP8 1x128 in every scale layout; MXFP8 32x32 tiles (compact, blocked) and FP8 128x128 tiles
+    (compact, column_major); the fused columnwise copy of MXFP8 1x32 and FP8 1x128. Everything
+    else (stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16, the other tile and
+    transpose combinations) runs on the REFERENCE backend: on CUDA ``select`` raises Unsupported.
 
-    **Kernel variants:** ``lanes[format,1xB,rule,layout,...]``: each thread holds 16-byte vectors
-    of one block (the tuning table ``_block_scaled_kernels.SCHEDULES``), a team of threads per
-    block, amax by shuffles of integer keys, the scale written in the layout by the team's first
-    thread; a contiguous twin (vector loads) when the last extent is a multiple of B and x and the
-    codes are 16-byte aligned. ``numpy`` on the reference backend.
+    **Kernel variants** (``sku().variant``): ``lanes[format,1xB,rule,layout,...]``
+    (``block_scaled.cu``): each thread holds 16-byte vectors of one block (the tuning table
+    ``_block_scaled_kernels.SCHEDULES``), a team of threads per block, amax by shuffles of integer
+    keys, the scale written in the layout by the team's first thread; a contiguous twin (vector
+    loads) when the last extent is a multiple of B and x and the codes are 16-byte aligned;
+    ``tensor_amax+lanes[...]``: NVFP4, first the tensor amax (``block_scaled_tensor_amax``)
+    unless ``global_amax`` is given. ``tiles[format,RxC,rule,layout,...]`` and
+    ``transpose[format,1xB,rule,layout,columnwise,...]`` (``block_scaled_tiles.cu``): a CTA per
+    tile of x, one launch per 65535 row tiles; an aligned twin when the last extent (and, for the
+    transpose, the row count) is a multiple of 16 and x and the codes are 16-byte aligned.
+    ``numpy`` on the reference backend.
 
-    **Workspace:** none.
+    **Workspace:** none, except NVFP4 two-level on CUDA: 4 bytes of device memory (the f32 tensor
+    amax the quantize kernel reads, computed by the amax kernel or copied from a number
+    ``global_amax``). NVFP4's ``tensor_scale`` output S_dec = fl(1 / S_enc) is computed on the
+    host (``reference_block_scaled.nvfp4_tensor_scales``) and copied to the device: from a number
+    ``global_amax`` (or one level) directly; from a device ``global_amax`` or a computed amax by
+    reading the amax back, which synchronizes the stream (``block_scaled_quantize`` does not write
+    S_dec), so those calls are not capturable in a CUDA graph.
 
     **Precision guarantee:** bit-exact to :mod:`quantplan.reference_block_scaled` (codes, scales,
     layout padding zero); deterministic.
@@ -716,7 +1109,10 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     _category = OpCategory.QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
     _checked = BlockScaledOperands
-    _extract_fields = ("input", "codes", "scales", "tensor_scale", "global_amax", "rng_seed", "rng_offset")
+    _extract_fields = (
+        "input", "codes", "scales", "tensor_scale", "global_amax", "rng_seed", "rng_offset",
+        "columnwise_codes", "columnwise_scales",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -727,9 +1123,18 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         launches: _Launches | None = None,
     ) -> None:
         prepared = () if launches is None else launches.launches
-        super().__init__(problem, device_id, problem.input_element, problem.code_kind, variant, prepared=prepared)
+        cuda_nvfp4 = device_id is not None and problem.is_nvfp4
+        super().__init__(
+            problem, device_id, problem.input_element, problem.code_kind, variant, prepared=prepared,
+            workspace_bytes=NVFP4_WORKSPACE if cuda_nvfp4 and problem.two_level else 0,
+            empty=problem.numel == 0 and not cuda_nvfp4,  # an empty NVFP4 problem still writes S_dec
+        )  # fmt: skip
         self.descriptor = desc
         self._launches = launches
+        #: NVFP4 on CUDA: host staging of the amax and S_dec copies.
+        self._host_f32 = np.zeros(2, np.float32)
+        if cuda_nvfp4:  # copies besides the launches: the fast path keeps the generic tail (_fast_check)
+            vars(self)["_launch_traceable"] = False
         self._in_info = ELEMENTS[problem.input_element]
         self._codes_info = _codes_info(problem)
         self._scales_info = _scales_info(problem)
@@ -741,8 +1146,9 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         cls, stream: Any, desc: BlockScaledQuantizeDescriptor, pref: PlanPreference | None = None
     ) -> BlockScaledQuantizePlan:
         """Validate ``desc`` (InvalidProblem / Unsupported naming the field), pick the backend,
-        compile and prepare the kernels (CUDA, first use). On CUDA, Unsupported for the
-        combinations without a kernel yet (see the class docstring)."""
+        compile and prepare the kernels (CUDA, first use): the instantiations, grids, row-tile
+        slices, argument blocks and workspace. On CUDA, Unsupported for the combinations without
+        a kernel (:func:`cuda_refusal`)."""
         check_descriptor(desc, BlockScaledQuantizeDescriptor)
         problem = desc._problem()
         if choose_backend(pref, stream) is BackendKind.REFERENCE:
@@ -769,11 +1175,27 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         elif args.tensor_scale is not None or args.global_amax is not None:
             raise InvalidProblem(f"tensor_scale / global_amax apply to NVFP4 only; leave them None for {p.format.name}")
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
+        col_codes = col_scales = None
+        if p.columnwise:
+            col_codes = self._required(
+                args.columnwise_codes, "columnwise_codes", p.columnwise_codes_shape, self._codes_info
+            )
+            col_scales = self._required(
+                args.columnwise_scales, "columnwise_scales", p.columnwise_scales_shape, self._scales_info
+            )
+        elif args.columnwise_codes is not None or args.columnwise_scales is not None:
+            raise InvalidProblem(
+                "columnwise_codes / columnwise_scales are the fused transpose's outputs; the descriptor has "
+                "columnwise=None (pass columnwise='transposed' or 'te_mxfp8' to write them)"
+            )
         check_outputs(
-            (("codes", codes), ("scales", scales), ("tensor_scale", tensor_scale)),
+            (
+                ("codes", codes), ("scales", scales), ("tensor_scale", tensor_scale),
+                ("columnwise_codes", col_codes), ("columnwise_scales", col_scales),
+            ),
             (("input", x), ("global_amax", global_amax)),
-        )
-        return BlockScaledOperands(x, codes, scales, tensor_scale, global_amax, seed, offset)
+        )  # fmt: skip
+        return BlockScaledOperands(x, codes, scales, tensor_scale, global_amax, seed, offset, col_codes, col_scales)
 
     def _global_amax(self, value: Any) -> Operand | float | None:
         """NVFP4's calibrated amax: None, a number >= 0 (+Inf allowed), or a one-element float32 array."""
@@ -796,14 +1218,72 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     # ---- execution --------------------------------------------------------------------------
 
     def _launch(self, handle: int, workspace: Workspace | None, a: BlockScaledOperands) -> None:
-        launches = self._launches
-        assert launches is not None and self.device_id is not None
-        launch = launches.general if launches.pair is None else launches.pair.pick(a.x.ptr, a.codes.ptr)
-        params = launch.params
-        params.x = a.x.ptr
-        params.codes = a.codes.ptr
-        params.scales = a.scales.ptr
-        launch_on(self.device_id, handle, launch)
+        k = self._launches
+        assert k is not None and self.device_id is not None
+        col = a.col_codes
+        if k.aligned and not (a.x.ptr | a.codes.ptr | (0 if col is None else col.ptr)) & 15:
+            launches = k.aligned
+        else:
+            launches = k.general
+        for launch in launches:
+            params = launch.params
+            params.x = a.x.ptr
+            params.codes = a.codes.ptr
+            params.scales = a.scales.ptr
+            if col is not None:
+                params.col_codes = col.ptr
+                params.col_scales = a.col_scales.ptr  # type: ignore[union-attr]
+        if self._nvfp4:
+            self._launch_nvfp4(handle, workspace, a, launches)
+        else:
+            launch_on(self.device_id, handle, *launches)
+
+    def _launch_nvfp4(
+        self, handle: int, workspace: Workspace | None, a: BlockScaledOperands, launches: tuple[PreparedLaunch, ...]
+    ) -> None:
+        """NVFP4: the tensor amax the kernel reads (none: one level; a device array; a number copied
+        into the workspace; or computed into it), the launches, then S_dec into ``tensor_scale``."""
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        p, k = self.problem, self._launches
+        assert k is not None and self.device_id is not None and a.tensor_scale is not None
+        host = self._host_f32
+        amax = a.global_amax
+        with cupy.cuda.Device(self.device_id):
+            amax_ptr = 0
+            if p.two_level:
+                if type(amax) is Operand:
+                    amax_ptr = amax.ptr
+                else:
+                    assert workspace is not None
+                    amax_ptr = workspace.ptr
+                    if amax is None:
+                        runtime.memsetAsync(amax_ptr, 0, 4, handle)
+                        if k.amax is not None and p.numel:
+                            k.amax.params.x = a.x.ptr
+                            n = p.numel
+                            vec = VECTOR_ELEMENTS[_INPUT_DTYPE[p.input_element]]
+                            k.amax.params.vector_elements = 0 if a.x.ptr % 16 else n // vec * vec
+                            k.amax.params.amax = amax_ptr
+                            launch_on(self.device_id, handle, k.amax)
+                    else:
+                        host[0] = np.float32(float(amax))  # type: ignore[arg-type]
+                        runtime.memcpyAsync(amax_ptr, host.ctypes.data, 4, runtime.memcpyHostToDevice, handle)
+            if p.numel:
+                for launch in launches:
+                    launch.params.tensor_amax = amax_ptr
+                launch_on(self.device_id, handle, *launches)
+            if not p.two_level:
+                value: float = 0.0
+            elif amax_ptr and (amax is None or type(amax) is Operand):  # the amax on the device: read it back
+                runtime.memcpyAsync(host.ctypes.data + 4, amax_ptr, 4, runtime.memcpyDeviceToHost, handle)
+                runtime.streamSynchronize(handle)
+                value = float(host[1])
+            else:
+                value = float(amax)  # type: ignore[arg-type]
+            host[0] = rb.nvfp4_tensor_scales(value, p.mode, p.two_level)[1]
+            runtime.memcpyAsync(a.tensor_scale.ptr, host.ctypes.data, 4, runtime.memcpyHostToDevice, handle)
 
     def _run_reference(self, a: BlockScaledOperands) -> None:
         p = self.problem
@@ -820,6 +1300,10 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         self._write_host(a.scales, scales)
         if a.tensor_scale is not None and s_dec is not None:
             self._write_host(a.tensor_scale, np.asarray([s_dec], np.float32))
+        if a.col_codes is not None and a.col_scales is not None:
+            col_codes, col_scales = reference_columnwise(p, x, amax, seed, offset)
+            self._write_host(a.col_codes, col_codes)
+            self._write_host(a.col_scales, col_scales)
 
 
 class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, BlockScaledDequantizeOperands]):
@@ -836,8 +1320,11 @@ class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, B
     **Dtypes:** codes and scales as :class:`BlockScaledQuantizePlan` writes them; output F16 /
     BF16 (or its uint16 bits) / F32.
 
-    **Shape limits:** as the quantization. REFERENCE backend only for now: on CUDA ``select``
-    raises Unsupported until the dequantize kernel lands.
+    **Shape limits:** as the quantization. CUDA (``block_scaled_dequantize``, variant
+    ``dequantize[format,RxC,dtype]``): compact scales, blocks along the last axis, every 1-D block
+    and the MX 32x32 / NVFP4 16x16 tiles (their compact scales repeat over the tile's rows); FP8
+    128x128 tiles and the other layouts run on the REFERENCE backend (:func:`dequantize_refusal`;
+    on CUDA ``select`` raises Unsupported).
 
     **Workspace:** none.
 
@@ -851,10 +1338,19 @@ class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, B
     _checked = BlockScaledDequantizeOperands
     _extract_fields = ("codes", "scales", "output", "tensor_scale")
 
-    def __init__(self, desc: BlockScaledDequantizeDescriptor, problem: BlockScaledProblem) -> None:
+    def __init__(
+        self,
+        desc: BlockScaledDequantizeDescriptor,
+        problem: BlockScaledProblem,
+        device_id: int | None = None,
+        launches: _Launches | None = None,
+    ) -> None:
         assert problem.output_element is not None
-        super().__init__(problem, None, problem.output_element, problem.code_kind)
+        variant = "numpy" if launches is None else launches.describe
+        prepared = () if launches is None else launches.launches
+        super().__init__(problem, device_id, problem.output_element, problem.code_kind, variant, prepared=prepared)
         self.descriptor = desc
+        self._launches = launches
         self._out_info = ELEMENTS[problem.output_element]
         self._codes_info = _codes_info(problem)
         self._scales_info = _scales_info(problem)
@@ -863,15 +1359,19 @@ class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, B
     def select(
         cls, stream: Any, desc: BlockScaledDequantizeDescriptor, pref: PlanPreference | None = None
     ) -> BlockScaledDequantizePlan:
-        """Validate ``desc`` and pick the backend: REFERENCE (CUDA: Unsupported for now)."""
+        """Validate ``desc`` and pick the backend; on CUDA resolve the dequantize kernel, grid and
+        argument block (Unsupported for what it does not serve: :func:`dequantize_refusal`)."""
         check_descriptor(desc, BlockScaledDequantizeDescriptor)
         problem = desc._problem()
-        if choose_backend(pref, stream) is not BackendKind.REFERENCE:
+        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+            return preferred(cls(desc, problem), pref)
+        refusal = dequantize_refusal(problem)
+        if refusal is not None:
             raise Unsupported(
-                "block-scaled dequantize has no CUDA kernel yet; select it with "
-                "PlanPreference(backend=BackendKind.REFERENCE) on host arrays"
+                f"{refusal}; select this dequantize with PlanPreference(backend=BackendKind.REFERENCE) on host arrays"
             )
-        return preferred(cls(desc, problem), pref)
+        device_id = stream_device_id(stream)
+        return preferred(cls(desc, problem, device_id, _prepare_dequantize(problem, device_id)), pref)
 
     def _check(self, args: BlockScaledDequantizeArgs) -> BlockScaledDequantizeOperands:
         p = self.problem
@@ -897,7 +1397,15 @@ class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, B
         self._write_host(a.y, y)
 
     def _launch(self, handle: int, workspace: Workspace | None, a: BlockScaledDequantizeOperands) -> None:
-        raise Unsupported("block-scaled dequantize has no CUDA kernel yet")  # pragma: no cover - select refuses
+        k = self._launches
+        assert k is not None and self.device_id is not None
+        launch = k.general[0]
+        params = launch.params
+        params.codes = a.codes.ptr
+        params.scales = a.scales.ptr
+        params.out = a.y.ptr
+        params.tensor_scale = 0 if a.tensor_scale is None else a.tensor_scale.ptr
+        launch_on(self.device_id, handle, launch)
 
 
 __all__ = [
@@ -910,9 +1418,12 @@ __all__ = [
     "BlockScaledQuantizeArgs",
     "BlockScaledQuantizeDescriptor",
     "BlockScaledQuantizePlan",
+    "COLUMNWISE",
     "compact_scales",
     "cuda_refusal",
+    "dequantize_refusal",
     "layout_scales",
+    "reference_columnwise",
     "reference_dequantize",
     "reference_quantize",
     "resolve",

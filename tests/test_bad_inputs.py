@@ -555,6 +555,10 @@ def setup_block_scaled(rng: np.random.Generator, **kw: Any) -> Setup:
     if d.tensor_scale_shape is not None:
         host["tensor_scale"] = _sentinel(d.tensor_scale_shape, np.float32)
         outputs += ("tensor_scale",)
+    if d.columnwise is not None:
+        host["columnwise_codes"] = _sentinel(d.columnwise_codes_shape, np.uint8)
+        host["columnwise_scales"] = _sentinel(d.columnwise_scales_shape, d.scales_dtype)
+        outputs += ("columnwise_codes", "columnwise_scales")
     return Setup(
         qp.BlockScaledQuantizePlan,
         d,
@@ -619,11 +623,20 @@ BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
         setup_block_scaled,
         dict(shape=(2, 3, 300), format="fp8_block_e4m3_ue8m0", scale_layout="packed_ue8m0"),
     ),
+    "block_scaled.fp8_tile": (
+        setup_block_scaled,
+        dict(shape=(130, 300), format="fp8_block_e4m3", block=(128, 128), scale_layout="column_major"),
+    ),
+    "block_scaled.mxfp8_transpose": (
+        setup_block_scaled,
+        dict(shape=(48, 64), format="mxfp8_e4m3", input_element=EK.BF16, columnwise="transposed"),
+    ),
 }
 
 
-#: Valid baselines of plan configurations the CUDA backend does not serve yet (the REFERENCE backend
-#: only): their cases run on NumPy, and the fast-path tests (which select on CUDA) leave them out.
+#: Valid baselines of plan configurations whose cases run on NumPy only, and which the fast-path
+#: tests (which select on a simulated GPU) leave out: what the CUDA backend does not serve, and
+#: NVFP4, whose CUDA launch also copies the tensor amax and S_dec between host and device.
 REFERENCE_BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
     "block_scaled.nvfp4": (setup_block_scaled, dict(format="nvfp4", shape=(4, 40), input_element=EK.BF16)),
     "block_scaled.nvfp4_stochastic": (
@@ -1176,17 +1189,51 @@ CASES += [
         pref=qp.PlanPreference(backend=qp.BackendKind.CUDA),
         backends=REF_ONLY,
     ),
-    # the CUDA backend serves MX 1x32 and FP8 1x128 along the last axis only (for now)
+    # what no CUDA kernel serves (block_scaled.cuda_refusal / dequantize_refusal)
     select_case(
-        "block_scaled.select.cuda_nvfp4",
+        "block_scaled.select.cuda_nvfp4_torchao",
         BS,
-        lambda: bsd(format="nvfp4"),
+        lambda: bsd(format="nvfp4", scale_mode="torchao"),
         UNS,
-        all_of("NVFP4|nvfp4", "REFERENCE"),
+        all_of("te order", "REFERENCE"),
         backends=("cupy", "torch"),
     ),
     select_case(
-        "block_scaled.select.cuda_tile", BS, lambda: bsd(block=(32, 32)), UNS, "2-D", backends=("cupy", "torch")
+        "block_scaled.select.cuda_nvfp4_tile",
+        BS,
+        lambda: bsd(format="nvfp4", block=(16, 16)),
+        UNS,
+        all_of("16x16", "REFERENCE"),
+        backends=("cupy", "torch"),
+    ),
+    select_case(
+        "block_scaled.select.cuda_tile_layout",
+        BS,
+        lambda: bsd(block=(32, 32), scale_layout="column_major"),
+        UNS,
+        all_of("32x32", "column_major"),
+        backends=("cupy", "torch"),
+    ),
+    select_case(
+        "block_scaled.select.cuda_transpose_mxfp6",
+        BS,
+        lambda: bsd(format="mxfp6_e2m3", columnwise="transposed"),
+        UNS,
+        all_of("transpose", "mxfp6_e2m3"),
+        backends=("cupy", "torch"),
+    ),
+    select_case(
+        "block_scaled.select.columnwise_unknown", BS, lambda: bsd(columnwise="rows"), IP, all_of("columnwise", "rows")
+    ),
+    select_case(
+        "block_scaled.select.columnwise_rank1", BS, lambda: bsd(shape=(64,), columnwise="transposed"), IP, "rank >= 2"
+    ),
+    select_case(
+        "block_scaled.select.te_mxfp8_fp8_block",
+        BS,
+        lambda: bsd(format="fp8_block_e4m3", columnwise="te_mxfp8"),
+        IP,
+        "te_mxfp8",
     ),
     select_case("block_scaled.select.cuda_axis0", BS, lambda: bsd(axis=0), UNS, "axis 0", backends=("cupy", "torch")),
     select_case(
@@ -1197,7 +1244,22 @@ CASES += [
         "stochastic",
         backends=("cupy", "torch"),
     ),
-    select_case("block_scaled.select.cuda_dequantize", BSD, bdd, UNS, "REFERENCE", backends=("cupy", "torch")),
+    select_case(
+        "block_scaled.select.cuda_dequantize_fp8_tile",
+        BSD,
+        lambda: bdd(format="fp8_block_e4m3", block=(128, 128)),
+        UNS,
+        all_of("128x128", "REFERENCE"),
+        backends=("cupy", "torch"),
+    ),
+    select_case(
+        "block_scaled.select.cuda_dequantize_blocked",
+        BSD,
+        lambda: bdd(scale_layout="blocked"),
+        UNS,
+        all_of("compact", "REFERENCE"),
+        backends=("cupy", "torch"),
+    ),
     select_case("block_scaled_dequantize.select.output_s8", BSD, lambda: bdd(output_element=EK.S8), IP, "F16"),
     select_case("block_scaled_dequantize.select.format_unknown", BSD, lambda: bdd(format="mx"), IP, "format"),
     # arguments beyond the common cases

@@ -5,9 +5,16 @@
   shapes with partial blocks, N-D inputs, misaligned operands for the general schedule, blocks with
   NaN / Inf / zeros) writes the bytes the same plan writes on the REFERENCE backend, through the
   checked ``run``, its fast path (repeated calls) and ``check=False``;
-* ``select`` on CUDA refuses what has no kernel yet (NVFP4, 2-D tiles, other axes, stochastic);
+* NVFP4 1x16 (``te``; every input dtype and scale layout; the tensor amax computed, a number, a
+  device array, or one level), MXFP8 32x32 and FP8 128x128 tiles (every rule, floor and layout
+  their kernel writes), the fused columnwise copy (MXFP8 ``transposed`` / ``te_mxfp8``, FP8 1x128
+  with 128x1 columnwise, every layout the kernel writes) and the dequantize kernel (every format it
+  reads, every output dtype) write on CUDA the bytes of the REFERENCE plan: ragged shapes
+  (partial blocks and tiles on both axes, odd FP4 rows), N-D inputs, misaligned operands (the
+  general twins), NaN / Inf / all-zero blocks; CuPy arrays and PyTorch CUDA tensors;
+* ``select`` on CUDA refuses what has no kernel (NVFP4 ``torchao`` and 16x16, other axes, stochastic);
 * ``qp.quantize(x, "mxfp8" | ...)`` on CuPy arrays and PyTorch CUDA tensors equals the NumPy
-  one-liner (kernel or, for NVFP4 / 2-D tiles, the reference on a host copy), and dequantizes.
+  one-liner (kernel or, for what has none, the reference on a host copy), and dequantizes.
 """
 
 from __future__ import annotations
@@ -57,23 +64,43 @@ def _data(rng: np.random.Generator, shape: tuple[int, ...], kind: EK, block: int
 
 def _outputs(d: Any, device: bool) -> dict[str, Any]:
     out = dict(codes=np.full(d.codes_shape, 0x4D, np.uint8), scales=np.full(d.scales_shape, 0x4D, d.scales_dtype))
+    if d.tensor_scale_shape is not None:
+        out["tensor_scale"] = np.full(d.tensor_scale_shape, -7.0, np.float32)
+    if d.columnwise is not None:
+        out["columnwise_codes"] = np.full(d.columnwise_codes_shape, 0x4D, np.uint8)
+        out["columnwise_scales"] = np.full(d.columnwise_scales_shape, 0x4D, d.scales_dtype)
     if device:
         return {k: cupy.asarray(v) for k, v in out.items()}
     return out
 
 
-def _both(d: Any, x: np.ndarray, misaligned: bool = False) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """(reference outputs, CUDA outputs, CUDA plan) of descriptor ``d`` on ``x``."""
+def _misaligned(a: Any) -> Any:
+    """The same values one element into a larger buffer: not 16-byte aligned (the general twins)."""
+    big = cupy.empty(a.size + 1, a.dtype)
+    big[1:] = a.reshape(-1)
+    return big[1:].reshape(a.shape)
+
+
+def _both(
+    d: Any, x: np.ndarray, misaligned: bool = False, global_amax: Any = None
+) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """(reference outputs, CUDA outputs, CUDA plan) of descriptor ``d`` on ``x`` (NVFP4:
+    ``global_amax`` None, a number, or a NumPy one-element float32 array sent to the device)."""
     ref_out = _outputs(d, False)
-    qp.BlockScaledQuantizePlan.select(None, d, REF).run(None, None, qp.BlockScaledQuantizeArgs(x, **ref_out))
+    qp.BlockScaledQuantizePlan.select(None, d, REF).run(
+        None, None, qp.BlockScaledQuantizeArgs(x, **ref_out, global_amax=global_amax)
+    )
     plan = qp.BlockScaledQuantizePlan.select(None, d, CUDA)
     xd = to_device(x)
-    if misaligned:  # one element into a larger buffer: not 16-byte aligned (the general schedule)
-        big = cupy.empty(xd.size + 1, xd.dtype)
-        big[1:] = xd.reshape(-1)
-        xd = big[1:].reshape(xd.shape)
     out = _outputs(d, True)
-    plan.run(None, None, qp.BlockScaledQuantizeArgs(xd, **out))
+    if misaligned:
+        xd = _misaligned(xd)
+        for name in ("codes", "columnwise_codes"):
+            if name in out:
+                out[name] = _misaligned(out[name])
+    amax = cupy.asarray(global_amax) if isinstance(global_amax, np.ndarray) else global_amax
+    workspace = qp.Workspace.allocate(plan.workspace_size())
+    plan.run(None, workspace, qp.BlockScaledQuantizeArgs(xd, **out, global_amax=amax))
     cupy.cuda.get_current_stream().synchronize()
     return ref_out, {k: v.get() for k, v in out.items()}, plan
 
@@ -148,8 +175,13 @@ def test_empty_problem_launches_nothing() -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [dict(format="nvfp4"), dict(block=(32, 32)), dict(axis=0), dict(rounding=qp.Rounding.STOCHASTIC)],
-    ids=["nvfp4", "tile", "axis0", "stochastic"],
+    [
+        dict(format="nvfp4", scale_mode="torchao"),
+        dict(format="nvfp4", block=(16, 16)),
+        dict(axis=0),
+        dict(rounding=qp.Rounding.STOCHASTIC),
+    ],
+    ids=["nvfp4_torchao", "nvfp4_tile", "axis0", "stochastic"],
 )
 def test_cuda_refuses_what_has_no_kernel_yet(change: dict[str, Any]) -> None:
     fields: dict[str, Any] = {**dict(shape=(64, 64), format="mxfp8_e4m3", input_element=EK.F32), **change}
@@ -165,8 +197,11 @@ ONE_LINERS: list[tuple[str, dict[str, Any]]] = [
     ("mxint8", {}),
     ("fp8_block", dict(layout="column_major")),
     ("fp8_block", dict(scale_format="ue8m0", layout="packed_ue8m0", amax_floor=1e-4)),
-    ("nvfp4", {}),  # the reference on a host copy until the NVFP4 kernel lands
-    ("fp8_block", dict(block=(128, 128))),  # likewise
+    ("nvfp4", {}),
+    ("nvfp4", dict(layout="blocked", global_amax=5.0)),
+    ("fp8_block", dict(block=(128, 128))),
+    ("mxfp8", dict(block=(32, 32), layout="blocked")),
+    ("nvfp4", dict(block=(16, 16))),  # no kernel: the reference on a host copy
 ]
 
 
@@ -181,7 +216,7 @@ def test_one_liners_on_device_equal_numpy(rng: np.random.Generator, library: str
         torch = pytest.importorskip("torch")
         xd = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
     qt = qp.quantize(xd, name, **opts)
-    served = name != "nvfp4" and opts.get("block", (1, 128))[0] == 1
+    served = not (name == "nvfp4" and opts.get("block") == (16, 16))
     assert qt.backend is (qp.BackendKind.CUDA if served else qp.BackendKind.REFERENCE)
 
     def host(a: Any) -> np.ndarray:
@@ -202,3 +237,197 @@ def test_one_liners_on_device_equal_numpy(rng: np.random.Generator, library: str
     y = qt.dequantize("float32")
     y_host = y.get() if library == "cupy" else y.cpu().numpy()
     np.testing.assert_array_equal(y_host.view(np.uint32), want.dequantize("float32").view(np.uint32))
+
+
+# ---- NVFP4, 2-D tiles, the fused transpose, dequantize ------------------------------------------
+
+NVFP4_SHAPES = [(4, 64), (3, 33), (2, 5, 48), (1, 15), (37, 272), (130, 17), (257, 160)]
+
+
+@pytest.mark.parametrize("kind", list(DTYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("amax", ["computed", "number", "device", "one_level"])
+def test_nvfp4_plan_equals_reference(rng: np.random.Generator, kind: EK, amax: str) -> None:
+    for i, shape in enumerate(NVFP4_SHAPES):
+        layout = ("compact", "blocked", "column_major")[i % 3]
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=shape, format="nvfp4", input_element=kind, scale_layout=layout, two_level=amax != "one_level"
+        )
+        x = _data(rng, shape, kind, 16)
+        given: Any = None
+        if amax == "number":
+            given = float(rng.choice([0.0, 1e-3, 3.0, 6e4, np.inf]))
+        elif amax == "device":
+            given = np.asarray([abs(rng.standard_normal()) * 2.0 ** int(rng.integers(-10, 10))], np.float32)
+        ref, got, plan = _both(d, x, misaligned=i == 1, global_amax=given)
+        _assert_same(ref, got, f"nvfp4 {amax} {shape} {layout}")
+        assert plan.sku().variant.startswith("tensor_amax+lanes" if amax == "computed" else "lanes")
+
+
+def test_nvfp4_all_zero_nonfinite_and_empty(rng: np.random.Generator) -> None:
+    for x in (np.zeros((3, 40), np.float32), np.full((2, 32), np.nan, np.float32), np.zeros((0, 16), np.float32)):
+        d = qp.BlockScaledQuantizeDescriptor(shape=x.shape, format="nvfp4", input_element=EK.F32)
+        ref, got, _ = _both(d, x)
+        _assert_same(ref, got, f"nvfp4 special {x.shape}")
+
+
+@pytest.mark.parametrize("kind", list(DTYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("mode", ["rceil", "floor", "ceil", "even"])
+def test_mx_tile_plan_equals_reference(rng: np.random.Generator, kind: EK, fmt: str, mode: str) -> None:
+    for i, shape in enumerate([(64, 256), (33, 100), (2, 40, 48), (1, 31), (130, 288), (97, 33)]):
+        layout = ("compact", "blocked")[i % 2]
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=shape, format=fmt, input_element=kind, block=(32, 32), scale_mode=mode, scale_layout=layout
+        )
+        ref, got, _ = _both(d, _data(rng, shape, kind, 32), misaligned=i == 4)
+        _assert_same(ref, got, f"{fmt} 32x32 {mode} {shape} {layout}")
+
+
+@pytest.mark.parametrize("kind", list(DTYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("amax_floor", [0.0, 1e-10, 1e-4])
+def test_fp8_tile_plan_equals_reference(rng: np.random.Generator, kind: EK, fmt: str, amax_floor: float) -> None:
+    ue8m0 = fmt.endswith("ue8m0")
+    for mode in ("rceil",) if ue8m0 else ("div", "mul_rcp", "enc"):
+        for i, shape in enumerate([(256, 256), (130, 300), (2, 70, 129), (5, 1000), (129, 16)]):
+            layout = ("compact", "column_major")[i % 2]
+            d = qp.BlockScaledQuantizeDescriptor(
+                shape=shape, format=fmt, input_element=kind, block=(128, 128),
+                scale_mode=None if ue8m0 else mode, amax_floor=amax_floor, scale_layout=layout,
+            )  # fmt: skip
+            ref, got, _ = _both(d, _data(rng, shape, kind, 128), misaligned=i == 0)
+            _assert_same(ref, got, f"{fmt} 128x128 {mode} {amax_floor} {shape} {layout}")
+
+
+TRANSPOSE_SHAPES = [(48, 64), (300, 257), (2, 70, 33), (129, 1000), (16, 16), (1, 40)]
+
+
+@pytest.mark.parametrize("kind", list(DTYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "fmt,columnwise,layouts",
+    [
+        ("mxfp8_e4m3", "transposed", ("compact", "blocked")),
+        ("mxfp8_e5m2", "transposed", ("blocked", "compact")),
+        ("mxfp8_e4m3", "te_mxfp8", ("compact",)),
+        ("mxfp8_e5m2", "te_mxfp8", ("compact",)),
+    ],
+)
+@pytest.mark.parametrize("mode", ["rceil", "floor", "ceil", "even"])
+def test_mx_transpose_plan_equals_reference(
+    rng: np.random.Generator, kind: EK, fmt: str, columnwise: str, layouts: tuple[str, ...], mode: str
+) -> None:
+    for i, shape in enumerate(TRANSPOSE_SHAPES):
+        layout = layouts[i % len(layouts)]
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=shape, format=fmt, input_element=kind, scale_mode=mode, scale_layout=layout, columnwise=columnwise
+        )
+        ref, got, _ = _both(d, _data(rng, shape, kind, 32), misaligned=i == 0)
+        _assert_same(ref, got, f"{fmt} {columnwise} {mode} {shape} {layout}")
+
+
+@pytest.mark.parametrize("kind", list(DTYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("amax_floor", [0.0, 1e-4])
+def test_fp8_transpose_plan_equals_reference(rng: np.random.Generator, kind: EK, fmt: str, amax_floor: float) -> None:
+    ue8m0 = fmt.endswith("ue8m0")
+    layouts = ("compact", "column_major", "packed_ue8m0") if ue8m0 else ("compact", "column_major")
+    for mode in ("rceil",) if ue8m0 else ("div", "mul_rcp", "enc"):
+        for i, shape in enumerate(TRANSPOSE_SHAPES):
+            layout = layouts[i % len(layouts)]
+            d = qp.BlockScaledQuantizeDescriptor(
+                shape=shape, format=fmt, input_element=kind, scale_mode=None if ue8m0 else mode,
+                amax_floor=amax_floor, scale_layout=layout, columnwise="transposed",
+            )  # fmt: skip
+            ref, got, _ = _both(d, _data(rng, shape, kind, 128), misaligned=i == 0)
+            _assert_same(ref, got, f"{fmt} transposed {mode} {amax_floor} {shape} {layout}")
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        dict(format="fp8_block_e4m3", block=(128, 128), scale_layout="column_major"),
+        dict(format="mxfp8_e4m3", block=(32, 32), scale_layout="blocked"),
+        dict(format="mxfp8_e4m3", columnwise="transposed", scale_layout="blocked"),
+        dict(format="fp8_block_e4m3_ue8m0", columnwise="transposed", scale_layout="packed_ue8m0"),
+        dict(format="nvfp4"),
+    ],
+    ids=["fp8_tile", "mx_tile", "mx_transpose", "fp8_transpose", "nvfp4"],
+)
+def test_new_kernels_fast_path_and_unchecked_runs(rng: np.random.Generator, d: dict[str, Any]) -> None:
+    shape = (256, 512)
+    desc = qp.BlockScaledQuantizeDescriptor(shape=shape, input_element=EK.BF16, **d)
+    x = _data(rng, shape, EK.BF16, desc._problem().block[1])
+    ref, _, plan = _both(desc, x)
+    xd = to_device(x)
+    workspace = qp.Workspace.allocate(plan.workspace_size())
+    for check in (True, True, True, False, False):
+        out = _outputs(desc, True)
+        plan.run(None, workspace, qp.BlockScaledQuantizeArgs(xd, **out), check=check)
+        cupy.cuda.get_current_stream().synchronize()
+        _assert_same(ref, {k: v.get() for k, v in out.items()}, f"check={check}")
+
+
+def test_tile_and_transpose_take_torch_cuda_tensors(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    for d in (
+        dict(format="fp8_block_e4m3", block=(128, 128)),
+        dict(format="mxfp8_e4m3", columnwise="te_mxfp8"),
+        dict(format="nvfp4", scale_layout="blocked"),
+    ):
+        shape = (130, 300)
+        desc = qp.BlockScaledQuantizeDescriptor(shape=shape, input_element=EK.BF16, **d)
+        x = _data(rng, shape, EK.BF16, desc._problem().block[1])
+        ref = _outputs(desc, False)
+        qp.BlockScaledQuantizePlan.select(None, desc, REF).run(None, None, qp.BlockScaledQuantizeArgs(x, **ref))
+        plan = qp.BlockScaledQuantizePlan.select(None, desc, CUDA)
+        out = {k: torch.from_numpy(v).cuda() for k, v in _outputs(desc, False).items()}
+        xt = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
+        ws = qp.Workspace.allocate(plan.workspace_size())
+        plan.run(torch.cuda.current_stream(), ws, qp.BlockScaledQuantizeArgs(xt, **out))
+        torch.cuda.synchronize()
+        _assert_same(ref, {k: v.cpu().numpy() for k, v in out.items()}, f"torch {d}")
+
+
+DEQUANTIZE_CASES = [
+    dict(format="mxfp8_e4m3"),
+    dict(format="mxfp8_e5m2", block=(32, 32)),
+    dict(format="mxfp6_e2m3"),
+    dict(format="mxfp6_e3m2"),
+    dict(format="mxfp4"),
+    dict(format="mxint8"),
+    dict(format="nvfp4"),
+    dict(format="nvfp4", block=(16, 16)),
+    dict(format="fp8_block_e4m3"),
+    dict(format="fp8_block_e5m2_ue8m0"),
+]
+
+
+@pytest.mark.parametrize("case", DEQUANTIZE_CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("out", list(DTYPES), ids=lambda k: k.name)
+def test_dequantize_plan_equals_reference(rng: np.random.Generator, case: dict[str, Any], out: EK) -> None:
+    for i, shape in enumerate([(4, 64), (3, 33), (2, 5, 100), (1, 7), (130, 257)]):
+        q = qp.BlockScaledQuantizeDescriptor(shape=shape, input_element=EK.F32, **case)
+        x = _data(rng, shape, EK.F32, q._problem().block[1])
+        quantized = _outputs(q, False)
+        qp.BlockScaledQuantizePlan.select(None, q, REF).run(None, None, qp.BlockScaledQuantizeArgs(x, **quantized))
+        d = qp.BlockScaledDequantizeDescriptor(shape=shape, output_element=out, **case)
+        ts = quantized.get("tensor_scale")
+        want = np.full(shape, 7, DTYPES[out])
+        qp.BlockScaledDequantizePlan.select(None, d, REF).run(
+            None, None, qp.BlockScaledDequantizeArgs(quantized["codes"], quantized["scales"], want, ts)
+        )
+        plan = qp.BlockScaledDequantizePlan.select(None, d, CUDA)
+        codes = to_device(quantized["codes"])
+        y = to_device(np.full(shape, 7, DTYPES[out]))
+        if i == 1:
+            codes, y = _misaligned(codes), _misaligned(y) if out is EK.F32 else y
+        args = qp.BlockScaledDequantizeArgs(
+            codes, to_device(quantized["scales"]), y, None if ts is None else to_device(ts)
+        )
+        for check in (True, True, False):
+            y[...] = 0
+            plan.run(None, None, args, check=check)
+            cupy.cuda.get_current_stream().synchronize()
+            np.testing.assert_array_equal(
+                y.get().view(np.uint8), want.view(np.uint8), err_msg=f"{case} {shape} {check}"
+            )

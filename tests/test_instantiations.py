@@ -164,34 +164,46 @@ def _deepspeed() -> Iterator[Select]:
 
 
 def _block_scaled() -> Iterator[Select]:
-    from quantplan.block_scaled import BLOCK_FORMATS, BlockScaledQuantizeDescriptor, BlockScaledQuantizePlan
+    from quantplan.block_scaled import (
+        BLOCK_FORMATS,
+        COLUMNWISE,
+        BlockScaledDequantizeDescriptor,
+        BlockScaledDequantizePlan,
+        BlockScaledQuantizeDescriptor,
+        BlockScaledQuantizePlan,
+    )
 
     shapes = [(1,), (7,), (3, 32), (3, 100), (2, 5, 128), (16, 8192), (8192, 8192), (300, 257), (1 << 16, 4096)]
+    layouts = ("compact", "blocked", "column_major", "packed_ue8m0")
     modes = {"mx": (None, "floor", "ceil", "even"), "fp8": (None, "mul_rcp", "enc")}
-    for fmt, f, shape, layout in itertools.product(
-        BLOCK_FORMATS, (EK.F16, EK.BF16, EK.F32), shapes, ("compact", "blocked", "column_major", "packed_ue8m0")
-    ):
+    for fmt, f, shape, layout in itertools.product(BLOCK_FORMATS, (EK.F16, EK.BF16, EK.F32), shapes, layouts):
         for mode in modes["mx" if fmt.startswith("mx") else "fp8"]:
             d = dict(shape=shape, format=fmt, input_element=f, scale_layout=layout, scale_mode=mode)
             yield BlockScaledQuantizePlan, lambda d=d: BlockScaledQuantizeDescriptor(**d)
+    # 2-D tiles and the fused transpose (aligned: 16 | rows and cols; general otherwise), dequantize
+    small = [(3, 100), (32, 256), (2, 64, 128), (300, 257)]
+    for fmt, f, shape, layout in itertools.product(BLOCK_FORMATS, (EK.F16, EK.BF16, EK.F32), small, layouts):
+        for mode in (None, "floor") if fmt.startswith("mx") else (None, "enc"):
+            common = dict(shape=shape, format=fmt, input_element=f, scale_layout=layout, scale_mode=mode)
+            for extra in [dict(block=(32, 32)), dict(block=(128, 128)), *(dict(columnwise=c) for c in COLUMNWISE)]:
+                t = {**common, **extra}
+                yield BlockScaledQuantizePlan, lambda t=t: BlockScaledQuantizeDescriptor(**t)
+        for block in (None, (32, 32), (16, 16)):
+            q = dict(shape=shape, format=fmt, output_element=f, scale_layout=layout, block=block)
+            yield BlockScaledDequantizePlan, lambda q=q: BlockScaledDequantizeDescriptor(**q)
 
 
 def block_scaled_launcher_names() -> set[str]:
-    """The names the block-scaled launcher functions (not a plan) select: NVFP4 quantize over
-    every schedule row, the tensor amax and the dequantize kernels."""
-    from quantplan import _block_scaled_kernels as bk
+    """The names only the block-scaled launcher functions (not a plan) select: the MX 32x32 tiles
+    of the elements whose formats have no 2-D geometry (MXFP6, MXFP4, MXINT8;
+    ``quantize_block_scaled_2d`` serves any MX element)."""
+    from quantplan import _block_scaled_tile_kernels as tk
 
     names = set()
-    for dtype, (contiguous, block, small) in itertools.product(bk.INPUT_TAGS, bk.SCHEDULES):
-        if block == 16:
-            teams = 1 if small else 1 << 24
-            names.add(
-                bk.kernel_name(
-                    dtype, "nvfp4", 16, False, contiguous, bk.choose_schedule(dtype, 16, contiguous, teams, 132)
-                )
-            )
-    names |= {bk.amax_kernel_name(dtype) for dtype in bk.INPUT_TAGS}
-    names |= {bk.dequantize_kernel_name(d, e, b) for d in bk.INPUT_TAGS for e, b in bk.DEQUANTIZE_ELEMENT_BLOCKS}
+    for (block, dtype), sched in tk.TILE_SCHEDULES.items():
+        if block == (32, 32):
+            for element in ("e2m3", "e3m2", "e2m1", "int8"):
+                names |= {tk.tile_kernel_name(dtype, element, False, aligned, sched) for aligned in (True, False)}
     return names
 
 
@@ -261,10 +273,8 @@ def test_plans_load_exactly_the_listed_units(family: str, selections: _Recorder)
     """Each unit a plan loads is a listed compile unit, and each listed unit is loaded by some plan."""
     listed = {tuple(unit) for unit in _families.compile_units(family)}
     loaded = selections.units.get(family, set())
-    if family == "block_scaled":  # the launcher functions load these one by one without a plan
+    if family == "block_scaled_tiles":  # launcher-only names: one kernel per load
         loaded = loaded | {(name,) for name in block_scaled_launcher_names()}
-    if family == "block_scaled_tiles":  # launcher-only (no plan yet): one kernel per load
-        loaded = loaded | listed
     assert not loaded - listed, sorted(loaded - listed)[:3]
     assert not listed - loaded, sorted(listed - loaded)[:3]
 
@@ -275,9 +285,7 @@ def test_every_listed_instantiation_is_selectable(family: str, selections: _Reco
     every instantiation a plan looks up is listed."""
     listed = set(_families.all_instantiations(family))
     used = selections.used.get(family, set())
-    if family == "block_scaled":  # the launcher functions select these without a plan
+    if family == "block_scaled_tiles":  # the launcher function selects these without a plan
         used = used | block_scaled_launcher_names()
-    if family == "block_scaled_tiles":  # launcher-only (no plan yet): its own name builders' list
-        used = used | set(_families.all_instantiations(family))
     assert not used - listed, sorted(used - listed)[:5]
     assert not listed - used, sorted(listed - used)[:10]

@@ -1,0 +1,486 @@
+"""The block-scaled plans' CUDA selection, on a simulated GPU (CPU), and the fused columnwise copy on
+the reference backend.
+
+* ``select`` on CUDA resolves, for every kernel family a problem can reach (the 1-D lanes,
+  NVFP4 with the tensor-amax kernel, the MX 32x32 / FP8 128x128 tiles, the fused transpose, the
+  dequantize kernel), the instantiations it loads, the grid (2-D for the tile kernels, one launch
+  per 65535 row tiles), the dynamic shared memory and the workspace; ``sku().variant`` names it;
+* what no kernel serves raises Unsupported at ``select`` (nothing loaded or launched), and a bad
+  ``columnwise`` raises InvalidProblem on every backend;
+* NVFP4's ``run`` on CUDA enqueues, in order, the tensor amax (zeroed, then the amax kernel; or a
+  number copied into the workspace; or the caller's device array), the quantize kernel reading it,
+  and S_dec = fl(1 / S_enc) copied into ``tensor_scale`` (the reference's bytes);
+* the columnwise copy of the reference backend equals ``reference_block_scaled.quantize_transpose``
+  byte for byte (scales laid out as the rowwise ones), on fresh random ragged data.
+
+``benchmarks/host_sim.py`` simulates the GPU: nothing compiles, each kernel is a stand-in, the
+driver's launch and the runtime's copies are recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import quantplan as qp
+from quantplan import _block_scaled_kernels as bk
+from quantplan import _block_scaled_tile_kernels as tk
+from quantplan import _device, _launch
+from quantplan import reference_block_scaled as rb
+from quantplan.types import ElementKind as EK
+
+cupy = pytest.importorskip("cupy")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import host_sim  # noqa: E402
+
+REF = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
+
+
+class _Sim:
+    """The simulated GPU's record: kernels loaded, launches, and the runtime's memsets and copies, in order."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+        self.events: list[tuple[Any, ...]] = []
+        self.device_f32: dict[int, float] = {}  # what a device-to-host copy reads, by device address
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch) -> _Sim:
+    record = _Sim()
+
+    def launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, *rest: int) -> None:
+        smem, stream, params, _ = rest
+        record.events.append(("launch", fn, (gx, gy), bx, smem, params))
+
+    def load_kernels(family: str, names: Any, arch: Any, device_id: int, options: Any = ()) -> dict[str, Any]:
+        record.loaded += list(names)
+        return {name: host_sim._Function() for name in names}
+
+    def memset(ptr: int, value: int, size: int, stream: int) -> None:
+        record.events.append(("memset", ptr, value, size))
+
+    def memcpy(dst: int, src: int, size: int, kind: int, stream: int) -> None:
+        runtime = cupy.cuda.runtime
+        if kind == runtime.memcpyDeviceToHost:
+            ctypes.memmove(dst, np.asarray([record.device_f32[src]], np.float32).ctypes.data, size)
+            record.events.append(("d2h", src, size))
+        else:
+            record.events.append(("h2d", dst, ctypes.string_at(src, size)))
+
+    for owner, name, value in host_sim.gpu_patches(launch, compile_kernels=False):
+        if name == "load_kernels":
+            value = load_kernels
+        monkeypatch.setattr(owner, name, value)
+    runtime = cupy.cuda.runtime
+    monkeypatch.setattr(runtime, "memsetAsync", memset)
+    monkeypatch.setattr(runtime, "memcpyAsync", memcpy)
+    monkeypatch.setattr(runtime, "streamSynchronize", lambda stream: record.events.append(("sync",)))
+    for module, name in ((_launch, "current_device"), (_launch, "_current_stream")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # bound on first use: restored afterwards
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+    yield record
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+
+
+def _quantize(**kw: Any) -> qp.BlockScaledQuantizeDescriptor:
+    return qp.BlockScaledQuantizeDescriptor(**{"shape": (300, 257), "input_element": EK.BF16, **kw})
+
+
+def _sched(dtype: str, block: int, contiguous: bool, teams: int) -> bk.Schedule:
+    return bk.choose_schedule(dtype, block, contiguous, teams, 132)
+
+
+# ---- what select resolves ------------------------------------------------------------------------
+
+
+def test_nvfp4_selects_the_amax_and_quantize_kernels(sim: _Sim) -> None:
+    plan = qp.BlockScaledQuantizePlan.select(None, _quantize(format="nvfp4", shape=(64, 256)))
+    teams = 64 * 16
+    want = [
+        bk.kernel_name("bfloat16", "nvfp4", 16, False, False, _sched("bfloat16", 16, False, teams)),
+        bk.kernel_name("bfloat16", "nvfp4", 16, False, True, _sched("bfloat16", 16, True, teams)),
+        bk.amax_kernel_name("bfloat16"),
+    ]
+    assert sim.loaded == want
+    assert plan.sku().variant == "tensor_amax+lanes[nvfp4,1x16,te,compact,contiguous|general]"
+    assert plan.workspace_size() == 4 and plan.backend is qp.BackendKind.CUDA
+    amax = plan._launches.amax
+    assert amax is not None and amax.params.n == 64 * 256 and amax.block == bk.BLOCK_THREADS
+    assert all(launch.params.rule == bk.NVFP4_RULES["te"] for launch in plan._launches.general)
+    one_level = qp.BlockScaledQuantizePlan.select(None, _quantize(format="nvfp4", two_level=False))
+    assert one_level.workspace_size() == 0 and one_level._launches.amax is None
+    assert one_level.sku().variant.startswith("lanes[nvfp4,1x16,te,")
+
+
+@pytest.mark.parametrize(
+    "fmt,block,layout",
+    [
+        ("mxfp8_e4m3", (32, 32), "compact"),
+        ("mxfp8_e5m2", (32, 32), "blocked"),
+        ("fp8_block_e4m3", (128, 128), "compact"),
+        ("fp8_block_e5m2", (128, 128), "column_major"),
+        ("fp8_block_e4m3_ue8m0", (128, 128), "column_major"),
+    ],
+)
+@pytest.mark.parametrize("shape", [(300, 257), (2, 64, 256)])
+def test_tiles_select_the_tile_kernel(sim: _Sim, fmt: str, block: tuple[int, int], layout: str, shape: Any) -> None:
+    plan = qp.BlockScaledQuantizePlan.select(None, _quantize(format=fmt, block=block, scale_layout=layout, shape=shape))
+    sched = tk.TILE_SCHEDULES[block, "bfloat16"]
+    element = fmt.split("_")[-1] if fmt.startswith("mx") else fmt.split("_")[2]
+    divide = fmt in ("fp8_block_e4m3", "fp8_block_e5m2")  # the default rule: div
+    aligned = (False, True) if shape[-1] % 16 == 0 else (False,)
+    assert sim.loaded == [tk.tile_kernel_name("bfloat16", element, divide, a, sched) for a in aligned]
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    for launch in plan._prepared:
+        assert (launch.grid, launch.grid_y) == (-(-cols // sched.tile_cols), -(-rows // sched.tile_rows))
+        assert launch.block == tk.THREADS and launch.params.row_tile_base == 0
+        assert launch.params.scale_rows == (rows if fmt.startswith("mx") else -(-rows // 128))
+    assert plan.sku().variant.startswith(f"tiles[{fmt},{block[0]}x{block[1]},")
+    assert plan.workspace_size() == 0
+
+
+def test_tall_tiles_launch_in_slices_of_65535_row_tiles(sim: _Sim) -> None:
+    rows = (tk.MAX_GRID_Y + 2) * 128
+    plan = qp.BlockScaledQuantizePlan.select(
+        None, _quantize(format="fp8_block_e4m3", block=(128, 128), scale_layout="column_major", shape=(rows, 200))
+    )
+    first, second = plan._launches.general
+    assert (first.grid_y, second.grid_y) == (tk.MAX_GRID_Y, 2)
+    assert (first.params.row_tile_base, second.params.row_tile_base) == (0, tk.MAX_GRID_Y)
+    scale_rows = rows // 128
+    assert first.params.pad_rows == -(-scale_rows // 4) * 4  # the first slice zero-fills the padding
+    assert (second.params.pad_rows, second.params.pad_cols) == (scale_rows, 2)
+
+
+@pytest.mark.parametrize(
+    "fmt,columnwise,layout,mode",
+    [
+        ("mxfp8_e4m3", "transposed", "compact", None),
+        ("mxfp8_e5m2", "transposed", "blocked", "floor"),
+        ("mxfp8_e4m3", "te_mxfp8", "compact", "even"),
+        ("fp8_block_e4m3", "transposed", "column_major", None),
+        ("fp8_block_e5m2", "transposed", "compact", "enc"),
+        ("fp8_block_e4m3_ue8m0", "transposed", "packed_ue8m0", None),
+    ],
+)
+def test_transpose_selects_the_fused_kernel(sim: _Sim, fmt: str, columnwise: str, layout: str, mode: Any) -> None:
+    for shape, aligned in (((48, 64), (False, True)), ((300, 257), (False,)), ((40, 72), (False,))):
+        sim.loaded.clear()
+        d = _quantize(format=fmt, columnwise=columnwise, scale_layout=layout, scale_mode=mode, shape=shape)
+        plan = qp.BlockScaledQuantizePlan.select(None, d)
+        block = 32 if fmt.startswith("mx") else 128
+        te = columnwise == "te_mxfp8"
+        element = fmt.split("_")[1] if fmt.startswith("mx") else fmt.split("_")[2]
+        divide = fmt in ("fp8_block_e4m3", "fp8_block_e5m2") and mode is None
+        sched = tk.TRANSPOSE_SCHEDULES["bfloat16"]
+        want = [tk.transpose_kernel_name("bfloat16", element, block, te, divide, a, sched) for a in aligned]
+        assert sim.loaded == want, shape
+        for launch in plan._prepared:
+            assert launch.shared == tk.transpose_shared_bytes("bfloat16", block, te)
+            assert (launch.grid, launch.grid_y) == (-(-shape[1] // 128), -(-shape[0] // 128))
+        assert plan.sku().variant.startswith(f"transpose[{fmt},1x{block},")
+        assert d.columnwise_codes_shape == ((shape[0], shape[1]) if te else (shape[1], shape[0]))
+
+
+@pytest.mark.parametrize(
+    "fmt,block,kind",
+    [
+        ("mxfp8_e4m3", None, 0),
+        ("mxfp8_e4m3", (32, 32), 0),
+        ("mxfp4", None, 0),
+        ("mxint8", None, 0),
+        ("nvfp4", None, 2),
+        ("nvfp4", (16, 16), 2),
+        ("fp8_block_e5m2", None, 1),
+        ("fp8_block_e4m3_ue8m0", None, 0),
+    ],
+)
+@pytest.mark.parametrize("out", [EK.F16, EK.BF16, EK.F32])
+def test_dequantize_selects_the_dequantize_kernel(sim: _Sim, fmt: str, block: Any, kind: int, out: EK) -> None:
+    d = qp.BlockScaledDequantizeDescriptor(shape=(3, 5, 100), format=fmt, block=block, output_element=out)
+    plan = qp.BlockScaledDequantizePlan.select(None, d)
+    p = d._problem()
+    dtype = {EK.F16: "float16", EK.BF16: "bfloat16", EK.F32: "float32"}[out]
+    element = "nvfp4" if fmt == "nvfp4" else p.element
+    assert sim.loaded == [bk.dequantize_kernel_name(dtype, element, p.block[1])]
+    (launch,) = plan._prepared
+    assert (launch.params.scale_kind, launch.params.rows, launch.params.cols) == (kind, 15, 100)
+    assert launch.params.blocks_per_row == -(-100 // p.block[1])
+    assert plan.sku().variant == f"dequantize[{fmt},{p.block[0]}x{p.block[1]},{dtype}]"
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw,fragment",
+    [
+        (dict(format="nvfp4", scale_mode="torchao"), "te order"),
+        (dict(format="nvfp4", block=(16, 16)), "16x16"),
+        (dict(format="nvfp4", rounding=qp.Rounding.STOCHASTIC), "stochastic"),
+        (dict(format="mxfp8_e4m3", axis=0), "axis 0"),
+        (dict(format="mxfp8_e4m3", block=(32, 32), scale_layout="packed_ue8m0"), "packed_ue8m0"),
+        (dict(format="fp8_block_e4m3_ue8m0", block=(128, 128), scale_layout="blocked"), "blocked"),
+        (dict(format="mxfp4", columnwise="transposed"), "transpose"),
+        (dict(format="nvfp4", columnwise="transposed"), "transpose"),
+        (dict(format="mxfp8_e4m3", block=(32, 32), columnwise="transposed"), "transpose"),
+        (dict(format="mxfp8_e4m3", columnwise="transposed", scale_layout="column_major"), "column_major"),
+        (dict(format="fp8_block_e4m3_ue8m0", columnwise="transposed", scale_layout="blocked"), "blocked"),
+    ],
+)
+def test_cuda_refuses_what_no_kernel_serves(sim: _Sim, kw: dict[str, Any], fragment: str) -> None:
+    d = _quantize(**kw)
+    with pytest.raises(qp.Unsupported, match=fragment) as info:
+        qp.BlockScaledQuantizePlan.select(None, d)
+    assert "REFERENCE" in str(info.value)
+    assert not sim.loaded and not sim.events
+    qp.BlockScaledQuantizePlan.select(None, d, REF)  # the reference backend serves it
+
+
+@pytest.mark.parametrize(
+    "kw,fragment",
+    [
+        (dict(format="fp8_block_e4m3", block=(128, 128)), "128x128"),
+        (dict(format="mxfp8_e4m3", scale_layout="blocked"), "compact"),
+        (dict(format="mxfp8_e4m3", axis=0), "axis 0"),
+    ],
+)
+def test_cuda_dequantize_refuses_what_the_kernel_does_not_read(sim: _Sim, kw: dict[str, Any], fragment: str) -> None:
+    d = qp.BlockScaledDequantizeDescriptor(shape=(300, 257), **kw)
+    with pytest.raises(qp.Unsupported, match=fragment):
+        qp.BlockScaledDequantizePlan.select(None, d)
+    assert not sim.loaded
+    qp.BlockScaledDequantizePlan.select(None, d, REF)
+
+
+@pytest.mark.parametrize(
+    "kw,fragment",
+    [
+        (dict(columnwise="columns"), "columnwise='columns'"),
+        (dict(columnwise="transposed", shape=(257,)), "rank >= 2"),
+        (dict(columnwise="transposed", format="mxfp6_e3m2", axis=0), "last axis"),
+        (dict(columnwise="te_mxfp8", format="fp8_block_e4m3"), "te_mxfp8"),
+        (dict(columnwise="te_mxfp8", format="mxfp4"), "te_mxfp8"),
+        (dict(columnwise="te_mxfp8", scale_layout="blocked"), "compact"),
+    ],
+)
+def test_bad_columnwise_is_invalid_on_every_backend(kw: dict[str, Any], fragment: str) -> None:
+    d = _quantize(**{"format": "mxfp8_e4m3", **kw})
+    for pref in (REF, None):
+        with pytest.raises(qp.InvalidProblem, match=fragment):
+            qp.BlockScaledQuantizePlan.select(None, d, pref)
+
+
+# ---- NVFP4's run on the simulated GPU ----------------------------------------------------------
+
+X_PTR, CODES_PTR, SCALES_PTR, TS_PTR, WS_PTR, AMAX_PTR = (1 << 32) * np.arange(2, 8)
+
+
+def _nvfp4_args(d: Any, global_amax: Any = None) -> qp.BlockScaledQuantizeArgs:
+    return qp.BlockScaledQuantizeArgs(
+        host_sim.device_array(int(X_PTR), d.shape, "uint16"),
+        host_sim.device_array(int(CODES_PTR), d.codes_shape, "uint8"),
+        host_sim.device_array(int(SCALES_PTR), d.scales_shape, "uint8"),
+        host_sim.device_array(int(TS_PTR), (1,), "float32"),
+        global_amax,
+    )
+
+
+def _s_dec_bytes(amax: float, two_level: bool = True) -> bytes:
+    return np.asarray([rb.nvfp4_tensor_scales(amax, "te", two_level)[1]], np.float32).tobytes()
+
+
+def _launched(plan: Any, event: tuple[Any, ...]) -> Any:
+    """The prepared launch of a recorded launch event."""
+    return next(launch for launch in plan._prepared if launch._kernel_params == event[-1])
+
+
+@pytest.mark.parametrize("amax", [3.5, 0.0, float("inf"), 1e-30])
+def test_nvfp4_run_computes_the_amax_then_copies_s_dec(sim: _Sim, amax: float) -> None:
+    d = _quantize(format="nvfp4", shape=(64, 256))
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
+    sim.device_f32[int(WS_PTR)] = amax  # what the amax kernel leaves there
+    for _ in range(3):  # the fast path's generic tail repeats the same sequence
+        sim.events.clear()
+        plan.run(None, ws, _nvfp4_args(d))
+        kinds = [e[0] for e in sim.events]
+        assert kinds == ["memset", "launch", "launch", "d2h", "sync", "h2d"]
+        assert sim.events[0][1:] == (int(WS_PTR), 0, 4)
+        amax_launch, quantize = _launched(plan, sim.events[1]), _launched(plan, sim.events[2])
+        assert amax_launch is plan._launches.amax and amax_launch.params.amax == int(WS_PTR)
+        assert amax_launch.params.x == int(X_PTR) and amax_launch.params.vector_elements == 64 * 256
+        assert quantize.params.tensor_amax == int(WS_PTR) and quantize.params.codes == int(CODES_PTR)
+        assert quantize in plan._launches.aligned  # 16-byte aligned operands, 16 | K: the contiguous schedule
+        assert sim.events[3][1] == int(WS_PTR)
+        assert sim.events[5][1:] == (int(TS_PTR), _s_dec_bytes(amax))
+
+
+def test_nvfp4_run_with_a_given_amax(sim: _Sim) -> None:
+    d = _quantize(format="nvfp4", shape=(5, 70))
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
+    plan.run(None, ws, _nvfp4_args(d, 2.75))  # a number: copied into the workspace, S_dec on the host
+    assert [e[0] for e in sim.events] == ["h2d", "launch", "h2d"]
+    assert sim.events[0][1:] == (int(WS_PTR), np.float32(2.75).tobytes())
+    assert _launched(plan, sim.events[1]).params.tensor_amax == int(WS_PTR)
+    assert _launched(plan, sim.events[1]) in plan._launches.general  # 70 % 16: the general schedule
+    assert sim.events[2][1:] == (int(TS_PTR), _s_dec_bytes(2.75))
+    sim.events.clear()
+    sim.device_f32[int(AMAX_PTR)] = 1.0e4
+    plan.run(None, ws, _nvfp4_args(d, host_sim.device_array(int(AMAX_PTR), (1,), "float32")))
+    assert [e[0] for e in sim.events] == ["launch", "d2h", "sync", "h2d"]  # the caller's device amax
+    assert _launched(plan, sim.events[0]).params.tensor_amax == int(AMAX_PTR)
+    assert sim.events[3][1:] == (int(TS_PTR), _s_dec_bytes(1.0e4))
+
+
+def test_nvfp4_one_level_reads_no_amax(sim: _Sim) -> None:
+    d = _quantize(format="nvfp4", shape=(5, 70), two_level=False)
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    plan.run(None, None, _nvfp4_args(d))
+    assert [e[0] for e in sim.events] == ["launch", "h2d"]
+    assert _launched(plan, sim.events[0]).params.tensor_amax == 0
+    assert sim.events[1][1:] == (int(TS_PTR), np.float32(1.0).tobytes())
+
+
+def test_nvfp4_needs_its_workspace_before_any_launch(sim: _Sim) -> None:
+    d = _quantize(format="nvfp4", shape=(5, 70))
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    with pytest.raises(qp.WorkspaceTooSmall):
+        plan.run(None, None, _nvfp4_args(d))
+    assert not sim.events
+
+
+# ---- the columnwise copy on the reference backend ------------------------------------------------
+
+COLUMNWISE_CASES = [
+    ("mxfp8_e4m3", "transposed", "compact", dict(scale_mode="floor")),
+    ("mxfp8_e5m2", "transposed", "blocked", {}),
+    ("mxfp8_e4m3", "te_mxfp8", "compact", dict(scale_mode="even")),
+    ("mxfp4", "transposed", "packed_ue8m0", {}),
+    ("mxfp6_e3m2", "transposed", "column_major", dict(rounding=qp.Rounding.STOCHASTIC)),
+    ("mxfp8_e4m3", "transposed", "blocked", dict(block=(32, 32))),
+    ("nvfp4", "transposed", "blocked", {}),
+    ("nvfp4", "transposed", "compact", dict(block=(16, 16), scale_mode="torchao")),
+    ("fp8_block_e4m3", "transposed", "column_major", dict(scale_mode="mul_rcp", amax_floor=1e-4)),
+    ("fp8_block_e5m2", "transposed", "compact", dict(block=(128, 128))),
+    ("fp8_block_e4m3_ue8m0", "transposed", "packed_ue8m0", {}),
+]
+
+
+@pytest.mark.parametrize("fmt,columnwise,layout,kw", COLUMNWISE_CASES)
+def test_reference_columnwise_equals_quantize_transpose(
+    rng: np.random.Generator, fmt: str, columnwise: str, layout: str, kw: dict[str, Any]
+) -> None:
+    for shape in [(37, 45), (2, 70, 33), (130, 257)]:
+        x = (rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, size=shape))).astype(np.float32)
+        x.reshape(-1)[3] = np.nan
+        x.reshape(-1)[-2] = -np.inf
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=shape, format=fmt, input_element=EK.F32, columnwise=columnwise, scale_layout=layout, **kw
+        )
+        p = d._problem()
+        stochastic = p.stochastic
+        out = dict(
+            codes=np.full(d.codes_shape, 0x4D, np.uint8),
+            scales=np.full(d.scales_shape, 0x4D, d.scales_dtype),
+            columnwise_codes=np.full(d.columnwise_codes_shape, 0x4D, np.uint8),
+            columnwise_scales=np.full(d.columnwise_scales_shape, 0x4D, d.scales_dtype),
+        )
+        if p.is_nvfp4:
+            out["tensor_scale"] = np.zeros(1, np.float32)
+        args = qp.BlockScaledQuantizeArgs(
+            x, **out, rng_seed=7 if stochastic else None, rng_offset=3 if stochastic else None
+        )
+        qp.BlockScaledQuantizePlan.select(None, d, REF).run(None, None, args)
+        # the rowwise outputs are the plan's without columnwise
+        alone = qp.BlockScaledQuantizeDescriptor(**{**d.model_dump(), "columnwise": None})
+        ref = dict(codes=np.empty_like(out["codes"]), scales=np.empty_like(out["scales"]))
+        if p.is_nvfp4:
+            ref["tensor_scale"] = np.zeros(1, np.float32)
+        qp.BlockScaledQuantizePlan.select(None, alone, REF).run(
+            None, None,
+            qp.BlockScaledQuantizeArgs(x, **ref, rng_seed=7 if stochastic else None, rng_offset=3 if stochastic else None),
+        )  # fmt: skip
+        for k in ref:
+            np.testing.assert_array_equal(out[k].view(np.uint8), ref[k].view(np.uint8), err_msg=f"{k} {shape}")
+        # the columnwise outputs are quantize_transpose's, scales laid out as the rowwise ones
+        family = "mx" if fmt.startswith("mx") else ("nvfp4" if fmt == "nvfp4" else "fp8_block")
+        opts: dict[str, Any]
+        if family == "mx":
+            opts = dict(
+                element=p.element, scale_mode=p.mode, rounding=p.rounding, seed=7, offset=3, block_2d=p.block[0] > 1
+            )
+        elif family == "nvfp4":
+            opts = dict(mode=p.mode, block_2d=p.block[0] > 1)
+        else:
+            ue8m0 = fmt.endswith("ue8m0")
+            opts = dict(
+                block=p.block, element=p.element, scale_format="ue8m0" if ue8m0 else "f32",
+                elem_op="div" if ue8m0 else p.mode, amax_floor=p.amax_floor,
+            )  # fmt: skip
+        col = rb.quantize_transpose(x, family, columnwise, **opts).columnwise
+        np.testing.assert_array_equal(out["columnwise_codes"], np.asarray(col.codes).view(np.uint8))
+        scales = np.asarray(col.scales)
+        if columnwise == "transposed" and layout != "compact":
+            matrix = scales.reshape(p.columnwise_matrix)
+            scales = {
+                "blocked": rb.to_blocked,
+                "column_major": rb.col_major_tma_aligned,
+                "packed_ue8m0": rb.deepgemm_sf_layout,
+            }[layout](matrix)
+        np.testing.assert_array_equal(
+            out["columnwise_scales"].view(np.uint8).reshape(-1), np.asarray(scales).view(np.uint8).reshape(-1)
+        )
+
+
+def test_columnwise_outputs_without_columnwise_are_refused(rng: np.random.Generator) -> None:
+    d = _quantize(format="mxfp8_e4m3", input_element=EK.F32, shape=(4, 64))
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    codes, scales = np.zeros(d.codes_shape, np.uint8), np.zeros(d.scales_shape, np.uint8)
+    extra = np.zeros((64, 4), np.uint8)
+    with pytest.raises(qp.InvalidProblem, match="columnwise=None"):
+        qp.BlockScaledQuantizePlan.select(None, d, REF).run(
+            None, None, qp.BlockScaledQuantizeArgs(x, codes, scales, columnwise_codes=extra)
+        )
+    assert not codes.any()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(format="fp8_block_e4m3", block=(128, 128)),
+        dict(format="mxfp8_e4m3", block=(32, 32)),
+        dict(format="mxfp8_e4m3", columnwise="transposed"),
+        dict(format="nvfp4", two_level=False),
+    ],
+)
+@pytest.mark.parametrize("shape", [(0, 64), (5, 0), (3, 0, 7)])
+def test_empty_problems_select_and_launch_nothing(sim: _Sim, kw: dict[str, Any], shape: tuple[int, ...]) -> None:
+    d = _quantize(shape=shape, **kw)
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    args: dict[str, Any] = dict(
+        input=host_sim.device_array(int(X_PTR), shape, "uint16"),
+        codes=host_sim.device_array(int(CODES_PTR), d.codes_shape, "uint8"),
+        scales=host_sim.device_array(int(SCALES_PTR), d.scales_shape, d.scales_dtype),
+    )
+    if d.columnwise:
+        args["columnwise_codes"] = host_sim.device_array(int(AMAX_PTR), d.columnwise_codes_shape, "uint8")
+        args["columnwise_scales"] = host_sim.device_array(int(WS_PTR), d.columnwise_scales_shape, d.scales_dtype)
+    if d.tensor_scale_shape:
+        args["tensor_scale"] = host_sim.device_array(int(TS_PTR), (1,), "float32")
+    plan.run(None, None, qp.BlockScaledQuantizeArgs(**args))
+    launches = [e for e in sim.events if e[0] == "launch"]
+    assert not launches
+    if d.tensor_scale_shape:  # NVFP4 still writes S_dec (1 for one level)
+        assert sim.events == [("h2d", int(TS_PTR), np.float32(1.0).tobytes())]
