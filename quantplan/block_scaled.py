@@ -53,7 +53,7 @@ from ._block_scaled_kernels import (
     scale_geometry,
 )
 from ._device import device_info, stream_device_id
-from ._launch import LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
+from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, launch_on, occupancy_grid, params_struct
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
 from ._plan import Plan, check_descriptor, choose_backend, preferred
 from ._tuning import kernel_options
@@ -587,6 +587,7 @@ _QUANTIZE_PARAMS = params_struct(
         ("pad_rows", ctypes.c_int64),
         ("pad_cols", ctypes.c_int64),
         ("tensor_amax", ctypes.c_uint64),
+        *RNG_FIELDS,  # the Philox seed and offset of NVFP4's stochastic rounding (zero: nearest)
     ],
 )
 #: Largest finite value of each input (the ``enc`` rule's replacement of an infinite 448 / amax).

@@ -177,19 +177,20 @@ def _block_scaled() -> Iterator[Select]:
 
 
 def block_scaled_launcher_names() -> set[str]:
-    """The names the block-scaled launcher functions (not a plan) select: NVFP4 quantize over
-    every schedule row, the tensor amax and the dequantize kernels."""
+    """The names the block-scaled launcher functions (not a plan) select: NVFP4 quantize (nearest
+    and stochastic) over every schedule row, the tensor amax and the dequantize kernels."""
     from quantplan import _block_scaled_kernels as bk
 
     names = set()
     for dtype, (contiguous, block, small) in itertools.product(bk.INPUT_TAGS, bk.SCHEDULES):
         if block == 16:
             teams = 1 if small else 1 << 24
-            names.add(
+            names |= {
                 bk.kernel_name(
-                    dtype, "nvfp4", 16, False, contiguous, bk.choose_schedule(dtype, 16, contiguous, teams, 132)
+                    dtype, element, 16, False, contiguous, bk.choose_schedule(dtype, 16, contiguous, teams, 132)
                 )
-            )
+                for element in bk.NVFP4_ELEMENTS  # nearest and stochastic rounding
+            }
     names |= {bk.amax_kernel_name(dtype) for dtype in bk.INPUT_TAGS}
     names |= {bk.dequantize_kernel_name(d, e, b) for d in bk.INPUT_TAGS for e, b in bk.DEQUANTIZE_ELEMENT_BLOCKS}
     return names
