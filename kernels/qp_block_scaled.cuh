@@ -471,16 +471,15 @@ template <> struct StochasticElement<nv_e2m1_sr> {
 // compared with the 24-bit integer word >> 8 (exact in f32).
 __device__ __forceinline__ u32 nvfp4_encode_stochastic(float v, u32 word) {
   const u32 ux = __float_as_uint(v);
-  const u32 ua = min(ux & 0x7FFFFFFFu, 0x40C00000u);  // |v| saturated at 6 (+Inf included)
-  const u32 e = max(ua, 0x3F800000u) & 0x7F800000u;   // 2^E: the binade of the grid step (1.0 at least)
-  const float a = __uint_as_float(ua);
+  const float a = fminf(fabsf(v), 6.0f);  // |v| saturated at 6 (+Inf included)
+  const u32 e = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;  // 2^E: the grid step's binade (>= 1)
   const u32 magic_bits = e + (22u << 23);  // M = 2^(E+22)
   const float magic = __uint_as_float(magic_bits);
   const float sum = __fadd_rz(a, magic);                                 // M + lo
   const float rest = __fsub_rn(a, __fsub_rn(sum, magic));                // |v| - lo
   const float frac24 = __fmul_rn(rest, __uint_as_float(0x8B800000u - e));  // times 2^(25-E)
-  // u < frac: the sign of (word >> 8) - frac * 2^24, which is exact or rounds away from zero
-  // (never to zero: no flush to zero), and +0 when they are equal.
+  // u < frac: the sign bit of fl((word >> 8) - frac * 2^24); a nonzero difference of two floats
+  // rounds to a nonzero value of its sign (no flush to zero), an equal pair gives +0.
   const u32 up = __float_as_uint(__fsub_rn(__uint2float_rn(word >> 8), frac24)) >> 31;
   // lo's code: its steps above 2^E (M + lo's low bits) plus 2^E's code 2E, then the rounding.
   const u32 code = (__float_as_uint(sum) - e + (0u - (22u << 23) - 254u)) + (e >> 22) + up;

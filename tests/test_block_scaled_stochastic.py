@@ -32,9 +32,8 @@ def kernel_encode(v: np.ndarray, word: np.ndarray) -> np.ndarray:
     """The kernel's encoder step by step in f32 (fl_rz(a + M) written as M + floor(a / step) * step,
     exact in float64: the definition of rounding toward zero at M's ulp)."""
     ux = _bits(v)
-    ua = np.minimum(ux & np.uint32(0x7FFFFFFF), np.uint32(0x40C00000))
-    e = np.maximum(ua, np.uint32(0x3F800000)) & np.uint32(0x7F800000)
-    a = _f(ua)
+    a = np.minimum(np.abs(np.asarray(v, np.float32)), np.float32(6.0))
+    e = np.maximum(_bits(a), np.uint32(0x3F800000)) & np.uint32(0x7F800000)
     magic = _f(e + np.uint32(22 << 23))
     step = magic.astype(np.float64) * 2.0**-23
     total = magic.astype(np.float64) + np.floor(a.astype(np.float64) / step) * step
