@@ -65,8 +65,9 @@ def _check(x: Any, fn: Any, kind: str, **kw: Any) -> str:
     torch.cuda.synchronize()
     host = x.float().cpu().numpy()
     host = host.astype(ml_dtypes.bfloat16) if x.dtype == torch.bfloat16 else host.astype(np.float16)
-    if kind == "nvfp4":
-        ref = rbs.nvfp4_quantize(host, global_amax=24.0)
+    if kind in ("nvfp4", "nvfp4_sr"):
+        sr = {"rounding": "stochastic", "seed": kw["seed"], "offset": kw["offset"]} if kind == "nvfp4_sr" else {}
+        ref = rbs.nvfp4_quantize(host, global_amax=24.0, **sr)
         want_scales = ref.scales
     elif kind == "mx":
         ref = rbs.mx_quantize(host, kw["element"], scale_mode=kw.get("rule", "rceil"))
@@ -267,6 +268,21 @@ def main(argv: list[str] | None = None) -> None:
             "nvfp4",
             (M, N),
             {"element": "nvfp4", "block": 16, "rule": "te", "tensor_amax": "given"},
+            0.5,
+        ),
+        (
+            "NVFP4 te stochastic, given tensor amax",
+            "nvfp4_sr",
+            (M, N),
+            {
+                "element": "nvfp4",
+                "block": 16,
+                "rule": "te",
+                "tensor_amax": "given",
+                "rounding": "stochastic",
+                "seed": 0x5EED_0000_0001,
+                "offset": 7,
+            },
             0.5,
         ),
         ("FP8 1x128 div f32", "fp8", (M, N), {"element": "e4m3", "block": 128, "rule": "div"}, 1.0),

@@ -9,6 +9,9 @@
 // Epilogue: the format's scale rule and element encoder (qp_block_scaled.cuh). NVFP4 reads its
 // tensor amax from device memory (tensor_amax; null for one level), so a captured graph replays
 // with a new amax and no host sync is needed.
+// NVFP4 with stochastic rounding (element nv_e2m1_sr) rounds each element with the Philox word of
+// its row-major flat index in x (shared/SPEC.md section 4; seed and offset are values, or
+// one-element device int64 arrays read at launch).
 //
 // CONTIGUOUS: cols % BLOCK == 0 and 16-byte aligned operands, so the tensor is one flat run of
 // blocks (vector loads and stores, no row arithmetic before the loads). Otherwise every element is
@@ -104,7 +107,9 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_quantize(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes, void* __restrict__ scales,
                           qp::i64 rows, qp::i64 cols, qp::i64 blocks_per_row, int rule, int layout,
                           qp::i64 layout_dim, float amax_floor, float enc_overflow, qp::i64 pad_rows,
-                          qp::i64 pad_cols, const float* __restrict__ tensor_amax) {
+                          qp::i64 pad_cols, const float* __restrict__ tensor_amax,
+                          const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr,
+                          qp::u64 seed_value, qp::u64 offset_value) {
   using namespace qp;
   typedef BlockInput<In> In_;
   typedef BlockElement<Elem> E;
@@ -120,6 +125,9 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   const bool f32_scale = rule >= kBlockF32Div && rule <= kBlockF32Enc;
   Nvfp4Tensor nv = Nvfp4Tensor();
   if (rule == kNvfp4Te) nv = nvfp4_tensor(tensor_amax);  // NVFP4: the tensor amax (null: one level)
+  constexpr bool STOCHASTIC = StochasticElement<Elem>::value;  // §1.6 rounding from (seed, offset)
+  const PhiloxStream rng(STOCHASTIC ? block_rng_word(seed_ptr, seed_value) : 0,
+                         STOCHASTIC ? block_rng_word(offset_ptr, offset_value) : 0);
 
   const i64 teams = rows * blocks_per_row;
   const i64 slots = teams * TEAM / SUB;  // SUB > 1: the caller guarantees SUB divides teams
@@ -195,7 +203,12 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
 #pragma unroll
       for (int w = 0; w < CODE_WORDS; ++w) packed[w] = 0;
       constexpr int LANES = LaneFp4<In, Elem, DIVIDE>::path;
-      if constexpr (LANES != kNoLanes) {
+      if constexpr (STOCHASTIC) {
+        // Words by the element's row-major flat index in x.
+        const i64 r = CONTIGUOUS ? 0 : team / blocks_per_row;
+        const i64 first = CONTIGUOUS ? slot * ELEMS : r * cols + (team - r * blocks_per_row) * BLOCK + (i64)lane * ELEMS;
+        nvfp4_stochastic_codes<In_, ELEMS, BLOCK, SUB, CONTIGUOUS>(raw[u], s, finite, (u64)first, rng, packed);
+      } else if constexpr (LANES != kNoLanes) {
         // FP4 in 16-bit lanes, four elements (16 bits of codes) at a time.
 #pragma unroll
         for (int k = 0; k < ELEMS; k += 4) {

@@ -461,3 +461,112 @@ __device__ __forceinline__ float e8m0_value(u32 s) {
 }
 
 }  // namespace qp
+
+// ---- NVFP4 with stochastic rounding (MICROSCALING section 1.6) ----
+#include "qp_philox.cuh"
+
+namespace qp {
+
+// NVFP4's elements rounded stochastically: the same format as nv_e2m1 (e2m1 under an E4M3 block
+// scale), codes from the Philox word of each element instead of RNE.
+struct nv_e2m1_sr {};
+
+template <> struct BlockElement<nv_e2m1_sr> {
+  static const u32 max_bits = E2M1Bits::max_bits;
+  static const int emax = 2, mbits = 1, per_byte = 2;
+};
+
+// Whether an element tag rounds stochastically (the encode loop's stochastic branch).
+template <class T> struct StochasticElement {
+  static const bool value = false;
+};
+template <> struct StochasticElement<nv_e2m1_sr> {
+  static const bool value = true;
+};
+
+// The e2m1 code of a finite scaled value v under §1.6: lo = |v| rounded toward zero to the grid,
+// frac = (|v| - lo) / step, magnitude lo + step iff u < frac with u = (word >> 8) * 2^-24;
+// |v| >= 6 gives 6 (code 7); the sign bit is v's. Exact in f32: with E = max(exponent of |v|, 0)
+// the grid step is 2^(E-1), the ulp of M = 2^(E+22), so fl_rz(|v| + M) = M + lo; |v| - lo is
+// exact (Sterbenz, or lo = 0) and times 2^(25-E) (a power of two) it is frac * 2^24 exactly,
+// compared with the 24-bit integer word >> 8 (exact in f32).
+__device__ __forceinline__ u32 nvfp4_encode_stochastic(float v, u32 word) {
+  const u32 ux = __float_as_uint(v);
+  const float a = fminf(fabsf(v), 6.0f);  // |v| saturated at 6 (+Inf included)
+  const u32 e = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;  // 2^E: the grid step's binade (>= 1)
+  const u32 magic_bits = e + (22u << 23);  // M = 2^(E+22)
+  const float magic = __uint_as_float(magic_bits);
+  const float sum = __fadd_rz(a, magic);                                 // M + lo
+  const float rest = __fsub_rn(a, __fsub_rn(sum, magic));                // |v| - lo
+  const float frac24 = __fmul_rn(rest, __uint_as_float(0x8B800000u - e));  // times 2^(25-E)
+  // u < frac: the sign bit of fl((word >> 8) - frac * 2^24); a nonzero difference of two floats
+  // rounds to a nonzero value of its sign (no flush to zero), an equal pair gives +0.
+  const u32 up = __float_as_uint(__fsub_rn(__uint2float_rn(word >> 8), frac24)) >> 31;
+  // lo's code: its steps above 2^E (M + lo's low bits) plus 2^E's code 2E, then the rounding.
+  const u32 code = (__float_as_uint(sum) - e + (0u - (22u << 23) - 254u)) + (e >> 22) + up;
+  return code | ((ux >> 28) & 8u);
+}
+
+// The Philox words of ELEMS (a multiple of 4) consecutive elements from flat index first
+// (element i takes word i % 4 of draw i / 4, shared/SPEC.md section 4) into w: ELEMS / 4 draws
+// when first is a multiple of 4 (ALIGNED), else ELEMS / 4 + 1 draws shifted by first % 4.
+template <int ELEMS, bool ALIGNED>
+__device__ __forceinline__ void philox_element_words(const PhiloxStream& rng, u64 first, u32 (&w)[ELEMS]) {
+  const u64 j0 = first >> 2;
+  if constexpr (ALIGNED) {
+#pragma unroll
+    for (int g = 0; g < ELEMS / 4; ++g) {
+      const Philox4 d = rng(j0 + g);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) w[4 * g + t] = d.v[t];
+    }
+  } else {
+    u32 t[ELEMS + 4];
+#pragma unroll
+    for (int g = 0; g <= ELEMS / 4; ++g) {
+      const Philox4 d = rng(j0 + g);
+#pragma unroll
+      for (int h = 0; h < 4; ++h) t[4 * g + h] = d.v[h];
+    }
+    const int s = (int)(first & 3);
+#pragma unroll
+    for (int k = 0; k < ELEMS; ++k) w[k] = s == 0 ? t[k] : s == 1 ? t[k + 1] : s == 2 ? t[k + 2] : t[k + 3];
+  }
+}
+
+// The packed codes (element 2i in bits 0-3 of byte i) of a thread's ELEMS elements, from the
+// input words raw (In's element order), their blocks' scales s and finiteness (block k / BLOCK %
+// SUB), and the Philox words of flat indices first .. first + ELEMS - 1: code = §1.6 of
+// fl(x * factor); a non-finite block's codes stay 0. ALIGNED (first a multiple of 4): one draw per
+// four elements, made where they are encoded.
+template <class In, int ELEMS, int BLOCK, int SUB, bool ALIGNED, int CODE_WORDS>
+__device__ __forceinline__ void nvfp4_stochastic_codes(const u32* raw, const BlockScale* s, const bool* finite,
+                                                       u64 first, const PhiloxStream& rng, u32 (&packed)[CODE_WORDS]) {
+  constexpr int VEC = In::vec;
+  u32 words[ALIGNED ? 4 : ELEMS];
+  if constexpr (!ALIGNED) philox_element_words<ELEMS, false>(rng, first, words);
+#pragma unroll
+  for (int g = 0; g < ELEMS / 4; ++g) {
+    if constexpr (ALIGNED) {
+      const Philox4 d = rng((first >> 2) + g);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) words[t] = d.v[t];
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int k = 4 * g + t;
+      const float v = __fmul_rn(In::element(raw + (k / VEC) * 4, k % VEC), s[k / BLOCK % SUB].factor);
+      packed[k / 8] |= nvfp4_encode_stochastic(v, words[ALIGNED ? t : k]) << (k % 8 * 4);
+    }
+  }
+  // A non-finite block's codes are 0 (its factor is 0: the values above were NaN or 0).
+#pragma unroll
+  for (int w = 0; w < CODE_WORDS; ++w)
+    if (!finite[w * 8 / BLOCK % SUB]) packed[w] = 0;
+}
+
+// A Philox seed or offset kernel argument: the one-element device int64 at ptr, else value (a
+// captured graph replays with the offset the caller advances on the device).
+__device__ __forceinline__ u64 block_rng_word(const i64* ptr, u64 value) { return ptr ? (u64)*ptr : value; }
+
+}  // namespace qp

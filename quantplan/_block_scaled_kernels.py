@@ -33,6 +33,7 @@ more than 2**31 elements (64-bit indexing).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ ELEMENT_TAGS = {
     "e2m1": "qp::mx_e2m1",
     "int8": "qp::mx_int8",
     "nvfp4": "qp::nv_e2m1",
+    "nvfp4_sr": "qp::nv_e2m1_sr",  # NVFP4 with stochastic rounding (§1.6)
 }
 #: Input tags by NumPy dtype name.
 INPUT_TAGS = {"float16": "qp::f16", "bfloat16": "qp::bf16", "float32": "qp::f32"}
@@ -59,6 +61,8 @@ NVFP4_RULES = {"te": 8}
 #: The element of each block size's format family.
 MX_ELEMENTS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
 FP8_ELEMENTS = ("e4m3", "e5m2")
+#: NVFP4's element tags: round to nearest even, stochastic rounding.
+NVFP4_ELEMENTS = ("nvfp4", "nvfp4_sr")
 #: ``ScaleLayout`` of qp_block_scaled.cuh.
 LAYOUTS = {"compact": 0, "blocked": 1, "column_major": 2, "packed_ue8m0": 3}
 #: Threads per block (at most; small problems launch smaller blocks to reach more multiprocessors).
@@ -144,7 +148,7 @@ def instantiations() -> list[str]:
     for (contiguous, block, _), sched in SCHEDULES.items():
         for dtype in INPUT_TAGS:
             if block == 16:
-                names.append(kernel_name(dtype, "nvfp4", 16, False, contiguous, sched))
+                names += [kernel_name(dtype, element, 16, False, contiguous, sched) for element in NVFP4_ELEMENTS]
             elif block == 32:
                 names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in MX_ELEMENTS]
             else:
@@ -226,6 +230,9 @@ def quantize_block_scaled(
     input_dtype: str | None = None,
     stream: Any = None,
     schedule: Schedule | None = None,
+    rounding: str = "nearest_even",
+    seed: Any = 0,
+    offset: Any = 0,
 ) -> tuple[Any, Any]:
     """Quantize CuPy array ``x`` along its last axis; returns ``(codes, scales)`` (CuPy arrays).
 
@@ -237,6 +244,9 @@ def quantize_block_scaled(
     over the finite elements), or None (one level: S_enc = 1).
     ``input_dtype``: ``"bfloat16"`` for a uint16 array holding bfloat16 bits (CuPy has no
     bfloat16); otherwise x's own dtype.
+    ``rounding="stochastic"`` (NVFP4 only): §1.6 with the Philox words of x's row-major flat
+    indices; ``seed`` and ``offset`` are integers in [0, 2**64) or one-element int64 CuPy arrays
+    (read on the device at launch, so a captured graph replays with a new offset).
     """
     import cupy
     import numpy as np
@@ -248,8 +258,14 @@ def quantize_block_scaled(
         raise InvalidProblem(f"bfloat16 input travels as uint16 bits in CuPy; got an array of {x.dtype}")
     if dtype not in INPUT_TAGS:
         raise InvalidProblem(f"x has dtype {dtype}; block-scaled quantization reads float16, bfloat16 or float32")
-    if element not in ELEMENT_TAGS:
-        raise InvalidProblem(f"element {element!r} is not one of {sorted(ELEMENT_TAGS)}")
+    if element not in ELEMENT_TAGS or element == "nvfp4_sr":
+        raise InvalidProblem(f"element {element!r} is not one of {sorted(set(ELEMENT_TAGS) - {'nvfp4_sr'})}")
+    if rounding not in ("nearest_even", "stochastic"):
+        raise InvalidProblem(f"rounding must be 'nearest_even' or 'stochastic', got {rounding!r}")
+    stochastic = rounding == "stochastic"
+    if stochastic and element != "nvfp4":
+        raise Unsupported(f"stochastic rounding has a kernel for NVFP4 only, not {element!r}")
+    rng = rng_arguments(seed, offset) if stochastic else (0, 0, 0, 0)
     if block == 32:
         if rule not in MX_RULES or element not in MX_ELEMENTS:
             raise InvalidProblem(f"MX scale rule {rule!r} is not one of {sorted(MX_RULES)}")
@@ -281,7 +297,7 @@ def quantize_block_scaled(
     info = device_info(x.device.id)
     teams = rows * blocks_per_row
     sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count)
-    name = kernel_name(dtype, element, block, divide, contiguous, sched)
+    name = kernel_name(dtype, "nvfp4_sr" if stochastic else element, block, divide, contiguous, sched)
     fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     slots = sched.slots(dtype, block, teams)
     threads, grid = launch_shape(slots, info.sm_count, _resident(fn) if sched.persistent else 0, sched.unroll)
@@ -313,8 +329,25 @@ def quantize_block_scaled(
         if tensor_amax.dtype != cupy.float32 or tensor_amax.size != 1:
             raise InvalidProblem("tensor_amax must be a one-element float32 array")
         amax_ptr = tensor_amax.data.ptr
-    fn((grid,), (threads,), (*args, np.uint64(amax_ptr)), stream=stream)
+    fn((grid,), (threads,), (*args, np.uint64(amax_ptr), *(np.uint64(v) for v in rng)), stream=stream)
     return codes, scales
+
+
+def rng_arguments(seed: Any, offset: Any) -> tuple[int, int, int, int]:
+    """The kernel's ``(seed_ptr, offset_ptr, seed_value, offset_value)``: each of ``seed`` and
+    ``offset`` is an integer in [0, 2**64) (pointer 0) or a one-element int64 CuPy array (its
+    pointer; the kernel reads it at launch)."""
+    ptrs, values = [0, 0], [0, 0]
+    for i, (name, v) in enumerate((("seed", seed), ("offset", offset))):
+        if hasattr(getattr(v, "data", None), "ptr"):  # a device array
+            if str(v.dtype) != "int64" or v.size != 1:
+                raise InvalidProblem(f"{name} must be a one-element int64 device array, got {v.dtype} of size {v.size}")
+            ptrs[i] = int(v.data.ptr)
+        elif isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < 2**64:
+            raise InvalidProblem(f"{name} must be an integer in [0, 2**64) or a one-element int64 array, got {v!r}")
+        else:
+            values[i] = int(v)
+    return ptrs[0], ptrs[1], values[0], values[1]
 
 
 def tensor_amax_of(x: Any, dtype: str, stream: Any) -> Any:

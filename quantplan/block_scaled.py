@@ -76,7 +76,7 @@ from ._block_scaled_tile_kernels import (
 )
 from ._block_scaled_tile_kernels import _allow_shared as allow_shared
 from ._device import device_info, stream_device_id
-from ._launch import PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
+from ._launch import RNG_FIELDS, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
 from ._plan import Plan, check_descriptor, choose_backend, preferred
 from ._tuning import kernel_options
@@ -712,6 +712,7 @@ _QUANTIZE_PARAMS = params_struct(
         *fields(ctypes.c_float, "amax_floor", "enc_overflow"),
         *fields(ctypes.c_int64, "pad_rows", "pad_cols"),
         ("tensor_amax", ctypes.c_uint64),
+        *RNG_FIELDS,  # the Philox seed and offset of NVFP4's stochastic rounding (zero: nearest)
     ],
 )
 _AMAX_PARAMS = params_struct(

@@ -196,7 +196,9 @@ def _block_scaled() -> Iterator[Select]:
 def block_scaled_launcher_names() -> set[str]:
     """The names only the block-scaled launcher functions (not a plan) select: the MX 32x32 tiles
     of the elements whose formats have no 2-D geometry (MXFP6, MXFP4, MXINT8;
-    ``quantize_block_scaled_2d`` serves any MX element)."""
+    ``quantize_block_scaled_2d`` serves any MX element), and NVFP4 with stochastic rounding over
+    every schedule row."""
+    from quantplan import _block_scaled_kernels as bk
     from quantplan import _block_scaled_tile_kernels as tk
 
     names = set()
@@ -204,6 +206,11 @@ def block_scaled_launcher_names() -> set[str]:
         if block == (32, 32):
             for element in ("e2m3", "e3m2", "e2m1", "int8"):
                 names |= {tk.tile_kernel_name(dtype, element, False, aligned, sched) for aligned in (True, False)}
+    for dtype, (contiguous, block, small) in itertools.product(bk.INPUT_TAGS, bk.SCHEDULES):
+        if block == 16:
+            teams = 1 if small else 1 << 24
+            sched = bk.choose_schedule(dtype, 16, contiguous, teams, 132)
+            names.add(bk.kernel_name(dtype, "nvfp4_sr", 16, False, contiguous, sched))
     return names
 
 
