@@ -1511,9 +1511,10 @@ def block_specs() -> list[BlockSpec]:
 
 
 def _block_desc(spec: BlockSpec) -> Any:
+    """The descriptor of ``spec`` (fused rows: ``columnwise="transposed"``, a field of the wired plans)."""
     import quantplan as qp
 
-    return qp.BlockScaledQuantizeDescriptor(
+    fields: dict[str, Any] = dict(
         shape=spec.shape,
         format=spec.fmt,
         input_element=_float_kind(spec.dtype),
@@ -1522,6 +1523,9 @@ def _block_desc(spec: BlockSpec) -> Any:
         scale_layout=spec.layout,
         rounding=qp.Rounding.STOCHASTIC if spec.stochastic else qp.Rounding.NEAREST_EVEN,
     )
+    if spec.fused:
+        fields["columnwise"] = "transposed"
+    return qp.BlockScaledQuantizeDescriptor(**fields)
 
 
 def _kernel_kwargs(spec: BlockSpec) -> dict[str, Any]:
@@ -1563,39 +1567,46 @@ def _first_outputs(fn: Callable[[], Any]) -> Callable[[], list[Any]]:
 
 
 def _block_ours(spec: BlockSpec, xs: Sequence[Any], opt: Options) -> _BlockOurs:
-    """The plan on CUDA (or on the reference backend with ``--cpu-smoke``); where its ``select``
-    raises (the plan not wired to the kernel yet), the kernel launcher of ``bench_block_scaled``."""
-    import torch
-
+    """The plan on CUDA (on the reference backend with ``--cpu-smoke``; fused rows: the plan's
+    ``columnwise="transposed"`` copy); where the plan refuses the problem or lacks the field (not
+    wired on this tree), the kernel launcher of ``bench_block_scaled``, with the plan's reason."""
     import quantplan as qp
 
-    if spec.fused and opt.cpu:  # --cpu-smoke: the reference's pair stands in for the launcher
+    if spec.fused and opt.cpu:  # --cpu-smoke: the reference's pair stands in for the kernel
         thunks = [partial(_block_reference, spec, _x_host(x)) for x in xs]
         return _BlockOurs(thunks, _first_outputs(thunks[0]), "reference (--cpu-smoke)")
-    if spec.fused:  # no plan takes the fused transpose: the launcher
-        import bench_block_scaled as bbs
-
-        fns = [bbs._ours_tiles(x, True, **_kernel_kwargs(spec)) for x in xs]
-        return _BlockOurs(fns, _first_outputs(fns[0]), "kernel launcher (fused transpose)")
-    desc = _block_desc(spec)
-    p = desc._problem()
     try:
-        plan = _select_block(desc, opt)
-    except qp.QuantPlanError as exc:
+        return _block_plan(spec, xs, opt)
+    except (qp.QuantPlanError, TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         if opt.cpu:
             raise
         import bench_block_scaled as bbs
 
         kw = _kernel_kwargs(spec)
-        tiles = spec.block is not None and spec.block[0] > 1
-        fns = [bbs._ours_tiles(x, False, **kw) if tiles else bbs._ours(x, **kw) for x in xs]
+        tiles = spec.fused or (spec.block is not None and spec.block[0] > 1)
+        fns = [bbs._ours_tiles(x, spec.fused, **kw) if tiles else bbs._ours(x, **kw) for x in xs]
         reason = _brief(exc).split(":", 1)[-1].strip()[:80]
         return _BlockOurs(fns, _first_outputs(fns[0]), f"kernel launcher (plan: {reason})")
+
+
+def _block_plan(spec: BlockSpec, xs: Sequence[Any], opt: Options) -> _BlockOurs:
+    """``BlockScaledQuantizePlan.run`` on each buffer set of ``spec`` (raises where the plan does not serve it)."""
+    import torch
+
+    import quantplan as qp
+
+    desc = _block_desc(spec)
+    p = desc._problem()
+    plan = _select_block(desc, opt)
     ws = qp.Workspace.allocate(plan.workspace_size(), device=None if not opt.cpu else False)
     scale_dtype = {qp.ElementKind.F32: torch.float32, qp.ElementKind.I32: torch.int32}.get(p.scale_kind, torch.uint8)
     code_dtype = torch.int8 if p.code_kind is qp.ElementKind.S8 else torch.uint8
     dev = "cpu" if opt.cpu else _DEV
     amax = torch.tensor([BLOCK_AMAX], dtype=torch.float32, device=dev) if spec.amax == "given" else None
+
+    def host(a: Any) -> Any:  # --cpu-smoke: the reference backend reads NumPy
+        return a if a is None or not opt.cpu else to_numpy(a, bf16="bfloat16")
+
     sets = []
     for x in xs:
         outs = [
@@ -1604,19 +1615,23 @@ def _block_ours(spec: BlockSpec, xs: Sequence[Any], opt: Options) -> _BlockOurs:
         ]
         if p.is_nvfp4:
             outs.append(torch.empty((1,), dtype=torch.float32, device=dev))
-        arrays = [x, *outs, amax]
-        if opt.cpu:
-            arrays = [None if a is None else to_numpy(a, bf16="bfloat16") for a in arrays]
+        fields: dict[str, Any] = {}
+        if spec.fused:
+            outs.append(torch.empty(desc.columnwise_codes_shape, dtype=code_dtype, device=dev))
+            outs.append(torch.empty(desc.columnwise_scales_shape, dtype=scale_dtype, device=dev))
+            fields = {"columnwise_codes": host(outs[-2]), "columnwise_scales": host(outs[-1])}
+        outs = [host(o) for o in outs]
         args = qp.BlockScaledQuantizeArgs(
-            input=arrays[0],
-            codes=arrays[1],
-            scales=arrays[2],
-            tensor_scale=arrays[3] if p.is_nvfp4 else None,
-            global_amax=arrays[-1],
+            input=host(x),
+            codes=outs[0],
+            scales=outs[1],
+            tensor_scale=outs[2] if p.is_nvfp4 else None,
+            global_amax=host(amax),
             rng_seed=SEED if spec.stochastic else None,
             rng_offset=0 if spec.stochastic else None,
+            **fields,
         )
-        sets.append((args, arrays[1:4] if p.is_nvfp4 else arrays[1:3]))
+        sets.append((args, outs))
     stream = None if opt.cpu else torch.cuda.current_stream()
     thunks = [partial(plan.run, stream, ws, a) for a, _ in sets]
     return _BlockOurs(thunks, lambda: list(sets[0][1]), f"plan `{plan.sku().variant}`")
