@@ -28,6 +28,22 @@ of every plan family (static quantize / dequantize per-token int8 and group(128)
 e4m3 per-tensor, dynamic FP8 per-token, per-channel and per-tensor, fake quantize per-channel
 forward and backward, quantize / dequantize backward).
 
+Block-scaled rows (their own table, ``--only-block``): MXFP8 e4m3 rceil / floor / 128x4 blocked
+scales, MXFP6 e2m3, MXFP4, MXINT8, MXFP8 32x32 tiles, NVFP4 (given and computed tensor amax,
+stochastic), FP8 1x128 (div; enc column-major; UE8M0 packed for DeepGEMM), FP8 128x128 (enc,
+div), the fused rowwise + columnwise copies (MXFP8, FP8 1x128) and MXFP8 at 16x8192, bf16 and
+fp16. Each: ours (``BlockScaledQuantizePlan.run``, or the kernel launcher of
+``bench_block_scaled.py`` where the plan does not serve the problem on CUDA, with the plan's
+reason in ``ran``), a copy of the same bytes, ``torch.compile`` of ``block_math.py`` (the same
+format in plain PyTorch) where torchao lacks the format or layout (MXFP6, MXINT8, the blocked and
+packed UE8M0 layouts, FP8 div), and torchao 0.18 on the same input (``torch.compile(to_mx)``,
+``torch.compile(NVFP4Tensor.to_nvfp4)``, its Triton FP8 1x128 / transposed / 128x128 kernels;
+installed next to the package, see ``../shared/peers/torchao/README.md``). Bits: ours against the
+reference byte for byte; the peer against ours where the rule is the same (MX blocks where torchao
+0.18's known rceil / byte-0 defects apply are counted apart), the share of differing bytes where
+it is not (NVFP4 te vs torchao order, also checked against the reference's ``scale_mode="torchao"``;
+FP8 div vs enc). A peer that fails leaves its error in the row.
+
 Checks before timing: every plan's outputs are compared bit for bit with the reference backend
 (``PlanPreference(backend=BackendKind.REFERENCE)``) on the same input (copied to NumPy), after
 poisoning the outputs; every compat row is compared with DeepSpeed's output (fraction of codes
@@ -45,6 +61,7 @@ Usage (on a GPU machine, from the repository root, with the package importable: 
 or ``PYTHONPATH=.``; on a machine without network, pydantic from local wheels)::
 
     python3 benchmarks/bench_peers.py [--quick] [--out PATH] [--json PATH] [--commit SHA]
+    python3 benchmarks/bench_peers.py --only-block [--dtype bf16|fp16] [--only TEXT]
 
 About 4 minutes on an H200 (DeepSpeed loaded from its saved build; ``torch.compile``'s
 compilations take most of it). The table goes to stdout and to ``benchmarks/results/<device>.md``
@@ -54,8 +71,11 @@ pass ``--commit`` where the tree has no ``.git``). ``--quick``: fewer repetition
 ``--no-deepspeed``: leave those peers out. ``--time-limit S``: past S seconds, later rows skip
 ``torch.compile`` (default 330); ``--stop-after S``: past S seconds, the rows left are listed
 unrun (default 470, so one run stays under 8 minutes). ``--json PATH``: every figure as JSON.
-``--cpu-smoke``: no GPU: build every row on small shapes and run it on the reference backend
-(checks the plumbing, times nothing). Exit status 1 when a plan differs from the reference or a
+``--only-block`` / ``--no-block``: only / none of the block-scaled rows (``--only-block`` writes
+``benchmarks/results/<device>-block-peers.md`` by default); ``--no-torchao``: leave torchao out;
+``--dtype``: the rows of one float dtype; ``--quick`` keeps the bf16 block rows (torchao's MX and
+NVFP4 casts read bf16 and f32 only). ``--cpu-smoke``: no GPU: build every row on small shapes and
+run it on the reference backend (checks the plumbing, times nothing). Exit status 1 when a plan differs from the reference or a
 row fails, 2 without a GPU.
 """
 
@@ -1578,7 +1598,7 @@ def _block_ours(spec: BlockSpec, xs: Sequence[Any], opt: Options) -> _BlockOurs:
     try:
         return _block_plan(spec, xs, opt)
     except (qp.QuantPlanError, TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        if opt.cpu:
+        if opt.cpu or spec.stochastic:  # the launchers round to nearest only
             raise
         import bench_block_scaled as bbs
 
@@ -2139,6 +2159,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only-block", action="store_true", help="only the block-scaled rows (MX, NVFP4, FP8 blocks; torchao peers)"
     )
     block.add_argument("--no-block", action="store_true", help="leave the block-scaled rows out")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), help="only the rows of this float dtype")
     p.add_argument("--no-torchao", action="store_true", help="leave torchao out of the block-scaled rows")
     return p.parse_args(argv)
 
@@ -2157,6 +2178,9 @@ def main(argv: list[str] | None = None) -> int:
     # Block-scaled rows: --quick keeps bf16 (the dtype torchao's MX and NVFP4 casts read).
     block_rows = [] if args.no_block else [b for b in block_specs() if any(t in b.name for t in wanted)]
     block_rows = [b for b in block_rows if not (args.quick and b.dtype == "fp16")]
+    if args.dtype:
+        rows = [r for r in rows if r.dtype == args.dtype]
+        block_rows = [b for b in block_rows if b.dtype == args.dtype]
     if args.cpu_smoke:
         _DEV = "cpu"
         rows = [replace(s, shape=(8, s.shape[1]) if s.kind != "reduce" else (16, s.shape[1])) for s in rows]

@@ -96,3 +96,18 @@ def test_encoders_cover_every_code() -> None:
         keep = np.isfinite(values)
         got = block_math.encode_fp(torch.from_numpy(values[keep]), element).numpy()
         np.testing.assert_array_equal(got, codes[keep])
+
+
+def test_bench_peers_block_rows_run_on_the_reference_backend(tmp_path: Path) -> None:
+    """``bench_peers.py --cpu-smoke --only-block``: the block rows build, run on the reference
+    backend, equal the reference, and the block_math column equals ours (plumbing; times nothing)."""
+    import bench_peers
+
+    out = tmp_path / "block.md"
+    only = "MXINT8|FP8 1x128 UE8M0|rowwise + columnwise|NVFP4 te, given"
+    status = bench_peers.main(["--cpu-smoke", "--only-block", "--quick", "--only", only, "--out", str(out)])
+    text = out.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "bf16" in line]
+    assert status == 0 and len(rows) == 5, text
+    assert all("= reference" in row for row in rows), text
+    assert sum("torch.compile = ours" in row for row in rows) == 2, text
