@@ -2193,9 +2193,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         torch.manual_seed(0)
-        ds, ds_note = (
-            (None, "left out (--no-deepspeed)") if args.no_deepspeed else load_deepspeed(args.ds_so, args.ds_src)
-        )
+        if args.no_deepspeed or not rows:  # DeepSpeed has no block-scaled op: not built for block rows alone
+            ds, ds_note = (
+                None,
+                "left out (--no-deepspeed)" if args.no_deepspeed else "not needed (block-scaled rows only)",
+            )
+        else:
+            ds, ds_note = load_deepspeed(args.ds_so, args.ds_src)
         header = harness.device_summary()
     header.update(commit=args.commit or _git_commit(), deepspeed=ds_note, quick=args.quick)
     use_compile = not (args.no_compile or args.cpu_smoke)
