@@ -1769,6 +1769,10 @@ def _block_peer(spec: BlockSpec, peers: Mapping[str, Any]) -> tuple[str, Callabl
     key = spec.peer
     if not key:
         return NA, None, ""
+
+    def wrap(name: str) -> str:  # torchao's PyTorch casts run compiled unless --no-compile
+        return f"torch.compile({name})" if peers.get("compiled", True) else f"{name} (eager: --no-compile)"
+
     if key in ("to_mx", "to_mx_pair", "nvfp4", "nvfp4_amax") and spec.dtype == "fp16":
         return NA, None, "torchao's to_mx / to_nvfp4 read bfloat16 and float32 only"
     if key == "fp8_lhs_pair":
@@ -1785,18 +1789,18 @@ def _block_peer(spec: BlockSpec, peers: Mapping[str, Any]) -> tuple[str, Callabl
         sm = modes.RCEIL if spec.mode == "rceil" else modes.FLOOR
         if key == "to_mx_pair":
             return (
-                f"torch.compile(to_mx) dim0 + dim1 {sm.name}",
+                f"{wrap('to_mx')} dim0 + dim1 {sm.name}",
                 lambda x: [t for pair in f(x, elem, sm) for t in pair],
                 "",
             )
         swizzled = spec.layout == "blocked"
-        name = f"torch.compile(to_mx) {sm.name}" + (" swizzled" if swizzled else "")
+        name = f"{wrap('to_mx')} {sm.name}" + (" swizzled" if swizzled else "")
         return name, lambda x: f(x, elem, 32, sm, is_swizzled_scales=swizzled), ""
     if key == "nvfp4":
         pts = torch.tensor(BLOCK_AMAX / 2688.0, dtype=torch.float32, device=_DEV)
-        return "torch.compile(NVFP4Tensor.to_nvfp4)", lambda x: f(x, pts.to(x.device)), ""
+        return wrap("NVFP4Tensor.to_nvfp4"), lambda x: f(x, pts.to(x.device)), ""
     if key == "nvfp4_amax":
-        return "torch.compile(to_nvfp4, amax of x)", f, ""
+        return wrap("to_nvfp4, amax of x"), f, ""
     name = {"fp8_lhs": "torchao triton act_quant_lhs", "fp8_rhs": "torchao triton weight_quant_rhs"}[key]
     return name, lambda x: f(x, 128), ""
 
@@ -2240,6 +2244,7 @@ def main(argv: list[str] | None = None) -> int:
             header["torchao"] = "left out (--no-torchao)"
         else:
             peers, missing = harness.load_torchao(compile=use_compile)
+            peers["compiled"] = use_compile
             header["torchao"] = _torchao_version() + ("; unavailable: " + " / ".join(missing) if missing else "")
         for bspec in block_rows:
             t0 = time.perf_counter()
