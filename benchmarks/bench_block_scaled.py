@@ -219,31 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.time()
     peers: dict[str, Any] = {}
     if not args.no_peers:
-        try:
-            from torchao.prototype.blockwise_fp8_training.kernels import triton_fp8_blockwise_act_quant_lhs
-            from torchao.prototype.mx_formats.config import ScaleCalculationMode
-            from torchao.prototype.mx_formats.mx_tensor import to_mx
-
-            to_mx_c = torch.compile(to_mx)
-            peers["to_mx"] = (to_mx_c, ScaleCalculationMode)
-            peers["fp8_lhs"] = triton_fp8_blockwise_act_quant_lhs
-            from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
-
-            peers["nvfp4"] = torch.compile(
-                lambda x, s: NVFP4Tensor.to_nvfp4(x, per_tensor_scale=s)  # noqa: E731
-            )
-        except Exception as exc:  # torchao missing or its API moved: the rows keep our figures
-            print(f"torchao unavailable: {exc!r}", file=sys.stderr)
-        try:
-            from torchao.prototype.blockwise_fp8_training.kernels import (
-                triton_fp8_blockwise_act_quant_transposed_lhs,
-                triton_fp8_blockwise_weight_quant_rhs,
-            )
-
-            peers["fp8_rhs"] = triton_fp8_blockwise_weight_quant_rhs
-            peers["fp8_lhs_t"] = triton_fp8_blockwise_act_quant_transposed_lhs
-        except Exception as exc:  # torchao missing or its API moved: the rows keep our figures
-            print(f"torchao unavailable: {exc!r}", file=sys.stderr)
+        peers, missing = harness.load_torchao()
+        for line in missing:  # the rows keep our figures
+            print(f"torchao unavailable: {line}", file=sys.stderr)
 
     lines = [
         "| workload | dtype | ours µs | copy µs | % of copy | peer | peer µs | × peer | vs reference |",
@@ -322,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             peer_name, peer_us = "—", None
             if "to_mx" in peers and kind == "mx" and kw["element"] in ("e4m3", "e2m1") and kw.get("layout") is None:
                 to_mx_c, mode = peers["to_mx"]
-                elem = torch.float8_e4m3fn if kw["element"] == "e4m3" else "fp4_e2m1"
+                elem = torch.float8_e4m3fn if kw["element"] == "e4m3" else torch.float4_e2m1fn_x2
                 sm = mode.RCEIL if kw["rule"] == "rceil" else mode.FLOOR
                 try:
                     pf = [lambda xi=xi, f=to_mx_c, e=elem, m=sm: f(xi, e, 32, m) for xi in xs]

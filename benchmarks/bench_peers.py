@@ -29,6 +29,22 @@ of every plan family (static quantize / dequantize per-token int8 and group(128)
 e4m3 per-tensor, dynamic FP8 per-token, per-channel and per-tensor, fake quantize per-channel
 forward and backward, quantize / dequantize backward).
 
+Block-scaled rows (their own table, ``--only-block``): MXFP8 e4m3 rceil / floor / 128x4 blocked
+scales, MXFP6 e2m3, MXFP4, MXINT8, MXFP8 32x32 tiles, NVFP4 (given and computed tensor amax,
+stochastic), FP8 1x128 (div; enc column-major; UE8M0 packed for DeepGEMM), FP8 128x128 (enc,
+div), the fused rowwise + columnwise copies (MXFP8, FP8 1x128) and MXFP8 at 16x8192, bf16 and
+fp16. Each: ours (``BlockScaledQuantizePlan.run``, or the kernel launcher of
+``bench_block_scaled.py`` where the plan does not serve the problem on CUDA, with the plan's
+reason in ``ran``), a copy of the same bytes, ``torch.compile`` of ``block_math.py`` (the same
+format in plain PyTorch) where torchao lacks the format or layout (MXFP6, MXINT8, the blocked and
+packed UE8M0 layouts, FP8 div), and torchao 0.18 on the same input (``torch.compile(to_mx)``,
+``torch.compile(NVFP4Tensor.to_nvfp4)``, its Triton FP8 1x128 / transposed / 128x128 kernels;
+installed next to the package, see ``../shared/peers/torchao/README.md``). Bits: ours against the
+reference byte for byte; the peer against ours where the rule is the same (MX blocks where torchao
+0.18's known rceil / byte-0 defects apply are counted apart), the share of differing bytes where
+it is not (NVFP4 te vs torchao order, also checked against the reference's ``scale_mode="torchao"``;
+FP8 div vs enc). A peer that fails leaves its error in the row.
+
 Checks before timing: every plan's outputs are compared bit for bit with the reference backend
 (``PlanPreference(backend=BackendKind.REFERENCE)``) on the same input (copied to NumPy), after
 poisoning the outputs; every compat row is compared with DeepSpeed's output (fraction of codes
@@ -46,6 +62,7 @@ Usage (on a GPU machine, from the repository root, with the package importable: 
 or ``PYTHONPATH=.``; on a machine without network, pydantic from local wheels)::
 
     python3 benchmarks/bench_peers.py [--quick] [--out PATH] [--json PATH] [--commit SHA]
+    python3 benchmarks/bench_peers.py --only-block [--dtype bf16|fp16] [--only TEXT]
 
 About 4 minutes on an H200 (DeepSpeed loaded from its saved build; ``torch.compile``'s
 compilations take most of it). The table goes to stdout and to ``benchmarks/results/<device>.md``
@@ -55,8 +72,11 @@ pass ``--commit`` where the tree has no ``.git``). ``--quick``: fewer repetition
 ``--no-deepspeed``: leave those peers out. ``--time-limit S``: past S seconds, later rows skip
 ``torch.compile`` (default 330); ``--stop-after S``: past S seconds, the rows left are listed
 unrun (default 470, so one run stays under 8 minutes). ``--json PATH``: every figure as JSON.
-``--cpu-smoke``: no GPU: build every row on small shapes and run it on the reference backend
-(checks the plumbing, times nothing). Exit status 1 when a plan differs from the reference or a
+``--only-block`` / ``--no-block``: only / none of the block-scaled rows (``--only-block`` writes
+``benchmarks/results/<device>-block-peers.md`` by default); ``--no-torchao``: leave torchao out;
+``--dtype``: the rows of one float dtype; ``--quick`` keeps the bf16 block rows (torchao's MX and
+NVFP4 casts read bf16 and f32 only). ``--cpu-smoke``: no GPU: build every row on small shapes and
+run it on the reference backend (checks the plumbing, times nothing). Exit status 1 when a plan differs from the reference or a
 row fails, 2 without a GPU.
 """
 
@@ -1019,6 +1039,10 @@ class Result:
     compat_vs_ds: str = NA
     notes: list[str] = field(default_factory=list)
     failed: bool = False
+    #: Block-scaled rows (``metric="block"``): the torchao peer, its µs, its bytes against ours.
+    peer: str = NA
+    peer_us: float | None = None
+    peer_vs_ours: str = NA
 
 
 @dataclass
@@ -1433,6 +1457,545 @@ def _takes_check(plan: Any) -> bool:
         return False
 
 
+# ---- block-scaled rows (MX, NVFP4, FP8 blocks) -------------------------------------------------------------
+
+#: The calibrated NVFP4 tensor amax of the "given amax" rows (the bench's data: randn * 4 stays below it).
+BLOCK_AMAX = 24.0
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One block-scaled workload: a :data:`quantplan.formats.FORMATS` row and its options.
+
+    ``fused``: rowwise and columnwise copies from one read (``block`` 32: MXFP8; 128: FP8 1x128);
+    ``amax``: NVFP4's tensor amax, ``given`` (:data:`BLOCK_AMAX`) or ``computed``; ``peer``: the
+    torchao producer timed on the same input (``to_mx``, ``to_mx_pair``, ``nvfp4``, ``nvfp4_amax``,
+    ``fp8_lhs``, ``fp8_lhs_pair``, ``fp8_rhs``); ``math``: the ``benchmarks/block_math.py``
+    function timed under ``torch.compile`` (``mx`` or ``fp8``) where torchao lacks the format or layout.
+    """
+
+    label: str
+    fmt: str
+    shape: tuple[int, int]
+    dtype: str
+    block: tuple[int, int] | None = None
+    mode: str | None = None
+    layout: str = "compact"
+    fused: bool = False
+    amax: str = ""
+    stochastic: bool = False
+    peer: str = ""
+    math: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.label} {'x'.join(map(str, self.shape))}"
+
+    @property
+    def element(self) -> str:
+        """The reference's element name (``e4m3``, ``e2m3``, ``e2m1``, ``int8``, ...)."""
+        return {"mxfp8_e4m3": "e4m3", "mxfp6_e2m3": "e2m3", "mxfp4": "e2m1", "mxint8": "int8"}.get(self.fmt, "e4m3")
+
+    @property
+    def family(self) -> str:
+        return "mx" if self.fmt.startswith("mx") else "nvfp4" if self.fmt == "nvfp4" else "fp8"
+
+
+def block_specs() -> list[BlockSpec]:
+    """The block-scaled rows, bf16 then fp16 (issue 25's bars: 8192 x 8192 and 16 x 8192)."""
+    rows: list[BlockSpec] = []
+    for dtype in ("bf16", "fp16"):
+        b = partial(BlockSpec, shape=BIG, dtype=dtype)
+        rows += [
+            b("MXFP8 e4m3 rceil", "mxfp8_e4m3", mode="rceil", peer="to_mx"),
+            b("MXFP8 e4m3 floor", "mxfp8_e4m3", mode="floor", peer="to_mx"),
+            b(
+                "MXFP8 e4m3 rceil, 128x4 blocked scales",
+                "mxfp8_e4m3",
+                mode="rceil",
+                layout="blocked",
+                peer="to_mx",
+                math="mx",
+            ),
+            b("MXFP6 e2m3 rceil", "mxfp6_e2m3", mode="rceil", peer="to_mx", math="mx"),
+            b("MXFP4 e2m1 rceil", "mxfp4", mode="rceil", peer="to_mx"),
+            b("MXINT8 rceil", "mxint8", mode="rceil", math="mx"),
+            b("MXFP8 e4m3 32x32 tiles rceil", "mxfp8_e4m3", block=(32, 32), mode="rceil"),
+            b("NVFP4 te, given tensor amax", "nvfp4", amax="given", peer="nvfp4"),
+            b("NVFP4 te, computed tensor amax", "nvfp4", amax="computed", peer="nvfp4_amax"),
+            b("NVFP4 te stochastic, given tensor amax", "nvfp4", amax="given", stochastic=True),
+            b("FP8 1x128 div f32", "fp8_block_e4m3", mode="div", math="fp8"),
+            b("FP8 1x128 enc f32 column-major", "fp8_block_e4m3", mode="enc", layout="column_major", peer="fp8_lhs"),
+            b("FP8 1x128 UE8M0 packed (DeepGEMM)", "fp8_block_e4m3_ue8m0", layout="packed_ue8m0", math="fp8"),
+            b("FP8 128x128 enc f32", "fp8_block_e4m3", block=(128, 128), mode="enc", peer="fp8_rhs"),
+            b("FP8 128x128 div f32", "fp8_block_e4m3", block=(128, 128), mode="div", peer="fp8_rhs"),
+            b("MXFP8 e4m3 rceil rowwise + columnwise", "mxfp8_e4m3", mode="rceil", fused=True, peer="to_mx_pair"),
+            b("FP8 1x128 enc rowwise + columnwise", "fp8_block_e4m3", mode="enc", fused=True, peer="fp8_lhs_pair"),
+            BlockSpec("MXFP8 e4m3 rceil", "mxfp8_e4m3", SMALL, dtype, mode="rceil", peer="to_mx"),
+        ]
+    return rows
+
+
+def _block_desc(spec: BlockSpec) -> Any:
+    """The descriptor of ``spec`` (fused rows: ``columnwise="transposed"``, a field of the wired plans)."""
+    import quantplan as qp
+
+    fields: dict[str, Any] = dict(
+        shape=spec.shape,
+        format=spec.fmt,
+        input_element=_float_kind(spec.dtype),
+        block=spec.block,
+        scale_mode=spec.mode,
+        scale_layout=spec.layout,
+        rounding=qp.Rounding.STOCHASTIC if spec.stochastic else qp.Rounding.NEAREST_EVEN,
+    )
+    if spec.fused:
+        fields["columnwise"] = "transposed"
+    return qp.BlockScaledQuantizeDescriptor(**fields)
+
+
+def _kernel_kwargs(spec: BlockSpec) -> dict[str, Any]:
+    """``bench_block_scaled._ours`` / ``_ours_tiles`` keywords of ``spec`` (the kernel launchers)."""
+    rule = "ue8m0" if spec.fmt.endswith("ue8m0") else "te" if spec.family == "nvfp4" else str(spec.mode)
+    if spec.fused:
+        return {"block": 32 if spec.family == "mx" else 128, "rule": rule}
+    if spec.block is not None and spec.block[0] > 1:
+        return {"block": spec.block, "rule": rule, "element": spec.element, "layout": spec.layout}
+    element = "nvfp4" if spec.family == "nvfp4" else spec.element
+    block = {"mx": 32, "nvfp4": 16, "fp8": 128}[spec.family]
+    kw: dict[str, Any] = {"element": element, "block": block, "rule": rule, "layout": spec.layout}
+    if spec.family == "nvfp4":
+        kw["tensor_amax"] = "given" if spec.amax == "given" else "compute"
+    return kw
+
+
+@dataclass
+class _BlockOurs:
+    """Our producer of one block-scaled row: one thunk per buffer set, the outputs of set 0
+    (codes, scales[, tensor scale]; fused: rowwise then columnwise codes and scales) once called,
+    and what ran (the plan, or the kernel launcher where the plan does not serve the problem yet)."""
+
+    thunks: Sequence[Callable[[], Any]]
+    outputs: Callable[[], list[Any]]
+    how: str
+
+
+def _first_outputs(fn: Callable[[], Any]) -> Callable[[], list[Any]]:
+    """``fn``'s outputs as a list, from its first call (kept for the later ones)."""
+    kept: list[Any] = []
+
+    def outputs() -> list[Any]:
+        if not kept:
+            kept.extend(fn())
+        return kept
+
+    return outputs
+
+
+def _block_ours(spec: BlockSpec, xs: Sequence[Any], opt: Options) -> _BlockOurs:
+    """The plan on CUDA (on the reference backend with ``--cpu-smoke``; fused rows: the plan's
+    ``columnwise="transposed"`` copy); where the plan refuses the problem or lacks the field (not
+    wired on this tree), the kernel launcher of ``bench_block_scaled``, with the plan's reason."""
+    import quantplan as qp
+
+    if spec.fused and opt.cpu:  # --cpu-smoke: the reference's pair stands in for the kernel
+        thunks = [partial(_block_reference, spec, _x_host(x)) for x in xs]
+        return _BlockOurs(thunks, _first_outputs(thunks[0]), "reference (--cpu-smoke)")
+    try:
+        return _block_plan(spec, xs, opt)
+    except (qp.QuantPlanError, TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        if opt.cpu or spec.stochastic:  # the launchers round to nearest only
+            raise
+        import bench_block_scaled as bbs
+
+        kw = _kernel_kwargs(spec)
+        tiles = spec.fused or (spec.block is not None and spec.block[0] > 1)
+        fns = [bbs._ours_tiles(x, spec.fused, **kw) if tiles else bbs._ours(x, **kw) for x in xs]
+        reason = _brief(exc).split(":", 1)[-1].strip()[:80]
+        return _BlockOurs(fns, _first_outputs(fns[0]), f"kernel launcher (plan: {reason})")
+
+
+def _block_plan(spec: BlockSpec, xs: Sequence[Any], opt: Options) -> _BlockOurs:
+    """``BlockScaledQuantizePlan.run`` on each buffer set of ``spec`` (raises where the plan does not serve it)."""
+    import torch
+
+    import quantplan as qp
+
+    desc = _block_desc(spec)
+    p = desc._problem()
+    plan = _select_block(desc, opt)
+    ws = qp.Workspace.allocate(plan.workspace_size(), device=None if not opt.cpu else False)
+    scale_dtype = {qp.ElementKind.F32: torch.float32, qp.ElementKind.I32: torch.int32}.get(p.scale_kind, torch.uint8)
+    code_dtype = torch.int8 if p.code_kind is qp.ElementKind.S8 else torch.uint8
+    dev = "cpu" if opt.cpu else _DEV
+    amax = torch.tensor([BLOCK_AMAX], dtype=torch.float32, device=dev) if spec.amax == "given" else None
+
+    def host(a: Any) -> Any:  # --cpu-smoke: the reference backend reads NumPy
+        return a if a is None or not opt.cpu else to_numpy(a, bf16="bfloat16")
+
+    sets = []
+    for x in xs:
+        outs = [
+            torch.empty(p.codes_shape, dtype=code_dtype, device=dev),
+            torch.empty(p.scales_shape, dtype=scale_dtype, device=dev),
+        ]
+        if p.is_nvfp4:
+            outs.append(torch.empty((1,), dtype=torch.float32, device=dev))
+        fields: dict[str, Any] = {}
+        if spec.fused:
+            outs.append(torch.empty(desc.columnwise_codes_shape, dtype=code_dtype, device=dev))
+            outs.append(torch.empty(desc.columnwise_scales_shape, dtype=scale_dtype, device=dev))
+            fields = {"columnwise_codes": host(outs[-2]), "columnwise_scales": host(outs[-1])}
+        outs = [host(o) for o in outs]
+        args = qp.BlockScaledQuantizeArgs(
+            input=host(x),
+            codes=outs[0],
+            scales=outs[1],
+            tensor_scale=outs[2] if p.is_nvfp4 else None,
+            global_amax=host(amax),
+            rng_seed=SEED if spec.stochastic else None,
+            rng_offset=0 if spec.stochastic else None,
+            **fields,
+        )
+        sets.append((args, outs))
+    stream = None if opt.cpu else torch.cuda.current_stream()
+    thunks = [partial(plan.run, stream, ws, a) for a, _ in sets]
+    return _BlockOurs(thunks, lambda: list(sets[0][1]), f"plan `{plan.sku().variant}`")
+
+
+def _select_block(desc: Any, opt: Options) -> Any:
+    import quantplan as qp
+
+    if opt.cpu:
+        return qp.BlockScaledQuantizePlan.select(None, desc, qp.PlanPreference(backend=qp.BackendKind.REFERENCE))
+    import torch
+
+    return qp.BlockScaledQuantizePlan.select(torch.cuda.current_stream(), desc)
+
+
+def _host_bytes(a: Any) -> Any:
+    """The bytes of ``a`` (torch tensor in its logical order, CuPy or NumPy array) as flat uint8 NumPy."""
+    import numpy as np
+
+    if hasattr(a, "detach"):
+        return np.ascontiguousarray(to_numpy(a.contiguous())).reshape(-1).view(np.uint8)
+    if hasattr(a, "get"):
+        a = a.get()
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _byte_diff(got: Sequence[Any], want: Sequence[Any], names: Sequence[str]) -> str:
+    """ "" when every array of ``got`` holds the bytes of its ``want``, else which differ and how many."""
+    import numpy as np
+
+    bad = []
+    for g, w, n in zip(got, want, names, strict=False):
+        gb, wb = _host_bytes(g), _host_bytes(w)
+        if gb.size != wb.size:
+            bad.append(f"{n}: {gb.size} bytes for {wb.size}")
+        elif (d := int(np.count_nonzero(gb != wb))) != 0:
+            bad.append(f"{n} {_frac((d, gb.size))} of bytes")
+    return ", ".join(bad)
+
+
+def _x_host(x: Any) -> Any:
+    """x as the NumPy array the reference reads (bfloat16 through ml_dtypes)."""
+    return to_numpy(x, bf16="bfloat16")
+
+
+def _block_reference(spec: BlockSpec, xh: Any, mode: str | None = None) -> list[Any]:
+    """The reference's outputs for ``spec`` (``mode``: another scale mode, e.g. NVFP4 ``torchao``):
+    codes, the layout's scale buffer[, S_dec]; fused: rowwise then columnwise codes and scales."""
+    import numpy as np
+
+    import quantplan.reference_block_scaled as rb
+    from quantplan.block_scaled import reference_quantize
+
+    if spec.fused:
+        if spec.family == "mx":
+            pair = rb.quantize_transpose(xh, "mx", element=spec.element, scale_mode=spec.mode)
+        else:
+            pair = rb.quantize_transpose(xh, "fp8_block", block=(1, 128), scale_format="f32", elem_op=spec.mode)
+        return [pair.rowwise.codes, pair.rowwise.scales, pair.columnwise.codes, pair.columnwise.scales]
+    desc = _block_desc(spec if mode is None else replace(spec, mode=mode))
+    amax = BLOCK_AMAX if spec.amax == "given" else None
+    codes, scales, ts = reference_quantize(desc._problem(), xh, amax, SEED if spec.stochastic else 0, 0)
+    return [codes, scales] + ([np.array([ts], np.float32)] if ts is not None else [])
+
+
+def _mx_edge_blocks(xh: Any, element: str, rule: str) -> Any:
+    """Blocks [rows, n / 32] where torchao 0.18's known defects apply (MICROSCALING.md §2.6):
+    rceil with fl(amax / max) 1-2 ulps above a power of two or below 2^-126; any rule with scale byte 0."""
+    import numpy as np
+
+    import quantplan.reference_block_scaled as rb
+
+    x = np.asarray(xh, np.float32).reshape(xh.shape[0], -1, 32)
+    amax = np.where(np.isfinite(x), np.abs(x), 0).max(axis=-1).astype(np.float32)
+    limit = np.float32(rb.element_format(element).max_finite)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = (amax / limit).astype(np.float32).view(np.uint32)
+    edge = rb.e8m0_scale_byte(amax, element, rule) == 0
+    if rule == "rceil":
+        mant, exp = bits & 0x7FFFFF, (bits >> 23) & 0xFF
+        edge |= ((mant == 1) | (mant == 2)) | (exp == 0)
+    return edge
+
+
+def _compare_mx_blocks(peer: Sequence[Any], ours: Sequence[Any], xh: Any, spec: BlockSpec) -> str:
+    """torchao's MX (scales, codes) against ours (codes, compact scales), block by block, apart
+    from the blocks where its 0.18 defects apply (counted separately)."""
+    import numpy as np
+
+    rows = xh.shape[0]
+    ps, pc = (_host_bytes(a) for a in peer)
+    oc, os_ = (_host_bytes(a) for a in ours)
+    if ps.size != os_.size or pc.size != oc.size:
+        return f"sizes differ (codes {pc.size} / {oc.size} bytes, scales {ps.size} / {os_.size})"
+    nb = os_.size // rows
+    differ = (ps.reshape(rows, nb) != os_.reshape(rows, nb)) | (
+        pc.reshape(rows, nb, -1) != oc.reshape(rows, nb, -1)
+    ).any(axis=-1)
+    edge = _mx_edge_blocks(xh, spec.element, str(spec.mode))
+    inner = int(np.count_nonzero(differ & ~edge))
+    text = (
+        f"= ours on all {int((~edge).sum())} blocks"
+        if inner == 0
+        else f"≠ ours on {inner} of {int((~edge).sum())} blocks"
+    )
+    if edge.any():
+        text += f"; 0.18 edge blocks: {int(np.count_nonzero(differ & edge))} of {int(edge.sum())} differ"
+    return text
+
+
+def _block_peer(spec: BlockSpec, peers: Mapping[str, Any]) -> tuple[str, Callable[[Any], Any] | None, str]:
+    """(name, f(x) -> outputs, why not) of the torchao producer of ``spec``."""
+    import torch
+
+    key = spec.peer
+    if not key:
+        return NA, None, ""
+
+    def wrap(name: str) -> str:  # torchao's PyTorch casts run compiled unless --no-compile
+        return f"torch.compile({name})" if peers.get("compiled", True) else f"{name} (eager: --no-compile)"
+
+    if key in ("to_mx", "to_mx_pair", "nvfp4", "nvfp4_amax") and spec.dtype == "fp16":
+        return NA, None, "torchao's to_mx / to_nvfp4 read bfloat16 and float32 only"
+    if key == "fp8_lhs_pair":
+        if "fp8_lhs" not in peers or "fp8_lhs_t" not in peers:
+            return NA, None, "torchao's Triton kernels unavailable"
+        lhs, lhs_t = peers["fp8_lhs"], peers["fp8_lhs_t"]
+        return "torchao act_quant_lhs + act_quant_transposed_lhs", lambda x: (*lhs(x, 128), *lhs_t(x, 128)), ""
+    if key not in peers:
+        return NA, None, f"torchao {key} unavailable"
+    f = peers[key]
+    if key in ("to_mx", "to_mx_pair"):
+        f, modes = f if key == "to_mx" else (f, peers["to_mx"][1])
+        elem = {"e4m3": torch.float8_e4m3fn, "e2m3": "fp6_e2m3", "e2m1": torch.float4_e2m1fn_x2}[spec.element]
+        sm = modes.RCEIL if spec.mode == "rceil" else modes.FLOOR
+        if key == "to_mx_pair":
+            return (
+                f"{wrap('to_mx')} dim0 + dim1 {sm.name}",
+                lambda x: [t for pair in f(x, elem, sm) for t in pair],
+                "",
+            )
+        swizzled = spec.layout == "blocked"
+        name = f"{wrap('to_mx')} {sm.name}" + (" swizzled" if swizzled else "")
+        return name, lambda x: f(x, elem, 32, sm, is_swizzled_scales=swizzled), ""
+    if key == "nvfp4":
+        pts = torch.tensor(BLOCK_AMAX / 2688.0, dtype=torch.float32, device=_DEV)
+        return wrap("NVFP4Tensor.to_nvfp4"), lambda x: f(x, pts.to(x.device)), ""
+    if key == "nvfp4_amax":
+        return wrap("to_nvfp4, amax of x"), f, ""
+    name = {"fp8_lhs": "torchao triton act_quant_lhs", "fp8_rhs": "torchao triton weight_quant_rhs"}[key]
+    return name, lambda x: f(x, 128), ""
+
+
+def _peer_outputs(spec: BlockSpec, got: Any) -> list[Any]:
+    """torchao's outputs as a flat list: MX (scales, codes) per cast; NVFP4 (codes, scales); FP8 (codes, scales)."""
+    if spec.peer in ("nvfp4", "nvfp4_amax"):
+        return [got.qdata, got.scale]
+    return list(got)
+
+
+def _compare_peer(spec: BlockSpec, got: list[Any], ours: list[Any], xh: Any, p: Any) -> str:
+    """torchao's outputs against ours (bit for bit where the rule is the same; counts otherwise)."""
+    from quantplan.block_scaled import compact_scales
+
+    if spec.peer == "to_mx":
+        if spec.layout == "blocked":
+            d = _byte_diff(got[::-1], ours, ("codes", "scales"))
+            return "= ours" if not d else f"≠ ours: {d}"
+        return _compare_mx_blocks(got, ours[:2], xh.reshape(-1, xh.shape[-1]), spec)
+    if spec.peer == "to_mx_pair":
+        row = _compare_mx_blocks(got[:2], ours[:2], xh, spec)
+        col = _compare_mx_blocks(got[2:], ours[2:], xh.T.copy(), spec)
+        return f"rowwise {row}; columnwise {col}"
+    if spec.peer in ("nvfp4", "nvfp4_amax"):
+        d = _byte_diff(got, ours[:2], ("codes", "scales"))
+        ref = _block_reference(spec, xh, mode="torchao")
+        dr = _byte_diff(got, ref[:2], ("codes", "scales"))
+        mine = "= ours" if not d else f"≠ ours (te order vs torchao's): {d}"
+        return mine + ("; = reference scale_mode='torchao'" if not dr else f"; ≠ reference scale_mode='torchao': {dr}")
+    if spec.peer == "fp8_lhs_pair":
+        d = _byte_diff(got, ours, ("row codes", "row scales", "col codes", "col scales"))
+        return "= ours (enc; torchao floors amax at 1e-12)" if not d else f"≠ ours: {d}"
+    import numpy as np
+
+    import quantplan as qp
+
+    dtype = np.float32 if p.scale_kind is qp.ElementKind.F32 else np.uint8
+    ours_scales = compact_scales(p, _host_bytes(ours[1]).view(dtype).reshape(p.scales_shape))
+    d = _byte_diff(got, [ours[0], ours_scales], ("codes", "scales"))
+    if spec.mode != "enc":
+        return f"rules differ ({spec.mode} vs torchao's enc): " + (d or "same bytes")
+    return "= ours (enc; torchao floors amax at 1e-12)" if not d else f"≠ ours: {d}"
+
+
+def _block_math_fn(spec: BlockSpec) -> Callable[..., Any] | None:
+    """``benchmarks/block_math.py`` doing ``spec``'s format and layout in plain PyTorch, or None."""
+    import block_math
+
+    if spec.math == "mx":
+
+        def mx(x: Any, limit: Any) -> tuple[Any, Any]:
+            codes, scales = block_math.mx_quantize(x, limit, spec.element, str(spec.mode))
+            if spec.layout == "blocked":
+                scales = block_math.to_blocked(scales.reshape(-1, scales.shape[-1]))
+            return codes, scales
+
+        return mx
+    if spec.math == "fp8":
+        ue8m0 = spec.fmt.endswith("ue8m0")
+
+        def fp8(x: Any, limit: Any) -> tuple[Any, Any]:
+            codes, scales = block_math.fp8_block_quantize(x, limit, "ue8m0" if ue8m0 else "f32")
+            if spec.layout == "packed_ue8m0":
+                scales = block_math.packed_ue8m0(scales)
+            elif spec.layout == "column_major":
+                scales = block_math.col_major_tma_aligned(scales)
+            return codes, scales
+
+        return fp8
+    return None
+
+
+def measure_block(spec: BlockSpec, opt: Options, peers: Mapping[str, Any]) -> Result:
+    """One block-scaled row: ours (plan or launcher) timed against a copy of its bytes, checked
+    against the reference; ``torch.compile`` of ``block_math`` and the torchao peer on the same
+    input, timed, their bytes compared with ours."""
+    import torch
+
+    if opt.cpu:  # --cpu-smoke: small shapes, still multiples of torchao's blocks
+        spec = replace(spec, shape=(min(spec.shape[0], 256), 1024))
+    shape = spec.shape
+    row = Result(spec.name, spec.dtype, metric="block")
+    if not opt.cpu:
+        torch._dynamo.reset()  # each row compiles its own graphs (a shared cache would hit the recompile limit)
+    dev = "cpu" if opt.cpu else _DEV
+    x = (torch.randn(shape, device=dev, dtype=torch.float32) * 4).to(_float_dtype(spec.dtype))
+    n_in = x.numel() * x.element_size()
+    xs = [x] + [x.clone() for _ in range(0 if opt.cpu else harness.rotation_sets(2 * n_in) - 1)]
+    ours = _block_ours(spec, xs, opt)
+    row.variant = ours.how
+    ours.thunks[0]()
+    if not opt.cpu:
+        torch.cuda.synchronize()
+    outs = ours.outputs()
+    xh = _x_host(x)
+    names = ("row codes", "row scales", "col codes", "col scales") if spec.fused else ("codes", "scales", "S_dec")
+    d = _byte_diff(outs, _block_reference(spec, xh), names)
+    row.reference = "= reference" if not d else f"≠ reference ({d})"
+    row.failed = bool(d)
+    row.nbytes = n_in + sum(int(a.nbytes) for a in outs)
+    row.plan_us = _time(ours.thunks, opt)
+    if not opt.cpu:
+        read, written = n_in, row.nbytes - n_in
+        row.copy_us, _ = harness.copy_time(read, written, warmup=opt.warmup, reps=opt.reps)
+        if (read, written) not in _FLOORS:
+            floor = harness.floor_time(read, written, warmup=opt.warmup, reps=opt.reps)
+            _FLOORS[(read, written)] = None if floor is None else floor[0]
+        row.floor_us = _FLOORS[(read, written)]
+    p = _block_desc(spec)._problem() if not spec.fused else None
+    # torch.compile of the same math, where torchao lacks the format or layout.
+    math_fn = _block_math_fn(spec)
+    if math_fn is not None and (opt.compile or opt.cpu) and time.perf_counter() < opt.deadline:
+        import block_math
+
+        limit = block_math.limit_tensor(spec.element, dev)
+        try:
+            fn = math_fn if opt.cpu else torch.compile(math_fn, dynamic=False)
+            got = fn(x, limit)
+            d = _byte_diff(got, outs[:2], ("codes", "scales"))
+            row.notes.append("torch.compile = ours" if not d else f"torch.compile ≠ ours: {d}")
+            if opt.cpu:
+                row.notes.append("block_math ran eagerly (--cpu-smoke)")
+            row.compile_us = _time([partial(fn, xi, limit) for xi in xs], opt)
+        except Exception as exc:
+            row.notes.append(f"torch.compile failed: {_brief(exc)}")
+    # torchao on the same input.
+    name, peer_fn, why = _block_peer(spec, peers)
+    row.peer = name
+    if why:
+        row.notes.append(why)
+    if peer_fn is not None:
+        try:
+            got = _peer_outputs(spec, peer_fn(x))
+            if not opt.cpu:
+                torch.cuda.synchronize()
+            row.peer_vs_ours = _compare_peer(spec, got, outs, xh, p)
+            row.peer_us = _time([partial(peer_fn, xi) for xi in xs], opt)
+        except Exception as exc:
+            row.peer = f"{name} failed: {_brief(exc)}"
+    return row
+
+
+def block_markdown(rows: Sequence[Result]) -> str:
+    """The block-scaled table: ratios are the other's time over ours (> 1: ours is faster)."""
+    cols = [
+        "workload",
+        "dtype",
+        "ours µs",
+        "copy µs",
+        "% of copy",
+        "floor µs",
+        "torch.compile µs",
+        "× torch.compile",
+        "peer",
+        "peer µs",
+        "× peer",
+        "ours vs reference",
+        "peer vs ours",
+        "ran",
+        "notes",
+    ]
+    lines = [
+        "| " + " | ".join(cols) + " |",
+        "|" + "|".join(["---", "---"] + ["---:"] * 6 + ["---", "---:", "---:"] + ["---"] * 4) + "|",
+    ]
+    for r in rows:
+        pct = NA if r.copy_us is None or not r.plan_us else f"{100 * r.copy_us / r.plan_us:.1f}%"
+        cells = [
+            r.workload,
+            r.dtype,
+            _us(r.plan_us),
+            _us(r.copy_us),
+            pct,
+            _us(r.floor_us),
+            _us(r.compile_us),
+            _ratio(r.compile_us, r.plan_us),
+            r.peer,
+            _us(r.peer_us),
+            _ratio(r.peer_us, r.plan_us),
+            r.reference,
+            r.peer_vs_ours,
+            r.variant,
+            "; ".join(r.notes),
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---- the table --------------------------------------------------------------------------------------------
 
 
@@ -1502,6 +2065,15 @@ def markdown(rows: Sequence[Result]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _torchao_version() -> str:
+    try:
+        import torchao
+
+        return f"torchao {torchao.__version__}"
+    except Exception as exc:  # reported in the header; the rows say the peer is unavailable
+        return f"torchao not importable ({type(exc).__name__})"
+
+
 def _git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_ROOT, capture_output=True, text=True, timeout=10)
@@ -1544,8 +2116,29 @@ def write_report(path: Path, rows: Sequence[Result], header: dict[str, Any], don
     ]
     if not done:
         lines += ["**Partial: the run did not finish.**", ""]
+    plain = [r for r in rows if r.metric != "block"]
+    block = [r for r in rows if r.metric == "block"]
+    text = "\n".join(lines) + (markdown(plain) if plain else "")
+    if block:
+        text += "\n" if plain else ""
+        text += "\n".join(BLOCK_NOTES) + "\n\n" + block_markdown(block)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + markdown(rows), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
+
+
+#: What the block-scaled table's columns mean (the report's text above it).
+BLOCK_NOTES = [
+    "## Block-scaled formats",
+    "",
+    "`ours µs`: the plan's `run` (`ran`: the plan's variant, or the kernel launcher where the plan does not serve the",
+    "problem on CUDA yet, with the plan's reason); `torch.compile µs`: `benchmarks/block_math.py` (the same format in",
+    "plain PyTorch) compiled, where torchao lacks the format or layout; `peer`: torchao 0.18 on the same input",
+    "(`torch.compile(to_mx)`, `torch.compile(NVFP4Tensor.to_nvfp4)`, its Triton FP8 block kernels). `ours vs reference`:",
+    "codes and scales against `quantplan.reference_block_scaled`, byte for byte. `peer vs ours`: bit for bit where the",
+    "rule is the same; MX blocks where torchao 0.18's known defects apply (rceil 1-2 ulps above a power of two, scale",
+    "byte 0; MICROSCALING.md §2.6) are counted apart; where the rules differ (NVFP4 te vs torchao, FP8 div vs enc) the",
+    "share of differing bytes, and NVFP4's peer against the reference's `scale_mode='torchao'`.",
+]
 
 
 # ---- main ---------------------------------------------------------------------------------------------------
@@ -1571,6 +2164,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cpu-smoke", action="store_true", help="no GPU: run every row on the reference backend, small shapes"
     )
+    block = p.add_mutually_exclusive_group()
+    block.add_argument(
+        "--only-block", action="store_true", help="only the block-scaled rows (MX, NVFP4, FP8 blocks; torchao peers)"
+    )
+    block.add_argument("--no-block", action="store_true", help="leave the block-scaled rows out")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), help="only the rows of this float dtype")
+    p.add_argument("--no-torchao", action="store_true", help="leave torchao out of the block-scaled rows")
     return p.parse_args(argv)
 
 
@@ -1591,6 +2191,13 @@ def main(argv: list[str] | None = None) -> int:
 
     wanted = args.only.split("|")
     rows = [s for s in specs() if any(t in s.name for t in wanted) and not (args.quick and s.dtype == "bf16")]
+    rows = [] if args.only_block else rows
+    # Block-scaled rows: --quick keeps bf16 (the dtype torchao's MX and NVFP4 casts read).
+    block_rows = [] if args.no_block else [b for b in block_specs() if any(t in b.name for t in wanted)]
+    block_rows = [b for b in block_rows if not (args.quick and b.dtype == "fp16")]
+    if args.dtype:
+        rows = [r for r in rows if r.dtype == args.dtype]
+        block_rows = [b for b in block_rows if b.dtype == args.dtype]
     if args.cpu_smoke:
         _DEV = "cpu"
         rows = [replace(s, shape=_smoke_shape(s)) for s in rows]
@@ -1603,9 +2210,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         torch.manual_seed(0)
-        ds, ds_note = (
-            (None, "left out (--no-deepspeed)") if args.no_deepspeed else load_deepspeed(args.ds_so, args.ds_src)
-        )
+        if args.no_deepspeed or not rows:  # DeepSpeed has no block-scaled op: not built for block rows alone
+            ds, ds_note = (
+                None,
+                "left out (--no-deepspeed)" if args.no_deepspeed else "not needed (block-scaled rows only)",
+            )
+        else:
+            ds, ds_note = load_deepspeed(args.ds_so, args.ds_src)
         header = harness.device_summary()
     header.update(commit=args.commit or _git_commit(), deepspeed=ds_note, quick=args.quick)
     use_compile = not (args.no_compile or args.cpu_smoke)
@@ -1614,7 +2225,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         opt = Options(10, 100, 2000, use_compile, ds, args.cpu_smoke, t_start + args.time_limit)
     header.update(reps=opt.reps, host_calls=opt.host_calls)
-    out = Path(args.out) if args.out else _HERE / "results" / f"{device_slug(str(header['device']))}.md"
+    stem = device_slug(str(header["device"])) + ("-block-peers" if args.only_block else "")
+    out = Path(args.out) if args.out else _HERE / "results" / f"{stem}.md"
     print("# bench_peers: " + ", ".join(f"{k}={v}" for k, v in header.items()), flush=True)
 
     results: list[Result] = []
@@ -1639,6 +2251,41 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         write_report(out, results, header, done=False)
+    if block_rows:
+        peers: dict[str, Any] = {}
+        if args.no_torchao:
+            header["torchao"] = "left out (--no-torchao)"
+        else:
+            peers, missing = harness.load_torchao(compile=use_compile)
+            peers["compiled"] = use_compile
+            header["torchao"] = _torchao_version() + ("; unavailable: " + " / ".join(missing) if missing else "")
+        for bspec in block_rows:
+            t0 = time.perf_counter()
+            if t0 - t_start > args.stop_after:
+                results.append(
+                    Result(
+                        bspec.name,
+                        bspec.dtype,
+                        metric="block",
+                        notes=[f"not run: past --stop-after {args.stop_after:.0f} s"],
+                    )
+                )
+                continue
+            try:
+                b = measure_block(bspec, opt, peers)
+            except Exception as exc:
+                traceback.print_exc()
+                b = Result(bspec.name, bspec.dtype, metric="block", notes=[f"error: {_brief(exc)}"], failed=True)
+            finally:
+                if not args.cpu_smoke:
+                    torch.cuda.empty_cache()
+            results.append(b)
+            print(
+                f"[{time.perf_counter() - t_start:6.1f} s] {bspec.name} {bspec.dtype}: ours {_us(b.plan_us)} µs, copy {_us(b.copy_us)}, "
+                f"compile {_us(b.compile_us)}, {b.peer} {_us(b.peer_us)}; {b.reference}; peer {b.peer_vs_ours} ({time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
+            write_report(out, results, header, done=False)
     if not args.cpu_smoke and any(r.metric == "host" for r in results):
         results += host_floor_rows(opt)
     header["wall time"] = f"{time.perf_counter() - t_start:.0f} s"
@@ -1647,7 +2294,11 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"meta": header, "rows": [asdict(r) for r in results]}
         Path(args.json).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print()
-    print(markdown(results))
+    plain = [r for r in results if r.metric != "block"]
+    if plain:
+        print(markdown(plain))
+    if any(r.metric == "block" for r in results):
+        print(block_markdown([r for r in results if r.metric == "block"]))
     print(f"written to {out}")
     return 1 if any(r.failed for r in results) else 0
 

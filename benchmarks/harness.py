@@ -42,6 +42,7 @@ __all__ = [
     "host_overhead_interleaved",
     "host_overhead_us",
     "l2_cache_bytes",
+    "load_torchao",
     "print_markdown",
     "rotation_sets",
     "time_gpu",
@@ -356,6 +357,64 @@ def host_overhead_interleaved(
             rounds[name].append(total * 1e6 / max(1, n))
     torch.cuda.synchronize()
     return {name: statistics.median(r) for name, r in rounds.items()}
+
+
+# ---- peers --------------------------------------------------------------------------------------
+
+
+def load_torchao(compile: bool = True) -> tuple[dict[str, Any], list[str]]:
+    """torchao 0.18's block-scaled producers, by name, and what could not be loaded (one line each).
+
+    ``to_mx``: ``(to_mx, ScaleCalculationMode)``, ``to_mx`` under ``torch.compile`` (how torchao
+    runs it on Hopper) unless ``compile`` is False; ``nvfp4``: ``f(x, per_tensor_scale)`` calling
+    ``NVFP4Tensor.to_nvfp4`` (compiled likewise), returning the tensor; ``fp8_lhs``,
+    ``fp8_lhs_t``, ``fp8_rhs``: the Triton kernels ``triton_fp8_blockwise_act_quant_lhs`` (1x128),
+    ``..._act_quant_transposed_lhs`` (128x1 of x, written transposed) and
+    ``..._weight_quant_rhs`` (128x128), each ``f(x, block_size)``. A missing torchao or a moved
+    API leaves its names out; the benches then report the peer as unavailable.
+    """
+    import torch
+
+    peers: dict[str, Any] = {}
+    missing: list[str] = []
+
+    def wrap(f: Any) -> Any:
+        return torch.compile(f) if compile else f
+
+    try:
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+        peers["to_mx"] = (wrap(to_mx), ScaleCalculationMode)
+
+        def to_mx_pair(x: Any, elem: Any, mode: Any) -> Any:  # torchao's dim0 and dim1 casts
+            return to_mx(x, elem, 32, mode), to_mx(x.t().contiguous(), elem, 32, mode)
+
+        peers["to_mx_pair"] = wrap(to_mx_pair)
+    except Exception as exc:  # torchao missing or its API moved
+        missing.append(f"to_mx: {type(exc).__name__}: {exc}")
+    try:
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+
+        def to_nvfp4(x: Any, per_tensor_scale: Any) -> Any:
+            return NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_scale)
+
+        def to_nvfp4_amax(x: Any) -> Any:  # the tensor scale from x's amax, in the same graph
+            return NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(torch.max(torch.abs(x))))
+
+        peers["nvfp4"] = wrap(to_nvfp4)
+        peers["nvfp4_amax"] = wrap(to_nvfp4_amax)
+    except Exception as exc:
+        missing.append(f"NVFP4Tensor: {type(exc).__name__}: {exc}")
+    try:
+        from torchao.prototype.blockwise_fp8_training import kernels
+
+        peers["fp8_lhs"] = kernels.triton_fp8_blockwise_act_quant_lhs
+        peers["fp8_lhs_t"] = kernels.triton_fp8_blockwise_act_quant_transposed_lhs
+        peers["fp8_rhs"] = kernels.triton_fp8_blockwise_weight_quant_rhs
+    except Exception as exc:  # Triton missing (no GPU) or the kernels moved
+        missing.append(f"blockwise_fp8_training kernels: {type(exc).__name__}: {exc}")
+    return peers, missing
 
 
 # ---- reporting --------------------------------------------------------------------------------

@@ -39,5 +39,8 @@ def test_the_tour_notebook_runs_and_draws_its_figures() -> None:
     assert not errors
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "QuantizedTensor(" in text and "relative RMSE" in text
+    # The error-against-bits figure carries the block-scaled formats (one printed line each).
+    for name in ("MXFP8", "MXFP6", "MXFP4", "MXINT8", "NVFP4", "FP8 1x128", "FP8 128x128"):
+        assert f"{name}" in text and "bits/element" in text, name
     figures = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(figures) >= 3, f"{len(figures)} figures drawn"
