@@ -30,7 +30,17 @@ CASES = [  # (label, element, block, rule, code bytes per element)
     ("MXFP4 e2m1", "e2m1", 32, "rceil", 0.5),
     ("MXFP6 e2m3", "e2m3", 32, "rceil", 1.0),
     ("FP8 1x128 div", "e4m3", 128, "div", 1.0),
+    ("NVFP4 te", "nvfp4", 16, "te", 0.5),
 ]
+#: Extra schedules tried for 16-element blocks (one or several whole blocks per thread).
+SCHEDULES_16 = [
+    Schedule(v, u, m, p)
+    for v, u, m, p in ((2, 1, 4, False), (2, 2, 4, False), (2, 1, 6, False), (4, 1, 3, False), (4, 2, 2, False), (8, 1, 2, False), (4, 1, 4, True))
+]
+
+
+def _schedules(block: int) -> list[Schedule]:
+    return SCHEDULES + (SCHEDULES_16 if block == 16 else [])
 
 
 def _compile(name: str) -> str:
@@ -45,9 +55,11 @@ def _compile(name: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--precompile", action="store_true")
+    p.add_argument("--only", metavar="TEXT", help="cases whose label contains TEXT")
     args = p.parse_args()
+    cases = [c for c in CASES if not args.only or args.only in c[0]]
     names = sorted(
-        {kernel_name("bfloat16", el, blk, rule == "div", True, s) for _, el, blk, rule, _ in CASES for s in SCHEDULES}
+        {kernel_name("bfloat16", el, blk, rule == "div", True, s) for _, el, blk, rule, _ in cases for s in _schedules(blk)}
     )
     if args.precompile:
         with ProcessPoolExecutor(16) as ex:
@@ -62,15 +74,16 @@ def main() -> None:
         x = torch.randn(shape, device="cuda").mul_(4).to(torch.bfloat16)
         sets = harness.rotation_sets(x.numel() * 2)
         xs = [cupy.from_dlpack((x if i == 0 else x.clone()).view(torch.int16)) for i in range(sets)]
-        for label, el, blk, rule, cb in CASES:
+        for label, el, blk, rule, cb in cases:
             n = x.numel()
             copy_us, _ = harness.copy_time(2 * n, int(n * cb) + n // blk * (4 if rule == "div" else 1))
             cells = []
-            for s in SCHEDULES:
+            extra = {"tensor_amax": cupy.asarray([24.0], dtype=cupy.float32)} if el == "nvfp4" else {}
+            for s in _schedules(blk):
 
                 def fn(xi: Any, s: Schedule = s, el: str = el, blk: int = blk, rule: str = rule) -> Any:
                     return quantize_block_scaled(
-                        xi, element=el, block=blk, rule=rule, input_dtype="bfloat16", stream=stream, schedule=s
+                        xi, element=el, block=blk, rule=rule, input_dtype="bfloat16", stream=stream, schedule=s, **extra
                     )
 
                 fns = [lambda xi=xi, f=fn: f(xi) for xi in xs]

@@ -237,6 +237,10 @@ template <class E> struct TwoLevelScale {
 template <> struct TwoLevelScale<BlockElement<nv_e2m1> > {
   static const bool value = true;
 };
+struct nv_e2m1_sr;  // NVFP4 with stochastic rounding (below)
+template <> struct TwoLevelScale<BlockElement<nv_e2m1_sr> > {
+  static const bool value = true;
+};
 
 template <class E>
 __device__ __forceinline__ BlockScale block_scale(u32 amax_bits, int rule, float amax_floor, float enc_overflow,

@@ -100,7 +100,7 @@ class Schedule:
 #: such problems are latency-bound and take more, narrower threads. The general (ragged or
 #: misaligned) schedule keeps one vector per thread at every size.
 SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
-    (True, 16, False): Schedule(vecs=4, unroll=1, min_blocks=4),
+    (True, 16, False): Schedule(vecs=4, unroll=2, min_blocks=4),
     (True, 16, True): Schedule(vecs=1, unroll=1, min_blocks=1),
     (False, 16, False): Schedule(vecs=1, unroll=1, min_blocks=1),
     (True, 32, False): Schedule(vecs=4, unroll=1, min_blocks=4),
@@ -110,20 +110,33 @@ SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
     (False, 32, False): Schedule(vecs=1, unroll=1, min_blocks=1),
     (False, 128, False): Schedule(vecs=1, unroll=1, min_blocks=1),
 }
+#: The schedules NVFP4 with stochastic rounding takes instead (its Philox words need registers
+#: that a second slot in flight would spill).
+STOCHASTIC_SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
+    (True, 16, False): Schedule(vecs=4, unroll=1, min_blocks=4),
+}
 SMALL_BLOCKS_PER_SM = 4
 #: Elements of one 16-byte vector, by input dtype.
 VECTOR_ELEMENTS = {"float16": 8, "bfloat16": 8, "float32": 4}
 
 
-def choose_schedule(input_dtype: str, block: int, contiguous: bool, teams: int, sm_count: int) -> Schedule:
-    """The table's schedule for ``teams`` blocks of ``block`` elements on ``sm_count`` multiprocessors."""
+def _schedule(key: tuple[bool, int, bool], stochastic: bool) -> Schedule:
+    return STOCHASTIC_SCHEDULES.get(key, SCHEDULES[key]) if stochastic else SCHEDULES[key]
+
+
+def choose_schedule(
+    input_dtype: str, block: int, contiguous: bool, teams: int, sm_count: int, stochastic: bool = False
+) -> Schedule:
+    """The table's schedule for ``teams`` blocks of ``block`` elements on ``sm_count``
+    multiprocessors (``stochastic``: NVFP4 with stochastic rounding, from
+    :data:`STOCHASTIC_SCHEDULES` where it has a row)."""
     if not contiguous:
-        return SCHEDULES[False, block, False]
-    large = SCHEDULES[True, block, False]
+        return _schedule((False, block, False), stochastic)
+    large = _schedule((True, block, False), stochastic)
     small = -(-large.slots(input_dtype, block, teams) // BLOCK_THREADS) < SMALL_BLOCKS_PER_SM * sm_count
     if not small and teams % large.blocks_per_thread(input_dtype, block):
         small = True  # whole blocks per thread need a whole number of slots: the one-block schedule
-    return SCHEDULES[True, block, small]
+    return _schedule((True, block, small), stochastic)
 
 
 def kernel_name(input_dtype: str, element: str, block: int, divide: bool, contiguous: bool, schedule: Schedule) -> str:
@@ -145,10 +158,14 @@ def kernel_name(input_dtype: str, element: str, block: int, divide: bool, contig
 def instantiations() -> list[str]:
     """Every instantiation :func:`quantize_block_scaled` can select (the NVRTC sweep's list)."""
     names = []
-    for (contiguous, block, _), sched in SCHEDULES.items():
+    for key, sched in SCHEDULES.items():
+        contiguous, block, _ = key
         for dtype in INPUT_TAGS:
             if block == 16:
-                names += [kernel_name(dtype, element, 16, False, contiguous, sched) for element in NVFP4_ELEMENTS]
+                names += [
+                    kernel_name(dtype, element, 16, False, contiguous, _schedule(key, element == "nvfp4_sr"))
+                    for element in NVFP4_ELEMENTS
+                ]
             elif block == 32:
                 names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in MX_ELEMENTS]
             else:
@@ -296,7 +313,7 @@ def quantize_block_scaled(
     divide = rule == "div"
     info = device_info(x.device.id)
     teams = rows * blocks_per_row
-    sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count)
+    sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count, stochastic)
     name = kernel_name(dtype, "nvfp4_sr" if stochastic else element, block, divide, contiguous, sched)
     fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     slots = sched.slots(dtype, block, teams)

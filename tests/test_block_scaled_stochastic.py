@@ -113,11 +113,14 @@ def test_launcher_refusals_before_launch() -> None:
 
 def test_instantiations_hold_the_stochastic_twins() -> None:
     names = set(bk.instantiations())
-    for (contiguous, block, _), sched in bk.SCHEDULES.items():
+    for key, sched in bk.SCHEDULES.items():
+        contiguous, block, _ = key
         if block != 16:
             continue
+        sr_sched = bk.STOCHASTIC_SCHEDULES.get(key, sched)
         for dtype in bk.INPUT_TAGS:
             nearest = bk.kernel_name(dtype, "nvfp4", 16, False, contiguous, sched)
-            stochastic = bk.kernel_name(dtype, "nvfp4_sr", 16, False, contiguous, sched)
+            stochastic = bk.kernel_name(dtype, "nvfp4_sr", 16, False, contiguous, sr_sched)
             assert {nearest, stochastic} <= names
-            assert stochastic == nearest.replace("qp::nv_e2m1,", "qp::nv_e2m1_sr,")
+            twin = bk.kernel_name(dtype, "nvfp4", 16, False, contiguous, sr_sched)
+            assert stochastic == twin.replace("qp::nv_e2m1,", "qp::nv_e2m1_sr,")
