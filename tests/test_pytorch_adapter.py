@@ -532,6 +532,57 @@ def test_dynamic_module_offset_counter_and_state(rng: np.random.Generator) -> No
 # ---- GPU -------------------------------------------------------------------------------------------------
 
 
+def _repeated_fake_quantize(rng: np.random.Generator, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated eager calls without a gradient (replayed on CUDA after the first of each signature)
+    on fresh data, with Python scales that change between calls, a zero point, channel scale
+    tensors flat and in the parameter shape, and calls that need a cast or a filled zero point (not
+    replayed): each result equals PyTorch's fake quantization bit for bit. On CUDA the repeated
+    calls of a remembered signature skip the full path."""
+    shape, c = (13, 301), 301
+    scale_flat = torch.from_numpy(np.exp(rng.uniform(-5, -1, size=c)).astype(np.float32)).to(device)
+    scale_param = scale_flat.reshape(1, c).clone()
+    zeros = torch.zeros(c, dtype=torch.int32, device=device)
+    calls: list[tuple[Any, Any, qp.Scope | None]] = [
+        (0.0625, None, None),
+        (0.0625, 3, None),
+        (0.125, None, None),
+        (scale_flat, None, qp.ChannelScope(axis=1)),
+        (scale_param, None, qp.ChannelScope(axis=1)),
+        (scale_flat.double(), None, qp.ChannelScope(axis=1)),  # cast to float32 per call: not replayed
+        (scale_flat, 0, qp.ChannelScope(axis=1)),  # a filled zero-point tensor per call: not replayed
+    ]
+    full = [0]
+    parts = qpt._static_forward_parts
+
+    def counting(*args: Any) -> Any:
+        full[0] += 1
+        return parts(*args)
+
+    monkeypatch.setattr(qpt, "_static_forward_parts", counting)
+    for round_ in range(3):
+        for scale, zp, scope in calls:
+            x = _data(rng, shape, torch.float32, device)
+            y = qpt.fake_quantize(x, scale, zp, -8, 7, scope or qp.TensorScope())
+            if scope is None:
+                want = torch.fake_quantize_per_tensor_affine(x, scale, zp or 0, -8, 7)
+            else:
+                z = zeros if zp is None else torch.full((c,), zp, dtype=torch.int32, device=device)
+                want = torch.fake_quantize_per_channel_affine(x, scale.reshape(-1).float(), z, 1, -8, 7)
+            _assert_bits(y, want, f"round {round_}: scale {scale if scope is None else 'tensor'}, zp {zp}")
+    # CUDA: every call but the first of each replayable signature (5 of 7) is replayed
+    assert full[0] == (7 + 2 * 2 if device == "cuda" else 3 * 7), full[0]
+
+
+def test_repeated_fake_quantize_equals_torch_cpu(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    _repeated_fake_quantize(rng, "cpu", monkeypatch)
+
+
+@gpu
+def test_repeated_fake_quantize_equals_torch_cuda(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    qp.clear_plan_cache()
+    _repeated_fake_quantize(rng, "cuda", monkeypatch)
+
+
 @gpu
 @pytest.mark.parametrize("kind", [EK.F16, EK.BF16, EK.F32], ids=lambda k: k.name)
 def test_static_matches_torch_cuda(rng: np.random.Generator, kind: EK) -> None:
