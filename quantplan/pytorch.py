@@ -367,40 +367,44 @@ def fake_quantize(
 
 def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
     """Eager: :class:`FakeQuantizeFunction` where a gradient is recorded, else the plan alone (no
-    dispatcher on the hot path: a call like an earlier one is replayed, see
-    :func:`_static_forward_replayed`); under torch.compile the ``quantplan::fake_quantize`` operator."""
+    dispatcher on the hot path: a call like an earlier one is replayed, see :func:`_static_eager`);
+    under torch.compile the ``quantplan::fake_quantize`` operator."""
     if not _compiling():
         if _grad_for(x):
             return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
-        # No autograd node to make. A call like an earlier one (CUDA): replayed, allocate the
-        # output and launch. Python scalars are keyed by type and value (the launch holds them),
-        # the scale tensor by dtype and shape; a tensor zero point takes the full path.
-        key: tuple[Any, ...] | None = None
-        if zero_point is None or type(zero_point) is int:
-            plain = type(scale) is float or type(scale) is int
-            scope_key = _scope_key(scope)
-            try:
-                key = (
-                    _fake_quantize,
-                    type(x),
-                    x.dtype,
-                    x.shape,
-                    type(scale),
-                    scale if plain else (scale.dtype, scale.shape),
-                    zero_point,
-                    scope_key,
-                    q_min,
-                    q_max,
-                )
-                fast = replay_of(key) if type(scope_key) is not object else None
-            except (AttributeError, TypeError):  # not a tensor; an unhashable argument
-                key = fast = None
-            if fast is not None:
-                y = fast(x) if plain else fast(x, scale)
-                if y is not None:
-                    return y
-        return _static_forward_replayed(x, scale, zero_point, scope, q_min, q_max, key)
+        return _static_eager(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
     return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+
+
+def _static_eager(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """:func:`_static_forward` (no autograd). A call like an earlier one (CUDA) is replayed:
+    allocate the output and launch. Python scalars are keyed by type and value (the launch holds
+    them), the scale tensor by dtype and shape; a tensor zero point takes the full path."""
+    key: tuple[Any, ...] | None = None
+    if zero_point is None or type(zero_point) is int:
+        plain = type(scale) is float or type(scale) is int
+        scope_key = _scope_key(scope)
+        try:
+            key = (
+                _static_eager,
+                type(x),
+                x.dtype,
+                x.shape,
+                type(scale),
+                scale if plain else (scale.dtype, scale.shape),
+                zero_point,
+                scope_key,
+                q_min,
+                q_max,
+            )
+            fast = replay_of(key) if type(scope_key) is not object else None
+        except (AttributeError, TypeError):  # not a tensor; an unhashable argument
+            key = fast = None
+        if fast is not None:
+            y = fast(x) if plain else fast(x, scale)
+            if y is not None:
+                return y
+    return _static_forward_replayed(x, scale, zero_point, scope, q_min, q_max, key)
 
 
 def _static_forward_replayed(
@@ -868,10 +872,9 @@ def _fq_impl(
     q_min: int,
     q_max: int,
 ) -> Any:
-    target, xc, kind, static, s, z = _static_operands(
-        x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max
-    )
-    return _run_forward(target, xc, static.plan, s, z)
+    s = scale_value if scale is None else scale
+    z = zero_point_value if zero_point is None else zero_point
+    return _static_eager(x, s, z, scope_of(scope), q_min, q_max)  # a call like an earlier one: replayed
 
 
 def _fq_fake(x: Any, *rest: Any) -> Any:

@@ -559,18 +559,25 @@ def _repeated_fake_quantize(rng: np.random.Generator, device: str, monkeypatch: 
         return parts(*args)
 
     monkeypatch.setattr(qpt, "_static_forward_parts", counting)
+    op = torch.ops.quantplan.fake_quantize.default
     for round_ in range(3):
         for scale, zp, scope in calls:
             x = _data(rng, shape, torch.float32, device)
             y = qpt.fake_quantize(x, scale, zp, -8, 7, scope or qp.TensorScope())
+            tensor = isinstance(scale, torch.Tensor)
+            ints = qpt.scope_ints(scope or qp.TensorScope())
+            y_op = op(x, scale if tensor else None, 0.0 if tensor else scale, None, zp, ints, -8, 7)
             if scope is None:
                 want = torch.fake_quantize_per_tensor_affine(x, scale, zp or 0, -8, 7)
             else:
                 z = zeros if zp is None else torch.full((c,), zp, dtype=torch.int32, device=device)
                 want = torch.fake_quantize_per_channel_affine(x, scale.reshape(-1).float(), z, 1, -8, 7)
-            _assert_bits(y, want, f"round {round_}: scale {scale if scope is None else 'tensor'}, zp {zp}")
-    # CUDA: every call but the first of each replayable signature (5 of 7) is replayed
-    assert full[0] == (7 + 2 * 2 if device == "cuda" else 3 * 7), full[0]
+            what = f"round {round_}: scale {scale if scope is None else 'tensor'}, zp {zp}"
+            _assert_bits(y, want, what)
+            _assert_bits(y_op, want, f"operator, {what}")
+    # CUDA: every call but the first of each replayable signature (5 of 7, the operator's calls
+    # sharing the function's) is replayed; the other two take the full path every time
+    assert full[0] == (7 + 2 + 2 * 2 * 2 if device == "cuda" else 3 * 7 * 2), full[0]
 
 
 def test_repeated_fake_quantize_equals_torch_cpu(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
