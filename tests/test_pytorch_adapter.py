@@ -580,6 +580,77 @@ def _repeated_fake_quantize(rng: np.random.Generator, device: str, monkeypatch: 
     assert full[0] == (7 + 2 + 2 * 2 * 2 if device == "cuda" else 3 * 7 * 2), full[0]
 
 
+def _repeated_quantize_dynamic(rng: np.random.Generator, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated ``torch.ops.quantplan.quantize_dynamic`` calls (replayed on CUDA after the first of
+    each nearest-rounding signature) on fresh data: codes, scales and zero points equal the
+    reference plan's bit for bit; stochastic and FP8 calls take the full path every time."""
+    from quantplan import _torch_ops
+
+    shape = (13, 256)
+    op = torch.ops.quantplan.quantize_dynamic.default
+    kinds = _torch_ops._KIND_INDEX
+    token, group = [2, 0, 0], [3, -1, 64]
+    calls = [  # (code, scope, asymmetric, stochastic, seed, replayed)
+        (EK.S8, token, False, False, None, True),
+        (EK.U4, group, True, False, None, True),
+        (EK.S4, [0, 0, 0], False, False, None, True),  # per tensor: a workspace
+        (EK.FP8_E4M3, token, False, False, None, False),
+        (EK.S8, token, False, True, 7, False),
+    ]
+    full = [0]
+    prepare = _torch_ops._prepare
+
+    def counting(x: Any) -> Any:
+        full[0] += 1
+        return prepare(x)
+
+    monkeypatch.setattr(_torch_ops, "_prepare", counting)
+    for round_ in range(3):
+        for code, scope, asym, stochastic, seed, _ in calls:
+            x = _data(rng, shape, torch.float16, device)
+            codes, scale, zp = op(x, kinds[code], scope, asym, None, None, 0, stochastic, seed, 5)
+            desc = qp.DynamicRangeQuantizeDescriptor(
+                shape=shape,
+                scope=_torch_ops.scope_of(scope),
+                mode=qp.QuantMode.ASYMMETRIC if asym else qp.QuantMode.SYMMETRIC,
+                input_element=EK.F16,
+                output_element=code,
+                rounding=qp.Rounding.STOCHASTIC if stochastic else qp.Rounding.NEAREST_EVEN,
+            )
+            x_np = x.cpu().numpy()
+            want_q = np.zeros(desc.output_shape, ELEMENTS[code].numpy_dtype)
+            want_s = np.zeros(desc.param_shape, np.float32)
+            want_z = np.zeros(desc.param_shape, np.int32) if asym else None
+            ref = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
+            plan = qp.DynamicRangeQuantizePlan.select(None, desc, ref)
+            ws = qp.Workspace.allocate(plan.workspace_size(), device=False) if plan.workspace_size() else None
+            offset = 5 if stochastic else None
+            plan.run(None, ws, qp.DynamicRangeQuantizeArgs(x_np, want_q, want_s, want_z, seed, offset))
+            what = f"round {round_}: {code.name} scope {scope}"
+            assert np.array_equal(codes.cpu().view(torch.uint8).numpy().view(want_q.dtype), want_q), what
+            assert np.array_equal(scale.cpu().numpy(), want_s), what
+            if asym:
+                assert np.array_equal(zp.cpu().numpy(), want_z), what
+            else:
+                assert zp.shape == (0,) and zp.dtype == torch.int32, what
+    replayed = sum(call[-1] for call in calls)
+    assert full[0] == (len(calls) + 2 * (len(calls) - replayed) if device == "cuda" else 3 * len(calls)), full[0]
+
+
+def test_repeated_quantize_dynamic_equals_the_plan_cpu(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _repeated_quantize_dynamic(rng, "cpu", monkeypatch)
+
+
+@gpu
+def test_repeated_quantize_dynamic_equals_the_plan_cuda(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    qp.clear_plan_cache()
+    _repeated_quantize_dynamic(rng, "cuda", monkeypatch)
+
+
 def test_repeated_fake_quantize_equals_torch_cpu(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     _repeated_fake_quantize(rng, "cpu", monkeypatch)
 
