@@ -18,7 +18,9 @@ stochastic), swizzled quantization int4 in groups of 512 for 1 node x 8 devices,
 int4 of 8 peers (groups of 512); the 16x8192 row of every plan family (GPU µs against the copy,
 plus host rows: ``plan.run`` with checks and with ``check=False`` where the plan has the
 keyword, the compat call, DeepSpeed's binding, the ``torch.compile``d call and, when the package
-has it, the cached functional ``qp.quantize``; 2000 calls each, wall clock, the device
+has them, the cached functional ``qp.quantize`` and the ``torch.library`` operators in eager mode
+(``quantplan.pytorch.fake_quantize`` and ``torch.ops.quantplan.fake_quantize`` on the per-channel
+fake-quant row, ``torch.ops.quantplan.quantize_dynamic`` on the per-token row); 2000 calls each, wall clock, the device
 synchronised only between batches of 100, outside the timed region; the median of 5 such rounds,
 the rounds of a row's calls interleaved with each other and with an empty kernel's launch, whose
 time goes in the row's notes;
