@@ -19,7 +19,9 @@ view and the flat 1-D bucket of the same 8192 * 8192 elements, as ZeRO++ hands i
 int4 of 8 peers (groups of 512); the 16x8192 row of every plan family (GPU µs against the copy,
 plus host rows: ``plan.run`` with checks and with ``check=False`` where the plan has the
 keyword, the compat call, DeepSpeed's binding, the ``torch.compile``d call and, when the package
-has it, the cached functional ``qp.quantize``; 2000 calls each, wall clock, the device
+has them, the cached functional ``qp.quantize`` and the ``torch.library`` operators in eager mode
+(``quantplan.pytorch.fake_quantize`` and ``torch.ops.quantplan.fake_quantize`` on the per-channel
+fake-quant row, ``torch.ops.quantplan.quantize_dynamic`` on the per-token row); 2000 calls each, wall clock, the device
 synchronised only between batches of 100, outside the timed region; the median of 5 such rounds,
 the rounds of a row's calls interleaved with each other and with an empty kernel's launch, whose
 time goes in the row's notes;
@@ -1173,6 +1175,53 @@ def _functional(spec: Spec) -> Callable[[Arrays], Any] | None:
     return lambda a: fn(a["x"], "int8", scope=qp.TokenScope())
 
 
+def _custom_ops(spec: Spec) -> list[tuple[str, Callable[[Arrays], Any], tuple[str, ...]]]:
+    """(label, call, the plan outputs it must equal) of the eager calls of quantplan's
+    ``torch.library`` operators that back a row's plan: the public function (eager: no
+    dispatcher, no gradient recorded) and the operator called through ``torch.ops`` (the
+    dispatcher, the operator's Autograd kernel, then the same front-end). Static fake
+    quantization per channel (``quantplan.pytorch.fake_quantize``) and dynamic per-token int8
+    (``torch.ops.quantplan.quantize_dynamic``; the public function is the ``qp.quantize`` row)."""
+    try:
+        import quantplan.pytorch as qpt
+        from quantplan import _torch_ops
+    except Exception:  # a package without the operators
+        return []
+    import torch
+
+    import quantplan as qp
+
+    if spec.kind == "fake" and spec.scope == "channel0" and spec.code == "S8":
+        q_min, q_max = _q_range(spec.code)
+        scope = qp.ChannelScope(axis=0)
+        op = torch.ops.quantplan.fake_quantize.default
+        ints = _torch_ops.scope_ints(scope)
+        return [
+            (
+                "quantplan.pytorch.fake_quantize (eager)",
+                lambda a: qpt.fake_quantize(a["x"], a["scale"], None, q_min, q_max, scope=scope),
+                ("y",),
+            ),
+            (
+                "torch.ops.quantplan.fake_quantize (eager)",
+                lambda a: op(a["x"], a["scale"], 0.0, None, None, ints, q_min, q_max),
+                ("y",),
+            ),
+        ]
+    if spec.kind == "dynamic" and spec.scope == "token" and spec.code == "S8" and not spec.asym:
+        dyn = torch.ops.quantplan.quantize_dynamic.default
+        code = _torch_ops._KIND_INDEX[qp.ElementKind.S8]
+        token = _torch_ops.scope_ints(qp.TokenScope())
+        return [
+            (
+                "torch.ops.quantplan.quantize_dynamic (eager)",
+                lambda a: dyn(a["x"], code, token, False, None, None, 0, False, None, 0)[:2],
+                ("q", "s"),
+            )
+        ]
+    return []
+
+
 def measure(spec: Spec, opt: Options) -> list[Result]:
     """The table rows of ``spec``: its GPU row, and its host rows when ``spec.host``."""
     import torch
@@ -1340,11 +1389,27 @@ def _host_rows(
         except Exception as exc:
             f_row.notes.append(f"qp.quantize failed: {_brief(exc)}")
         rows.append(f_row)
+    op_rows: dict[str, Result] = {}
+    for label, call, names in _custom_ops(spec):
+        # The torch.library operators in eager mode: the public function and torch.ops, beside plan.run.
+        op_row = Result(f"host µs/call: {label} {spec.name}", spec.dtype, metric="host")
+        try:
+            differ = diff_vs_plan(call(s), names, s)
+            op_row.reference = "= plan bits" if not differ else f"≠ plan: {differ}"
+            op_row.failed = bool(differ)
+            timed[f"op:{label}"] = partial(call, s)
+            op_rows[f"op:{label}"] = op_row
+        except Exception as exc:
+            op_row.notes.append(f"failed: {_brief(exc)}")
+        rows.append(op_row)
     if not opt.cpu:
         timed["floor"] = _empty_launch()
     times = _host_many(timed, opt)
     for attr, us in times.items():
-        if attr == "functional" and f_row is not None:
+        if attr in op_rows:
+            op_rows[attr].plan_us = us
+            op_rows[attr].notes.append(f"plan.run {_us(row.plan_us)} µs")
+        elif attr == "functional" and f_row is not None:
             f_row.plan_us = us
         elif attr == "floor":
             row.notes.append(f"empty-kernel launch in the same rounds: {_us(us)} µs")

@@ -98,6 +98,9 @@ class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.names: dict[str, Any] = {"copysign": math.copysign}
+        #: Pointer-class tests not yet written: (pointer variable, remembered pointer); written
+        #: together by :meth:`pointer_classes` or :meth:`relations`.
+        self.classes: list[tuple[str, int]] = []
 
     def const(self, value: Any) -> str:
         """A name for ``value`` in the generated function's globals."""
@@ -169,7 +172,7 @@ class _Source:
             self.lines.append(f"    m{i} = {v}.data")
             self.lines.append(f"    {p} = m{i}.ptr")
             self.miss_if(f"{flag} is not {contiguous!r} or m{i}.device_id != {device!r}")
-        self.miss_if(f"{p} {_pointer_class(ptr)}{p}" if ptr else p)
+        self.classes.append((p, ptr))
 
     def pointer(self, expr: str, i: int, value: Any, ptr: int) -> None:
         """Any array of the remembered type and pointer class: its pointer only (``check=False``)."""
@@ -180,21 +183,56 @@ class _Source:
             self.lines.append(f"    {p} = {v}.data_ptr() if {v}.get_device() >= 0 else 0")
         else:
             self.lines.append(f"    {p} = {v}.data.ptr")
-        self.miss_if(f"{p} {_pointer_class(ptr)}{p}" if ptr else p)
+        self.classes.append((p, ptr))
+
+    def _class_tests(self) -> list[str]:
+        """The deferred pointer-class tests, one condition each (true: a miss); emptied."""
+        tests = [f"{p} {_pointer_class(ptr)}{p}" if ptr else p for p, ptr in self.classes]
+        self.classes = []
+        return tests
+
+    def pointer_classes(self) -> None:
+        """The deferred pointer-class tests. Where every remembered pointer is non-null and of
+        class 0 (an allocation's alignment, the common case), one test for all of them:
+        ``(p0 | p1 | ...) % ALIGN_CLASS`` is 0 exactly when each is, and ``p0 and p1 and ...``
+        exactly when none is null."""
+        pointers = [p for p, ptr in self.classes if ptr and ptr % ALIGN_CLASS == 0]
+        if len(pointers) > 1 and len(pointers) == len(self.classes):
+            self.classes = []
+            self.miss_if(f"({' | '.join(pointers)}) % {ALIGN_CLASS} or not ({' and '.join(pointers)})")
+            return
+        for test in self._class_tests():
+            self.miss_if(test)
 
     def relations(self, arrays: list[tuple[int, int, int]]) -> None:
-        """The pairwise relation of the arrays' byte ranges: same start, shared byte (``overlaps``)."""
+        """The deferred pointer-class tests and the pairwise relation of the arrays' byte ranges:
+        same start, shared byte (``overlaps``).
+
+        Where the remembered arrays are all non-empty, non-null, of pointer class 0 and pairwise
+        disjoint (the common case), a cheaper test decides first: the pointers in the remembered
+        address order, each array ending at or before the next one starts, and the class of all
+        of them at once. It holds only when every individual test below passes (disjoint
+        intervals in a chain are pairwise disjoint and distinct; the lowest pointer non-null makes
+        them all non-null), so the individual tests run only when it fails, with the same verdict."""
+        tests = self._class_tests()
         for n, (i, a, size_a) in enumerate(arrays):
             for j, b, size_b in arrays[n + 1 :]:
                 same, shared = a == b, bool(a and b and a < b + size_b and b < a + size_a)
                 pi, pj = f"p{i}", f"p{j}"
                 if a and b and not same and not shared:  # the common case: two disjoint arrays
-                    self.miss_if(f"{pi} < {pj} + {size_b} and {pj} < {pi} + {size_a} or {pi} == {pj}")
+                    tests.append(f"{pi} < {pj} + {size_b} and {pj} < {pi} + {size_a} or {pi} == {pj}")
                 else:
-                    self.miss_if(
+                    tests.append(
                         f"({pi} == {pj}) is not {same} or bool({pi} and {pj} and {pi} < {pj} + {size_b} "
                         f"and {pj} < {pi} + {size_a}) is not {shared}"
                     )
+        chain = _disjoint_chain(arrays)
+        if chain is None:
+            for test in tests:
+                self.miss_if(test)
+            return
+        self.lines.append(f"    if not ({chain}):")
+        self.lines += [f"        if {test}: return False" for test in tests]
 
     def compile(self, params: str, traced: bool) -> FastCall:
         """The generated function (its ``traced``: whether it launches by itself, without ``_launch``)."""
@@ -204,6 +242,21 @@ class _Source:
         fast = namespace["fast"]
         fast.traced = traced
         return fast  # type: ignore[no-any-return]
+
+
+def _disjoint_chain(arrays: list[tuple[int, int, int]]) -> str | None:
+    """For (field, pointer, bytes) of the arrays of a remembered call: the condition that holds
+    when the call's arrays are again of pointer class 0, non-null and disjoint in the same address
+    order, or None where the remembered arrays were not all so (an empty array, a null pointer,
+    another class, two arrays sharing bytes)."""
+    if not arrays or any(not ptr or ptr % ALIGN_CLASS or size <= 0 for _, ptr, size in arrays):
+        return None
+    ordered = sorted(arrays, key=lambda item: item[1])
+    if any(a + size_a > b for (_, a, size_a), (_, b, _) in zip(ordered, ordered[1:], strict=False)):
+        return None
+    names = [f"p{i}" for i, _, _ in arrays]
+    steps = [f"p{i} + {size} <= p{j}" for (i, _, size), (j, _, _) in zip(ordered, ordered[1:], strict=False)]
+    return " and ".join([f"not ({' | '.join(names)}) % {ALIGN_CLASS}", f"p{ordered[0][0]}", *steps])
 
 
 def _cuda_current_device() -> int:
@@ -596,6 +649,7 @@ class CallCache:
         template = _operand_template(record, values, ptrs)
         if template is None:
             return None
+        source.pointer_classes()
         source.device(plan.device_id)
         source.handle(stream)
         return source, self._tail(plan, source, template, workspace, "h")
@@ -660,13 +714,14 @@ def pointer_launcher(
             return None
         ptrs[i] = props[4]
         params.append(f"p{i}")
-        source.miss_if(f"p{i} {_pointer_class(props[4])}p{i}" if props[4] else f"p{i}")
+        source.classes.append((f"p{i}", props[4]))
     template = _operand_template(record, values, ptrs)
     if template is None:
         return None
     if workspace_ptr is not None:
         params.append("pw")
-        source.miss_if(f"pw {_pointer_class(workspace_ptr)}pw")
+        source.classes.append(("pw", workspace_ptr))
+    source.pointer_classes()
     if not device_checked:
         source.device(plan.device_id)
     if not _launch_tail(plan, source, template[0], template[1], workspace_ptr, "h"):

@@ -59,6 +59,10 @@ from ._frontend import (
     check_seed,
     clear_plan_cache,
     cupy_stream,
+    dtype_name,
+    remember_replay,
+    replay,
+    replay_of,
     shaped,
 )
 from ._layout import normalize_axis, param_shape
@@ -363,12 +367,75 @@ def fake_quantize(
 
 def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
     """Eager: :class:`FakeQuantizeFunction` where a gradient is recorded, else the plan alone (no
-    dispatcher on the hot path); under torch.compile the ``quantplan::fake_quantize`` operator."""
+    dispatcher on the hot path: a call like an earlier one is replayed, see :func:`_static_eager`);
+    under torch.compile the ``quantplan::fake_quantize`` operator."""
     if not _compiling():
         if _grad_for(x):
             return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
-        return _static_forward(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
+        return _static_eager(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
     return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+
+
+def _static_eager(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
+    """:func:`_static_forward` (no autograd). A call like an earlier one (CUDA) is replayed:
+    allocate the output and launch. Python scalars are keyed by type and value (the launch holds
+    them), the scale tensor by dtype and shape; a tensor zero point takes the full path."""
+    key: tuple[Any, ...] | None = None
+    if zero_point is None or type(zero_point) is int:
+        plain = type(scale) is float or type(scale) is int
+        scope_key = _scope_key(scope)
+        try:
+            key = (
+                _static_eager,
+                type(x),
+                x.dtype,
+                x.shape,
+                type(scale),
+                scale if plain else (scale.dtype, scale.shape),
+                zero_point,
+                scope_key,
+                q_min,
+                q_max,
+            )
+            fast = replay_of(key) if type(scope_key) is not object else None
+        except (AttributeError, TypeError):  # not a tensor; an unhashable argument
+            key = fast = None
+        if fast is not None:
+            y = fast(x) if plain else fast(x, scale)
+            if y is not None:
+                return y
+    return _static_forward_replayed(x, scale, zero_point, scope, q_min, q_max, key)
+
+
+def _static_forward_replayed(
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int, key: tuple[Any, ...] | None
+) -> Any:
+    """:func:`_static_forward`, and (``key`` given) the call remembered under ``key`` as a replay
+    (:func:`quantplan._frontend.replay`: ``x`` and a scale tensor checked contiguous on the plan's
+    device, the output allocated, the plan's traced launch) where the plan ran on the caller's own
+    tensors: ``x`` itself (C-contiguous), the scale tensor itself (already of the parameters'
+    dtype, on ``x``'s device, contiguous) or a Python number, the zero point None or a number. A
+    call that needed a copy or a cast (which the replay would not make) is not remembered."""
+    y, xc, s, z, static, _ = _static_forward_parts(x, scale, zero_point, scope, q_min, q_max)
+    tensor_scale = isinstance(s, torch.Tensor)
+    if (
+        key is not None
+        and xc is x
+        and (s is scale if tensor_scale else type(scale) is float or type(scale) is int)
+        and not isinstance(z, torch.Tensor)
+        and y.numel()
+    ):
+        target = Target.of(xc)
+        args = FakeQuantizeArgs(target.arg(xc), target.arg(y), target.arg(s), target.arg(z))
+        order = ["x0", "o0", "x1"] if tensor_scale else ["x0", "o0"]
+        outputs = [(tuple(xc.shape), dtype_name(xc))]
+        remember_replay(key, lambda: replay(target, static.plan, args, len(order) - 1, outputs, _last, order))
+    return y
+
+
+def _last(*arrays: Any) -> Any:
+    """A replayed call's result: its last array (the output)."""
+    return arrays[-1]
 
 
 def _fake_quantize_call(x: Any, scale: Any, zero_point: Any, scope: list[int], q_min: int, q_max: int) -> Any:
@@ -805,10 +872,9 @@ def _fq_impl(
     q_min: int,
     q_max: int,
 ) -> Any:
-    target, xc, kind, static, s, z = _static_operands(
-        x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max
-    )
-    return _run_forward(target, xc, static.plan, s, z)
+    s = scale_value if scale is None else scale
+    z = zero_point_value if zero_point is None else zero_point
+    return _static_eager(x, s, z, scope_of(scope), q_min, q_max)  # a call like an earlier one: replayed
 
 
 def _fq_fake(x: Any, *rest: Any) -> Any:

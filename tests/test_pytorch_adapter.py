@@ -532,6 +532,135 @@ def test_dynamic_module_offset_counter_and_state(rng: np.random.Generator) -> No
 # ---- GPU -------------------------------------------------------------------------------------------------
 
 
+def _repeated_fake_quantize(rng: np.random.Generator, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated eager calls without a gradient (replayed on CUDA after the first of each signature)
+    on fresh data, with Python scales that change between calls, a zero point, channel scale
+    tensors flat and in the parameter shape, and calls that need a cast or a filled zero point (not
+    replayed): each result equals PyTorch's fake quantization bit for bit. On CUDA the repeated
+    calls of a remembered signature skip the full path."""
+    shape, c = (13, 301), 301
+    scale_flat = torch.from_numpy(np.exp(rng.uniform(-5, -1, size=c)).astype(np.float32)).to(device)
+    scale_param = scale_flat.reshape(1, c).clone()
+    zeros = torch.zeros(c, dtype=torch.int32, device=device)
+    calls: list[tuple[Any, Any, qp.Scope | None]] = [
+        (0.0625, None, None),
+        (0.0625, 3, None),
+        (0.125, None, None),
+        (scale_flat, None, qp.ChannelScope(axis=1)),
+        (scale_param, None, qp.ChannelScope(axis=1)),
+        (scale_flat.double(), None, qp.ChannelScope(axis=1)),  # cast to float32 per call: not replayed
+        (scale_flat, 0, qp.ChannelScope(axis=1)),  # a filled zero-point tensor per call: not replayed
+    ]
+    full = [0]
+    parts = qpt._static_forward_parts
+
+    def counting(*args: Any) -> Any:
+        full[0] += 1
+        return parts(*args)
+
+    monkeypatch.setattr(qpt, "_static_forward_parts", counting)
+    op = torch.ops.quantplan.fake_quantize.default
+    for round_ in range(3):
+        for scale, zp, scope in calls:
+            x = _data(rng, shape, torch.float32, device)
+            y = qpt.fake_quantize(x, scale, zp, -8, 7, scope or qp.TensorScope())
+            tensor = isinstance(scale, torch.Tensor)
+            ints = qpt.scope_ints(scope or qp.TensorScope())
+            y_op = op(x, scale if tensor else None, 0.0 if tensor else scale, None, zp, ints, -8, 7)
+            if scope is None:
+                want = torch.fake_quantize_per_tensor_affine(x, scale, zp or 0, -8, 7)
+            else:
+                z = zeros if zp is None else torch.full((c,), zp, dtype=torch.int32, device=device)
+                want = torch.fake_quantize_per_channel_affine(x, scale.reshape(-1).float(), z, 1, -8, 7)
+            what = f"round {round_}: scale {scale if scope is None else 'tensor'}, zp {zp}"
+            _assert_bits(y, want, what)
+            _assert_bits(y_op, want, f"operator, {what}")
+    # CUDA: every call but the first of each replayable signature (5 of 7, the operator's calls
+    # sharing the function's) is replayed; the other two take the full path every time
+    assert full[0] == (7 + 2 + 2 * 2 * 2 if device == "cuda" else 3 * 7 * 2), full[0]
+
+
+def _repeated_quantize_dynamic(rng: np.random.Generator, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated ``torch.ops.quantplan.quantize_dynamic`` calls (replayed on CUDA after the first of
+    each nearest-rounding signature) on fresh data: codes, scales and zero points equal the
+    reference plan's bit for bit; stochastic and FP8 calls take the full path every time."""
+    from quantplan import _torch_ops
+
+    shape = (13, 256)
+    op = torch.ops.quantplan.quantize_dynamic.default
+    kinds = _torch_ops._KIND_INDEX
+    token, group = [2, 0, 0], [3, -1, 64]
+    calls = [  # (code, scope, asymmetric, stochastic, seed, replayed)
+        (EK.S8, token, False, False, None, True),
+        (EK.U4, group, True, False, None, True),
+        (EK.S4, [0, 0, 0], False, False, None, True),  # per tensor: a workspace
+        (EK.FP8_E4M3, token, False, False, None, False),
+        (EK.S8, token, False, True, 7, False),
+    ]
+    full = [0]
+    prepare = _torch_ops._prepare
+
+    def counting(x: Any) -> Any:
+        full[0] += 1
+        return prepare(x)
+
+    monkeypatch.setattr(_torch_ops, "_prepare", counting)
+    for round_ in range(3):
+        for code, scope, asym, stochastic, seed, _ in calls:
+            x = _data(rng, shape, torch.float16, device)
+            codes, scale, zp = op(x, kinds[code], scope, asym, None, None, 0, stochastic, seed, 5)
+            desc = qp.DynamicRangeQuantizeDescriptor(
+                shape=shape,
+                scope=_torch_ops.scope_of(scope),
+                mode=qp.QuantMode.ASYMMETRIC if asym else qp.QuantMode.SYMMETRIC,
+                input_element=EK.F16,
+                output_element=code,
+                rounding=qp.Rounding.STOCHASTIC if stochastic else qp.Rounding.NEAREST_EVEN,
+            )
+            x_np = x.cpu().numpy()
+            want_q = np.zeros(desc.output_shape, ELEMENTS[code].numpy_dtype)
+            want_s = np.zeros(desc.param_shape, np.float32)
+            want_z = np.zeros(desc.param_shape, np.int32) if asym else None
+            ref = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
+            plan = qp.DynamicRangeQuantizePlan.select(None, desc, ref)
+            ws = qp.Workspace.allocate(plan.workspace_size(), device=False) if plan.workspace_size() else None
+            offset = 5 if stochastic else None
+            plan.run(None, ws, qp.DynamicRangeQuantizeArgs(x_np, want_q, want_s, want_z, seed, offset))
+            what = f"round {round_}: {code.name} scope {scope}"
+            assert np.array_equal(codes.cpu().view(torch.uint8).numpy().view(want_q.dtype), want_q), what
+            assert np.array_equal(scale.cpu().numpy(), want_s), what
+            if asym:
+                assert np.array_equal(zp.cpu().numpy(), want_z), what
+            else:
+                assert zp.shape == (0,) and zp.dtype == torch.int32, what
+    replayed = sum(call[-1] for call in calls)
+    assert full[0] == (len(calls) + 2 * (len(calls) - replayed) if device == "cuda" else 3 * len(calls)), full[0]
+
+
+def test_repeated_quantize_dynamic_equals_the_plan_cpu(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _repeated_quantize_dynamic(rng, "cpu", monkeypatch)
+
+
+@gpu
+def test_repeated_quantize_dynamic_equals_the_plan_cuda(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    qp.clear_plan_cache()
+    _repeated_quantize_dynamic(rng, "cuda", monkeypatch)
+
+
+def test_repeated_fake_quantize_equals_torch_cpu(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    _repeated_fake_quantize(rng, "cpu", monkeypatch)
+
+
+@gpu
+def test_repeated_fake_quantize_equals_torch_cuda(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    qp.clear_plan_cache()
+    _repeated_fake_quantize(rng, "cuda", monkeypatch)
+
+
 @gpu
 @pytest.mark.parametrize("kind", [EK.F16, EK.BF16, EK.F32], ids=lambda k: k.name)
 def test_static_matches_torch_cuda(rng: np.random.Generator, kind: EK) -> None:
