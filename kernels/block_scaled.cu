@@ -384,6 +384,6 @@ __global__ void __launch_bounds__(256)
     storage* dst = static_cast<storage*>(out) + r * cols + c0;
 #pragma unroll
     for (int k = 0; k < N; ++k)
-      if (c0 + k < cols) dst[k] = FO::from_acc(y[k]);
+      if (c0 + k < cols) dst[k] = y[k] != y[k] ? quiet_nan_storage<Out>() : FO::from_acc(y[k]);
   }
 }

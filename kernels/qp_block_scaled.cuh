@@ -433,6 +433,13 @@ __device__ __forceinline__ float decode_minifloat(u32 code) {
   return __uint_as_float(sign | ((e + 127u - bias) << 23) | (m << (23 - MBITS)));
 }
 
+// The quiet NaN a dequantized NaN is stored as (the f32 0x7FC00000 rounded to the output format,
+// as the reference writes it), whatever NaN the arithmetic produced (the GPU's is 0x7FFFFFFF).
+template <class Out> __device__ __forceinline__ typename FloatElement<Out>::storage quiet_nan_storage();
+template <> __device__ __forceinline__ u16 quiet_nan_storage<f16>() { return 0x7E00u; }
+template <> __device__ __forceinline__ u16 quiet_nan_storage<bf16>() { return 0x7FC0u; }
+template <> __device__ __forceinline__ float quiet_nan_storage<f32>() { return __uint_as_float(0x7FC00000u); }
+
 template <class T> struct BlockDecode;
 template <> struct BlockDecode<mx_e4m3> {
   static __device__ __forceinline__ float value(u32 c) { return decode_minifloat<4, 3, true, false>(c); }
