@@ -35,7 +35,15 @@ CASES = [  # (label, element, block, rule, code bytes per element)
 #: Extra schedules tried for 16-element blocks (one or several whole blocks per thread).
 SCHEDULES_16 = [
     Schedule(v, u, m, p)
-    for v, u, m, p in ((2, 1, 4, False), (2, 2, 4, False), (2, 1, 6, False), (4, 1, 3, False), (4, 2, 2, False), (8, 1, 2, False), (4, 1, 4, True))
+    for v, u, m, p in (
+        (2, 1, 4, False),
+        (2, 2, 4, False),
+        (2, 1, 6, False),
+        (4, 1, 3, False),
+        (4, 2, 2, False),
+        (8, 1, 2, False),
+        (4, 1, 4, True),
+    )
 ]
 
 
@@ -59,7 +67,11 @@ def main() -> None:
     args = p.parse_args()
     cases = [c for c in CASES if not args.only or args.only in c[0]]
     names = sorted(
-        {kernel_name("bfloat16", el, blk, rule == "div", True, s) for _, el, blk, rule, _ in cases for s in _schedules(blk)}
+        {
+            kernel_name("bfloat16", el, blk, rule == "div", True, s)
+            for _, el, blk, rule, _ in cases
+            for s in _schedules(blk)
+        }
     )
     if args.precompile:
         with ProcessPoolExecutor(16) as ex:
@@ -81,7 +93,9 @@ def main() -> None:
             extra = {"tensor_amax": cupy.asarray([24.0], dtype=cupy.float32)} if el == "nvfp4" else {}
             for s in _schedules(blk):
 
-                def fn(xi: Any, s: Schedule = s, el: str = el, blk: int = blk, rule: str = rule) -> Any:
+                def fn(
+                    xi: Any, s: Schedule = s, el: str = el, blk: int = blk, rule: str = rule, extra: dict = extra
+                ) -> Any:
                     return quantize_block_scaled(
                         xi, element=el, block=blk, rule=rule, input_dtype="bfloat16", stream=stream, schedule=s, **extra
                     )

@@ -227,3 +227,41 @@ def test_bad_requests_raise_before_launch() -> None:
         quantize_block_scaled_2d(x, amax_floor=-1.0)
     with pytest.raises(Unsupported):
         quantize_transpose_block_scaled(x, block=128, layout="te_mxfp8")
+
+
+def _near_fp8_ties(rng: np.random.Generator, rows: int, cols: int, element: str) -> np.ndarray:
+    """f32 data whose FP8 ``div`` quotients x / s sit on and one f32 ulp around the element's
+    rounding ties (the midpoints of adjacent codes, the subnormal ones included), the block scale s
+    set by each row's first element (the row's amax, 2^-60 .. 2^60): a division that is not
+    correctly rounded shows as a code off by one."""
+    top = 448.0 if element == "e4m3" else 57344.0
+    grid = np.unique(rbs._decode_table(rbs.ELEMENT_FORMATS[element]).astype(np.float64))  # every code's value
+    grid = grid[np.isfinite(grid) & (grid >= 0) & (grid <= top)]
+    ties = (grid[:-1] + grid[1:]) / 2
+    amax = np.exp2(rng.uniform(-60, 60, size=(rows, 1))).astype(np.float32)
+    s = (amax / np.float32(top)).astype(np.float32)
+    t = rng.choice(ties, size=(rows, cols)) * rng.choice([-1.0, 1.0], size=(rows, cols))
+    x = (t * s.astype(np.float64)).astype(np.float32)
+    nudge = rng.integers(-1, 2, size=x.shape)
+    x = np.where(nudge > 0, np.nextafter(x, np.float32(np.inf)), x)
+    x = np.where(nudge < 0, np.nextafter(x, np.float32(-np.inf)), x).astype(np.float32)
+    x[:, 0] = amax[:, 0]
+    return x
+
+
+@pytest.mark.parametrize("element", ["e4m3", "e5m2"])
+def test_fp8_div_near_ties(rng: np.random.Generator, element: str) -> None:
+    """The ``div`` rule divides each element by its block scale with correct rounding: quotients on
+    and around every rounding tie, in the 1x128 rowwise and columnwise copies of the fused kernel
+    (the columnwise copy of x.T sees the same blocks) and the 128x128 tiles."""
+    x = _near_fp8_ties(rng, 256, 384, element)
+    kw = _fp8_kw("div")
+    for data in (x, np.ascontiguousarray(x.T)):
+        pair = rbs.quantize_transpose(data, "fp8_block", block=(1, 128), element=element, **kw)
+        _check_pair(_transpose(data, element=element, block=128, rule="div"), pair, data.shape)
+    tile = x[:128, :128].copy()
+    tile[0, 0] = np.abs(tile).max()  # the tile's amax: the scale of every element of the tile
+    ref = rbs.fp8_block_quantize(tile, block=(128, 128), element=element, **kw)
+    codes, scales = _tiles(tile, element=element, block=(128, 128), rule="div")
+    np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes)
+    _same_scales(scales, ref.scales, "128x128 div near ties")
