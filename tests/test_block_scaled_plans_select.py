@@ -22,6 +22,7 @@ driver's launch and the runtime's copies are recorded.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,9 @@ import pytest
 
 import quantplan as qp
 from quantplan import _block_scaled_kernels as bk
-from quantplan import block_scaled as bs
 from quantplan import _block_scaled_tile_kernels as tk
 from quantplan import _device, _launch
+from quantplan import block_scaled as bs
 from quantplan import reference_block_scaled as rb
 from quantplan.types import ElementKind as EK
 
@@ -369,7 +370,7 @@ def test_f32_byte_runs_store_every_float(rng: np.random.Generator) -> None:
         runs = bs._f32_byte_runs(float(v))
         memory = _memory([("memset", 100 + start, byte, count) for start, byte, count in runs])
         assert _f32_at(memory, 100) == v.tobytes() and len(memory) == 4
-        assert all(a[1] != b[1] for a, b in zip(runs, runs[1:]))  # one memset per run of equal bytes
+        assert all(a[1] != b[1] for a, b in itertools.pairwise(runs))  # one memset per run of equal bytes
 
 
 def test_nvfp4_run_with_a_device_amax_only_launches(sim: _Sim) -> None:
