@@ -10,11 +10,12 @@ axis, a scale rule and the layout the scales are written in:
 * :class:`BlockScaledDequantizePlan`: (codes, scales[, tensor scale]) -> y.
 
 Backends. The CUDA backend serves, with nearest rounding and blocks along the last axis
-(:func:`cuda_refusal`, :func:`dequantize_refusal`): quantize of MX 1x32, NVFP4 1x16 (``te``) and
-FP8 1x128 blocks in every scale layout (``kernels/block_scaled.cu``, NVFP4's tensor amax by its
-``block_scaled_tensor_amax``), MXFP8 32x32 and FP8 128x128 tiles and the fused columnwise copy of
-MXFP8 1x32 / FP8 1x128 (``kernels/block_scaled_tiles.cu``), and dequantize from compact scales
-(``block_scaled_dequantize``). Stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16
+(:func:`cuda_refusal`, :func:`dequantize_refusal`): quantize of MX 1x32, NVFP4 1x16 (``te``;
+stochastic rounding too) and FP8 1x128 blocks in every scale layout (``kernels/block_scaled.cu``,
+NVFP4's tensor amax by its ``block_scaled_tensor_amax``, S_dec written by the quantize kernel),
+MXFP8 32x32 and FP8 128x128 tiles and the fused columnwise copy of MXFP8 1x32 / FP8 1x128
+(``kernels/block_scaled_tiles.cu``), and dequantize from compact scales
+(``block_scaled_dequantize``). MX stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16
 tiles, FP8 128x128 dequantize and the layouts a kernel does not write run on the REFERENCE
 backend; on CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served.
 
@@ -1265,10 +1266,13 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     ) -> None:
         """NVFP4: the tensor amax the kernel reads (none: one level; a device array; a number stored
         into the workspace; or computed into it), then the quantize launch, which also writes S_dec
-        into ``tensor_scale`` (an empty problem too: its launch has no block to quantize). Stores
-        and launches only, stream-ordered: no host round trip, capturable in a CUDA graph."""
+        into ``tensor_scale`` (an empty problem too: its launch has no block to quantize). Memsets,
+        stores and launches, stream-ordered: no host round trip, capturable in a CUDA graph."""
         p, k = self.problem, self._launches
         assert k is not None and self.device_id is not None and a.tensor_scale is not None
+        # This call (the fast path's generic tail of a memset signature, too) writes the argument
+        # blocks: a traced signature's function must store its constants again.
+        self._tail_owner[0] = None
         amax = a.global_amax
         amax_ptr = 0
         if p.two_level:

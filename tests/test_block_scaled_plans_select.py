@@ -559,3 +559,24 @@ def test_empty_problems_select_and_launch_only_for_s_dec(sim: _Sim, kw: dict[str
         (event,) = sim.events
         assert event[0] == "launch" and _launched(plan, event).params.s_dec_out == int(TS_PTR)
         assert _launched(plan, event).params.rows * _launched(plan, event).params.blocks_per_row == 0
+
+
+def test_nvfp4_traced_and_generic_calls_interleave(sim: _Sim) -> None:
+    """Calls of traced signatures (a device amax) and of the generic tail (a number or computed
+    amax, whose memsets keep them untraced) in any order: each launch carries its own call's
+    amax pointer, S_dec pointer, seed and offset."""
+    d = _quantize(format="nvfp4", shape=(64, 256), rounding=qp.Rounding.STOCHASTIC)
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
+    device_amax = host_sim.device_array(int(AMAX_PTR), (1,), "float32")
+    calls = [(device_amax, 1, 2), (3.0, 5, 6), (None, 7, 8)] * 3 + [(device_amax, 1, 2), (None, 9, 10)] * 2
+    for check in (True, False):
+        for amax, seed, offset in calls:
+            sim.events.clear()
+            args = _nvfp4_args(d, amax)
+            args.rng_seed, args.rng_offset = seed, offset
+            plan.run(None, ws, args, check=check)
+            q = _launched(plan, sim.events[-1]).params
+            want_amax = int(AMAX_PTR) if amax is device_amax else int(WS_PTR)
+            assert (q.tensor_amax, q.s_dec_out, q.seed_value, q.offset_value) == (want_amax, int(TS_PTR), seed, offset)
+            assert (q.seed_ptr, q.offset_ptr) == (0, 0)
