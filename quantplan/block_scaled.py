@@ -764,12 +764,16 @@ _SCALE_KIND_CODES = {ElementKind.E8M0: 0, ElementKind.F32: 1, ElementKind.FP8_E4
 NVFP4_WORKSPACE = 4
 
 
-@functools.lru_cache(maxsize=256)
 def _f32_byte_runs(value: float) -> tuple[tuple[int, int, int], ...]:
     """(byte offset, byte, count) runs of the little-endian float32 bits of ``value`` (rounded to
     nearest, +-Inf past the f32 range, as the reference's ``np.float32``): the memsets that store
     it on the device with no host buffer, so the store is stream-ordered and graph-capturable."""
-    bits = ctypes.c_uint32.from_buffer(ctypes.c_float(value)).value
+    return _byte_runs(ctypes.c_uint32.from_buffer(ctypes.c_float(value)).value)
+
+
+@functools.lru_cache(maxsize=256)
+def _byte_runs(bits: int) -> tuple[tuple[int, int, int], ...]:
+    """(byte offset, byte, count) runs of equal bytes of the little-endian 32-bit word ``bits``."""
     raw = bits.to_bytes(4, "little")
     runs: list[tuple[int, int, int]] = []
     for i, byte in enumerate(raw):

@@ -365,8 +365,8 @@ def test_nvfp4_run_with_a_number_amax_memsets_its_f32_bits(sim: _Sim, amax: floa
 def test_f32_byte_runs_store_every_float(rng: np.random.Generator) -> None:
     bits = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32)
     values = bits.view(np.float32)
-    specials = np.array([0.0, 1.0, 2.0**-149, 2.0**-126, 3.4028235e38, np.inf, 0x01010101], np.float32)
-    for v in np.concatenate([values[np.isfinite(values) & (values >= 0)], specials]):
+    specials = np.array([0.0, -0.0, 1.0, 2.0**-149, 2.0**-126, 3.4028235e38, np.inf, 0x01010101], np.float32)
+    for v in np.concatenate([specials, values[np.isfinite(values) & (values >= 0)], specials]):
         runs = bs._f32_byte_runs(float(v))
         memory = _memory([("memset", 100 + start, byte, count) for start, byte, count in runs])
         assert _f32_at(memory, 100) == v.tobytes() and len(memory) == 4
