@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
                           qp::i64 layout_dim, float amax_floor, float enc_overflow, qp::i64 pad_rows,
                           qp::i64 pad_cols, const float* __restrict__ tensor_amax,
                           const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr,
-                          qp::u64 seed_value, qp::u64 offset_value) {
+                          qp::u64 seed_value, qp::u64 offset_value, float* __restrict__ s_dec_out) {
   using namespace qp;
   typedef BlockInput<In> In_;
   typedef BlockElement<Elem> E;
@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   const bool f32_scale = rule >= kBlockF32Div && rule <= kBlockF32Enc;
   Nvfp4Tensor nv = Nvfp4Tensor();
   if (rule == kNvfp4Te) nv = nvfp4_tensor(tensor_amax);  // NVFP4: the tensor amax (null: one level)
+  if (s_dec_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_dec_out = nv.s_dec;  // NVFP4's S_dec
   constexpr bool STOCHASTIC = StochasticElement<Elem>::value;  // §1.6 rounding from (seed, offset)
   const PhiloxStream rng(STOCHASTIC ? block_rng_word(seed_ptr, seed_value) : 0,
                          STOCHASTIC ? block_rng_word(offset_ptr, offset_value) : 0);

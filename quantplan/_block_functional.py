@@ -15,11 +15,11 @@ are allocated by x's library on x's device, and the plan runs on that library's 
 Where the arrays live: NumPy arrays and PyTorch CPU tensors run on the reference backend; CuPy
 arrays and PyTorch CUDA tensors on the CUDA kernels where they serve the problem
 (:func:`~quantplan.block_scaled.cuda_refusal`: MX 1x32, NVFP4 1x16 ``te`` and FP8 1x128 blocks
-along the last axis, MXFP8 32x32 and FP8 128x128 tiles, nearest rounding; dequantize:
-:func:`~quantplan.block_scaled.dequantize_refusal`, compact scales along the last axis except
-FP8 128x128). The other calls on device arrays (stochastic rounding, other axes, NVFP4
-``torchao`` and 16x16, ...) run the reference on a host copy and return device arrays: the same
-bytes, at host speed (``qt.backend`` says which ran).
+along the last axis, MXFP8 32x32 and FP8 128x128 tiles, nearest rounding, and NVFP4 1x16 with
+stochastic rounding too; dequantize: :func:`~quantplan.block_scaled.dequantize_refusal`, compact
+scales along the last axis except FP8 128x128). The other calls on device arrays (MX stochastic
+rounding, other axes, NVFP4 ``torchao`` and 16x16, ...) run the reference on a host copy and
+return device arrays: the same bytes, at host speed (``qt.backend`` says which ran).
 
 Dtypes returned: PyTorch codes and scales carry torch's own dtypes where they exist
 (``float8_e4m3fn``, ``float8_e5m2``, ``float4_e2m1fn_x2``, ``float8_e8m0fnu``; checked with

@@ -250,6 +250,7 @@ def quantize_block_scaled(
     rounding: str = "nearest_even",
     seed: Any = 0,
     offset: Any = 0,
+    s_dec_out: Any = None,
 ) -> tuple[Any, Any]:
     """Quantize CuPy array ``x`` along its last axis; returns ``(codes, scales)`` (CuPy arrays).
 
@@ -264,6 +265,9 @@ def quantize_block_scaled(
     ``rounding="stochastic"`` (NVFP4 only): §1.6 with the Philox words of x's row-major flat
     indices; ``seed`` and ``offset`` are integers in [0, 2**64) or one-element int64 CuPy arrays
     (read on the device at launch, so a captured graph replays with a new offset).
+    ``s_dec_out`` (NVFP4): None, or a one-element float32 CuPy array into which the kernel writes
+    S_dec = fl(1 / S_enc) of the tensor amax it reads (1 for one level), on the device: no host
+    round trip, so the call stays capturable in a CUDA graph.
     """
     import cupy
     import numpy as np
@@ -283,6 +287,13 @@ def quantize_block_scaled(
     if stochastic and element != "nvfp4":
         raise Unsupported(f"stochastic rounding has a kernel for NVFP4 only, not {element!r}")
     rng = rng_arguments(seed, offset) if stochastic else (0, 0, 0, 0)
+    s_dec_ptr = 0
+    if s_dec_out is not None:
+        if element != "nvfp4":
+            raise InvalidProblem(f"s_dec_out is NVFP4's tensor scale; element {element!r} has none")
+        if str(s_dec_out.dtype) != "float32" or s_dec_out.size != 1:
+            raise InvalidProblem("s_dec_out must be a one-element float32 device array")
+        s_dec_ptr = int(s_dec_out.data.ptr)
     if block == 32:
         if rule not in MX_RULES or element not in MX_ELEMENTS:
             raise InvalidProblem(f"MX scale rule {rule!r} is not one of {sorted(MX_RULES)}")
@@ -307,8 +318,8 @@ def quantize_block_scaled(
     geo = scale_geometry(layout, rows, blocks_per_row, f32_scales)
     codes = cupy.empty((*x.shape[:-1], -(-cols // per_byte)), cupy.uint8)
     scales = cupy.empty(geo.size, cupy.float32 if f32_scales else cupy.uint8)
-    if rows * cols == 0:
-        return codes, scales
+    if rows * cols == 0 and not s_dec_ptr:
+        return codes, scales  # an empty NVFP4 problem with s_dec_out still launches: the kernel writes S_dec
     contiguous = cols % block == 0 and x.data.ptr % 16 == 0 and codes.data.ptr % 16 == 0
     divide = rule == "div"
     info = device_info(x.device.id)
@@ -346,7 +357,8 @@ def quantize_block_scaled(
         if tensor_amax.dtype != cupy.float32 or tensor_amax.size != 1:
             raise InvalidProblem("tensor_amax must be a one-element float32 array")
         amax_ptr = tensor_amax.data.ptr
-    fn((grid,), (threads,), (*args, np.uint64(amax_ptr), *(np.uint64(v) for v in rng)), stream=stream)
+    rng_args = (np.uint64(v) for v in rng)
+    fn((grid,), (threads,), (*args, np.uint64(amax_ptr), *rng_args, np.uint64(s_dec_ptr)), stream=stream)
     return codes, scales
 
 

@@ -10,11 +10,12 @@ axis, a scale rule and the layout the scales are written in:
 * :class:`BlockScaledDequantizePlan`: (codes, scales[, tensor scale]) -> y.
 
 Backends. The CUDA backend serves, with nearest rounding and blocks along the last axis
-(:func:`cuda_refusal`, :func:`dequantize_refusal`): quantize of MX 1x32, NVFP4 1x16 (``te``) and
-FP8 1x128 blocks in every scale layout (``kernels/block_scaled.cu``, NVFP4's tensor amax by its
-``block_scaled_tensor_amax``), MXFP8 32x32 and FP8 128x128 tiles and the fused columnwise copy of
-MXFP8 1x32 / FP8 1x128 (``kernels/block_scaled_tiles.cu``), and dequantize from compact scales
-(``block_scaled_dequantize``). Stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16
+(:func:`cuda_refusal`, :func:`dequantize_refusal`): quantize of MX 1x32, NVFP4 1x16 (``te``;
+stochastic rounding too) and FP8 1x128 blocks in every scale layout (``kernels/block_scaled.cu``,
+NVFP4's tensor amax by its ``block_scaled_tensor_amax``, S_dec written by the quantize kernel),
+MXFP8 32x32 and FP8 128x128 tiles and the fused columnwise copy of MXFP8 1x32 / FP8 1x128
+(``kernels/block_scaled_tiles.cu``), and dequantize from compact scales
+(``block_scaled_dequantize``). MX stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16
 tiles, FP8 128x128 dequantize and the layouts a kernel does not write run on the REFERENCE
 backend; on CUDA their ``select`` raises :class:`~quantplan.Unsupported` naming what is served.
 
@@ -38,6 +39,7 @@ selection on a simulated GPU, the columnwise reference) and ``tests/test_block_s
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import numbers
 from dataclasses import dataclass, replace
@@ -76,7 +78,7 @@ from ._block_scaled_tile_kernels import (
 )
 from ._block_scaled_tile_kernels import _allow_shared as allow_shared
 from ._device import device_info, stream_device_id
-from ._launch import RNG_FIELDS, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
+from ._launch import RNG_FIELDS, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
 from ._plan import Plan, check_descriptor, choose_backend, preferred
 from ._tuning import kernel_options
@@ -105,9 +107,10 @@ MODES: dict[str, tuple[str, ...]] = {
 #: The reference's element names by :mod:`quantplan.formats` element name.
 _REFERENCE_ELEMENT = {"e4m3": "e4m3", "e5m2": "e5m2", "e2m3": "e2m3", "e3m2": "e3m2", "e2m1": "e2m1", "mxint8": "int8"}
 _SERVED_ON_CUDA = (
-    "the CUDA backend serves, with nearest rounding along the last axis, MX 1x32, NVFP4 1x16 (te) and FP8 1x128 "
-    "blocks in every layout, MXFP8 32x32 and FP8 128x128 tiles, and the fused transpose of MXFP8 1x32 and FP8 "
-    "1x128 (see cuda_refusal); run this problem with PlanPreference(backend=BackendKind.REFERENCE)"
+    "the CUDA backend serves, with nearest rounding along the last axis, MX 1x32, NVFP4 1x16 (te; stochastic "
+    "rounding too) and FP8 1x128 blocks in every layout, MXFP8 32x32 and FP8 128x128 tiles, and the fused "
+    "transpose of MXFP8 1x32 and FP8 1x128 (see cuda_refusal); run this problem with "
+    "PlanPreference(backend=BackendKind.REFERENCE)"
 )
 _F32 = ELEMENTS[ElementKind.F32]
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -713,6 +716,7 @@ _QUANTIZE_PARAMS = params_struct(
         *fields(ctypes.c_int64, "pad_rows", "pad_cols"),
         ("tensor_amax", ctypes.c_uint64),
         *RNG_FIELDS,  # the Philox seed and offset of NVFP4's stochastic rounding (zero: nearest)
+        ("s_dec_out", ctypes.c_uint64),  # NVFP4: where the kernel writes S_dec (null: not written)
     ],
 )
 _AMAX_PARAMS = params_struct(
@@ -760,6 +764,26 @@ _SCALE_KIND_CODES = {ElementKind.E8M0: 0, ElementKind.F32: 1, ElementKind.FP8_E4
 NVFP4_WORKSPACE = 4
 
 
+def _f32_byte_runs(value: float) -> tuple[tuple[int, int, int], ...]:
+    """(byte offset, byte, count) runs of the little-endian float32 bits of ``value`` (rounded to
+    nearest, +-Inf past the f32 range, as the reference's ``np.float32``): the memsets that store
+    it on the device with no host buffer, so the store is stream-ordered and graph-capturable."""
+    return _byte_runs(ctypes.c_uint32.from_buffer(ctypes.c_float(value)).value)
+
+
+@functools.lru_cache(maxsize=256)
+def _byte_runs(bits: int) -> tuple[tuple[int, int, int], ...]:
+    """(byte offset, byte, count) runs of equal bytes of the little-endian 32-bit word ``bits``."""
+    raw = bits.to_bytes(4, "little")
+    runs: list[tuple[int, int, int]] = []
+    for i, byte in enumerate(raw):
+        if runs and runs[-1][1] == byte:
+            runs[-1] = (runs[-1][0], byte, runs[-1][2] + 1)
+        else:
+            runs.append((i, byte, 1))
+    return tuple(runs)
+
+
 def cuda_refusal(p: BlockScaledProblem) -> str | None:
     """Why the CUDA backend does not serve quantization problem ``p`` (None: a kernel does).
 
@@ -767,10 +791,11 @@ def cuda_refusal(p: BlockScaledProblem) -> str | None:
     layout (``block_scaled.cu``); 2-D tiles MXFP8 32x32 (compact, blocked) and FP8 128x128
     (compact, column_major) (``block_scaled_tiles.cu``); the fused columnwise copy of MXFP8 1x32
     (``transposed`` in compact / blocked scales, ``te_mxfp8``) and FP8 1x128 (``transposed`` in
-    compact / column_major / packed_ue8m0 scales); nearest rounding."""
+    compact / column_major / packed_ue8m0 scales); nearest rounding, and stochastic rounding for
+    NVFP4 1x16 (``te``)."""
     last = p.axis == len(p.shape) - 1
-    if p.stochastic:
-        return "stochastic rounding has no block-scaled CUDA kernel yet"
+    if p.stochastic and not p.is_nvfp4:
+        return f"stochastic rounding of {p.format.name} has no CUDA kernel (NVFP4 1x16 has one)"
     if not last:
         return f"blocks along axis {p.axis} of a rank-{len(p.shape)} tensor have no CUDA kernel yet"
     if p.is_nvfp4 and p.mode != "te":
@@ -873,7 +898,7 @@ def _prepare_lanes(p: BlockScaledProblem, device_id: int) -> _Launches:
     info = device_info(device_id)
     block = p.block[1]
     rule, rule_code = _rule(p)
-    element = "nvfp4" if p.is_nvfp4 else p.element
+    element = ("nvfp4_sr" if p.stochastic else "nvfp4") if p.is_nvfp4 else p.element
     dtype = _INPUT_DTYPE[p.input_element]
     cols = p.shape[-1]
     rows = p.numel // cols if cols else 0
@@ -881,16 +906,16 @@ def _prepare_lanes(p: BlockScaledProblem, device_id: int) -> _Launches:
     geo = scale_geometry(p.layout, rows, per_row, p.scale_kind is ElementKind.F32)
     contiguous = cols % block == 0
     teams = rows * per_row
-    schedules = [choose_schedule(dtype, block, False, teams, info.sm_count)]
+    schedules = [choose_schedule(dtype, block, False, teams, info.sm_count, p.stochastic)]
     if contiguous:
-        schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count))
+        schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count, p.stochastic))
     names = [kernel_name(dtype, element, block, rule == "div", i == 1, sched) for i, sched in enumerate(schedules)]
     amax_name = amax_kernel_name(dtype) if p.is_nvfp4 and p.two_level else None
     functions = _load("block_scaled", names + ([amax_name] if amax_name else []), device_id)
     fixed = dict(
         rows=rows, cols=cols, blocks_per_row=per_row, rule=rule_code, layout=geo.layout, layout_dim=geo.dim,
         amax_floor=p.amax_floor, enc_overflow=_INPUT_MAX[p.input_element], pad_rows=geo.pad_rows,
-        pad_cols=geo.pad_cols, tensor_amax=0,
+        pad_cols=geo.pad_cols, tensor_amax=0, seed_ptr=0, offset_ptr=0, seed_value=0, offset_value=0, s_dec_out=0,
     )  # fmt: skip
 
     def prepared(name: str, sched: Schedule) -> PreparedLaunch:
@@ -906,7 +931,8 @@ def _prepare_lanes(p: BlockScaledProblem, device_id: int) -> _Launches:
         n, vec = p.numel, VECTOR_ELEMENTS[dtype]
         grid = max(1, min(_ceil(max(n // vec, 1), BLOCK_THREADS), 4 * info.sm_count))
         amax = PreparedLaunch(functions[amax_name], grid, BLOCK_THREADS, _AMAX_PARAMS, n=n, vector_elements=0)
-    tag = f"lanes[{p.format.name},1x{block},{rule},{p.layout}" + (",contiguous|general]" if contiguous else ",general]")
+    tag = f"lanes[{p.format.name},1x{block},{rule},{p.layout}" + (",stochastic" if p.stochastic else "")
+    tag += ",contiguous|general]" if contiguous else ",general]"
     if amax is not None:
         tag = "tensor_amax+" + tag
     return _Launches(aligned, (general,), tag, tuple(functions), amax)
@@ -1075,12 +1101,13 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     **Dtypes:** input F16 / BF16 / F32; codes uint8 (or float8_e4m3fn / float8_e5m2 /
     float4_e2m1fn_x2 / int8 views); scales per ``scale_layout`` (see the descriptor).
 
-    **Shape limits:** rank >= 1, any extents (partial blocks), 64-bit indexing. CUDA, nearest
-    rounding, blocks along the last axis (:func:`cuda_refusal`): MX 1x32, NVFP4 1x16 (``te``) and
-    FP8 1x128 in every scale layout; MXFP8 32x32 tiles (compact, blocked) and FP8 128x128 tiles
-    (compact, column_major); the fused columnwise copy of MXFP8 1x32 and FP8 1x128. Everything
-    else (stochastic rounding, other axes, NVFP4 ``torchao`` and 16x16, the other tile and
-    transpose combinations) runs on the REFERENCE backend: on CUDA ``select`` raises Unsupported.
+    **Shape limits:** rank >= 1, any extents (partial blocks), 64-bit indexing. CUDA, blocks
+    along the last axis (:func:`cuda_refusal`): MX 1x32, NVFP4 1x16 (``te``, nearest or
+    stochastic rounding) and FP8 1x128 in every scale layout; MXFP8 32x32 tiles (compact,
+    blocked) and FP8 128x128 tiles (compact, column_major); the fused columnwise copy of MXFP8
+    1x32 and FP8 1x128. Everything else (MX stochastic rounding, other axes, NVFP4 ``torchao`` and
+    16x16, the other tile and transpose combinations) runs on the REFERENCE backend: on CUDA
+    ``select`` raises Unsupported.
 
     **Kernel variants** (``sku().variant``): ``lanes[format,1xB,rule,layout,...]``
     (``block_scaled.cu``): each thread holds 16-byte vectors of one block (the tuning table
@@ -1088,19 +1115,20 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     keys, the scale written in the layout by the team's first thread; a contiguous twin (vector
     loads) when the last extent is a multiple of B and x and the codes are 16-byte aligned;
     ``tensor_amax+lanes[...]``: NVFP4, first the tensor amax (``block_scaled_tensor_amax``)
-    unless ``global_amax`` is given. ``tiles[format,RxC,rule,layout,...]`` and
+    unless ``global_amax`` is given; ``lanes[nvfp4,...,stochastic,...]``: NVFP4 with §1.6
+    stochastic rounding (element ``nv_e2m1_sr``; seed and offset values, or one-element int64
+    device arrays the kernel reads at launch). ``tiles[format,RxC,rule,layout,...]`` and
     ``transpose[format,1xB,rule,layout,columnwise,...]`` (``block_scaled_tiles.cu``): a CTA per
     tile of x, one launch per 65535 row tiles; an aligned twin when the last extent (and, for the
     transpose, the row count) is a multiple of 16 and x and the codes are 16-byte aligned.
     ``numpy`` on the reference backend.
 
     **Workspace:** none, except NVFP4 two-level on CUDA: 4 bytes of device memory (the f32 tensor
-    amax the quantize kernel reads, computed by the amax kernel or copied from a number
-    ``global_amax``). NVFP4's ``tensor_scale`` output S_dec = fl(1 / S_enc) is computed on the
-    host (``reference_block_scaled.nvfp4_tensor_scales``) and copied to the device: from a number
-    ``global_amax`` (or one level) directly; from a device ``global_amax`` or a computed amax by
-    reading the amax back, which synchronizes the stream (``block_scaled_quantize`` does not write
-    S_dec), so those calls are not capturable in a CUDA graph.
+    amax the quantize kernel reads, computed by the amax kernel or stored from a number
+    ``global_amax`` by byte memsets, no host buffer). NVFP4's ``tensor_scale`` output
+    S_dec = fl(1 / S_enc) is written by the quantize kernel from the amax it reads (1 for one
+    level), so ``run`` never synchronizes the stream and is capturable in a CUDA graph for every
+    amax source (a device ``global_amax`` is read at each replay).
 
     **Precision guarantee:** bit-exact to :mod:`quantplan.reference_block_scaled` (codes, scales,
     layout padding zero); deterministic.
@@ -1132,10 +1160,6 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         )  # fmt: skip
         self.descriptor = desc
         self._launches = launches
-        #: NVFP4 on CUDA: host staging of the amax and S_dec copies.
-        self._host_f32 = np.zeros(2, np.float32)
-        if cuda_nvfp4:  # copies besides the launches: the fast path keeps the generic tail (_fast_check)
-            vars(self)["_launch_traceable"] = False
         self._in_info = ELEMENTS[problem.input_element]
         self._codes_info = _codes_info(problem)
         self._scales_info = _scales_info(problem)
@@ -1234,6 +1258,8 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
             if col is not None:
                 params.col_codes = col.ptr
                 params.col_scales = a.col_scales.ptr  # type: ignore[union-attr]
+            if self._stochastic:
+                set_rng(params, a.seed, a.offset)
         if self._nvfp4:
             self._launch_nvfp4(handle, workspace, a, launches)
         else:
@@ -1242,49 +1268,43 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     def _launch_nvfp4(
         self, handle: int, workspace: Workspace | None, a: BlockScaledOperands, launches: tuple[PreparedLaunch, ...]
     ) -> None:
-        """NVFP4: the tensor amax the kernel reads (none: one level; a device array; a number copied
-        into the workspace; or computed into it), the launches, then S_dec into ``tensor_scale``."""
-        import cupy
-
-        runtime = cupy.cuda.runtime
+        """NVFP4: the tensor amax the kernel reads (none: one level; a device array; a number stored
+        into the workspace; or computed into it), then the quantize launch, which also writes S_dec
+        into ``tensor_scale`` (an empty problem too: its launch has no block to quantize). Memsets,
+        stores and launches, stream-ordered: no host round trip, capturable in a CUDA graph."""
         p, k = self.problem, self._launches
         assert k is not None and self.device_id is not None and a.tensor_scale is not None
-        host = self._host_f32
+        # This call (the fast path's generic tail of a memset signature, too) writes the argument
+        # blocks: a traced signature's function must store its constants again.
+        self._tail_owner[0] = None
         amax = a.global_amax
-        with cupy.cuda.Device(self.device_id):
-            amax_ptr = 0
-            if p.two_level:
-                if type(amax) is Operand:
-                    amax_ptr = amax.ptr
-                else:
-                    assert workspace is not None
-                    amax_ptr = workspace.ptr
-                    if amax is None:
-                        runtime.memsetAsync(amax_ptr, 0, 4, handle)
-                        if k.amax is not None and p.numel:
-                            k.amax.params.x = a.x.ptr
-                            n = p.numel
-                            vec = VECTOR_ELEMENTS[_INPUT_DTYPE[p.input_element]]
-                            k.amax.params.vector_elements = 0 if a.x.ptr % 16 else n // vec * vec
-                            k.amax.params.amax = amax_ptr
-                            launch_on(self.device_id, handle, k.amax)
-                    else:
-                        host[0] = np.float32(float(amax))  # type: ignore[arg-type]
-                        runtime.memcpyAsync(amax_ptr, host.ctypes.data, 4, runtime.memcpyHostToDevice, handle)
-            if p.numel:
-                for launch in launches:
-                    launch.params.tensor_amax = amax_ptr
-                launch_on(self.device_id, handle, *launches)
-            if not p.two_level:
-                value: float = 0.0
-            elif amax_ptr and (amax is None or type(amax) is Operand):  # the amax on the device: read it back
-                runtime.memcpyAsync(host.ctypes.data + 4, amax_ptr, 4, runtime.memcpyDeviceToHost, handle)
-                runtime.streamSynchronize(handle)
-                value = float(host[1])
+        amax_ptr = 0
+        if p.two_level:
+            if type(amax) is Operand:
+                amax_ptr = amax.ptr
             else:
-                value = float(amax)  # type: ignore[arg-type]
-            host[0] = rb.nvfp4_tensor_scales(value, p.mode, p.two_level)[1]
-            runtime.memcpyAsync(a.tensor_scale.ptr, host.ctypes.data, 4, runtime.memcpyHostToDevice, handle)
+                assert workspace is not None
+                amax_ptr = workspace.ptr
+                import cupy
+
+                memset = cupy.cuda.runtime.memsetAsync
+                with cupy.cuda.Device(self.device_id):
+                    if amax is None:  # max |x| by atomic maxima of f32 bits over a zeroed word
+                        memset(amax_ptr, 0, 4, handle)
+                    else:
+                        for start, byte, count in _f32_byte_runs(float(amax)):  # type: ignore[arg-type]
+                            memset(amax_ptr + start, byte, count, handle)
+                if amax is None and k.amax is not None and p.numel:
+                    k.amax.params.x = a.x.ptr
+                    n = p.numel
+                    vec = VECTOR_ELEMENTS[_INPUT_DTYPE[p.input_element]]
+                    k.amax.params.vector_elements = 0 if a.x.ptr % 16 else n // vec * vec
+                    k.amax.params.amax = amax_ptr
+                    launch_on(self.device_id, handle, k.amax)
+        for launch in launches:
+            launch.params.tensor_amax = amax_ptr
+            launch.params.s_dec_out = a.tensor_scale.ptr
+        launch_on(self.device_id, handle, *launches)
 
     def _run_reference(self, a: BlockScaledOperands) -> None:
         p = self.problem

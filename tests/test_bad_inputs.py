@@ -631,12 +631,16 @@ BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
         setup_block_scaled,
         dict(shape=(48, 64), format="mxfp8_e4m3", input_element=EK.BF16, columnwise="transposed"),
     ),
+    "block_scaled.nvfp4_one_level_stochastic": (
+        setup_block_scaled,
+        dict(format="nvfp4", shape=(4, 40), input_element=EK.BF16, two_level=False, rounding=STOCHASTIC),
+    ),
 }
 
 
 #: Valid baselines of plan configurations whose cases run on NumPy only, and which the fast-path
 #: tests (which select on a simulated GPU) leave out: what the CUDA backend does not serve, and
-#: NVFP4, whose CUDA launch also copies the tensor amax and S_dec between host and device.
+#: NVFP4 two-level, whose CUDA launch also memsets the tensor amax in the workspace.
 REFERENCE_BASES: dict[str, tuple[SetupFn, dict[str, Any]]] = {
     "block_scaled.nvfp4": (setup_block_scaled, dict(format="nvfp4", shape=(4, 40), input_element=EK.BF16)),
     "block_scaled.nvfp4_stochastic": (

@@ -12,7 +12,14 @@
   reads, every output dtype) write on CUDA the bytes of the REFERENCE plan: ragged shapes
   (partial blocks and tiles on both axes, odd FP4 rows), N-D inputs, misaligned operands (the
   general twins), NaN / Inf / all-zero blocks; CuPy arrays and PyTorch CUDA tensors;
-* ``select`` on CUDA refuses what has no kernel (NVFP4 ``torchao`` and 16x16, other axes, stochastic);
+* NVFP4 with stochastic rounding (``nv_e2m1_sr``) on CUDA equals the REFERENCE plan bit for bit:
+  every input dtype, the tensor amax computed / a number / a device array / one level, seeds and
+  offsets up to 2**64 - 1 as integers or device int64 arrays (CuPy and PyTorch), ragged shapes;
+* S_dec in ``tensor_scale`` is written by the quantize kernel and equals the reference's bit for
+  bit for every amax source (0, subnormal, huge, +Inf, NaN-holding inputs), and ``run`` of every
+  NVFP4 amax source is captured in a CUDA graph (CuPy and PyTorch) whose replays read a new amax /
+  seed / offset / input from device memory and give the reference's bytes;
+* ``select`` on CUDA refuses what has no kernel (NVFP4 ``torchao`` and 16x16, other axes, MX stochastic);
 * ``qp.quantize(x, "mxfp8" | ...)`` on CuPy arrays and PyTorch CUDA tensors equals the NumPy
   one-liner (kernel or, for what has none, the reference on a host copy), and dequantizes.
 """
@@ -82,13 +89,18 @@ def _misaligned(a: Any) -> Any:
 
 
 def _both(
-    d: Any, x: np.ndarray, misaligned: bool = False, global_amax: Any = None
+    d: Any, x: np.ndarray, misaligned: bool = False, global_amax: Any = None, seed: Any = None, offset: Any = None
 ) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """(reference outputs, CUDA outputs, CUDA plan) of descriptor ``d`` on ``x`` (NVFP4:
-    ``global_amax`` None, a number, or a NumPy one-element float32 array sent to the device)."""
+    ``global_amax`` None, a number, or a NumPy one-element float32 array sent to the device;
+    stochastic rounding: ``seed`` / ``offset`` integers, or NumPy one-element int64 arrays sent to
+    the device while the reference takes their value)."""
     ref_out = _outputs(d, False)
+    ref_rng = {
+        k: int(v[0]) if isinstance(v, np.ndarray) else v for k, v in (("rng_seed", seed), ("rng_offset", offset))
+    }
     qp.BlockScaledQuantizePlan.select(None, d, REF).run(
-        None, None, qp.BlockScaledQuantizeArgs(x, **ref_out, global_amax=global_amax)
+        None, None, qp.BlockScaledQuantizeArgs(x, **ref_out, global_amax=global_amax, **ref_rng)
     )
     plan = qp.BlockScaledQuantizePlan.select(None, d, CUDA)
     xd = to_device(x)
@@ -99,8 +111,11 @@ def _both(
             if name in out:
                 out[name] = _misaligned(out[name])
     amax = cupy.asarray(global_amax) if isinstance(global_amax, np.ndarray) else global_amax
+    rng = {
+        k: cupy.asarray(v) if isinstance(v, np.ndarray) else v for k, v in (("rng_seed", seed), ("rng_offset", offset))
+    }
     workspace = qp.Workspace.allocate(plan.workspace_size())
-    plan.run(None, workspace, qp.BlockScaledQuantizeArgs(xd, **out, global_amax=amax))
+    plan.run(None, workspace, qp.BlockScaledQuantizeArgs(xd, **out, global_amax=amax, **rng))
     cupy.cuda.get_current_stream().synchronize()
     return ref_out, {k: v.get() for k, v in out.items()}, plan
 
@@ -202,6 +217,8 @@ ONE_LINERS: list[tuple[str, dict[str, Any]]] = [
     ("fp8_block", dict(block=(128, 128))),
     ("mxfp8", dict(block=(32, 32), layout="blocked")),
     ("nvfp4", dict(block=(16, 16))),  # no kernel: the reference on a host copy
+    ("nvfp4", dict(rounding=qp.Rounding.STOCHASTIC, seed=12345, offset=2**33 + 1)),
+    ("nvfp4", dict(rounding=qp.Rounding.STOCHASTIC, seed=2**64 - 1, offset=3, global_amax=2.5, layout="blocked")),
 ]
 
 
@@ -431,3 +448,255 @@ def test_dequantize_plan_equals_reference(rng: np.random.Generator, case: dict[s
             np.testing.assert_array_equal(
                 y.get().view(np.uint8), want.view(np.uint8), err_msg=f"{case} {shape} {check}"
             )
+
+
+# ---- NVFP4 stochastic rounding, S_dec from the kernel, CUDA graphs -------------------------------
+
+SR_SHAPES = [*NVFP4_SHAPES, (64, 4096), (3, 4099)]
+
+
+def _seed_offset(rng: np.random.Generator, i: int) -> tuple[Any, Any]:
+    """A seed and offset: integers over the whole [0, 2**64) range, or (every third case) one-element
+    int64 arrays for the device (values below 2**63)."""
+    seed = int(rng.integers(0, 2**63)) * (1 + i % 2) + i % 2
+    offsets = [0, 1, int(rng.integers(0, 2**32)), int(rng.integers(2**32, 2**63)), 2**64 - 1]
+    offset = offsets[int(rng.integers(len(offsets)))]
+    if i % 3 == 2:
+        return np.array([seed % 2**63], np.int64), np.array([offset % 2**63], np.int64)
+    return seed, offset
+
+
+@pytest.mark.parametrize("kind", list(DTYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("amax", ["computed", "number", "device", "one_level"])
+def test_nvfp4_stochastic_plan_equals_reference(rng: np.random.Generator, kind: EK, amax: str) -> None:
+    for i, shape in enumerate(SR_SHAPES):
+        layout = ("compact", "blocked", "column_major")[i % 3]
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=shape, format="nvfp4", input_element=kind, scale_layout=layout, two_level=amax != "one_level",
+            rounding=qp.Rounding.STOCHASTIC,
+        )  # fmt: skip
+        x = _data(rng, shape, kind, 16)
+        given: Any = None
+        if amax == "number":
+            given = float(rng.choice([0.0, 1e-3, 3.0, 6e4, np.inf]))
+        elif amax == "device":
+            given = np.asarray([abs(rng.standard_normal()) * 2.0 ** int(rng.integers(-10, 10))], np.float32)
+        seed, offset = _seed_offset(rng, i)
+        ref, got, plan = _both(d, x, misaligned=i == 1, global_amax=given, seed=seed, offset=offset)
+        _assert_same(ref, got, f"nvfp4 stochastic {amax} {shape} {layout} seed {seed} offset {offset}")
+        assert "stochastic" in plan.sku().variant and plan.backend is qp.BackendKind.CUDA
+    nearest = _outputs(d, False)
+    qp.BlockScaledQuantizePlan.select(None, d.model_copy(update=dict(rounding=qp.Rounding.NEAREST_EVEN)), REF).run(
+        None, None, qp.BlockScaledQuantizeArgs(x, **nearest, global_amax=given)
+    )
+    assert not np.array_equal(nearest["codes"], got["codes"])  # the stochastic codes are not the nearest ones
+
+
+def test_nvfp4_stochastic_fast_path_and_unchecked_runs(rng: np.random.Generator) -> None:
+    """Repeated calls (the generated fast path) and check=False with new seeds and offsets, as
+    values and as device arrays whose content changes between calls."""
+    shape = (256, 512)
+    d = qp.BlockScaledQuantizeDescriptor(
+        shape=shape, format="nvfp4", input_element=EK.BF16, rounding=qp.Rounding.STOCHASTIC
+    )
+    x = _data(rng, shape, EK.BF16, 16)
+    plan = qp.BlockScaledQuantizePlan.select(None, d, CUDA)
+    ref_plan = qp.BlockScaledQuantizePlan.select(None, d, REF)
+    xd, ws = to_device(x), qp.Workspace.allocate(plan.workspace_size())
+    seed_d, offset_d = cupy.zeros(1, cupy.int64), cupy.zeros(1, cupy.int64)
+    amax_d = cupy.zeros(1, cupy.float32)
+    for i, check in enumerate((True, True, True, False, False, True, True, False)):
+        seed, offset = 1000 + i, 2**40 + 7 * i
+        amax = float(2.0 ** (i - 3))
+        ref = _outputs(d, False)
+        ref_plan.run(
+            None, None, qp.BlockScaledQuantizeArgs(x, **ref, global_amax=amax, rng_seed=seed, rng_offset=offset)
+        )
+        out = _outputs(d, True)
+        seed_d[0], offset_d[0], amax_d[0] = seed, offset, amax
+        device = i >= 5
+        args = qp.BlockScaledQuantizeArgs(
+            xd, **out, global_amax=amax_d if device else amax, rng_seed=seed_d if device else seed,
+            rng_offset=offset_d if device else offset,
+        )  # fmt: skip
+        plan.run(None, ws, args, check=check)
+        cupy.cuda.get_current_stream().synchronize()
+        _assert_same(ref, {k: v.get() for k, v in out.items()}, f"call {i} check={check}")
+
+
+def test_nvfp4_stochastic_takes_torch_tensors(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    shape = (130, 300)
+    for two_level in (True, False):
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=shape, format="nvfp4", input_element=EK.BF16, rounding=qp.Rounding.STOCHASTIC, two_level=two_level,
+            scale_layout="blocked",
+        )  # fmt: skip
+        x = _data(rng, shape, EK.BF16, 16)
+        amax = np.asarray([7.5], np.float32) if two_level else None
+        ref = _outputs(d, False)
+        qp.BlockScaledQuantizePlan.select(None, d, REF).run(
+            None, None, qp.BlockScaledQuantizeArgs(x, **ref, global_amax=amax, rng_seed=2**62 + 1, rng_offset=99)
+        )
+        plan = qp.BlockScaledQuantizePlan.select(None, d, CUDA)
+        out = {k: torch.from_numpy(v).cuda() for k, v in _outputs(d, False).items()}
+        xt = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
+        seed = torch.tensor([2**62 + 1], dtype=torch.int64, device="cuda")
+        offset = torch.tensor([99], dtype=torch.int64, device="cuda")
+        amax_t = None if amax is None else torch.from_numpy(amax).cuda()
+        ws = qp.Workspace.allocate(plan.workspace_size())
+        args = qp.BlockScaledQuantizeArgs(xt, **out, global_amax=amax_t, rng_seed=seed, rng_offset=offset)
+        plan.run(torch.cuda.current_stream(), ws, args)
+        torch.cuda.synchronize()
+        _assert_same(ref, {k: v.cpu().numpy() for k, v in out.items()}, f"torch stochastic two_level={two_level}")
+
+
+#: Tensor amaxes whose S_dec takes every branch of §3.2: 0 (S_enc = 1), subnormal (2688 / amax
+#: overflows: S_enc = FLT_MAX, S_dec subnormal), tiny and ordinary normals, huge (S_enc tiny),
+#: FLT_MAX, +Inf (S_enc = 0 -> 1) and a number past the f32 range (rounds to +Inf).
+S_DEC_AMAXES = [0.0, 2.0**-149, 1e-40, 2.0**-126, 1e-30, 0.1, 3.0, 2688.0, 6e4, 1e30, 3.4028234663852886e38, np.inf]
+
+
+@pytest.mark.parametrize("source", ["number", "device", "computed"])
+def test_the_kernel_writes_the_reference_s_dec(rng: np.random.Generator, source: str) -> None:
+    from quantplan import reference_block_scaled as rb
+
+    amaxes = [*S_DEC_AMAXES, 1e39] if source == "number" else S_DEC_AMAXES
+    for stochastic in (False, True):
+        d = qp.BlockScaledQuantizeDescriptor(
+            shape=(3, 40), format="nvfp4", input_element=EK.F32,
+            rounding=qp.Rounding.STOCHASTIC if stochastic else qp.Rounding.NEAREST_EVEN,
+        )  # fmt: skip
+        rng_args = dict(seed=5, offset=6) if stochastic else {}
+        for amax in amaxes:
+            with np.errstate(over="ignore"):
+                a32 = np.float32(amax)
+            scale = float(a32) if np.isfinite(a32) else 1.0
+            x = (rng.uniform(-1, 1, (3, 40)) * scale).astype(np.float32)  # |x| <= a32 after rounding
+            x[2, 7] = np.nan  # the computed amax ignores non-finite elements
+            x[0, 3] = -np.inf
+            given: Any = None
+            if source == "computed":
+                if not np.isfinite(a32):
+                    continue
+                x[1, 5] = -a32  # max |x| over the finite elements is exactly a32
+            else:
+                given = amax if source == "number" else np.asarray([a32], np.float32)
+            with np.errstate(over="ignore"):  # the reference's float32 of a number past the f32 range
+                ref, got, _ = _both(d, x, global_amax=given, **rng_args)
+            _assert_same(ref, got, f"{source} amax {amax} stochastic={stochastic}")
+            want = rb.nvfp4_tensor_scales(a32)[1]
+            assert got["tensor_scale"].view(np.uint32)[0] == np.float32(want).view(np.uint32), (source, amax)
+
+
+def test_the_launcher_writes_s_dec(rng: np.random.Generator) -> None:
+    from quantplan import reference_block_scaled as rb
+    from quantplan._block_scaled_kernels import quantize_block_scaled
+
+    x = (rng.standard_normal((5, 70)) * 3).astype(np.float32)
+    xd = cupy.asarray(x)
+    for tensor_amax, amax in (("compute", np.abs(x).max()), (None, None), (np.float32(1e-40), np.float32(1e-40))):
+        out = cupy.full(1, -7.0, cupy.float32)
+        given = cupy.asarray([tensor_amax]) if isinstance(tensor_amax, np.floating) else tensor_amax
+        quantize_block_scaled(xd, element="nvfp4", block=16, rule="te", tensor_amax=given, s_dec_out=out)
+        want = rb.nvfp4_tensor_scales(0.0 if amax is None else amax, two_level=amax is not None)[1]
+        assert out.get().view(np.uint32)[0] == np.float32(want).view(np.uint32), tensor_amax
+    empty = cupy.full(1, -7.0, cupy.float32)  # an empty x still launches to write S_dec
+    quantize_block_scaled(
+        cupy.zeros((0, 32), cupy.float32), element="nvfp4", block=16, rule="te", tensor_amax=None, s_dec_out=empty
+    )
+    assert float(empty.get()[0]) == 1.0
+
+
+def test_nvfp4_empty_problem_writes_s_dec_on_the_device() -> None:
+    for given in (None, 3.0, np.asarray([1e-40], np.float32)):
+        d = qp.BlockScaledQuantizeDescriptor(shape=(0, 48), format="nvfp4", input_element=EK.BF16)
+        ref, got, _ = _both(d, np.zeros((0, 48), ml_dtypes.bfloat16), global_amax=given)
+        _assert_same(ref, got, f"empty amax {given}")
+
+
+@pytest.mark.parametrize("source", ["device", "computed", "number"])
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+def test_nvfp4_run_is_captured_in_a_cupy_graph(rng: np.random.Generator, source: str, stochastic: bool) -> None:
+    """One capture of ``run``; each replay reads what is in device memory now: a new amax (device
+    source), seed and offset (stochastic), input (computed and number sources)."""
+    shape = (130, 272)
+    d = qp.BlockScaledQuantizeDescriptor(
+        shape=shape, format="nvfp4", input_element=EK.BF16, scale_layout="blocked",
+        rounding=qp.Rounding.STOCHASTIC if stochastic else qp.Rounding.NEAREST_EVEN,
+    )  # fmt: skip
+    stream = cupy.cuda.Stream(non_blocking=True)
+    plan = qp.BlockScaledQuantizePlan.select(stream, d, CUDA)
+    ref_plan = qp.BlockScaledQuantizePlan.select(None, d, REF)
+    ws = qp.Workspace.allocate(plan.workspace_size())
+    x = _data(rng, shape, EK.BF16, 16)
+    with stream:
+        xd = to_device(x)
+        out = _outputs(d, True)
+        amax_d = cupy.asarray(np.asarray([1.0], np.float32))
+        seed_d = cupy.asarray(np.asarray([17], np.int64))
+        offset_d = cupy.asarray(np.asarray([0], np.int64))
+    stream.synchronize()
+    amax_arg: Any = {"device": amax_d, "computed": None, "number": 5.0}[source]
+    rng_args = dict(rng_seed=seed_d, rng_offset=offset_d) if stochastic else {}
+    args = qp.BlockScaledQuantizeArgs(xd, **out, global_amax=amax_arg, **rng_args)
+    plan.run(stream, ws, args)  # warm-up: the call's signature remembered before the capture
+    stream.synchronize()
+    with stream:
+        stream.begin_capture()
+        plan.run(stream, ws, args)
+        graph = stream.end_capture()
+    for step, amax in enumerate((3.0, 1e-3, 0.0, 6e4)):
+        x = _data(rng, shape, EK.BF16, 16) if source != "device" else x
+        seed, offset = 17 + step, 2**33 * step + 1
+        with stream:
+            xd.set(x.view(np.uint16), stream=stream)
+            amax_d.set(np.asarray([amax], np.float32), stream=stream)
+            seed_d.set(np.asarray([seed], np.int64), stream=stream)
+            offset_d.set(np.asarray([offset], np.int64), stream=stream)
+            for v in out.values():
+                v.fill(0x4D if v.dtype != cupy.float32 else -7.0)
+        graph.launch(stream)
+        stream.synchronize()
+        ref = _outputs(d, False)
+        given = {"device": np.asarray([amax], np.float32), "computed": None, "number": 5.0}[source]
+        ref_rng = dict(rng_seed=seed, rng_offset=offset) if stochastic else {}
+        ref_plan.run(None, None, qp.BlockScaledQuantizeArgs(x, **ref, global_amax=given, **ref_rng))
+        _assert_same(ref, {k: v.get() for k, v in out.items()}, f"replay {step} {source} amax {amax}")
+
+
+def test_nvfp4_run_is_captured_in_a_torch_graph(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    shape = (257, 160)
+    d = qp.BlockScaledQuantizeDescriptor(
+        shape=shape, format="nvfp4", input_element=EK.BF16, rounding=qp.Rounding.STOCHASTIC
+    )
+    plan = qp.BlockScaledQuantizePlan.select(None, d, CUDA)
+    ref_plan = qp.BlockScaledQuantizePlan.select(None, d, REF)
+    ws = qp.Workspace.allocate(plan.workspace_size())
+    x = _data(rng, shape, EK.BF16, 16)
+    xt = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
+    out = {k: torch.from_numpy(v).cuda() for k, v in _outputs(d, False).items()}
+    amax_t = torch.ones(1, dtype=torch.float32, device="cuda")
+    seed_t = torch.tensor([4], dtype=torch.int64, device="cuda")
+    offset_t = torch.tensor([5], dtype=torch.int64, device="cuda")
+    args = qp.BlockScaledQuantizeArgs(xt, **out, global_amax=amax_t, rng_seed=seed_t, rng_offset=offset_t)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture
+        plan.run(side, ws, args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(torch.cuda.current_stream(), ws, args)
+    for amax, offset in ((2.5, 9), (1e4, 2**40), (0.0, 0)):
+        amax_t.fill_(amax)
+        offset_t.fill_(offset)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = _outputs(d, False)
+        ref_plan.run(
+            None, None,
+            qp.BlockScaledQuantizeArgs(x, **ref, global_amax=np.asarray([amax], np.float32), rng_seed=4, rng_offset=offset),
+        )  # fmt: skip
+        _assert_same(ref, {k: v.cpu().numpy() for k, v in out.items()}, f"torch graph amax {amax} offset {offset}")

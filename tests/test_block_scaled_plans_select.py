@@ -8,8 +8,10 @@ the reference backend.
 * what no kernel serves raises Unsupported at ``select`` (nothing loaded or launched), and a bad
   ``columnwise`` raises InvalidProblem on every backend;
 * NVFP4's ``run`` on CUDA enqueues, in order, the tensor amax (zeroed, then the amax kernel; or a
-  number copied into the workspace; or the caller's device array), the quantize kernel reading it,
-  and S_dec = fl(1 / S_enc) copied into ``tensor_scale`` (the reference's bytes);
+  number's f32 bytes memset into the workspace; or the caller's device array) and the quantize
+  kernel reading it and writing S_dec into ``tensor_scale``: no host copy, no synchronization (an
+  empty problem launches it with no block, for S_dec); stochastic NVFP4 selects the ``nv_e2m1_sr``
+  twins and passes the seed and offset as values or device pointers;
 * the columnwise copy of the reference backend equals ``reference_block_scaled.quantize_transpose``
   byte for byte (scales laid out as the rowwise ones), on fresh random ragged data.
 
@@ -20,6 +22,7 @@ driver's launch and the runtime's copies are recorded.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ import quantplan as qp
 from quantplan import _block_scaled_kernels as bk
 from quantplan import _block_scaled_tile_kernels as tk
 from quantplan import _device, _launch
+from quantplan import block_scaled as bs
 from quantplan import reference_block_scaled as rb
 from quantplan.types import ElementKind as EK
 
@@ -49,7 +53,6 @@ class _Sim:
     def __init__(self) -> None:
         self.loaded: list[str] = []
         self.events: list[tuple[Any, ...]] = []
-        self.device_f32: dict[int, float] = {}  # what a device-to-host copy reads, by device address
 
 
 @pytest.fixture
@@ -70,7 +73,6 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> _Sim:
     def memcpy(dst: int, src: int, size: int, kind: int, stream: int) -> None:
         runtime = cupy.cuda.runtime
         if kind == runtime.memcpyDeviceToHost:
-            ctypes.memmove(dst, np.asarray([record.device_f32[src]], np.float32).ctypes.data, size)
             record.events.append(("d2h", src, size))
         else:
             record.events.append(("h2d", dst, ctypes.string_at(src, size)))
@@ -227,7 +229,9 @@ def test_dequantize_selects_the_dequantize_kernel(sim: _Sim, fmt: str, block: An
     [
         (dict(format="nvfp4", scale_mode="torchao"), "te order"),
         (dict(format="nvfp4", block=(16, 16)), "16x16"),
-        (dict(format="nvfp4", rounding=qp.Rounding.STOCHASTIC), "stochastic"),
+        (dict(format="mxfp4", rounding=qp.Rounding.STOCHASTIC), "stochastic"),
+        (dict(format="mxfp8_e4m3", rounding=qp.Rounding.STOCHASTIC, block=(32, 32)), "stochastic"),
+        (dict(format="nvfp4", rounding=qp.Rounding.STOCHASTIC, block=(16, 16)), "16x16"),
         (dict(format="mxfp8_e4m3", axis=0), "axis 0"),
         (dict(format="mxfp8_e4m3", block=(32, 32), scale_layout="packed_ue8m0"), "packed_ue8m0"),
         (dict(format="fp8_block_e4m3_ue8m0", block=(128, 128), scale_layout="blocked"), "blocked"),
@@ -296,61 +300,130 @@ def _nvfp4_args(d: Any, global_amax: Any = None) -> qp.BlockScaledQuantizeArgs:
     )
 
 
-def _s_dec_bytes(amax: float, two_level: bool = True) -> bytes:
-    return np.asarray([rb.nvfp4_tensor_scales(amax, "te", two_level)[1]], np.float32).tobytes()
-
-
 def _launched(plan: Any, event: tuple[Any, ...]) -> Any:
     """The prepared launch of a recorded launch event."""
     return next(launch for launch in plan._prepared if launch._kernel_params == event[-1])
 
 
-@pytest.mark.parametrize("amax", [3.5, 0.0, float("inf"), 1e-30])
-def test_nvfp4_run_computes_the_amax_then_copies_s_dec(sim: _Sim, amax: float) -> None:
-    d = _quantize(format="nvfp4", shape=(64, 256))
+def _memory(events: list[tuple[Any, ...]]) -> dict[int, int]:
+    """The device bytes the recorded memsets leave, by address."""
+    memory: dict[int, int] = {}
+    for event in events:
+        if event[0] == "memset":
+            _, ptr, value, size = event
+            memory.update((ptr + i, value) for i in range(size))
+    return memory
+
+
+def _f32_at(memory: dict[int, int], ptr: int) -> bytes:
+    return bytes(memory[ptr + i] for i in range(4))
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_nvfp4_run_computes_the_amax_and_the_kernel_writes_s_dec(sim: _Sim, stochastic: bool) -> None:
+    rounding = qp.Rounding.STOCHASTIC if stochastic else qp.Rounding.NEAREST_EVEN
+    d = _quantize(format="nvfp4", shape=(64, 256), rounding=rounding)
     plan = qp.BlockScaledQuantizePlan.select(None, d)
     ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
-    sim.device_f32[int(WS_PTR)] = amax  # what the amax kernel leaves there
+    rng = dict(rng_seed=2**63 + 5, rng_offset=7) if stochastic else {}
     for _ in range(3):  # the fast path's generic tail repeats the same sequence
         sim.events.clear()
-        plan.run(None, ws, _nvfp4_args(d))
+        args = _nvfp4_args(d)
+        args.rng_seed, args.rng_offset = rng.get("rng_seed"), rng.get("rng_offset")
+        plan.run(None, ws, args)
         kinds = [e[0] for e in sim.events]
-        assert kinds == ["memset", "launch", "launch", "d2h", "sync", "h2d"]
+        assert kinds == ["memset", "launch", "launch"]  # no host copy, no synchronization
         assert sim.events[0][1:] == (int(WS_PTR), 0, 4)
         amax_launch, quantize = _launched(plan, sim.events[1]), _launched(plan, sim.events[2])
         assert amax_launch is plan._launches.amax and amax_launch.params.amax == int(WS_PTR)
         assert amax_launch.params.x == int(X_PTR) and amax_launch.params.vector_elements == 64 * 256
         assert quantize.params.tensor_amax == int(WS_PTR) and quantize.params.codes == int(CODES_PTR)
+        assert quantize.params.s_dec_out == int(TS_PTR)  # the kernel writes S_dec
         assert quantize in plan._launches.aligned  # 16-byte aligned operands, 16 | K: the contiguous schedule
-        assert sim.events[3][1] == int(WS_PTR)
-        assert sim.events[5][1:] == (int(TS_PTR), _s_dec_bytes(amax))
+        want = (0, 0, 2**63 + 5, 7) if stochastic else (0, 0, 0, 0)
+        got = (quantize.params.seed_ptr, quantize.params.offset_ptr, quantize.params.seed_value)
+        assert (*got, quantize.params.offset_value) == want
 
 
-def test_nvfp4_run_with_a_given_amax(sim: _Sim) -> None:
+@pytest.mark.parametrize("amax", [2.75, 0.0, float("inf"), 1e39, 1e-40, 448.0 * 6, 0.1])
+def test_nvfp4_run_with_a_number_amax_memsets_its_f32_bits(sim: _Sim, amax: float) -> None:
     d = _quantize(format="nvfp4", shape=(5, 70))
     plan = qp.BlockScaledQuantizePlan.select(None, d)
     ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
-    plan.run(None, ws, _nvfp4_args(d, 2.75))  # a number: copied into the workspace, S_dec on the host
-    assert [e[0] for e in sim.events] == ["h2d", "launch", "h2d"]
-    assert sim.events[0][1:] == (int(WS_PTR), np.float32(2.75).tobytes())
-    assert _launched(plan, sim.events[1]).params.tensor_amax == int(WS_PTR)
-    assert _launched(plan, sim.events[1]) in plan._launches.general  # 70 % 16: the general schedule
-    assert sim.events[2][1:] == (int(TS_PTR), _s_dec_bytes(2.75))
-    sim.events.clear()
-    sim.device_f32[int(AMAX_PTR)] = 1.0e4
-    plan.run(None, ws, _nvfp4_args(d, host_sim.device_array(int(AMAX_PTR), (1,), "float32")))
-    assert [e[0] for e in sim.events] == ["launch", "d2h", "sync", "h2d"]  # the caller's device amax
-    assert _launched(plan, sim.events[0]).params.tensor_amax == int(AMAX_PTR)
-    assert sim.events[3][1:] == (int(TS_PTR), _s_dec_bytes(1.0e4))
+    plan.run(None, ws, _nvfp4_args(d, amax))  # a number: stored into the workspace by memsets
+    kinds = [e[0] for e in sim.events]
+    assert set(kinds[:-1]) == {"memset"} and kinds[-1] == "launch"
+    with np.errstate(over="ignore", under="ignore"):
+        want = np.float32(amax).tobytes()  # the reference's rounding of the number
+    assert _f32_at(_memory(sim.events), int(WS_PTR)) == want
+    assert all(int(WS_PTR) <= e[1] and e[1] + e[3] <= int(WS_PTR) + 4 for e in sim.events[:-1])
+    quantize = _launched(plan, sim.events[-1])
+    assert quantize in plan._launches.general  # 70 % 16: the general schedule
+    assert (quantize.params.tensor_amax, quantize.params.s_dec_out) == (int(WS_PTR), int(TS_PTR))
+
+
+def test_f32_byte_runs_store_every_float(rng: np.random.Generator) -> None:
+    bits = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    specials = np.array([0.0, -0.0, 1.0, 2.0**-149, 2.0**-126, 3.4028235e38, np.inf, 0x01010101], np.float32)
+    for v in np.concatenate([specials, values[np.isfinite(values) & (values >= 0)], specials]):
+        runs = bs._f32_byte_runs(float(v))
+        memory = _memory([("memset", 100 + start, byte, count) for start, byte, count in runs])
+        assert _f32_at(memory, 100) == v.tobytes() and len(memory) == 4
+        assert all(a[1] != b[1] for a, b in itertools.pairwise(runs))  # one memset per run of equal bytes
+
+
+def test_nvfp4_run_with_a_device_amax_only_launches(sim: _Sim) -> None:
+    d = _quantize(format="nvfp4", shape=(5, 70))
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
+    for i in range(4):  # the caller's device amax: read by the kernel, S_dec written by it; traced fast path
+        sim.events.clear()
+        amax_ptr = int(AMAX_PTR) + 256 * (i % 2)
+        plan.run(None, ws, _nvfp4_args(d, host_sim.device_array(amax_ptr, (1,), "float32")))
+        assert [e[0] for e in sim.events] == ["launch"]
+        quantize = _launched(plan, sim.events[0])
+        assert (quantize.params.tensor_amax, quantize.params.s_dec_out) == (amax_ptr, int(TS_PTR))
+    assert any(f for mode in plan._fast for f in mode)
+
+
+def test_nvfp4_stochastic_selects_the_stochastic_kernels(sim: _Sim) -> None:
+    d = _quantize(format="nvfp4", shape=(64, 256), rounding=qp.Rounding.STOCHASTIC, scale_layout="blocked")
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    teams = 64 * 16
+    assert sim.loaded == [
+        bk.kernel_name("bfloat16", "nvfp4_sr", 16, False, False, _sched("bfloat16", 16, False, teams)),
+        bk.kernel_name("bfloat16", "nvfp4_sr", 16, False, True, _sched("bfloat16", 16, True, teams)),
+        bk.amax_kernel_name("bfloat16"),
+    ]
+    assert plan.sku().variant == "tensor_amax+lanes[nvfp4,1x16,te,blocked,stochastic,contiguous|general]"
+    ragged = qp.BlockScaledQuantizePlan.select(
+        None, _quantize(format="nvfp4", shape=(5, 70), rounding=qp.Rounding.STOCHASTIC, two_level=False)
+    )
+    assert ragged.sku().variant == "lanes[nvfp4,1x16,te,compact,stochastic,general]"
+    assert "nv_e2m1_sr" in sim.loaded[-1] and ragged.workspace_size() == 0
+    seed_ptr, offset_ptr = int(AMAX_PTR), int(AMAX_PTR) + 4096
+    for i, (seed, offset) in enumerate([(3, 4), (host_sim.device_array(seed_ptr, (1,), "int64"), 2**64 - 1),
+                                        (0, host_sim.device_array(offset_ptr, (1,), "int64"))] * 2):  # fmt: skip
+        sim.events.clear()
+        args = _nvfp4_args(ragged.descriptor)
+        args.rng_seed, args.rng_offset = seed, offset
+        ragged.run(None, None, args, check=i < 3)
+        assert [e[0] for e in sim.events] == ["launch"]
+        q = _launched(ragged, sim.events[0]).params
+        want_seed = (seed_ptr, 0) if not isinstance(seed, int) else (0, seed)
+        want_offset = (offset_ptr, 0) if not isinstance(offset, int) else (0, offset)
+        assert ((q.seed_ptr, q.seed_value), (q.offset_ptr, q.offset_value)) == (want_seed, want_offset)
+        assert (q.tensor_amax, q.s_dec_out) == (0, int(TS_PTR))
 
 
 def test_nvfp4_one_level_reads_no_amax(sim: _Sim) -> None:
     d = _quantize(format="nvfp4", shape=(5, 70), two_level=False)
     plan = qp.BlockScaledQuantizePlan.select(None, d)
     plan.run(None, None, _nvfp4_args(d))
-    assert [e[0] for e in sim.events] == ["launch", "h2d"]
-    assert _launched(plan, sim.events[0]).params.tensor_amax == 0
-    assert sim.events[1][1:] == (int(TS_PTR), np.float32(1.0).tobytes())
+    assert [e[0] for e in sim.events] == ["launch"]
+    quantize = _launched(plan, sim.events[0])
+    assert (quantize.params.tensor_amax, quantize.params.s_dec_out) == (0, int(TS_PTR))
 
 
 def test_nvfp4_needs_its_workspace_before_any_launch(sim: _Sim) -> None:
@@ -466,7 +539,7 @@ def test_columnwise_outputs_without_columnwise_are_refused(rng: np.random.Genera
     ],
 )
 @pytest.mark.parametrize("shape", [(0, 64), (5, 0), (3, 0, 7)])
-def test_empty_problems_select_and_launch_nothing(sim: _Sim, kw: dict[str, Any], shape: tuple[int, ...]) -> None:
+def test_empty_problems_select_and_launch_only_for_s_dec(sim: _Sim, kw: dict[str, Any], shape: tuple[int, ...]) -> None:
     d = _quantize(shape=shape, **kw)
     plan = qp.BlockScaledQuantizePlan.select(None, d)
     args: dict[str, Any] = dict(
@@ -481,6 +554,29 @@ def test_empty_problems_select_and_launch_nothing(sim: _Sim, kw: dict[str, Any],
         args["tensor_scale"] = host_sim.device_array(int(TS_PTR), (1,), "float32")
     plan.run(None, None, qp.BlockScaledQuantizeArgs(**args))
     launches = [e for e in sim.events if e[0] == "launch"]
-    assert not launches
-    if d.tensor_scale_shape:  # NVFP4 still writes S_dec (1 for one level)
-        assert sim.events == [("h2d", int(TS_PTR), np.float32(1.0).tobytes())]
+    assert not launches or d.tensor_scale_shape
+    if d.tensor_scale_shape:  # NVFP4 still writes S_dec (1 for one level): one launch with no block
+        (event,) = sim.events
+        assert event[0] == "launch" and _launched(plan, event).params.s_dec_out == int(TS_PTR)
+        assert _launched(plan, event).params.rows * _launched(plan, event).params.blocks_per_row == 0
+
+
+def test_nvfp4_traced_and_generic_calls_interleave(sim: _Sim) -> None:
+    """Calls of traced signatures (a device amax) and of the generic tail (a number or computed
+    amax, whose memsets keep them untraced) in any order: each launch carries its own call's
+    amax pointer, S_dec pointer, seed and offset."""
+    d = _quantize(format="nvfp4", shape=(64, 256), rounding=qp.Rounding.STOCHASTIC)
+    plan = qp.BlockScaledQuantizePlan.select(None, d)
+    ws = qp.Workspace(host_sim.device_array(int(WS_PTR), (4,), "uint8"), 4)
+    device_amax = host_sim.device_array(int(AMAX_PTR), (1,), "float32")
+    calls = [(device_amax, 1, 2), (3.0, 5, 6), (None, 7, 8)] * 3 + [(device_amax, 1, 2), (None, 9, 10)] * 2
+    for check in (True, False):
+        for amax, seed, offset in calls:
+            sim.events.clear()
+            args = _nvfp4_args(d, amax)
+            args.rng_seed, args.rng_offset = seed, offset
+            plan.run(None, ws, args, check=check)
+            q = _launched(plan, sim.events[-1]).params
+            want_amax = int(AMAX_PTR) if amax is device_amax else int(WS_PTR)
+            assert (q.tensor_amax, q.s_dec_out, q.seed_value, q.offset_value) == (want_amax, int(TS_PTR), seed, offset)
+            assert (q.seed_ptr, q.offset_ptr) == (0, 0)

@@ -180,6 +180,9 @@ def _block_scaled() -> Iterator[Select]:
         for mode in modes["mx" if fmt.startswith("mx") else "fp8"]:
             d = dict(shape=shape, format=fmt, input_element=f, scale_layout=layout, scale_mode=mode)
             yield BlockScaledQuantizePlan, lambda d=d: BlockScaledQuantizeDescriptor(**d)
+        if fmt == "nvfp4":  # stochastic rounding: the nv_e2m1_sr twins
+            s = dict(shape=shape, format=fmt, input_element=f, scale_layout=layout, rounding=STOCHASTIC)
+            yield BlockScaledQuantizePlan, lambda s=s: BlockScaledQuantizeDescriptor(**s)
     # 2-D tiles and the fused transpose (aligned: 16 | rows and cols; general otherwise), dequantize
     small = [(3, 100), (32, 256), (2, 64, 128), (300, 257)]
     for fmt, f, shape, layout in itertools.product(BLOCK_FORMATS, (EK.F16, EK.BF16, EK.F32), small, layouts):
@@ -196,9 +199,8 @@ def _block_scaled() -> Iterator[Select]:
 def block_scaled_launcher_names() -> set[str]:
     """The names only the block-scaled launcher functions (not a plan) select: the MX 32x32 tiles
     of the elements whose formats have no 2-D geometry (MXFP6, MXFP4, MXINT8;
-    ``quantize_block_scaled_2d`` serves any MX element), and NVFP4 with stochastic rounding over
-    every schedule row."""
-    from quantplan import _block_scaled_kernels as bk
+    ``quantize_block_scaled_2d`` serves any MX element). (NVFP4 with stochastic rounding is the
+    plans' now: the grid selects its twins.)"""
     from quantplan import _block_scaled_tile_kernels as tk
 
     names = set()
@@ -206,12 +208,18 @@ def block_scaled_launcher_names() -> set[str]:
         if block == (32, 32):
             for element in ("e2m3", "e3m2", "e2m1", "int8"):
                 names |= {tk.tile_kernel_name(dtype, element, False, aligned, sched) for aligned in (True, False)}
-    for dtype, (contiguous, block, small) in itertools.product(bk.INPUT_TAGS, bk.SCHEDULES):
-        if block == 16:
-            teams = 1 if small else 1 << 24
-            sched = bk.choose_schedule(dtype, 16, contiguous, teams, 132, stochastic=True)
-            names.add(bk.kernel_name(dtype, "nvfp4_sr", 16, False, contiguous, sched))
     return names
+
+
+def test_block_scaled_plans_select_every_stochastic_nvfp4_twin(selections: _Recorder) -> None:
+    """The stochastic NVFP4 instantiations (every input dtype and schedule row of blocks of 16) are
+    selected by the plans themselves, not only by the launcher."""
+    from quantplan import _block_scaled_kernels as bk
+
+    twins = {name for name in bk.instantiations() if "nv_e2m1_sr" in name}
+    assert len(twins) == len(bk.INPUT_TAGS) * sum(block == 16 for _, block, _ in bk.SCHEDULES)
+    assert twins <= selections.used["block_scaled"]
+    assert not twins & block_scaled_launcher_names()
 
 
 GRIDS: dict[str, Callable[[], Iterator[Select]]] = {
