@@ -2,7 +2,8 @@
 
 ``python -m quantplan precompile sm_90`` runs :func:`precompile`; no GPU is needed (NVRTC only).
 :func:`sweep` compiles every instantiation once per architecture without the cache (the NVRTC
-sweep of ``tests/test_kernel_compile.py``).
+sweep of ``tests/test_kernel_compile.py``), at NVRTC's fast-compile level
+(:func:`sweep_options`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,20 @@ def sweep_programs(
     return sorted(programs, key=lambda p: -len(p.names))
 
 
+#: NVRTC's fast-compile level (``-Ofc=max``): the sweep's programs run the whole pipeline (C++
+#: front end, NVVM, ptxas) on every instantiation with the optimizers at their lowest level
+#: (docs/performance.md, "NVRTC sweep"). The shipped options (full optimization) compile the
+#: covering sample of every family to cubins for each architecture in the default test run.
+SWEEP_FAST_COMPILE: tuple[str, ...] = ("-Ofc=max",)
+
+
+def sweep_options(fast: bool = True) -> tuple[str, ...]:
+    """The options of the sweep's programs: the kernels' defines (``_tuning.kernel_options``) and,
+    with ``fast`` and an NVRTC that has it (13 or later), :data:`SWEEP_FAST_COMPILE`."""
+    options = kernel_options()
+    return (*options, *SWEEP_FAST_COMPILE) if fast and nvrtc_version() >= (13, 0) else options
+
+
 def _sweep_job(job: tuple[SweepProgram, tuple[str, ...]]) -> tuple[SweepProgram, dict[str, str], float]:
     program, options = job
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -147,15 +162,20 @@ def _sweep_job(job: tuple[SweepProgram, tuple[str, ...]]) -> tuple[SweepProgram,
 
 
 def sweep(
-    programs: Sequence[SweepProgram], jobs: int | None = None, progress: Progress | None = None
+    programs: Sequence[SweepProgram],
+    jobs: int | None = None,
+    progress: Progress | None = None,
+    *,
+    fast: bool = True,
 ) -> list[tuple[SweepProgram, dict[str, str], float]]:
-    """Compile ``programs`` with NVRTC (no cache) in ``jobs`` processes (default: one per CPU);
+    """Compile ``programs`` with NVRTC (no cache) in ``jobs`` processes (default: one per CPU),
+    with :func:`sweep_options` (``fast=False``: the shipped options, full optimization);
     returns each program with its lowered names and the CPU seconds its compile took (the
     worker's user + system time, which a shared machine does not inflate as it does wall time).
     Raises :class:`~quantplan.errors.KernelCompileError` on the first program that fails."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    options = kernel_options()
+    options = sweep_options(fast)
     results = []
     with ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
         futures = [pool.submit(_sweep_job, (program, options)) for program in programs]
@@ -169,10 +189,12 @@ def sweep(
 __all__ = [
     "INSTALL_HINT",
     "Progress",
+    "SWEEP_FAST_COMPILE",
     "SWEEP_PROGRAM_NAMES",
     "SweepProgram",
     "check_nvrtc",
     "precompile",
     "sweep",
+    "sweep_options",
     "sweep_programs",
 ]

@@ -5,8 +5,9 @@ cache so the compiler really runs. In CI (``CI`` set) a missing CuPy / NVRTC is 
 
 The default run compiles a *sample* of every family to cubins for sm_80 and sm_90: the fewest
 instantiations that together use every value of every template parameter of every kernel (a few
-seconds a family). The full sweep of every instantiation (:data:`SWEEP_TARGETS`) is marked
-``nvrtc_sweep`` and runs with ``--nvrtc-sweep``; CI runs it as its own step.
+seconds a family). The full sweep of every instantiation (:data:`SWEEP_TARGETS`: cubins for both,
+at NVRTC's fast-compile level) is marked ``nvrtc_sweep`` and runs with ``--nvrtc-sweep``; CI runs
+it as its own step, beside the other tests.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import pytest
 
 from quantplan import _families, compiler
-from quantplan._precompile import sweep, sweep_programs
+from quantplan._precompile import SWEEP_FAST_COMPILE, sweep, sweep_options, sweep_programs
 from quantplan._tuning import kernel_options
 from quantplan.types import ArchSku
 
@@ -77,20 +78,22 @@ def test_a_sample_of_every_family_compiles(family: str, arch: ArchSku, tmp_path,
     print(f"{family} {arch.nvrtc_arch}: {len(sample)} sampled instantiations compiled")
 
 
-#: The sweep's targets: every instantiation to a cubin for sm_90 (the front end, the optimizer and
-#: ptxas), and to PTX for sm_80 (the front end and the optimizer over every ``__CUDA_ARCH__ >=
-#: 800`` branch); ptxas for sm_80 runs on the covering sample of every family
-#: (``test_a_sample_of_every_family_compiles``: every value of every template parameter of every
-#: kernel, so each sm_80 inline-PTX path and each element kind). ptxas is about 60% of a cubin's
-#: compile; this keeps the sweep within CI's budget (docs/performance.md, "NVRTC sweep").
-SWEEP_TARGETS = [(ArchSku(9, 0), False), (ArchSku(8, 0), True)]
+#: The sweep's targets: every instantiation to a cubin for sm_90 and for sm_80 (the C++ front end,
+#: NVVM and ptxas, so every ``__CUDA_ARCH__`` branch and its inline PTX is assembled for each
+#: architecture), at NVRTC's fast-compile level (``_precompile.sweep_options``). The shipped
+#: options, with full optimization, compile the covering sample of every family for both
+#: architectures (``test_a_sample_of_every_family_compiles``: every value of every template
+#: parameter of every kernel). This keeps the sweep within CI's budget (docs/performance.md,
+#: "NVRTC sweep").
+SWEEP_TARGETS = [(ArchSku(9, 0), False), (ArchSku(8, 0), False)]
 
 
 @pytest.mark.nvrtc_sweep
 def test_every_instantiation_compiles(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """Every instantiation of every family (``_families``: what the plans can select, checked by
     ``tests/test_instantiations.py``) compiles once per target of :data:`SWEEP_TARGETS`, in
-    programs of consecutive units (:func:`quantplan._precompile.sweep_programs`), on every core."""
+    programs of consecutive units (:func:`quantplan._precompile.sweep_programs`), on every core,
+    with :func:`quantplan._precompile.sweep_options`."""
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     programs = sweep_programs(SWEEP_TARGETS)
@@ -111,6 +114,20 @@ def test_every_instantiation_compiles(tmp_path, monkeypatch) -> None:  # noqa: A
     for (family, target), seconds in sorted(cpu.items()):
         print(f"{family} {target}: {seconds:.0f} s CPU")
     print(f"NVRTC sweep: {len(programs)} programs, {sum(cpu.values()):.0f} s CPU")
+
+
+def test_the_sweep_options_compile_a_program_for_both_architectures() -> None:
+    """The sweep's options (fast-compile level on NVRTC 13 or later) are accepted, and a merged
+    program of two kernels of different templates compiles to a cubin for each architecture."""
+    _nvrtc_or_skip()
+    fast = sweep_options()
+    assert sweep_options(fast=False) == kernel_options()
+    if compiler.nvrtc_version() >= (13, 0):
+        assert fast == (*kernel_options(), *SWEEP_FAST_COMPILE)
+    names = [_families.compile_units("quantize")[0][0], _families.compile_units("quantize")[0][-1]]
+    for arch in ARCHS:
+        lowered = compiler.check_instantiations("quantize", names, arch, fast)
+        assert set(lowered) == set(names) and all(v.startswith("_Z") for v in lowered.values())
 
 
 def test_compile_errors_carry_the_nvrtc_log(monkeypatch, tmp_path) -> None:  # noqa: ANN001
