@@ -154,14 +154,16 @@ def test_ctrl_c_stops_precompile_and_its_workers(tmp_path: Path) -> None:
         workers = [int(p.name.split("-")[1]) for p in marks.iterdir()]
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the parent
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=55)  # a unit takes 60 s: waiting for one would time out
         elapsed = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, f"exit status {proc.returncode}\n{out}{err}"
-    assert elapsed < 15, f"took {elapsed:.1f} s to stop (a unit takes 60 s: the workers were waited for)"
+    # Generous for a loaded CI machine (the NVRTC sweep runs beside the tests there), and still well
+    # below the 60 s a unit takes.
+    assert elapsed < 40, f"took {elapsed:.1f} s to stop (a unit takes 60 s: the workers were waited for)"
     assert "Traceback" not in err, err
     assert "interrupted" in err, err
     deadline = time.monotonic() + 10
