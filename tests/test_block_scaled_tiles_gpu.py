@@ -209,7 +209,9 @@ def _every_transpose(x: np.ndarray, shape: tuple[int, ...], ctas: int | None) ->
     _check_pair(_transpose(x, block=128, ctas=ctas), fp8, shape)
     _check_pair(_transpose(x, block=128, scale_layout="column_major", ctas=ctas), fp8, shape, "column_major")
     ue = rbs.quantize_transpose(x, "fp8_block", block=(1, 128), scale_format="ue8m0")
-    _check_pair(_transpose(x, block=128, rule="ue8m0", scale_layout="packed_ue8m0", ctas=ctas), ue, shape, "packed_ue8m0")
+    _check_pair(
+        _transpose(x, block=128, rule="ue8m0", scale_layout="packed_ue8m0", ctas=ctas), ue, shape, "packed_ue8m0"
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
