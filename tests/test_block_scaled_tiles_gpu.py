@@ -204,6 +204,7 @@ def _every_transpose(x: np.ndarray, shape: tuple[int, ...], ctas: int | None) ->
     m = int(np.prod(shape[:-1]))
     np.testing.assert_array_equal(codes_r.reshape(m, -1), te.rowwise.codes.reshape(m, -1), err_msg=f"te {shape}")
     np.testing.assert_array_equal(codes_c.reshape(m, -1), te.columnwise.codes.reshape(m, -1), err_msg=f"te {shape}")
+    _same_scales(scales_r, te.rowwise.scales.reshape(m, -1), f"te rowwise scales {shape}")
     _same_scales(scales_c, te.columnwise.scales.reshape(-(-m // 32), -1), f"te columnwise scales {shape}")
     fp8 = rbs.quantize_transpose(x, "fp8_block", block=(1, 128))
     _check_pair(_transpose(x, block=128, ctas=ctas), fp8, shape)
@@ -219,7 +220,7 @@ def _every_transpose(x: np.ndarray, shape: tuple[int, ...], ctas: int | None) ->
 def test_transpose_persistent_loop(rng: np.random.Generator, dtype: type, ctas: int) -> None:
     """Small persistent grids: each CTA loops over several tiles, and some get one tile fewer
     (304 x 528 and 300 x 517: 15 tiles, partial on both axes; the first takes the aligned
-    cp.async pipeline, the second the general path; 2 x 72 x 400: 4 tiles)."""
+    cp.async pipeline, the second the general path; 2 x 72 x 400: 144 x 400, 8 tiles)."""
     for shape in [(304, 528), (300, 517), (2, 72, 400)]:
         _every_transpose(_data(rng, shape, dtype, (32, 32)), shape, ctas)
 
