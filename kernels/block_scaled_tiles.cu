@@ -9,11 +9,9 @@
 //
 // block_scaled_transpose: from one read of a 128 x 128 tile, the rowwise copy (blocks of BLOCK
 // along cols, stored like the 1-D kernel) and the columnwise copy (blocks of BLOCK along rows,
-// stored transposed: codes [cols, rows], scales [cols, ceil(rows / BLOCK)]). A persistent grid:
-// each CTA loops over tiles, the next ones copied into spare shared buffers by cp.async while it
-// encodes this one (ALIGNED; the general path loads one tile at a time through registers).
-// Phase A: each thread reads its row vectors back from shared memory, encodes the rowwise blocks
-// and stores them. Phase B: two lanes take one 32-bit word column (two 16-bit columns, or one f32 column) of 32
+// stored transposed: codes [cols, rows], scales [cols, ceil(rows / BLOCK)]). Phase A: the rows are
+// read into registers and shared memory, the rowwise blocks encoded and stored from registers.
+// Phase B: two lanes take one 32-bit word column (two 16-bit columns, or one f32 column) of 32
 // consecutive rows from shared memory, 16 rows each; the column amax is their two maxima, and
 // each stores its 16 code bytes of a transposed row, the pair one whole 32-byte sector. Rows
 // 16-31 of every 32 sit in shared memory with their word index's bit 4 flipped (tile_word), so the
@@ -25,8 +23,7 @@
 // encodes the tile rows with them and stores them like the rowwise copy.
 //
 // ALIGNED: cols % 16 == 0 (and rows % 16 == 0 for the transpose) and 16-byte aligned operands:
-// vector loads (cp.async for the transpose) and stores, whole vectors in or out of bounds at the
-// edges. Otherwise every
+// vector loads and stores, whole vectors in or out of bounds at the edges. Otherwise every
 // element is addressed with bounds. Edge tiles read zeros outside x (the amax of a partial block
 // is over its valid elements) and store only valid codes.
 //
@@ -36,43 +33,25 @@
 
 namespace qp {
 
-// How encode_run scales an element: times the factor, x / s through divide_rn (y = fl(1 / s)), or
-// x / s by __fdiv_rn (s below divide_rn's range).
-enum ScaleOp { kScaleMul, kScaleDivFast, kScaleDivExact };
-
-template <int OP> __device__ __forceinline__ float scaled_value(float x, float factor, float y) {
-  if (OP == kScaleMul) return __fmul_rn(x, factor);
-  if (OP == kScaleDivFast) return divide_rn(x, factor, y);
-  return __fdiv_rn(x, factor);
-}
-
-template <class In, class E, int OP, int N>
-__device__ __forceinline__ void encode_pairs(const u32* w, float factor, float y, u32* out) {
-#pragma unroll
-  for (int k = 0; k < N; k += 2) {
-    const float lo = scaled_value<OP>(InputWords<In>::element(w, k), factor, y);
-    const float hi = scaled_value<OP>(InputWords<In>::element(w, k + 1), factor, y);
-    const int bit = (k / 2) * (16 / E::per_byte);  // bit position of this pair's codes
-    out[bit / 32] |= E::encode_pair(lo, hi) << (bit % 32);
-  }
+template <bool DIVIDE> __device__ __forceinline__ float scaled_value(float x, float factor) {
+  return DIVIDE ? __fdiv_rn(x, factor) : __fmul_rn(x, factor);
 }
 
 // N consecutive elements (N even) held in words `w` (InputWords order) to their codes, packed
-// little-endian into ceil(N / per_byte / 4) words; all zero for a non-finite block. DIVIDE: x /
-// factor, correctly rounded; FAST_DIVIDE: by one reciprocal per run and divide_rn's FMAs per
-// element where the factor allows (the same bits as __fdiv_rn, fewer instructions, more registers).
-template <class In, class E, bool DIVIDE, int N, bool FAST_DIVIDE = false>
+// little-endian into ceil(N / per_byte / 4) words; all zero for a non-finite block.
+template <class In, class E, bool DIVIDE, int N>
 __device__ __forceinline__ void encode_run(const u32* w, float factor, bool finite, u32* out) {
   constexpr int OUT_WORDS = (N / E::per_byte + 3) / 4;
 #pragma unroll
   for (int i = 0; i < OUT_WORDS; ++i) out[i] = 0;
   if (!finite) return;
-  if (!DIVIDE)
-    encode_pairs<In, E, kScaleMul, N>(w, factor, 0.0f, out);
-  else if (FAST_DIVIDE && factor >= kDivideFastMin)
-    encode_pairs<In, E, kScaleDivFast, N>(w, factor, __frcp_rn(factor), out);
-  else
-    encode_pairs<In, E, kScaleDivExact, N>(w, factor, 0.0f, out);
+#pragma unroll
+  for (int k = 0; k < N; k += 2) {
+    const float lo = scaled_value<DIVIDE>(InputWords<In>::element(w, k), factor);
+    const float hi = scaled_value<DIVIDE>(InputWords<In>::element(w, k + 1), factor);
+    const int bit = (k / 2) * (16 / E::per_byte);  // bit position of this pair's codes
+    out[bit / 32] |= E::encode_pair(lo, hi) << (bit % 32);
+  }
 }
 
 // N code bytes (N = 2, 4, 8 or a multiple of 16) from words to dst, aligned to min(N, 16).
@@ -243,255 +222,183 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   zero_scale_padding(scales, f32_scale, layout, scale_rows, scale_cols, layout_dim, pad_rows, pad_cols, first, stride);
 }
 
-namespace qp {
-
-// Shared-memory words of one fused-transpose tile (128 x 128 elements of In, SW words a row).
-template <class In> struct TransposeTile {
-  static const int T = 128;                             // tile edge
-  static const int VEC = InputWords<In>::vec;           // elements of one 16-byte vector
-  static const int CPR = T / VEC;                       // threads per tile row (loads, phases A and C)
-  static const int RPP = 256 / CPR;                     // rows per pass
-  static const int PASSES = T / RPP;                    // vectors per thread
-  static const int SW = T * InputWords<In>::bytes / 4;  // words per shared row
-};
-
-// Tile (r0, c0) of x into the shared buffer buf: thread t copies the vectors of rows t / CPR + p *
-// RPP, columns c0 + (t % CPR) * VEC.., at tile_word; zeros outside x, so a partial tile's blocks
-// reduce over their valid elements. ALIGNED (cols % 16 == 0, x 16-byte aligned): cp.async of
-// whole vectors, in flight until the caller's cp_async_wait; otherwise element by element through
-// registers, with bounds.
-template <class In, bool ALIGNED>
-__device__ __forceinline__ void load_transpose_tile(const void* x_ptr, i64 rows, i64 cols, i64 r0, i64 c0, u32* buf) {
-  typedef TransposeTile<In> G;
-  typedef InputWords<In> W;
-  const int t = threadIdx.x, ci = t % G::CPR, rp = t / G::CPR;
-  const i64 c = c0 + ci * G::VEC;
-#pragma unroll
-  for (int p = 0; p < G::PASSES; ++p) {
-    const int tr = rp + p * G::RPP;
-    const i64 r = r0 + tr;
-    const u8* src = static_cast<const u8*>(x_ptr) + (r * cols + c) * W::bytes;
-    u32* dst = buf + tile_word<G::SW>(tr, ci * 4);
-    if constexpr (ALIGNED) {
-      const bool inside = r < rows && c < cols;
-      cp_async16(dst, inside ? src : x_ptr, inside);
-    } else {
-      u32 raw[4] = {0, 0, 0, 0};
-      if (r < rows) {
-#pragma unroll
-        for (int k = 0; k < G::VEC; ++k)
-          if (c + k < cols) W::put(raw, k, src + k * W::bytes);
-      }
-      *reinterpret_cast<uint4*>(dst) = make_uint4(raw[0], raw[1], raw[2], raw[3]);
-    }
-  }
-}
-
-}  // namespace qp
-
-// A persistent grid: CTA b takes tiles b, b + gridDim.x, ... of the [ceil(rows / 128), ceil(cols /
-// 128)] tile grid (row-major), so a CTA's next tile can be in flight while it works on this one.
-// ALIGNED: STAGES shared buffers filled by cp.async; the tile STAGES - 1 ahead is issued right
-// after the barrier that opens a tile (every thread is then done with the buffer it overwrites).
-// STAGES = 1, and the general (!ALIGNED) path, load a tile between two barriers instead.
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int STAGES>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
-                           int rule, float amax_floor, float enc_overflow, int layout, qp::i64 dim_r,
-                           qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
+                           qp::i64 row_tile_base, int rule, float amax_floor, float enc_overflow, int layout,
+                           qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
                            qp::i64 pad_cols_c) {
   using namespace qp;
   typedef InputWords<In> W;
   typedef BlockElement<Elem> E;
-  typedef TransposeTile<In> G;
-  constexpr int T = G::T, VEC = G::VEC, CPR = G::CPR, RPP = G::RPP, PASSES = G::PASSES, SW = G::SW;
+  constexpr int T = 128;                 // tile edge
+  constexpr int VEC = W::vec;
+  constexpr int CPR = T / VEC;           // threads per tile row in phase A
+  constexpr int RPP = 256 / CPR;         // rows per pass
+  constexpr int PASSES = T / RPP;
   constexpr int TEAM = BLOCK / VEC;      // threads of one rowwise block
+  constexpr int SW = T * W::bytes / 4;   // words per shared row
   constexpr int CPW = 4 / W::bytes;      // columns per word
   constexpr int R = 32;                  // rows of one column block of phase B (a row quarter)
   constexpr int H = R / 2;               // rows of one phase-B task (half a quarter)
   constexpr int MP = T / R;              // row quarters
   constexpr int TASKS = SW * MP * 2 / 256;  // phase-B tasks per thread
-  constexpr int S = ALIGNED ? STAGES : 1;   // tile buffers in shared memory
   static_assert(E::per_byte == 1, "one code per byte");
   static_assert((BLOCK == 32 || BLOCK == 128) && TEAM <= 32 && TASKS * 256 == SW * MP * 2 && SW % 32 == 0, "tile geometry");
   static_assert(!TE || (BLOCK == 32 && !DIVIDE), "the TE layout is MXFP8's");
-  static_assert(STAGES >= 1 && STAGES <= 4, "one to four tile buffers");
   extern __shared__ uint4 smem_vectors[];
-  u32* buffers = reinterpret_cast<u32*>(smem_vectors);  // [S][T][SW]
+  u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [T][SW]
   // [MP][T] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
   // all ones for a non-finite block).
-  u32* colkey = buffers + S * T * SW;
+  u32* colkey = tile + T * SW;
 
   const int t = threadIdx.x, ci = t % CPR, rp = t / CPR;
+  const i64 r0 = (row_tile_base + blockIdx.y) * T;
+  const i64 c0 = (i64)blockIdx.x * T;
+  const i64 c = c0 + ci * VEC;
   const bool f32_scale = is_f32_rule(rule);
+  const bool full = ALIGNED && r0 + T <= rows && c0 + T <= cols;
   const i64 row_blocks = (cols + BLOCK - 1) / BLOCK;  // rowwise scale columns
   const i64 col_blocks = (rows + BLOCK - 1) / BLOCK;  // columnwise scale columns
-  const i64 col_tiles = (cols + T - 1) / T;
-  const i64 tiles = (rows + T - 1) / T * col_tiles;
 
-  // The first S - 1 tiles of this CTA in flight, one cp.async group each (empty past the last).
+  // Phase A: rows to registers and shared memory; the rowwise copy from registers.
+  u32 raw[PASSES][4];
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    const i64 ahead = blockIdx.x + (i64)s * gridDim.x;
-    if (ahead < tiles)
-      load_transpose_tile<In, true>(x_ptr, rows, cols, ahead / col_tiles * T, ahead % col_tiles * T, buffers + s * T * SW);
-    cp_async_commit();
+  for (int p = 0; p < PASSES; ++p) {
+    const i64 r = r0 + rp + p * RPP;
+    const u8* src = static_cast<const u8*>(x_ptr) + (r * cols + c) * W::bytes;
+    raw[p][0] = raw[p][1] = raw[p][2] = raw[p][3] = 0;
+    if (full || (ALIGNED && r < rows && c < cols)) {
+      const uint4 v = *reinterpret_cast<const uint4*>(src);
+      raw[p][0] = v.x, raw[p][1] = v.y, raw[p][2] = v.z, raw[p][3] = v.w;
+    } else if (!ALIGNED && r < rows) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        if (c + k < cols) W::put(raw[p], k, src + k * W::bytes);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p)
+    *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    const i64 r = r0 + rp + p * RPP;
+    u32 key = max(max(W::word_key(raw[p][0]), W::word_key(raw[p][1])), max(W::word_key(raw[p][2]), W::word_key(raw[p][3])));
+#pragma unroll
+    for (int o = TEAM / 2; o > 0; o /= 2) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    const u32 bits = W::key_bits(key);
+    const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
+    u32 packed[VEC / 4];
+    encode_run<In, E, DIVIDE, VEC>(raw[p], s.factor, bits < 0x7F800000u, packed);
+    u8* dst = codes_r + r * cols + c;
+    if (full || (ALIGNED && r < rows && c < cols))
+      store_code_run<VEC>(dst, packed);
+    else if (!ALIGNED && r < rows && c < cols)
+      store_code_prefix<VEC>(dst, packed, cols - c);
+    if (ci % TEAM == 0 && r < rows && c < cols) {
+      const i64 off = layout == kCompact ? r * row_blocks + c / BLOCK : scale_offset(layout, r, c / BLOCK, row_blocks, dim_r);
+      store_scale(scales_r, f32_scale, off, s.stored);
+    }
+  }
+  __syncthreads();
+
+  // Phase B: the columnwise copy. Task q: word column q % SW of row quarter q / SW.
+  if constexpr (BLOCK == 128) {
+#pragma unroll
+    for (int i = 0; i < TASKS / 2; ++i) {
+      const int q = t + i * 256, wc = q % SW, mp = q / SW;
+      u32 k0 = 0, k1 = 0;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const u32 w = tile[tile_word<SW>(mp * R + j, wc)];
+        k0 = max(k0, W::half_key(w, 0));
+        k1 = max(k1, W::half_key(w, 1));
+      }
+      colkey[mp * T + wc * CPW] = k0;
+      if (CPW == 2) colkey[mp * T + wc * CPW + 1] = k1;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < TASKS; ++i) {
+    const int q = t + i * 256, half = q & 1, wc = (q >> 1) % SW, mp = (q >> 1) / SW;
+    const i64 m0 = r0 + mp * R;  // the column block's first row
+    const i64 mh = m0 + half * H;  // this lane's first row
+    u32 w[H];
+#pragma unroll
+    for (int j = 0; j < H; ++j) w[j] = tile[tile_word<SW>(mp * R + half * H + j, wc)];
+#pragma unroll
+    for (int h = 0; h < CPW; ++h) {
+      const int col = wc * CPW + h;
+      const i64 k = c0 + col;
+      u32 key = 0;
+      if constexpr (BLOCK == 128) {
+        key = max(max(colkey[col], colkey[T + col]), max(colkey[2 * T + col], colkey[3 * T + col]));
+      } else {
+#pragma unroll
+        for (int j = 0; j < H; ++j) key = max(key, W::half_key(w[j], h));
+        key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, 1));
+      }
+      const u32 bits = W::key_bits(key);
+      const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
+      if constexpr (TE) {  // the factor for phase C; the scale at [m0 / 32, k] of [ceil(rows / 32), cols]
+        if (half == 0) {
+          colkey[mp * T + col] = bits < 0x7F800000u ? __float_as_uint(s.factor) : 0xFFFFFFFFu;
+          if (k < cols && m0 < rows) static_cast<u8*>(scales_c)[(m0 / BLOCK) * cols + k] = (u8)s.stored;
+        }
+        continue;
+      }
+      u32 run[H * W::bytes / 4];
+      column_run<In, H>(w, h, run);
+      u32 packed[H / 4];
+      encode_run<In, E, DIVIDE, H>(run, s.factor, bits < 0x7F800000u, packed);
+      if (k < cols && mh < rows) {
+        u8* dst = codes_c + k * rows + mh;
+        if (ALIGNED)  // rows % 16 == 0: the lane's 16 bytes are wholly in or out
+          store_code_run<H>(dst, packed);
+        else
+          store_code_prefix<H>(dst, packed, rows - mh);
+        if ((BLOCK == 32 || mp == 0) && half == 0) {
+          const i64 cb = m0 / BLOCK;
+          const i64 off = layout == kCompact ? k * col_blocks + cb : scale_offset(layout, k, cb, col_blocks, dim_c);
+          store_scale(scales_c, f32_scale, off, s.stored);
+        }
+      }
+    }
   }
 
-  int stage = 0;  // the buffer of this tile
-  for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const i64 r0 = tile / col_tiles * T;
-    const i64 c0 = tile % col_tiles * T;
-    const u32* buf = buffers + stage * T * SW;
-    if constexpr (S == 1) {
-      __syncthreads();  // every thread is done with the previous tile's buffer and column keys
-      load_transpose_tile<In, ALIGNED>(x_ptr, rows, cols, r0, c0, buffers);
-      if constexpr (ALIGNED) {
-        cp_async_commit();
-        cp_async_wait<0>();
-      }
-    } else {
-      cp_async_wait<S - 2>();  // this thread's vectors of the tile have landed (later tiles' may not)
-    }
-    __syncthreads();  // every thread's vectors are in shared memory; the previous tile is done
-    if constexpr (S > 1) {
-      // The tile S - 1 ahead, into the buffer the previous tile freed.
-      const i64 ahead = tile + (i64)(S - 1) * gridDim.x;
-      if (ahead < tiles) {
-        u32* next = buffers + (stage == 0 ? S - 1 : stage - 1) * T * SW;
-        load_transpose_tile<In, true>(x_ptr, rows, cols, ahead / col_tiles * T, ahead % col_tiles * T, next);
-      }
-      cp_async_commit();
-    }
-    stage = stage + 1 == S ? 0 : stage + 1;
-
-    const i64 c = c0 + ci * VEC;
-    const bool full = ALIGNED && r0 + T <= rows && c0 + T <= cols;
-
-    // Phase A: the rowwise copy, each thread's vectors read back from shared memory (zeros outside x).
-    // Two passes at a time: enough independent work per warp without holding every pass's registers.
-#pragma unroll 2
+  if constexpr (TE) {
+    // Phase C (TE's MXFP8 layout): the columnwise codes untransposed, [rows, cols] like x, each
+    // element times the factor of its column block.
+    __syncthreads();
+#pragma unroll
     for (int p = 0; p < PASSES; ++p) {
       const int tr = rp + p * RPP;
       const i64 r = r0 + tr;
-      const uint4 v = *reinterpret_cast<const uint4*>(buf + tile_word<SW>(tr, ci * 4));
-      const u32 raw[4] = {v.x, v.y, v.z, v.w};
-      u32 key = max(max(W::word_key(raw[0]), W::word_key(raw[1])), max(W::word_key(raw[2]), W::word_key(raw[3])));
-#pragma unroll
-      for (int o = TEAM / 2; o > 0; o /= 2) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
-      const u32 bits = W::key_bits(key);
-      const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
+      const uint4 v = *reinterpret_cast<const uint4*>(tile + tile_word<SW>(tr, ci * 4));
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      const u32* f = colkey + (tr / R) * T + ci * VEC;
       u32 packed[VEC / 4];
-      encode_run<In, E, DIVIDE, VEC, true>(raw, s.factor, bits < 0x7F800000u, packed);
-      u8* dst = codes_r + r * cols + c;
+#pragma unroll
+      for (int i = 0; i < VEC / 4; ++i) packed[i] = 0;
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) {
+        const float lo = __fmul_rn(W::element(w, k), __uint_as_float(f[k]));
+        const float hi = __fmul_rn(W::element(w, k + 1), __uint_as_float(f[k + 1]));
+        const u32 keep = (f[k] == 0xFFFFFFFFu ? 0u : 0xFFu) | (f[k + 1] == 0xFFFFFFFFu ? 0u : 0xFF00u);
+        packed[k / 4] |= (E::encode_pair(lo, hi) & keep) << (8 * (k % 4));
+      }
+      u8* dst = codes_c + r * cols + c;
       if (full || (ALIGNED && r < rows && c < cols))
         store_code_run<VEC>(dst, packed);
       else if (!ALIGNED && r < rows && c < cols)
         store_code_prefix<VEC>(dst, packed, cols - c);
-      if (ci % TEAM == 0 && r < rows && c < cols) {
-        const i64 off = layout == kCompact ? r * row_blocks + c / BLOCK : scale_offset(layout, r, c / BLOCK, row_blocks, dim_r);
-        store_scale(scales_r, f32_scale, off, s.stored);
-      }
-    }
-
-    // Phase B: the columnwise copy. Task q: word column q % SW of row quarter q / SW.
-    if constexpr (BLOCK == 128) {
-#pragma unroll
-      for (int i = 0; i < TASKS / 2; ++i) {
-        const int q = t + i * 256, wc = q % SW, mp = q / SW;
-        u32 k0 = 0, k1 = 0;
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const u32 w = buf[tile_word<SW>(mp * R + j, wc)];
-          k0 = max(k0, W::half_key(w, 0));
-          k1 = max(k1, W::half_key(w, 1));
-        }
-        colkey[mp * T + wc * CPW] = k0;
-        if (CPW == 2) colkey[mp * T + wc * CPW + 1] = k1;
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < TASKS; ++i) {
-      const int q = t + i * 256, half = q & 1, wc = (q >> 1) % SW, mp = (q >> 1) / SW;
-      const i64 m0 = r0 + mp * R;  // the column block's first row
-      const i64 mh = m0 + half * H;  // this lane's first row
-      u32 w[H];
-#pragma unroll
-      for (int j = 0; j < H; ++j) w[j] = buf[tile_word<SW>(mp * R + half * H + j, wc)];
-#pragma unroll
-      for (int h = 0; h < CPW; ++h) {
-        const int col = wc * CPW + h;
-        const i64 k = c0 + col;
-        u32 key = 0;
-        if constexpr (BLOCK == 128) {
-          key = max(max(colkey[col], colkey[T + col]), max(colkey[2 * T + col], colkey[3 * T + col]));
-        } else {
-#pragma unroll
-          for (int j = 0; j < H; ++j) key = max(key, W::half_key(w[j], h));
-          key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, 1));
-        }
-        const u32 bits = W::key_bits(key);
-        const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
-        if constexpr (TE) {  // the factor for phase C; the scale at [m0 / 32, k] of [ceil(rows / 32), cols]
-          if (half == 0) {
-            colkey[mp * T + col] = bits < 0x7F800000u ? __float_as_uint(s.factor) : 0xFFFFFFFFu;
-            if (k < cols && m0 < rows) static_cast<u8*>(scales_c)[(m0 / BLOCK) * cols + k] = (u8)s.stored;
-          }
-          continue;
-        }
-        u32 run[H * W::bytes / 4];
-        column_run<In, H>(w, h, run);
-        u32 packed[H / 4];
-        encode_run<In, E, DIVIDE, H, true>(run, s.factor, bits < 0x7F800000u, packed);
-        if (k < cols && mh < rows) {
-          u8* dst = codes_c + k * rows + mh;
-          if (ALIGNED)  // rows % 16 == 0: the lane's 16 bytes are wholly in or out
-            store_code_run<H>(dst, packed);
-          else
-            store_code_prefix<H>(dst, packed, rows - mh);
-          if ((BLOCK == 32 || mp == 0) && half == 0) {
-            const i64 cb = m0 / BLOCK;
-            const i64 off = layout == kCompact ? k * col_blocks + cb : scale_offset(layout, k, cb, col_blocks, dim_c);
-            store_scale(scales_c, f32_scale, off, s.stored);
-          }
-        }
-      }
-    }
-
-    if constexpr (TE) {
-      // Phase C (TE's MXFP8 layout): the columnwise codes untransposed, [rows, cols] like x, each
-      // element times the factor of its column block.
-      __syncthreads();
-#pragma unroll 2
-      for (int p = 0; p < PASSES; ++p) {
-        const int tr = rp + p * RPP;
-        const i64 r = r0 + tr;
-        const uint4 v = *reinterpret_cast<const uint4*>(buf + tile_word<SW>(tr, ci * 4));
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        const u32* f = colkey + (tr / R) * T + ci * VEC;
-        u32 packed[VEC / 4];
-#pragma unroll
-        for (int i = 0; i < VEC / 4; ++i) packed[i] = 0;
-#pragma unroll
-        for (int k = 0; k < VEC; k += 2) {
-          const float lo = __fmul_rn(W::element(w, k), __uint_as_float(f[k]));
-          const float hi = __fmul_rn(W::element(w, k + 1), __uint_as_float(f[k + 1]));
-          const u32 keep = (f[k] == 0xFFFFFFFFu ? 0u : 0xFFu) | (f[k + 1] == 0xFFFFFFFFu ? 0u : 0xFF00u);
-          packed[k / 4] |= (E::encode_pair(lo, hi) & keep) << (8 * (k % 4));
-        }
-        u8* dst = codes_c + r * cols + c;
-        if (full || (ALIGNED && r < rows && c < cols))
-          store_code_run<VEC>(dst, packed);
-        else if (!ALIGNED && r < rows && c < cols)
-          store_code_prefix<VEC>(dst, packed, cols - c);
-      }
     }
   }
 
-  const i64 stride = (i64)gridDim.x * 256;
-  const i64 first = (i64)blockIdx.x * 256 + t;
+  const i64 stride = (i64)gridDim.x * gridDim.y * 256;
+  const i64 first = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * 256 + t;
   zero_scale_padding(scales_r, f32_scale, layout, rows, row_blocks, dim_r, pad_rows_r, pad_cols_r, first, stride);
   zero_scale_padding(scales_c, f32_scale, layout, cols, col_blocks, dim_c, pad_rows_c, pad_cols_c, first, stride);
 }

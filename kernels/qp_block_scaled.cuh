@@ -380,50 +380,6 @@ template <> struct InputWords<f32> {
   static __device__ __forceinline__ void put(u32* w, int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
 };
 
-// ---- x / s for many x over one divisor (the FP8 `div` rule) ----
-// divide_rn(x, s, y) == __fdiv_rn(x, s) for s >= kDivideFastMin, y = __frcp_rn(s) (fl(1 / s)):
-// q = fl(x * y) is within 1.5 ulp of x / s; one FMA correction q + (x - s * q) * y makes it
-// faithful, and a second one rounds it correctly (Markstein's theorem: y within half an ulp of
-// 1 / s, q faithful, the remainder x - s * q exact, which holds while exponent(s) + exponent(q) >=
-// -103). With s >= 2^-83 that covers every |x / s| >= 2^-20; a smaller quotient stays below 2^-17
-// and encodes to a signed zero in every FP8 element whatever its last bits. The sign is x's
-// (s > 0), also for a zero quotient.
-static const float kDivideFastMin = 0x1p-83f;
-
-__device__ __forceinline__ float divide_rn(float x, float s, float y) {
-  float q = __fmul_rn(x, y);
-  q = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
-  q = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
-  return __uint_as_float((__float_as_uint(q) & 0x7FFFFFFFu) | (__float_as_uint(x) & 0x80000000u));
-}
-
-// ---- asynchronous copies to shared memory (the fused transpose's tile pipeline) ----
-// cp_async16: 16 bytes from global src to shared dst, not through registers (sm_80 and later:
-// cp.async.cg, cached in L2 only); !inside writes 16 zero bytes and reads nothing (src must still
-// be a valid address). A thread's copies complete in commit groups: cp_async_wait<N> returns once
-// at most N of its groups are still pending; other threads' copies need a barrier after it.
-// Before sm_80 the copy goes through registers and is complete on return.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool inside) {
-#if __CUDA_ARCH__ >= 800
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(inside ? 16 : 0) : "memory");
-#else
-  *static_cast<uint4*>(dst) = inside ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 // The scale of a block from the f32 bits of its amax (NaN / Inf bits: a non-finite block, which
 // stores the NaN scale and whose factor is unused: its codes are 0).
 template <class E>

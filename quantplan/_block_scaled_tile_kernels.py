@@ -27,8 +27,7 @@ operands of a training step, from 16-bit or f32 tensors on a GPU.
 along K, 2-D tiles only); scales uint8 (E8M0 / UE8M0) or float32.
 
 **Shape limits:** any M and K (partial tiles and blocks on both axes); more than 2**31 elements
-(64-bit offsets; 2-D tiles: more than 65535 row tiles launch in slices; the fused transpose runs a
-persistent grid, one launch).
+(64-bit offsets; more than 65535 row tiles launch in slices).
 
 **Workspace:** none.
 
@@ -39,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ._block_scaled_kernels import ELEMENT_TAGS, FP8_RULES, INPUT_TAGS, MX_RULES, scale_geometry
 from ._tuning import kernel_options
@@ -74,13 +73,10 @@ class TileSchedule:
 @dataclass(frozen=True)
 class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
-    per multiprocessor (``__launch_bounds__``); ``stages`` shared buffers of a 128 x 128 tile in the
-    aligned variant (2 or more: the CTA's next tiles are copied in by ``cp.async`` while it encodes
-    this one; 1: load, then encode). The general variant keeps one buffer. Shared memory:
-    :func:`transpose_shared_bytes`."""
+    per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
+    for 128-row blocks)."""
 
     min_blocks: int
-    stages: int
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -94,9 +90,9 @@ TILE_SCHEDULES: dict[tuple[tuple[int, int], str], TileSchedule] = {
 }
 #: input dtype -> TransposeSchedule.
 TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
-    "bfloat16": TransposeSchedule(3, 2),
-    "float16": TransposeSchedule(3, 2),
-    "float32": TransposeSchedule(3, 1),
+    "bfloat16": TransposeSchedule(4),
+    "float16": TransposeSchedule(4),
+    "float32": TransposeSchedule(3),
 }
 #: Elements of each 2-D block; rules and elements of the fused transpose.
 TILE_ELEMENTS = {(128, 128): ("e4m3", "e5m2"), (32, 32): ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")}
@@ -136,7 +132,6 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        sched.stages,
     )
 
 
@@ -158,53 +153,11 @@ def instantiations() -> list[str]:
     return names
 
 
-def transpose_shared_bytes(input_dtype: str, block: int, te: bool = False, stages: int = 1) -> int:
-    """Dynamic shared memory of one fused-transpose CTA: ``stages`` tile buffers, and the column
-    keys (block 128) or column factors (TE layout) of a tile's four row quarters."""
+def transpose_shared_bytes(input_dtype: str, block: int, te: bool = False) -> int:
+    """Dynamic shared memory of one fused-transpose CTA: the tile, and the column keys (block 128)
+    or column factors (TE layout) of its four row quarters."""
     itemsize = 2 if input_dtype in ("float16", "bfloat16") else 4
-    return stages * TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + (4 * TRANSPOSE_TILE * 4 if block == 128 or te else 0)
-
-
-class TransposeGeometry(NamedTuple):
-    """The launch of one fused transpose: ``grid`` CTAs (1-D, persistent) with ``shared`` bytes of
-    dynamic shared memory each."""
-
-    grid: int
-    shared: int
-
-
-def transpose_tiles(rows: int, cols: int) -> int:
-    """128 x 128 tiles of an [rows, cols] fused transpose (partial tiles at the edges)."""
-    return -(-rows // TRANSPOSE_TILE) * -(-cols // TRANSPOSE_TILE)
-
-
-def transpose_geometry(
-    fn: Any,
-    input_dtype: str,
-    block: int,
-    te: bool,
-    aligned: bool,
-    sched: TransposeSchedule,
-    rows: int,
-    cols: int,
-    sm_count: int,
-    ctas: int | None = None,
-) -> TransposeGeometry:
-    """The one source of the fused transpose's launch geometry (the launcher below and the plans).
-
-    Shared bytes: :func:`transpose_shared_bytes` with ``sched.stages`` buffers (aligned) or one
-    (general), allowed on ``fn``. Grid: the CTAs resident on every multiprocessor at once (the
-    driver's occupancy for that shared memory) times ``sm_count``, at most one per tile; each CTA
-    loops over tiles ``b, b + grid, ...``. ``ctas`` caps the grid instead (tests: several tiles per
-    CTA on small shapes)."""
-    import cupy
-
-    shared = transpose_shared_bytes(input_dtype, block, te, sched.stages if aligned else 1)
-    _allow_shared(fn, shared)
-    if ctas is None:
-        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, THREADS, shared)
-        ctas = max(1, per_sm) * sm_count
-    return TransposeGeometry(max(1, min(transpose_tiles(rows, cols), ctas)), shared)
+    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + (4 * TRANSPOSE_TILE * 4 if block == 128 or te else 0)
 
 
 def row_tile_slices(row_tiles: int) -> list[tuple[int, int]]:
@@ -344,7 +297,6 @@ def quantize_transpose_block_scaled(
     amax_floor: float = 0.0,
     input_dtype: str | None = None,
     stream: Any = None,
-    ctas: int | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Rowwise and columnwise copies of CuPy array ``x`` [..., K] (M = leading dims) from one read.
 
@@ -353,8 +305,7 @@ def quantize_transpose_block_scaled(
     ``scale_layout``, flat for ``blocked``); ``layout="te_mxfp8"`` (MXFP8, compact scales): TE's
     physical layout, codes_c [M, K] untransposed, scales_c [⌈M/32⌉, K]. ``block=32``: MXFP8
     (``rule`` default ``rceil``); ``block=128``: FP8 1x128 / 128x1 (``rule`` default ``div``,
-    ``amax_floor``). ``element`` e4m3 or e5m2. ``ctas``: the persistent grid's CTAs (None: as many
-    as are resident at once, see :func:`transpose_geometry`).
+    ``amax_floor``). ``element`` e4m3 or e5m2.
     """
     import cupy
     import numpy as np
@@ -396,28 +347,33 @@ def quantize_transpose_block_scaled(
     name = transpose_kernel_name(dtype, element, block, te, rule == "div", aligned, sched)
     info = device_info(x.device.id)
     fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id, kernel_options())[name]
-    launch = transpose_geometry(fn, dtype, block, te, aligned, sched, rows, cols, info.sm_count, ctas)
+    shared = transpose_shared_bytes(dtype, block, te)
+    _allow_shared(fn, shared)
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    args = (
-        x,
-        codes_r,
-        scales_r,
-        codes_c,
-        scales_c,
-        np.int64(rows),
-        np.int64(cols),
-        np.int32(rule_code),
-        np.float32(floor),
-        np.float32(INPUT_MAX[dtype]),
-        np.int32(geo_r.layout),
-        np.int64(geo_r.dim),
-        np.int64(geo_r.pad_rows),
-        np.int64(geo_r.pad_cols),
-        np.int64(geo_c.dim),
-        np.int64(geo_c.pad_rows),
-        np.int64(geo_c.pad_cols),
-    )
-    fn((launch.grid,), (THREADS,), args, shared_mem=launch.shared, stream=stream)
+    col_tiles = -(-cols // TRANSPOSE_TILE)
+    for i, (base, count) in enumerate(row_tile_slices(-(-rows // TRANSPOSE_TILE))):
+        first = i == 0
+        args = (
+            x,
+            codes_r,
+            scales_r,
+            codes_c,
+            scales_c,
+            np.int64(rows),
+            np.int64(cols),
+            np.int64(base),
+            np.int32(rule_code),
+            np.float32(floor),
+            np.float32(INPUT_MAX[dtype]),
+            np.int32(geo_r.layout),
+            np.int64(geo_r.dim),
+            np.int64(geo_r.pad_rows if first else rows),
+            np.int64(geo_r.pad_cols if first else -(-cols // block)),
+            np.int64(geo_c.dim),
+            np.int64(geo_c.pad_rows if first else cols),
+            np.int64(geo_c.pad_cols if first else -(-rows // block)),
+        )
+        fn((col_tiles, count), (THREADS,), args, shared_mem=shared, stream=stream)
     return codes_r, scales_r, codes_c, scales_c
 
 
@@ -428,15 +384,12 @@ __all__ = [
     "TRANSPOSE_SCHEDULES",
     "TRANSPOSE_TILE",
     "TileSchedule",
-    "TransposeGeometry",
     "TransposeSchedule",
     "instantiations",
     "quantize_block_scaled_2d",
     "quantize_transpose_block_scaled",
     "row_tile_slices",
     "tile_kernel_name",
-    "transpose_geometry",
     "transpose_kernel_name",
     "transpose_shared_bytes",
-    "transpose_tiles",
 ]

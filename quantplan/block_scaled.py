@@ -70,11 +70,13 @@ from ._block_scaled_tile_kernels import (
     TRANSPOSE_ELEMENTS,
     TRANSPOSE_LAYOUTS,
     TRANSPOSE_SCHEDULES,
+    TRANSPOSE_TILE,
     row_tile_slices,
     tile_kernel_name,
-    transpose_geometry,
     transpose_kernel_name,
+    transpose_shared_bytes,
 )
+from ._block_scaled_tile_kernels import _allow_shared as allow_shared
 from ._device import device_info, stream_device_id
 from ._launch import RNG_FIELDS, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._operands import Operand, OperandChecks, check_outputs, host_values, host_view, is_scalar, operand
@@ -736,7 +738,7 @@ _TRANSPOSE_PARAMS = params_struct(
     "BlockScaledTransposeParams",
     [
         *fields(ctypes.c_uint64, "x", "codes", "scales", "col_codes", "col_scales"),
-        *fields(ctypes.c_int64, "rows", "cols"),
+        *fields(ctypes.c_int64, "rows", "cols", "row_tile_base"),
         ("rule", ctypes.c_int32),
         *fields(ctypes.c_float, "amax_floor", "enc_overflow"),
         ("layout", ctypes.c_int32),
@@ -1000,36 +1002,41 @@ def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
     variants = (False, True) if cols % 16 == 0 and rows % 16 == 0 else (False,)
     names = [transpose_kernel_name(dtype, p.element, block, te, rule == "div", aligned, sched) for aligned in variants]
     functions = _load("block_scaled_tiles", names, device_id)
-    sm_count = device_info(device_id).sm_count
+    shared = transpose_shared_bytes(dtype, block, te)
+    for fn in functions.values():
+        allow_shared(fn, shared)
+    col_tiles = _ceil(cols, TRANSPOSE_TILE)
 
-    def launch(name: str, aligned: bool) -> tuple[PreparedLaunch, ...]:
-        """One persistent launch (grid and shared bytes: ``transpose_geometry``)."""
-        fn = functions[name]
-        geo = transpose_geometry(fn, dtype, block, te, aligned, sched, rows, cols, sm_count)
-        return (
-            _GridLaunch(
-                fn,
-                (geo.grid, 1),
-                TILE_THREADS,
-                geo.shared,
-                _TRANSPOSE_PARAMS,
-                rows=rows,
-                cols=cols,
-                rule=rule_code,
-                amax_floor=p.amax_floor,
-                enc_overflow=_INPUT_MAX[p.input_element],
-                layout=geo_r.layout,
-                dim_r=geo_r.dim,
-                pad_rows_r=geo_r.pad_rows,
-                pad_cols_r=geo_r.pad_cols,
-                dim_c=geo_c.dim,
-                pad_rows_c=geo_c.pad_rows,
-                pad_cols_c=geo_c.pad_cols,
-            ),
-        )
+    def slices(name: str) -> tuple[PreparedLaunch, ...]:
+        out = []
+        for i, (base, count) in enumerate(row_tile_slices(_ceil(rows, TRANSPOSE_TILE))):
+            first = i == 0
+            out.append(
+                _GridLaunch(
+                    functions[name],
+                    (col_tiles, count),
+                    TILE_THREADS,
+                    shared,
+                    _TRANSPOSE_PARAMS,
+                    rows=rows,
+                    cols=cols,
+                    row_tile_base=base,
+                    rule=rule_code,
+                    amax_floor=p.amax_floor,
+                    enc_overflow=_INPUT_MAX[p.input_element],
+                    layout=geo_r.layout,
+                    dim_r=geo_r.dim,
+                    pad_rows_r=geo_r.pad_rows if first else rows,
+                    pad_cols_r=geo_r.pad_cols if first else _ceil(cols, block),
+                    dim_c=geo_c.dim,
+                    pad_rows_c=geo_c.pad_rows if first else cols,
+                    pad_cols_c=geo_c.pad_cols if first else _ceil(rows, block),
+                )  # fmt: skip
+            )
+        return tuple(out)
 
-    general = launch(names[0], False)
-    aligned = launch(names[1], True) if len(names) > 1 else ()
+    general = slices(names[0])
+    aligned = slices(names[1]) if len(names) > 1 else ()
     tag = f"transpose[{p.format.name},1x{block},{rule},{p.layout},{p.columnwise}" + (
         ",aligned|general]" if aligned else ",general]"
     )
@@ -1111,11 +1118,9 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     unless ``global_amax`` is given; ``lanes[nvfp4,...,stochastic,...]``: NVFP4 with §1.6
     stochastic rounding (element ``nv_e2m1_sr``; seed and offset values, or one-element int64
     device arrays the kernel reads at launch). ``tiles[format,RxC,rule,layout,...]`` and
-    ``transpose[format,1xB,rule,layout,columnwise,...]`` (``block_scaled_tiles.cu``): tiles, a CTA
-    per tile of x, one launch per 65535 row tiles; transpose, one launch of a persistent grid (the
-    resident CTAs) looping over 128 x 128 tiles, the next tiles copied into shared memory while one
-    is encoded; an aligned twin when the last extent (and, for the transpose, the row count) is a
-    multiple of 16 and x and the codes are 16-byte aligned.
+    ``transpose[format,1xB,rule,layout,columnwise,...]`` (``block_scaled_tiles.cu``): a CTA per
+    tile of x, one launch per 65535 row tiles; an aligned twin when the last extent (and, for the
+    transpose, the row count) is a multiple of 16 and x and the codes are 16-byte aligned.
     ``numpy`` on the reference backend.
 
     **Workspace:** none, except NVFP4 two-level on CUDA: 4 bytes of device memory (the f32 tensor

@@ -176,8 +176,7 @@ def test_tall_tiles_launch_in_slices_of_65535_row_tiles(sim: _Sim) -> None:
     ],
 )
 def test_transpose_selects_the_fused_kernel(sim: _Sim, fmt: str, columnwise: str, layout: str, mode: Any) -> None:
-    shapes = (((48, 64), (False, True)), ((300, 257), (False,)), ((40, 72), (False,)), ((5120, 3840), (False, True)))
-    for shape, aligned in shapes:
+    for shape, aligned in (((48, 64), (False, True)), ((300, 257), (False,)), ((40, 72), (False,))):
         sim.loaded.clear()
         d = _quantize(format=fmt, columnwise=columnwise, scale_layout=layout, scale_mode=mode, shape=shape)
         plan = qp.BlockScaledQuantizePlan.select(None, d)
@@ -188,14 +187,9 @@ def test_transpose_selects_the_fused_kernel(sim: _Sim, fmt: str, columnwise: str
         sched = tk.TRANSPOSE_SCHEDULES["bfloat16"]
         want = [tk.transpose_kernel_name("bfloat16", element, block, te, divide, a, sched) for a in aligned]
         assert sim.loaded == want, shape
-        # One persistent launch per variant (aligned first): at most the resident CTAs (8 per SM on
-        # the simulated GPU of 132 SMs; 5120 x 3840 has 1200 tiles), shared memory for its buffers.
-        stages = [sched.stages, 1] if len(aligned) == 2 else [1]
-        assert [launch.shared for launch in plan._prepared] == [
-            tk.transpose_shared_bytes("bfloat16", block, te, s) for s in stages
-        ]
         for launch in plan._prepared:
-            assert (launch.grid, launch.grid_y) == (min(tk.transpose_tiles(*shape), 8 * 132), 1)
+            assert launch.shared == tk.transpose_shared_bytes("bfloat16", block, te)
+            assert (launch.grid, launch.grid_y) == (-(-shape[1] // 128), -(-shape[0] // 128))
         assert plan.sku().variant.startswith(f"transpose[{fmt},1x{block},")
         assert d.columnwise_codes_shape == ((shape[0], shape[1]) if te else (shape[1], shape[0]))
 

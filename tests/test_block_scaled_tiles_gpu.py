@@ -6,9 +6,7 @@ element and rule; the fused rowwise + columnwise MXFP8 (every rule) and FP8 1x12
 rule and floor) copies; float16 / bfloat16 / float32 inputs; ragged shapes (partial tiles and
 blocks on both axes, 1x1, odd widths that take the general path) and a 2048x4096 case; tiles or
 blocks holding NaN / -Inf / only zeros / subnormal magnitudes / FLT_MAX; the scale layouts with
-their zero padding (column-major TMA-aligned, cuBLAS 128x4 blocked, UE8M0 packed); the fused
-transpose's persistent grid with CTAs looping over several tiles (small grids, and the default grid
-on a shape with more tiles than resident CTAs).
+their zero padding (column-major TMA-aligned, cuBLAS 128x4 blocked, UE8M0 packed).
 """
 
 from __future__ import annotations
@@ -191,48 +189,6 @@ def test_transpose_layouts_and_large(rng: np.random.Generator, dtype: type) -> N
         _check_pair(_transpose(x, block=128, scale_layout="column_major"), pair8, shape, "column_major")
         pair8 = rbs.quantize_transpose(x, "fp8_block", block=(1, 128), scale_format="ue8m0")
         _check_pair(_transpose(x, block=128, rule="ue8m0", scale_layout="packed_ue8m0"), pair8, shape, "packed_ue8m0")
-
-
-def _every_transpose(x: np.ndarray, shape: tuple[int, ...], ctas: int | None) -> None:
-    """Every layout of both fused transposes (MXFP8 transposed in compact / blocked scales and TE's
-    layout; FP8 1x128 div in compact / column-major scales, ue8m0 packed) on a grid of ``ctas``."""
-    mx = rbs.quantize_transpose(x, "mx")
-    _check_pair(_transpose(x, block=32, ctas=ctas), mx, shape)
-    _check_pair(_transpose(x, block=32, scale_layout="blocked", ctas=ctas), mx, shape, "blocked")
-    te = rbs.quantize_transpose(x, "mx", layout="te_mxfp8")
-    codes_r, scales_r, codes_c, scales_c = _transpose(x, block=32, layout="te_mxfp8", ctas=ctas)
-    m = int(np.prod(shape[:-1]))
-    np.testing.assert_array_equal(codes_r.reshape(m, -1), te.rowwise.codes.reshape(m, -1), err_msg=f"te {shape}")
-    np.testing.assert_array_equal(codes_c.reshape(m, -1), te.columnwise.codes.reshape(m, -1), err_msg=f"te {shape}")
-    _same_scales(scales_r, te.rowwise.scales.reshape(m, -1), f"te rowwise scales {shape}")
-    _same_scales(scales_c, te.columnwise.scales.reshape(-(-m // 32), -1), f"te columnwise scales {shape}")
-    fp8 = rbs.quantize_transpose(x, "fp8_block", block=(1, 128))
-    _check_pair(_transpose(x, block=128, ctas=ctas), fp8, shape)
-    _check_pair(_transpose(x, block=128, scale_layout="column_major", ctas=ctas), fp8, shape, "column_major")
-    ue = rbs.quantize_transpose(x, "fp8_block", block=(1, 128), scale_format="ue8m0")
-    _check_pair(
-        _transpose(x, block=128, rule="ue8m0", scale_layout="packed_ue8m0", ctas=ctas), ue, shape, "packed_ue8m0"
-    )
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("ctas", [1, 2, 4, 7])
-def test_transpose_persistent_loop(rng: np.random.Generator, dtype: type, ctas: int) -> None:
-    """Small persistent grids: each CTA loops over several tiles, and some get one tile fewer
-    (304 x 528 and 300 x 517: 15 tiles, partial on both axes; the first takes the aligned
-    cp.async pipeline, the second the general path; 2 x 72 x 400: 144 x 400, 8 tiles)."""
-    for shape in [(304, 528), (300, 517), (2, 72, 400)]:
-        _every_transpose(_data(rng, shape, dtype, (32, 32)), shape, ctas)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_transpose_default_grid_loops(rng: np.random.Generator, dtype: type) -> None:
-    """The default grid on a shape with more tiles than resident CTAs (1040 x 8208: 9 x 65 tiles,
-    the last row and column of tiles 16 wide; an H100 holds 3 x 132 CTAs), so CTAs loop unevenly."""
-    shape = (1040, 8208)
-    x = _data(rng, shape, dtype, (128, 128))
-    _check_pair(_transpose(x, block=32), rbs.quantize_transpose(x, "mx"), shape)
-    _check_pair(_transpose(x, block=128), rbs.quantize_transpose(x, "fp8_block", block=(1, 128)), shape)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
