@@ -37,20 +37,49 @@ template <bool DIVIDE> __device__ __forceinline__ float scaled_value(float x, fl
   return DIVIDE ? __fdiv_rn(x, factor) : __fmul_rn(x, factor);
 }
 
-// N consecutive elements (N even) held in words `w` (InputWords order) to their codes, packed
-// little-endian into ceil(N / per_byte / 4) words; all zero for a non-finite block.
-template <class In, class E, bool DIVIDE, int N>
-__device__ __forceinline__ void encode_run(const u32* w, float factor, bool finite, u32* out) {
+// N consecutive elements (N even) to their codes, packed little-endian into ceil(N / per_byte / 4)
+// words; all zero for a non-finite block. Element k is at(k): a float, the input element.
+// DIVIDE with FAST: x / s by divide_rn over one reciprocal (the same bits as __fdiv_rn) where s
+// allows it.
+template <class E, bool DIVIDE, bool FAST, int N, class At>
+__device__ __forceinline__ void encode_elements(At at, float factor, bool finite, u32* out) {
   constexpr int OUT_WORDS = (N / E::per_byte + 3) / 4;
 #pragma unroll
   for (int i = 0; i < OUT_WORDS; ++i) out[i] = 0;
   if (!finite) return;
+  if (DIVIDE && FAST && factor >= kDivideFastMin) {
+    const float y = __frcp_rn(factor);
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const int bit = (k / 2) * (16 / E::per_byte);
+      out[bit / 32] |= E::encode_pair(divide_rn(at(k), factor, y), divide_rn(at(k + 1), factor, y)) << (bit % 32);
+    }
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < N; k += 2) {
-    const float lo = scaled_value<DIVIDE>(InputWords<In>::element(w, k), factor);
-    const float hi = scaled_value<DIVIDE>(InputWords<In>::element(w, k + 1), factor);
+    const float lo = scaled_value<DIVIDE>(at(k), factor);
+    const float hi = scaled_value<DIVIDE>(at(k + 1), factor);
     const int bit = (k / 2) * (16 / E::per_byte);  // bit position of this pair's codes
     out[bit / 32] |= E::encode_pair(lo, hi) << (bit % 32);
+  }
+}
+
+// N consecutive elements held in words `w` (InputWords order).
+template <class In, class E, bool DIVIDE, int N, bool FAST = false>
+__device__ __forceinline__ void encode_run(const u32* w, float factor, bool finite, u32* out) {
+  encode_elements<E, DIVIDE, FAST, N>([&](int k) { return InputWords<In>::element(w, k); }, factor, finite, out);
+}
+
+// Element j of column h of words `w` of consecutive rows (h: the low or high 16-bit element of
+// each word; f32: the words themselves).
+template <class In> __device__ __forceinline__ float column_element(const u32* w, int j, int h) {
+  if constexpr (InputWords<In>::bytes == 4) {
+    return __uint_as_float(w[j]);
+  } else {
+    const u32 half = h ? w[j] >> 16 : w[j] & 0xFFFFu;
+    u32 pair[1] = {half};
+    return InputWords<In>::element(pair, 0);
   }
 }
 
@@ -85,19 +114,6 @@ __device__ __forceinline__ void store_scale(void* scales, bool f32_scale, i64 of
 }
 
 __device__ __forceinline__ bool is_f32_rule(int rule) { return rule >= kBlockF32Div && rule <= kBlockF32Enc; }
-
-// Words of N consecutive rows of one 32-bit word column to the run of column h (0: the low
-// 16-bit element of each word, 1: the high one; f32: the words themselves).
-template <class In, int N> __device__ __forceinline__ void column_run(const u32* w, int h, u32* out) {
-  if constexpr (InputWords<In>::bytes == 4) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) out[j] = w[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; j += 2)
-      out[j / 2] = h ? ((w[j] >> 16) | (w[j + 1] & 0xFFFF0000u)) : ((w[j] & 0xFFFFu) | (w[j + 1] << 16));
-  }
-}
 
 // Word `wc` of tile row `row` in shared memory (SW words a row): rows 16-31 of every 32 hold their
 // words with bit 4 of the index flipped (16-byte vectors stay whole), so the two lanes that read
@@ -284,13 +300,19 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
 #pragma unroll
   for (int p = 0; p < PASSES; ++p) {
     const i64 r = r0 + rp + p * RPP;
-    u32 key = max(max(W::word_key(raw[p][0]), W::word_key(raw[p][1])), max(W::word_key(raw[p][2]), W::word_key(raw[p][3])));
+    u32 key;
+    if constexpr (W::bytes == 2) {  // both lanes at once, then the larger lane
+      const u32 m = __vmaxu2(__vmaxu2(lane_keys(raw[p][0]), lane_keys(raw[p][1])), __vmaxu2(lane_keys(raw[p][2]), lane_keys(raw[p][3])));
+      key = max(m & 0xFFFFu, m >> 16);
+    } else {
+      key = max(max(W::word_key(raw[p][0]), W::word_key(raw[p][1])), max(W::word_key(raw[p][2]), W::word_key(raw[p][3])));
+    }
 #pragma unroll
     for (int o = TEAM / 2; o > 0; o /= 2) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
     const u32 bits = W::key_bits(key);
     const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
     u32 packed[VEC / 4];
-    encode_run<In, E, DIVIDE, VEC>(raw[p], s.factor, bits < 0x7F800000u, packed);
+    encode_run<In, E, DIVIDE, VEC, true>(raw[p], s.factor, bits < 0x7F800000u, packed);
     u8* dst = codes_r + r * cols + c;
     if (full || (ALIGNED && r < rows && c < cols))
       store_code_run<VEC>(dst, packed);
@@ -312,8 +334,15 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         const u32 w = tile[tile_word<SW>(mp * R + j, wc)];
-        k0 = max(k0, W::half_key(w, 0));
-        k1 = max(k1, W::half_key(w, 1));
+        if constexpr (W::bytes == 2) {
+          k0 = __vmaxu2(k0, lane_keys(w));  // both columns' keys in the lanes of k0
+        } else {
+          k0 = max(k0, W::half_key(w, 0));
+        }
+      }
+      if constexpr (W::bytes == 2) {
+        k1 = k0 >> 16;
+        k0 &= 0xFFFFu;
       }
       colkey[mp * T + wc * CPW] = k0;
       if (CPW == 2) colkey[mp * T + wc * CPW + 1] = k1;
@@ -328,17 +357,22 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     u32 w[H];
 #pragma unroll
     for (int j = 0; j < H; ++j) w[j] = tile[tile_word<SW>(mp * R + half * H + j, wc)];
+    u32 keys = 0;  // BLOCK = 32: the column block's keys (both columns in lanes for 16-bit input)
+    if constexpr (BLOCK != 128) {
+#pragma unroll
+      for (int j = 0; j < H; ++j) keys = W::bytes == 2 ? __vmaxu2(keys, lane_keys(w[j])) : max(keys, W::half_key(w[j], 0));
+      const u32 other = __shfl_xor_sync(0xFFFFFFFFu, keys, 1);
+      keys = W::bytes == 2 ? __vmaxu2(keys, other) : max(keys, other);
+    }
 #pragma unroll
     for (int h = 0; h < CPW; ++h) {
       const int col = wc * CPW + h;
       const i64 k = c0 + col;
-      u32 key = 0;
+      u32 key;
       if constexpr (BLOCK == 128) {
         key = max(max(colkey[col], colkey[T + col]), max(colkey[2 * T + col], colkey[3 * T + col]));
       } else {
-#pragma unroll
-        for (int j = 0; j < H; ++j) key = max(key, W::half_key(w[j], h));
-        key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, 1));
+        key = W::bytes == 2 ? (h ? keys >> 16 : keys & 0xFFFFu) : keys;
       }
       const u32 bits = W::key_bits(key);
       const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
@@ -349,10 +383,9 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
         }
         continue;
       }
-      u32 run[H * W::bytes / 4];
-      column_run<In, H>(w, h, run);
       u32 packed[H / 4];
-      encode_run<In, E, DIVIDE, H>(run, s.factor, bits < 0x7F800000u, packed);
+      encode_elements<E, DIVIDE, true, H>([&](int j) { return column_element<In>(w, j, h); }, s.factor,
+                                          bits < 0x7F800000u, packed);
       if (k < cols && mh < rows) {
         u8* dst = codes_c + k * rows + mh;
         if (ALIGNED)  // rows % 16 == 0: the lane's 16 bytes are wholly in or out

@@ -380,6 +380,27 @@ template <> struct InputWords<f32> {
   static __device__ __forceinline__ void put(u32* w, int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
 };
 
+// The |x| keys of two 16-bit elements in one word, both lanes at once (the larger per lane over
+// words by __vmaxu2): the sign bits cleared.
+__device__ __forceinline__ u32 lane_keys(u32 w) { return w & 0x7FFF7FFFu; }
+
+// ---- x / s for many x over one divisor (the FP8 `div` rule) ----
+// divide_rn(x, s, y) == __fdiv_rn(x, s) for s >= kDivideFastMin, y = __frcp_rn(s) (fl(1 / s)):
+// q = fl(x * y) is within 1.5 ulp of x / s; one FMA correction q + (x - s * q) * y makes it
+// faithful, and a second one rounds it correctly (Markstein's theorem: y within half an ulp of
+// 1 / s, q faithful, the remainder x - s * q exact, which holds while exponent(s) + exponent(q) >=
+// -103). With s >= 2^-83 that covers every |x / s| >= 2^-20; a smaller quotient stays below 2^-17
+// and encodes to a signed zero in every FP8 element whatever its last bits. The sign is x's
+// (s > 0), also for a zero quotient.
+static const float kDivideFastMin = 0x1p-83f;
+
+__device__ __forceinline__ float divide_rn(float x, float s, float y) {
+  float q = __fmul_rn(x, y);
+  q = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
+  q = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
+  return __uint_as_float((__float_as_uint(q) & 0x7FFFFFFFu) | (__float_as_uint(x) & 0x80000000u));
+}
+
 // The scale of a block from the f32 bits of its amax (NaN / Inf bits: a non-finite block, which
 // stores the NaN scale and whose factor is unused: its codes are 0).
 template <class E>
