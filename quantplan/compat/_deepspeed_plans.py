@@ -240,6 +240,15 @@ def _output_args(out: Any, a: QgzOperands, bits: int, mode: QuantMode) -> None:
     out.asym = int(mode is QuantMode.ASYMMETRIC)
 
 
+def _input_args(peers: Any, a: QgzOperands, mode: QuantMode) -> None:
+    """The per-call fields of the peers' ``PeerSumArgs``: codes and parameter rows (``zp``
+    non-null: ASYMMETRIC rows, DeepSpeedPeerDecode)."""
+    assert a.params is not None
+    peers.q = a.x.ptr
+    peers.scale = a.params.ptr
+    peers.zp = a.params.ptr if mode is QuantMode.ASYMMETRIC else 0
+
+
 def _bytes(op: Operand) -> np.ndarray:
     return np.asarray(op.obj).view(np.uint8)
 
@@ -346,6 +355,40 @@ def _with_dense(
     return launches
 
 
+def _group_launches(
+    kernels: QgzKernels,
+    dense: _Dense | None,
+    groups: int,
+    group_size: int,
+    packed: bool,
+    q_min: int,
+    q_max: int,
+    mode: QuantMode,
+    bits: list[int],
+    info: DeviceInfo,
+) -> QgzLaunches:
+    """The launches of a plan that quantizes its own ``groups`` groups of ``group_size`` elements
+    (quantize, MoQ): the fused pass or two passes over the groups (``packed``: 4-bit codes, two
+    per work item of the element pass), or ``dense`` (:func:`_dense_pass`) in its place."""
+    launches = prepare_qgz_launches(
+        kernels,
+        qgz_geometry(groups, group_size, packed, QGZ_WIDTHS[0], info),
+        groups,
+        group_size,
+        groups * group_size // (2 if packed else 1),
+        q_min,
+        q_max,
+        mode,
+        bits,
+        info,
+        own_range=True,
+        dense=None if dense is None or dense.cluster else dense.launch,
+    )
+    team = 1 if dense is None else dense.launch.team
+    layout = segment_layout(groups, group_size, team, q_min, q_max, mode, own_range=True)
+    return _with_dense(launches, dense, kernels, layout, bits)
+
+
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
@@ -431,23 +474,7 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
             else None,
         )
     )
-    launches = prepare_qgz_launches(
-        kernels,
-        qgz_geometry(desc.groups, group_size, code.is_packed, QGZ_WIDTHS[0], info),
-        desc.groups,
-        group_size,
-        desc.numel // (2 if code.is_packed else 1),
-        q_min,
-        q_max,
-        desc.mode,
-        bits,
-        info,
-        own_range=True,
-        dense=None if dense is None or dense.cluster else dense.launch,
-    )
-    team = 1 if dense is None else dense.launch.team
-    layout = segment_layout(desc.groups, group_size, team, q_min, q_max, desc.mode, own_range=True)
-    return _with_dense(launches, dense, kernels, layout, bits)
+    return _group_launches(kernels, dense, desc.groups, group_size, code.is_packed, q_min, q_max, desc.mode, bits, info)
 
 
 class DeepSpeedQuantizePlan(_DeepSpeedPlan):
@@ -662,11 +689,7 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         return (a.x.ptr, a.x.ptr, a.y.ptr)
 
     def _fields(self, params: Any, a: QgzOperands) -> None:
-        assert a.params is not None
-        params.input.q = a.x.ptr
-        params.input.scale = a.params.ptr
-        # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-        params.input.zp = a.params.ptr if self._d.mode is QuantMode.ASYMMETRIC else 0
+        _input_args(params.input, a, self._d.mode)
         params.y = a.y.ptr
 
     def _reference(self, a: QgzOperands) -> None:
@@ -885,13 +908,8 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         return pointers if a.err is None else (*pointers, a.err.ptr)
 
     def _fields(self, params: Any, a: QgzOperands) -> None:
-        d = self._d
-        assert a.params is not None
-        params.input.q = a.x.ptr
-        params.input.scale = a.params.ptr
-        # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-        params.input.zp = a.params.ptr if d.mode is QuantMode.ASYMMETRIC else 0
-        _output_args(params.out, a, d.num_bits, d.mode)
+        _input_args(params.input, a, self._d.mode)
+        _output_args(params.out, a, self._d.num_bits, self._d.mode)
 
     def _reference(self, a: QgzOperands) -> None:
         d = self._d
@@ -976,23 +994,7 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
         if nearest_sym
         else None
     )
-    launches = prepare_qgz_launches(
-        kernels,
-        qgz_geometry(desc.groups, group_size, False, QGZ_WIDTHS[0], info),
-        desc.groups,
-        group_size,
-        desc.numel,
-        0,
-        0,
-        desc.mode,
-        bits,
-        info,
-        own_range=True,
-        dense=None if dense is None or dense.cluster else dense.launch,
-    )
-    team = 1 if dense is None else dense.launch.team
-    layout = segment_layout(desc.groups, group_size, team, 0, 0, desc.mode, own_range=True)
-    return _with_dense(launches, dense, kernels, layout, bits)
+    return _group_launches(kernels, dense, desc.groups, group_size, False, 0, 0, desc.mode, bits, info)
 
 
 class MoQFakeQuantizePlan(_DeepSpeedPlan):
