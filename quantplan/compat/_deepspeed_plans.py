@@ -72,11 +72,13 @@ from .._qgz_launch import (
     check_error_kind,
     check_float_kind,
     dense_quantize_geometry,
+    error_view,
     log2_or_minus_one,
     prepare_float_values,
     prepare_qgz_launches,
     qgz_geometry,
     widest_dividing,
+    write_reference_outputs,
 )
 from .._segments import SegmentLayoutArgs, segment_layout
 from .._tuning import TUNING, kernel_options
@@ -251,21 +253,6 @@ def _input_args(peers: Any, a: QgzOperands, mode: QuantMode) -> None:
 
 def _bytes(op: Operand) -> np.ndarray:
     return np.asarray(op.obj).view(np.uint8)
-
-
-def _error_view(err: Operand | None, kind: ElementKind | None) -> np.ndarray | None:
-    """The host LoCo buffer in its storage dtype, or None without error feedback."""
-    return None if err is None or kind is None else host_view(err, ELEMENTS[kind])
-
-
-def _write_reference_outputs(a: QgzOperands, codes: np.ndarray, params: np.ndarray, new_err: np.ndarray | None,
-                             error_kind: ElementKind | None) -> None:  # fmt: skip
-    """Copy a reference result (codes, parameter rows, the LoCo buffer) into the host operands."""
-    np.copyto(_bytes(a.y), codes, casting="no")
-    assert a.params_out is not None
-    write_back(a.params_out, _F32, params)
-    if a.err is not None and new_err is not None and error_kind is not None:
-        write_back(a.err, ELEMENTS[error_kind], new_err)
 
 
 #: Blocks of a thread-block cluster of the cluster passes (``QP_DS_CLUSTER_BLOCKS`` of
@@ -564,10 +551,10 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
             d.nodes,
             d.devices_per_node,
             d.pipeline,
-            _error_view(a.err, d.error_element),
+            error_view(a.err, d.error_element),
             a.beta,
         )
-        _write_reference_outputs(a, q, params, new_err, d.error_element)
+        write_reference_outputs(a, _DS_CODES, q, params, None, new_err, d.error_element)
 
 
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
@@ -923,10 +910,10 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             d.num_bits,
             d.mode,
             d.devices_per_node,
-            _error_view(a.err, d.error_element),
+            error_view(a.err, d.error_element),
             a.beta,
         )
-        _write_reference_outputs(a, codes, params, new_err, d.error_element)
+        write_reference_outputs(a, _DS_CODES, codes, params, None, new_err, d.error_element)
 
 
 # ---- MoQ fake quantization -----------------------------------------------------------------------
