@@ -28,7 +28,7 @@ import numpy as np
 from ._device import DeviceInfo
 from ._families import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
-from ._operands import Operand, OperandChecks, is_scalar, pointer_view
+from ._operands import Operand, OperandChecks, host_view, is_scalar, pointer_view, write_back
 from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
 from ._tuning import TUNING
 from .elements import ELEMENTS
@@ -193,6 +193,41 @@ class QgzChecks(OperandChecks):
         if beta is None:
             raise InvalidProblem("error_beta is required with error feedback (a real number in [0, 1])")
         return self._required(error, "error_feedback", shape, ELEMENTS[kind]), check_beta(beta)
+
+    def _zero_point(self, value: Any, name: str, shape: tuple[int, ...], asymmetric: bool) -> Operand | None:
+        """The int32 zero-point operand ``name`` of an ASYMMETRIC plan; SYMMETRIC: None, and
+        ``value`` must be None."""
+        if asymmetric:
+            return self._required(value, name, shape, ELEMENTS[ElementKind.I32])
+        if value is not None:
+            raise InvalidProblem(f"{name} must be None in SYMMETRIC mode (the zero point is 0)")
+        return None
+
+
+def error_view(err: Operand | None, kind: ElementKind | None) -> np.ndarray | None:
+    """The host LoCo buffer in its storage dtype, or None without error feedback."""
+    return None if err is None or kind is None else host_view(err, ELEMENTS[kind])
+
+
+def write_reference_outputs(
+    a: QgzOperands,
+    output: Any,
+    codes: np.ndarray,
+    params: np.ndarray | None,
+    zero_point: np.ndarray | None,
+    new_error: np.ndarray | None,
+    error_kind: ElementKind | None,
+) -> None:
+    """Copy a reference result into the host operands: ``codes`` (storage of ``output``, an
+    ``ElementInfo``), then what the plan has of float32 parameters, int32 zero points and the LoCo
+    buffer."""
+    write_back(a.y, output, codes)
+    if a.params_out is not None and params is not None:
+        write_back(a.params_out, ELEMENTS[ElementKind.F32], params)
+    if a.zp_out is not None and zero_point is not None:
+        write_back(a.zp_out, ELEMENTS[ElementKind.I32], zero_point)
+    if a.err is not None and new_error is not None and error_kind is not None:
+        write_back(a.err, ELEMENTS[error_kind], new_error)
 
 
 def beta_pair(beta: float) -> tuple[float, float]:
@@ -446,6 +481,7 @@ __all__ = [
     "check_float_kind",
     "dense_quantize_geometry",
     "dynamic_code_range",
+    "error_view",
     "group_params_block",
     "log2_or_minus_one",
     "prepare_float_values",
@@ -453,4 +489,5 @@ __all__ = [
     "qgz_geometry",
     "set_output_args",
     "widest_dividing",
+    "write_reference_outputs",
 ]

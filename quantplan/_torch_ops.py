@@ -264,10 +264,14 @@ def _prepare(x: Any) -> tuple[Target, Any, ElementKind]:
     return target, xc, _float_kind_of(xc)
 
 
+#: The quantize operators' (plan, descriptor) classes: the same descriptor fields.
+_DYNAMIC = (DynamicRangeQuantizePlan, DynamicRangeQuantizeDescriptor)
+_STATIC = (QuantizePlan, QuantizeDescriptor)
+
+
 def _code_plan(
+    classes: tuple[Any, Any],
     target: Target,
-    plan_cls: Any,
-    desc_cls: Any,
     shape: tuple[int, ...],
     kind: ElementKind,
     scope: list[int],
@@ -279,7 +283,8 @@ def _code_plan(
     stochastic: bool,
 ) -> Any:
     """The cached plan of a quantize operator (dynamic or static): its descriptor from the
-    operator's flat arguments, selected once per key."""
+    operator's flat arguments, selected once per key; ``classes``: :data:`_DYNAMIC` or :data:`_STATIC`."""
+    plan_cls, desc_cls = classes
     key = (shape, kind, tuple(scope), asymmetric, code_kind, q_min, q_max, nibble_order, stochastic)
     return target.plan(
         plan_cls,
@@ -337,18 +342,7 @@ def _quantize_dynamic_impl(
     shape = tuple(xc.shape)
     code_kind = _kind_at(code)
     plan = _code_plan(
-        target,
-        DynamicRangeQuantizePlan,
-        DynamicRangeQuantizeDescriptor,
-        shape,
-        kind,
-        scope,
-        asymmetric,
-        code_kind,
-        q_min,
-        q_max,
-        nibble_order,
-        stochastic,
+        _DYNAMIC, target, shape, kind, scope, asymmetric, code_kind, q_min, q_max, nibble_order, stochastic
     )
     codes_shape, pshape = _quantize_layout(shape, tuple(scope), asymmetric, _KIND_INDEX[kind], code, nibble_order)
     codes, bits = _storage(codes_shape, code_kind, xc)
@@ -382,13 +376,20 @@ def _finish_asymmetric(x: Any, codes: Any, scale: Any, zp: Any) -> tuple[Any, An
     return codes, scale, zp
 
 
-def _quantize_dynamic_fake(x: Any, code: int, scope: list[int], asymmetric: bool, *rest: Any) -> tuple[Any, Any, Any]:
+def _fake_layout(
+    x: Any, code: int, scope: list[int], asymmetric: bool, nibble: int
+) -> tuple[ElementKind, tuple[Any, ...], tuple[Any, ...]]:
+    """(float kind, codes shape, parameter shape) of a quantize operator's fake call, which also
+    stores the descriptor its QuantizedTensor reads (:func:`_traced_descriptor`)."""
     float_kind = _float_kind_of(x)
-    nibble = rest[2]
-    codes_shape, pshape = _quantize_layout(
-        tuple(x.shape), tuple(scope), asymmetric, _KIND_INDEX[float_kind], code, nibble
-    )
-    _store_descriptor(tuple(x.shape), tuple(scope), asymmetric, code, _KIND_INDEX[float_kind], nibble)
+    float_index = _KIND_INDEX[float_kind]
+    codes_shape, pshape = _quantize_layout(tuple(x.shape), tuple(scope), asymmetric, float_index, code, nibble)
+    _store_descriptor(tuple(x.shape), tuple(scope), asymmetric, code, float_index, nibble)
+    return float_kind, codes_shape, pshape
+
+
+def _quantize_dynamic_fake(x: Any, code: int, scope: list[int], asymmetric: bool, *rest: Any) -> tuple[Any, Any, Any]:
+    float_kind, codes_shape, pshape = _fake_layout(x, code, scope, asymmetric, rest[2])
     pdtype = _PARAM_DTYPES[float_kind]
     codes = x.new_empty(codes_shape, dtype=_CODE_DTYPES[_kind_at(code)])
     zp = x.new_empty(pshape if asymmetric else (0,), dtype=torch.int32)
@@ -426,18 +427,7 @@ def _quantize_static_impl(
     code_kind = _kind_at(code)
     asymmetric = zero_point is not None or zero_point_value is not None
     plan = _code_plan(
-        target,
-        QuantizePlan,
-        QuantizeDescriptor,
-        shape,
-        kind,
-        scope,
-        asymmetric,
-        code_kind,
-        q_min,
-        q_max,
-        nibble_order,
-        stochastic,
+        _STATIC, target, shape, kind, scope, asymmetric, code_kind, q_min, q_max, nibble_order, stochastic
     )
     codes_shape, _ = _quantize_layout(shape, tuple(scope), asymmetric, _KIND_INDEX[kind], code, nibble_order)
     codes, bits = _storage(codes_shape, code_kind, xc)
@@ -460,9 +450,7 @@ def _quantize_static_fake(
     *rest: Any,
 ) -> Any:
     asymmetric = zero_point is not None or zero_point_value is not None
-    float_index = _KIND_INDEX[_float_kind_of(x)]
-    codes_shape, _ = _quantize_layout(tuple(x.shape), tuple(scope), asymmetric, float_index, code, rest[2])
-    _store_descriptor(tuple(x.shape), tuple(scope), asymmetric, code, float_index, rest[2])
+    _, codes_shape, _ = _fake_layout(x, code, scope, asymmetric, rest[2])
     return x.new_empty(codes_shape, dtype=_CODE_DTYPES[_kind_at(code)])
 
 

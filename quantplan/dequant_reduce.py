@@ -40,7 +40,6 @@ from ._operands import (
     check_positive,
     check_writeable,
     host_view,
-    write_back,
 )
 from ._plan import Plan, check_descriptor, choose_backend, preferred, snapshot
 from ._qgz_launch import (
@@ -58,12 +57,14 @@ from ._qgz_launch import (
     check_error_kind,
     check_float_kind,
     dynamic_code_range,
+    error_view,
     log2_or_minus_one,
     prepare_float_values,
     prepare_qgz_launches,
     qgz_geometry,
     set_output_args,
     widest_dividing,
+    write_reference_outputs,
 )
 from ._segments import SegmentLayoutArgs, range_divisor_of
 from ._tuning import TUNING, kernel_options
@@ -447,14 +448,10 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
         q = self._required(args.input, "input", d.input_shape, self._input_info)
         scale = self._required(args.scale, "scale", d.input_param_shape, _F32)
         y = self._required(args.output, "output", d.output_shape, self._output_info)
-        zp: Operand | None = None
         zp_out: Operand | None = None
         scale_out: Operand | None = None
         asym = d.mode is QuantMode.ASYMMETRIC
-        if asym:
-            zp = self._required(args.zero_point, "zero_point", d.input_param_shape, _I32)
-        elif args.zero_point is not None:
-            raise InvalidProblem("zero_point must be None in SYMMETRIC mode (the zero point is 0)")
+        zp = self._zero_point(args.zero_point, "zero_point", d.input_param_shape, asym)
         if d.float_output:
             if args.scale_out is not None or args.zero_point_out is not None:
                 raise InvalidProblem(
@@ -462,10 +459,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
                 )
         else:
             scale_out = self._required(args.scale_out, "scale_out", d.param_shape, _F32)
-            if asym:
-                zp_out = self._required(args.zero_point_out, "zero_point_out", d.param_shape, _I32)
-            elif args.zero_point_out is not None:
-                raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
+            zp_out = self._zero_point(args.zero_point_out, "zero_point_out", d.param_shape, asym)
         err, beta = self._loco(args.error_feedback, args.error_beta, d.error_shape, d.error_element)
         check_writeable(("output", y), ("scale_out", scale_out), ("zero_point_out", zp_out), ("error_feedback", err))
         check_disjoint(
@@ -502,8 +496,6 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
         d = self._d
         if d.chunk_elements == 0:
             return
-        error_info = None if d.error_element is None else ELEMENTS[d.error_element]
-        error = None if a.err is None or error_info is None else host_view(a.err, error_info)
         q_new, s_new, z_new, new_err = reference.dequant_reduce(
             host_view(a.x, self._input_info),
             host_view(a.params, _F32),  # type: ignore[arg-type]
@@ -517,16 +509,10 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
             self.q_max,
             d.nibble_order,
             d.average,
-            error,
+            error_view(a.err, d.error_element),
             a.beta if a.err is not None else 0.0,
         )
-        write_back(a.y, self._output_info, q_new)
-        if a.params_out is not None and s_new is not None:
-            write_back(a.params_out, _F32, s_new)
-        if a.zp_out is not None and z_new is not None:
-            write_back(a.zp_out, _I32, z_new)
-        if a.err is not None and new_err is not None and error_info is not None:
-            write_back(a.err, error_info, new_err)
+        write_reference_outputs(a, self._output_info, q_new, s_new, z_new, new_err, d.error_element)
 
 
 __all__ = ["DequantReduceArgs", "DequantReduceDescriptor", "DequantReducePlan"]

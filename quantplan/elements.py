@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -68,6 +69,19 @@ def _names(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _nibbles(kind: ElementKind, tag: str, code_range: tuple[int, int]) -> ElementInfo:
+    """A 4-bit integer code kind: two codes per uint8 byte."""
+    return ElementInfo(
+        kind, tag, 4, np.dtype(np.uint8), _names("uint8"), is_integer_code=True, is_packed=True, code_range=code_range
+    )
+
+
+def _fp8(kind: ElementKind, tag: str, dtype: Any, max_finite: float) -> ElementInfo:
+    """An FP8 kind: its ml_dtypes storage (torch's name of the same dtype), or its bits as uint8."""
+    storage = np.dtype(dtype)
+    return ElementInfo(kind, tag, 8, storage, _names(storage.name, "uint8"), is_fp8=True, fp8_max=max_finite)
+
+
 ELEMENTS: dict[ElementKind, ElementInfo] = {
     ElementKind.F16: ElementInfo(
         ElementKind.F16, "qp::f16", 16, np.dtype(np.float16), _names("float16"), is_float=True
@@ -87,44 +101,10 @@ ELEMENTS: dict[ElementKind, ElementInfo] = {
     ElementKind.U8: ElementInfo(
         ElementKind.U8, "qp::u8q", 8, np.dtype(np.uint8), _names("uint8"), is_integer_code=True, code_range=(0, 255)
     ),
-    ElementKind.S4: ElementInfo(
-        ElementKind.S4,
-        "qp::s4",
-        4,
-        np.dtype(np.uint8),
-        _names("uint8"),
-        is_integer_code=True,
-        is_packed=True,
-        code_range=(-8, 7),
-    ),
-    ElementKind.U4: ElementInfo(
-        ElementKind.U4,
-        "qp::u4",
-        4,
-        np.dtype(np.uint8),
-        _names("uint8"),
-        is_integer_code=True,
-        is_packed=True,
-        code_range=(0, 15),
-    ),
-    ElementKind.FP8_E4M3: ElementInfo(
-        ElementKind.FP8_E4M3,
-        "qp::e4m3",
-        8,
-        np.dtype(ml_dtypes.float8_e4m3fn),
-        _names("float8_e4m3fn", "uint8"),
-        is_fp8=True,
-        fp8_max=448.0,
-    ),
-    ElementKind.FP8_E5M2: ElementInfo(
-        ElementKind.FP8_E5M2,
-        "qp::e5m2",
-        8,
-        np.dtype(ml_dtypes.float8_e5m2),
-        _names("float8_e5m2", "uint8"),
-        is_fp8=True,
-        fp8_max=57344.0,
-    ),
+    ElementKind.S4: _nibbles(ElementKind.S4, "qp::s4", (-8, 7)),
+    ElementKind.U4: _nibbles(ElementKind.U4, "qp::u4", (0, 15)),
+    ElementKind.FP8_E4M3: _fp8(ElementKind.FP8_E4M3, "qp::e4m3", ml_dtypes.float8_e4m3fn, 448.0),
+    ElementKind.FP8_E5M2: _fp8(ElementKind.FP8_E5M2, "qp::e5m2", ml_dtypes.float8_e5m2, 57344.0),
     ElementKind.I32: ElementInfo(ElementKind.I32, "int", 32, np.dtype(np.int32), _names("int32")),
     # Data only (the block-scaled formats of quantplan.formats): stored as uint8 bytes, no kernel
     # tag yet, neither float nor code kinds here, so no kernel family or plan takes them.

@@ -230,14 +230,10 @@ def _quantizer(
         info = ELEMENTS[desc.output_element]
         codes_dtype = "uint8" if info.is_packed or info.is_fp8 else info.numpy_dtype.name
         param_dtype = _SCALE_DTYPES[desc.output_element, desc.input_element]
-        deq = DequantizeDescriptor(
-            shape=desc.shape,
-            scope=desc.scope,
-            mode=desc.mode,
-            input_element=desc.output_element,
-            output_element=desc.input_element,
-            nibble_order=desc.nibble_order,
-        )
+        # The dequantize problem of the codes: the shared fields copied, the two elements swapped.
+        shared = {name: getattr(desc, name) for name in ("shape", "scope", "mode", "nibble_order")}
+        deq = DequantizeDescriptor(input_element=desc.output_element, output_element=desc.input_element, **shared)
+
         return _Quantizer(plan, desc.output_shape, codes_dtype, desc.param_shape, param_dtype, deq)
 
     return target.cached((_Quantizer, *key), build)  # type: ignore[no-any-return]

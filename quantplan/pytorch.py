@@ -829,52 +829,44 @@ def _register_autograd(
     LIBRARY.impl(name, kernel, "Autograd")
 
 
-def _mode_of(zero_point: Any, zero_point_value: Any) -> QuantMode:
-    return _MODES[zero_point is not None or zero_point_value is not None]
-
-
 # -- static fake quantization (straight-through gradient) --
 
 
+def _fq_operator(run: Callable[..., Any]) -> Callable[..., Any]:
+    """An implementation of the static fake-quantize operators (arguments ``_FQ_ARGS``): each
+    parameter the tensor, else the number, then ``run(x, scale, zero_point, scope, q_min, q_max)``
+    (as :class:`FakeQuantizeFunction` takes them). One closure per use, so a call adds no frame."""
+
+    def operator(
+        x: Any,
+        scale: Any,
+        scale_value: float,
+        zero_point: Any,
+        zero_point_value: Any,
+        scope: list[int],
+        q_min: int,
+        q_max: int,
+    ) -> Any:
+        s = scale_value if scale is None else scale
+        z = zero_point_value if zero_point is None else zero_point
+        return run(x, s, z, scope_of(scope), q_min, q_max)
+
+    return operator
+
+
 def _static_operands(
-    x: Any,
-    scale: Any,
-    scale_value: float,
-    zero_point: Any,
-    zero_point_value: Any,
-    scope: list[int],
-    q_min: int,
-    q_max: int,
+    x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int
 ) -> tuple[Any, Any, ElementKind, Any, Any, Any]:
-    """The static fake-quantize operators' shared setup: (target, x's view, its element, the static
-    plans, scale, zero point) from the operator's flat arguments."""
-    sc = scope_of(scope)
+    """The straight-through backward's setup: (target, x's view, its element, the static plans,
+    scale, zero point)."""
     xc, kind, target = _input(x)
-    static = _static(target, xc, kind, sc, _mode_of(zero_point, zero_point_value), q_min, q_max)
-    s, z = _static_params(
-        xc,
-        scale_value if scale is None else scale,
-        zero_point_value if zero_point is None else zero_point,
-        static.pshape,
-        sc,
-        kind,
-    )
+    static = _static(target, xc, kind, scope, _MODES[zero_point is not None], q_min, q_max)
+    s, z = _static_params(xc, scale, zero_point, static.pshape, scope, kind)
     return target, xc, kind, static, s, z
 
 
-def _fq_impl(
-    x: Any,
-    scale: Any,
-    scale_value: float,
-    zero_point: Any,
-    zero_point_value: Any,
-    scope: list[int],
-    q_min: int,
-    q_max: int,
-) -> Any:
-    s = scale_value if scale is None else scale
-    z = zero_point_value if zero_point is None else zero_point
-    return _static_eager(x, s, z, scope_of(scope), q_min, q_max)  # a call like an earlier one: replayed
+_fq_impl = _fq_operator(_static_eager)  # a call like an earlier one: replayed
+_ste_operands = _fq_operator(_static_operands)
 
 
 def _fq_fake(x: Any, *rest: Any) -> Any:
@@ -882,20 +874,8 @@ def _fq_fake(x: Any, *rest: Any) -> Any:
     return fresh_like(x)
 
 
-def _ste_impl(
-    dy: Any,
-    x: Any,
-    scale: Any,
-    scale_value: float,
-    zero_point: Any,
-    zero_point_value: Any,
-    scope: list[int],
-    q_min: int,
-    q_max: int,
-) -> Any:
-    target, xc, kind, static, s, z = _static_operands(
-        x, scale, scale_value, zero_point, zero_point_value, scope, q_min, q_max
-    )
+def _ste_impl(dy: Any, *args: Any) -> Any:
+    target, xc, kind, static, s, z = _ste_operands(*args)
     return _run_ste(target, xc, kind, dy, s, z, static)
 
 
@@ -924,20 +904,7 @@ def _fq_backward(ctx: Any, dy: Any) -> tuple[Any, ...]:
     return dx, None, None, None, None, None, None, None
 
 
-def _fq_eager(
-    x: Any,
-    scale: Any,
-    scale_value: float,
-    zero_point: Any,
-    zero_point_value: Any,
-    scope: list[int],
-    q_min: int,
-    q_max: int,
-) -> Any:
-    s = scale_value if scale is None else scale
-    z = zero_point_value if zero_point is None else zero_point
-    return FakeQuantizeFunction.apply(x, s, z, scope_of(scope), q_min, q_max)
-
+_fq_eager = _fq_operator(FakeQuantizeFunction.apply)
 
 _register_autograd("fake_quantize", fake_quantize_op, _fq_impl, _fq_setup, _fq_backward, _fq_eager)
 
@@ -1017,22 +984,32 @@ _register_autograd(
 # -- dynamic-range fake quantization (identity gradient) --
 
 
-def _dynamic_impl(
-    x: Any,
-    bits: int,
-    asymmetric: bool,
-    scope: list[int],
-    stochastic: bool,
-    rng_seed: Any,
-    rng_offset: Any,
-    rng_seed_value: int | None,
-    rng_offset_value: int | None,
-) -> Any:
-    mode = _MODES[asymmetric]
-    rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
-    seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
-    offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
-    return _run_dynamic(x, bits, mode, scope_of(scope), rounding, seed, offset)
+def _dynamic_operator(run: Callable[..., Any]) -> Callable[..., Any]:
+    """An implementation of the ``dynamic_fake_quantize`` operator: its arguments as
+    ``run(x, bits, mode, scope, rounding, seed, offset)`` takes them (as
+    :class:`DynamicFakeQuantizeFunction`), seed and offset the tensor, else the number read as
+    unsigned. One closure per use, so a call adds no frame."""
+
+    def operator(
+        x: Any,
+        bits: int,
+        asymmetric: bool,
+        scope: list[int],
+        stochastic: bool,
+        rng_seed: Any,
+        rng_offset: Any,
+        rng_seed_value: int | None,
+        rng_offset_value: int | None,
+    ) -> Any:
+        rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
+        seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
+        offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
+        return run(x, bits, _MODES[asymmetric], scope_of(scope), rounding, seed, offset)
+
+    return operator
+
+
+_dynamic_impl = _dynamic_operator(_run_dynamic)
 
 
 def _dynamic_fake(x: Any, *rest: Any) -> Any:
@@ -1056,21 +1033,7 @@ def _dynamic_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     pass
 
 
-def _dynamic_eager(
-    x: Any,
-    bits: int,
-    asymmetric: bool,
-    scope: list[int],
-    stochastic: bool,
-    rng_seed: Any,
-    rng_offset: Any,
-    rng_seed_value: int | None,
-    rng_offset_value: int | None,
-) -> Any:
-    rounding = Rounding.STOCHASTIC if stochastic else Rounding.NEAREST_EVEN
-    seed = unsigned_seed(rng_seed_value) if rng_seed is None else rng_seed
-    offset = unsigned_seed(rng_offset_value) if rng_offset is None else rng_offset
-    return DynamicFakeQuantizeFunction.apply(x, bits, _MODES[asymmetric], scope_of(scope), rounding, seed, offset)
+_dynamic_eager = _dynamic_operator(DynamicFakeQuantizeFunction.apply)
 
 
 _register_autograd(

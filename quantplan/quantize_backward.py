@@ -154,6 +154,8 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
     _kernel: ClassVar[str]
     #: The dense row kernel (``kernels/qp_row_layout.cuh``, ``dense_item``) of the hot layouts.
     _dense_kernel: ClassVar[str]
+    #: The problem's element kinds the row kernel is templated on, in template order (then the vector width).
+    _template_kinds: ClassVar[tuple[str, ...]]
     #: Parameter block per precision (the kernel's arguments).
     _params: ClassVar[dict[MathPrecision, type[ctypes.Structure]]]
 
@@ -170,7 +172,8 @@ class _AffineBackwardPlan(OperandChecks, Plan[Any, _Checked]):
 
     @classmethod
     def _kernel_name(cls, problem: AffineProblem, vec: int) -> str:
-        raise NotImplementedError
+        tags = [ELEMENTS[getattr(problem, kind)].cpp_tag for kind in cls._template_kinds]
+        return template_name(cls._kernel, *tags, vec)
 
     @classmethod
     def _unit(cls, problem: AffineProblem) -> list[str]:
@@ -283,11 +286,7 @@ class QuantizeBackwardPlan(_AffineBackwardPlan):
     _kernel = "quantize_backward_rows"
     _dense_kernel = "quantize_backward_dense"
     _params = _QUANTIZE_BACKWARD_PARAMS
-
-    @classmethod
-    def _kernel_name(cls, problem: AffineProblem, vec: int) -> str:
-        f_tag, c_tag = ELEMENTS[problem.float_kind].cpp_tag, ELEMENTS[problem.code_kind].cpp_tag
-        return template_name(cls._kernel, f_tag, c_tag, vec)
+    _template_kinds = ("float_kind", "code_kind")
 
     @classmethod
     def _unit(cls, problem: AffineProblem) -> list[str]:
@@ -375,10 +374,7 @@ class DequantizeBackwardPlan(_AffineBackwardPlan):
     _kernel = "dequantize_backward_rows"
     _dense_kernel = "dequantize_backward_dense"
     _params = _DEQUANTIZE_BACKWARD_PARAMS
-
-    @classmethod
-    def _kernel_name(cls, problem: AffineProblem, vec: int) -> str:
-        return template_name(cls._kernel, ELEMENTS[problem.float_kind].cpp_tag, vec)
+    _template_kinds = ("float_kind",)
 
     @classmethod
     def _unit(cls, problem: AffineProblem) -> list[str]:

@@ -35,7 +35,7 @@ from ._families import (
     swizzled_quantize_unit,
 )
 from ._launch import launch_on
-from ._operands import Operand, TensorArgs, check_disjoint, check_positive, check_writeable, host_view, write_back
+from ._operands import TensorArgs, check_disjoint, check_positive, check_writeable, host_view
 from ._plan import Plan, check_descriptor, choose_backend, snapshot
 from ._qgz_launch import (
     DENSE_BLOCK,
@@ -54,9 +54,11 @@ from ._qgz_launch import (
     check_float_kind,
     dense_quantize_geometry,
     dynamic_code_range,
+    error_view,
     prepare_qgz_launches,
     qgz_geometry,
     set_output_args,
+    write_reference_outputs,
 )
 from ._segments import MAX_TEAM, SegmentLayoutArgs, fused_segment_geometry, range_divisor_of
 from ._tuning import kernel_options
@@ -434,11 +436,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         x = self._required(args.input, "input", d.shape, self._input_info)
         y = self._required(args.output, "output", d.output_shape, self._output_info)
         scale = self._required(args.scale_out, "scale_out", d.param_shape, _F32)
-        zp: Operand | None = None
-        if d.mode is QuantMode.ASYMMETRIC:
-            zp = self._required(args.zero_point_out, "zero_point_out", d.param_shape, _I32)
-        elif args.zero_point_out is not None:
-            raise InvalidProblem("zero_point_out must be None in SYMMETRIC mode (the zero point is 0)")
+        zp = self._zero_point(args.zero_point_out, "zero_point_out", d.param_shape, d.mode is QuantMode.ASYMMETRIC)
         err, beta = self._loco(args.error_feedback, args.error_beta, d.shape, d.error_element)
         check_writeable(("output", y), ("scale_out", scale), ("zero_point_out", zp), ("error_feedback", err))
         check_disjoint(
@@ -462,8 +460,6 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         d = self._d
         if d.numel == 0:
             return
-        error_info = None if d.error_element is None else ELEMENTS[d.error_element]
-        error = None if a.err is None or error_info is None else host_view(a.err, error_info)
         q, s, z, new_err = reference.swizzled_quantize(
             host_view(a.x, self._input_info),
             d.group_size,
@@ -475,16 +471,10 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
             self.q_min,
             self.q_max,
             d.nibble_order,
-            error,
+            error_view(a.err, d.error_element),
             a.beta if a.err is not None else 0.0,
         )
-        write_back(a.y, self._output_info, q)
-        assert a.params_out is not None
-        write_back(a.params_out, _F32, s)
-        if a.zp_out is not None and z is not None:
-            write_back(a.zp_out, _I32, z)
-        if a.err is not None and new_err is not None and error_info is not None:
-            write_back(a.err, error_info, new_err)
+        write_reference_outputs(a, self._output_info, q, s, z, new_err, d.error_element)
 
 
 __all__ = ["SwizzledQuantizeArgs", "SwizzledQuantizeDescriptor", "SwizzledQuantizePlan"]

@@ -72,11 +72,13 @@ from .._qgz_launch import (
     check_error_kind,
     check_float_kind,
     dense_quantize_geometry,
+    error_view,
     log2_or_minus_one,
     prepare_float_values,
     prepare_qgz_launches,
     qgz_geometry,
     widest_dividing,
+    write_reference_outputs,
 )
 from .._segments import SegmentLayoutArgs, segment_layout
 from .._tuning import TUNING, kernel_options
@@ -240,23 +242,17 @@ def _output_args(out: Any, a: QgzOperands, bits: int, mode: QuantMode) -> None:
     out.asym = int(mode is QuantMode.ASYMMETRIC)
 
 
+def _input_args(peers: Any, a: QgzOperands, mode: QuantMode) -> None:
+    """The per-call fields of the peers' ``PeerSumArgs``: codes and parameter rows (``zp``
+    non-null: ASYMMETRIC rows, DeepSpeedPeerDecode)."""
+    assert a.params is not None
+    peers.q = a.x.ptr
+    peers.scale = a.params.ptr
+    peers.zp = a.params.ptr if mode is QuantMode.ASYMMETRIC else 0
+
+
 def _bytes(op: Operand) -> np.ndarray:
     return np.asarray(op.obj).view(np.uint8)
-
-
-def _error_view(err: Operand | None, kind: ElementKind | None) -> np.ndarray | None:
-    """The host LoCo buffer in its storage dtype, or None without error feedback."""
-    return None if err is None or kind is None else host_view(err, ELEMENTS[kind])
-
-
-def _write_reference_outputs(a: QgzOperands, codes: np.ndarray, params: np.ndarray, new_err: np.ndarray | None,
-                             error_kind: ElementKind | None) -> None:  # fmt: skip
-    """Copy a reference result (codes, parameter rows, the LoCo buffer) into the host operands."""
-    np.copyto(_bytes(a.y), codes, casting="no")
-    assert a.params_out is not None
-    write_back(a.params_out, _F32, params)
-    if a.err is not None and new_err is not None and error_kind is not None:
-        write_back(a.err, ELEMENTS[error_kind], new_err)
 
 
 #: Blocks of a thread-block cluster of the cluster passes (``QP_DS_CLUSTER_BLOCKS`` of
@@ -346,6 +342,40 @@ def _with_dense(
     return launches
 
 
+def _group_launches(
+    kernels: QgzKernels,
+    dense: _Dense | None,
+    groups: int,
+    group_size: int,
+    packed: bool,
+    q_min: int,
+    q_max: int,
+    mode: QuantMode,
+    bits: list[int],
+    info: DeviceInfo,
+) -> QgzLaunches:
+    """The launches of a plan that quantizes its own ``groups`` groups of ``group_size`` elements
+    (quantize, MoQ): the fused pass or two passes over the groups (``packed``: 4-bit codes, two
+    per work item of the element pass), or ``dense`` (:func:`_dense_pass`) in its place."""
+    launches = prepare_qgz_launches(
+        kernels,
+        qgz_geometry(groups, group_size, packed, QGZ_WIDTHS[0], info),
+        groups,
+        group_size,
+        groups * group_size // (2 if packed else 1),
+        q_min,
+        q_max,
+        mode,
+        bits,
+        info,
+        own_range=True,
+        dense=None if dense is None or dense.cluster else dense.launch,
+    )
+    team = 1 if dense is None else dense.launch.team
+    layout = segment_layout(groups, group_size, team, q_min, q_max, mode, own_range=True)
+    return _with_dense(launches, dense, kernels, layout, bits)
+
+
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
@@ -431,23 +461,7 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
             else None,
         )
     )
-    launches = prepare_qgz_launches(
-        kernels,
-        qgz_geometry(desc.groups, group_size, code.is_packed, QGZ_WIDTHS[0], info),
-        desc.groups,
-        group_size,
-        desc.numel // (2 if code.is_packed else 1),
-        q_min,
-        q_max,
-        desc.mode,
-        bits,
-        info,
-        own_range=True,
-        dense=None if dense is None or dense.cluster else dense.launch,
-    )
-    team = 1 if dense is None else dense.launch.team
-    layout = segment_layout(desc.groups, group_size, team, q_min, q_max, desc.mode, own_range=True)
-    return _with_dense(launches, dense, kernels, layout, bits)
+    return _group_launches(kernels, dense, desc.groups, group_size, code.is_packed, q_min, q_max, desc.mode, bits, info)
 
 
 class DeepSpeedQuantizePlan(_DeepSpeedPlan):
@@ -537,10 +551,10 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
             d.nodes,
             d.devices_per_node,
             d.pipeline,
-            _error_view(a.err, d.error_element),
+            error_view(a.err, d.error_element),
             a.beta,
         )
-        _write_reference_outputs(a, q, params, new_err, d.error_element)
+        write_reference_outputs(a, _DS_CODES, q, params, None, new_err, d.error_element)
 
 
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
@@ -662,11 +676,7 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
         return (a.x.ptr, a.x.ptr, a.y.ptr)
 
     def _fields(self, params: Any, a: QgzOperands) -> None:
-        assert a.params is not None
-        params.input.q = a.x.ptr
-        params.input.scale = a.params.ptr
-        # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-        params.input.zp = a.params.ptr if self._d.mode is QuantMode.ASYMMETRIC else 0
+        _input_args(params.input, a, self._d.mode)
         params.y = a.y.ptr
 
     def _reference(self, a: QgzOperands) -> None:
@@ -885,13 +895,8 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
         return pointers if a.err is None else (*pointers, a.err.ptr)
 
     def _fields(self, params: Any, a: QgzOperands) -> None:
-        d = self._d
-        assert a.params is not None
-        params.input.q = a.x.ptr
-        params.input.scale = a.params.ptr
-        # non-null: ASYMMETRIC rows (DeepSpeedPeerDecode)
-        params.input.zp = a.params.ptr if d.mode is QuantMode.ASYMMETRIC else 0
-        _output_args(params.out, a, d.num_bits, d.mode)
+        _input_args(params.input, a, self._d.mode)
+        _output_args(params.out, a, self._d.num_bits, self._d.mode)
 
     def _reference(self, a: QgzOperands) -> None:
         d = self._d
@@ -905,10 +910,10 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             d.num_bits,
             d.mode,
             d.devices_per_node,
-            _error_view(a.err, d.error_element),
+            error_view(a.err, d.error_element),
             a.beta,
         )
-        _write_reference_outputs(a, codes, params, new_err, d.error_element)
+        write_reference_outputs(a, _DS_CODES, codes, params, None, new_err, d.error_element)
 
 
 # ---- MoQ fake quantization -----------------------------------------------------------------------
@@ -976,23 +981,7 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
         if nearest_sym
         else None
     )
-    launches = prepare_qgz_launches(
-        kernels,
-        qgz_geometry(desc.groups, group_size, False, QGZ_WIDTHS[0], info),
-        desc.groups,
-        group_size,
-        desc.numel,
-        0,
-        0,
-        desc.mode,
-        bits,
-        info,
-        own_range=True,
-        dense=None if dense is None or dense.cluster else dense.launch,
-    )
-    team = 1 if dense is None else dense.launch.team
-    layout = segment_layout(desc.groups, group_size, team, 0, 0, desc.mode, own_range=True)
-    return _with_dense(launches, dense, kernels, layout, bits)
+    return _group_launches(kernels, dense, desc.groups, group_size, False, 0, 0, desc.mode, bits, info)
 
 
 class MoQFakeQuantizePlan(_DeepSpeedPlan):

@@ -118,6 +118,22 @@ def _loco_input(x: np.ndarray, error: np.ndarray | None) -> np.ndarray:
         return (xf + np.asarray(error).reshape(-1).astype(_F32)).astype(_F32)
 
 
+def _quantize_with_error(
+    x: np.ndarray, groups: int, bits: int, mode: QuantMode, error: np.ndarray | None, error_beta: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(codes, params, new_error)``: ``v = x`` (``x + e`` with ``error``) quantized in ``groups``
+    groups (:func:`group_quantize`); with ``error``, ``new_error`` is
+    :func:`quantplan.reference.loco_error_update` of ``v`` and its DeepSpeed dequantization, in
+    ``error``'s dtype and shape."""
+    v = _loco_input(x, error)
+    codes, params = group_quantize(v.reshape(groups, v.size // groups), bits, mode)
+    if error is None:
+        return codes, params, None
+    d = group_dequantize(codes, params, mode).reshape(-1)
+    err = np.asarray(error)
+    return codes, params, reference.loco_error_update(v, d, err.reshape(-1), error_beta).reshape(err.shape)
+
+
 def swizzled_quantize(
     x: np.ndarray,
     groups: int,
@@ -138,14 +154,7 @@ def swizzled_quantize(
     ``new_error`` (with ``error``): :func:`quantplan.reference.loco_error_update` of ``v``, its
     DeepSpeed dequantization and ``e``, in ``error``'s dtype and shape (input order).
     """
-    v = _loco_input(x, error)
-    numel = v.size
-    codes, params = group_quantize(v.reshape(groups, numel // groups), bits, mode)
-    new_error = None
-    if error is not None:
-        d = group_dequantize(codes, params, mode).reshape(-1)
-        err = np.asarray(error)
-        new_error = reference.loco_error_update(v, d, err.reshape(-1), error_beta).reshape(err.shape)
+    codes, params, new_error = _quantize_with_error(x, groups, bits, mode, error, error_beta)
     codes = reference.swizzle(codes.reshape(-1), nodes, devices_per_node, pipeline)
     params = reference.swizzle(params, nodes, devices_per_node, pipeline)
     return pack_codes(codes, bits), params, new_error
@@ -190,13 +199,7 @@ def quantized_reduction(
             y = group_dequantize(codes[j].reshape(g, chunk // g), rows[j], mode).reshape(-1)
             total = y if total is None else (total + y).astype(_F32)
     assert total is not None
-    v = _loco_input(total, error)
-    out_codes, out_params = group_quantize(v.reshape(out_groups, chunk // out_groups), bits, mode)
-    new_error = None
-    if error is not None:
-        d = group_dequantize(out_codes, out_params, mode).reshape(-1)
-        err = np.asarray(error)
-        new_error = reference.loco_error_update(v, d, err.reshape(-1), error_beta).reshape(err.shape)
+    out_codes, out_params, new_error = _quantize_with_error(total, out_groups, bits, mode, error, error_beta)
     return pack_codes(out_codes, bits), out_params, new_error
 
 

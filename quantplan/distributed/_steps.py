@@ -215,6 +215,28 @@ class _SwizzlePlanStep(_PlanStep, _SwizzleStep):
         )
 
 
+def _flat_groups_plan(
+    target: Target,
+    plan_cls: type[DynamicRangeQuantizePlan] | type[DequantizePlan],
+    numel: int,
+    group_size: int,
+    mode: QuantMode,
+    input_element: ElementKind,
+    output_element: ElementKind,
+) -> tuple[Any, list[int]]:
+    """``plan_cls`` (DynamicRangeQuantizePlan or DequantizePlan) over groups of ``group_size`` of a
+    flat ``(numel,)`` array, and the group scope as the operators take it."""
+    desc_cls = DynamicRangeQuantizeDescriptor if plan_cls is DynamicRangeQuantizePlan else DequantizeDescriptor
+    desc = desc_cls(
+        shape=(numel,),
+        scope=GroupScope(axis=-1, group_size=group_size),
+        mode=mode,
+        input_element=input_element,
+        output_element=output_element,
+    )
+    return target.select(plan_cls, desc), scope_ints(desc.scope)
+
+
 class _SwizzleComposed(_SwizzleStep):
     """DynamicRangeQuantizePlan over groups of the flat input, then the (node, device) -> (device,
     node) transpose of whole slices (none for one node): the SwizzledQuantizePlan result, bit for bit."""
@@ -223,15 +245,11 @@ class _SwizzleComposed(_SwizzleStep):
         self.target = target
         self.nodes = desc.nodes
         self.dpn = desc.devices_per_node
-        qdesc = DynamicRangeQuantizeDescriptor(
-            shape=(desc.numel,),
-            scope=GroupScope(axis=-1, group_size=desc.group_size),
-            mode=desc.mode,
-            input_element=desc.input_element,
-            output_element=desc.output_element,
-        )
-        self.plan = target.select(DynamicRangeQuantizePlan, qdesc)
-        self.code, self.scope = kind_index(desc.output_element), scope_ints(qdesc.scope)
+        self.plan, self.scope = _flat_groups_plan(
+            target, DynamicRangeQuantizePlan, desc.numel, desc.group_size, desc.mode, desc.input_element,
+            desc.output_element,
+        )  # fmt: skip
+        self.code = kind_index(desc.output_element)
         self.asymmetric = desc.mode is QuantMode.ASYMMETRIC
         self.tmp = (
             _Buffers.empty(target, 1, desc.numel, desc.group_size, desc.output_element, desc.mode).flat()
@@ -290,15 +308,11 @@ class _ReduceComposed(_ReduceStep):
         self.peers = desc.peers
         self.average = desc.average and desc.peers > 1
         chunk = desc.chunk_elements
-        ddesc = DequantizeDescriptor(
-            shape=(desc.peers * chunk,),
-            scope=GroupScope(axis=-1, group_size=desc.input_group_size),
-            mode=desc.mode,
-            input_element=desc.input_element,
-            output_element=ElementKind.F32,
-        )
-        self.dequantize = target.select(DequantizePlan, ddesc)
-        self.in_code, self.in_scope = kind_index(desc.input_element), scope_ints(ddesc.scope)
+        self.dequantize, self.in_scope = _flat_groups_plan(
+            target, DequantizePlan, desc.peers * chunk, desc.input_group_size, desc.mode, desc.input_element,
+            ElementKind.F32,
+        )  # fmt: skip
+        self.in_code = kind_index(desc.input_element)
         self.asymmetric = desc.mode is QuantMode.ASYMMETRIC
         self.y = target.empty((desc.peers, chunk), "float32")
         self.acc = target.empty((chunk,), "float32") if desc.peers > 1 else self.y[0]
@@ -307,15 +321,11 @@ class _ReduceComposed(_ReduceStep):
         variant = f"DequantizePlan:{self.dequantize.sku().variant}"
         if not ELEMENTS[desc.output_element].is_float:
             assert desc.output_group_size is not None
-            qdesc = DynamicRangeQuantizeDescriptor(
-                shape=(chunk,),
-                scope=GroupScope(axis=-1, group_size=desc.output_group_size),
-                mode=desc.mode,
-                input_element=ElementKind.F32,
-                output_element=desc.output_element,
-            )
-            self.quantize = target.select(DynamicRangeQuantizePlan, qdesc)
-            self.out_code, self.out_scope = kind_index(desc.output_element), scope_ints(qdesc.scope)
+            self.quantize, self.out_scope = _flat_groups_plan(
+                target, DynamicRangeQuantizePlan, chunk, desc.output_group_size, desc.mode, ElementKind.F32,
+                desc.output_element,
+            )  # fmt: skip
+            self.out_code = kind_index(desc.output_element)
             variant += f"+DynamicRangeQuantizePlan:{self.quantize.sku().variant}"
         self.label = f"composed[{variant}]"
 
