@@ -510,13 +510,17 @@ template <> struct StochasticElement<nv_e2m1_sr> {
 //   d = fl_rz(y / 4)                 the same count at scale 2^-126, where the E2M1 grid is every
 //                                    f32 whose low 22 bits are zero, subnormals included
 // so the code is bits(d) >> 22, at most 7 (a <= 6 keeps y below 8 * 2^-124), shifted to bit 28.
-__device__ __forceinline__ u32 nvfp4_sr_nibble(float v, u32 nw) {
+__device__ __forceinline__ u32 nvfp4_sr_nibble(float x, float factor, u32 nw) {
+  const float v = __fmul_rn(x, factor);
   const float a = fminf(fabsf(v), 6.0f);
   const float b = __fmul_ru(a, __uint_as_float(0x01800000u));                              // 2^-124
   const float step = __uint_as_float(max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u);  // 2^E'
-  const float y = __fmaf_rd(__uint_as_float(nw >> 8), step, b);
+  const float y = __fmaf_rd(__uint_as_float(__umulhi(nw, 1u << 24)), step, b);             // nw >> 8
   const float d = __fmul_rz(y, 0.25f);
-  return (__float_as_uint(d) << 6) | (__float_as_uint(v) & 0x80000000u);
+  // v's sign (factor > 0) as the bits of x * 0 (x is finite in a finite block; v may be +-Inf).
+  u32 t;
+  asm("mad.lo.u32 %0, %1, 64, %2;" : "=r"(t) : "r"(__float_as_uint(d)), "r"(__float_as_uint(__fmul_rn(x, 0.0f))));
+  return t;
 }
 
 // Philox4x32-10 (shared/SPEC.md section 4) for this kernel's draws, returning each word's
@@ -623,8 +627,8 @@ __device__ __forceinline__ void nvfp4_stochastic_codes(const u32* raw, const Blo
 #pragma unroll
       for (int t = 3; t >= 0; --t) {
         const int k = 4 * g + t;
-        const float v = __fmul_rn(In::element(raw + (k / VEC) * 4, k % VEC), s[k / BLOCK % SUB].factor);
-        packed[k / 8] = __funnelshift_l(nvfp4_sr_nibble(v, nw[t]), packed[k / 8], 4);
+        const float x = In::element(raw + (k / VEC) * 4, k % VEC);
+        packed[k / 8] = __funnelshift_l(nvfp4_sr_nibble(x, s[k / BLOCK % SUB].factor, nw[t]), packed[k / 8], 4);
       }
     }
   } else {
@@ -641,8 +645,8 @@ __device__ __forceinline__ void nvfp4_stochastic_codes(const u32* raw, const Blo
 #pragma unroll
     for (int k = ELEMS - 1; k >= 0; --k) {
       const u32 word = shift == 0 ? w[k] : shift == 1 ? w[k + 1] : shift == 2 ? w[k + 2] : w[k + 3];
-      const float v = __fmul_rn(In::element(raw + (k / VEC) * 4, k % VEC), s[k / BLOCK % SUB].factor);
-      packed[k / 8] = __funnelshift_l(nvfp4_sr_nibble(v, word), packed[k / 8], 4);
+      const float x = In::element(raw + (k / VEC) * 4, k % VEC);
+      packed[k / 8] = __funnelshift_l(nvfp4_sr_nibble(x, s[k / BLOCK % SUB].factor, word), packed[k / 8], 4);
     }
   }
   // A non-finite block's codes are 0 (its factor is 0: the values above were NaN or 0).
