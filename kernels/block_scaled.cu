@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   Nvfp4Tensor nv = Nvfp4Tensor();
   if (rule == kNvfp4Te) nv = nvfp4_tensor(tensor_amax);  // NVFP4: the tensor amax (null: one level)
   constexpr bool STOCHASTIC = StochasticElement<Elem>::value;  // §1.6 rounding from (seed, offset)
+  if constexpr (STOCHASTIC) nvfp4_sr_fill_factors(nv);         // its block factors by scale byte
   const NvSrPhilox rng(STOCHASTIC ? block_rng_word(seed_ptr, seed_value) : 0,
                        STOCHASTIC ? block_rng_word(offset_ptr, offset_value) : 0);
 

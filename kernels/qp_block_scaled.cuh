@@ -495,6 +495,37 @@ template <> struct StochasticElement<nv_e2m1_sr> {
   static const bool value = true;
 };
 
+// NVFP4-SR's block factors by E4M3 scale byte s: min(fl(1 / fl(f32(s) * S_dec)), FLT_MAX), the
+// two-level scale's (block_scale), for every byte below 0x7F (the NaN byte is never a finite
+// block's), filled by each thread block at launch (S_dec is the launch's): a block's scale is then
+// a conversion and a shared-memory load.
+__shared__ float nvfp4_sr_factors[128];
+
+__device__ __forceinline__ void nvfp4_sr_fill_factors(const Nvfp4Tensor& nv) {
+  for (int i = threadIdx.x; i < 128; i += blockDim.x)
+    nvfp4_sr_factors[i] =
+        fminf(__frcp_rn(__fmul_rn(Fp8Element<e4m3>::to_f32((u8)i), nv.s_dec)), __uint_as_float(0x7F7FFFFFu));
+  __syncthreads();
+}
+
+// The two-level scale (block_scale's kNvfp4Te case, bit for bit) with its factor from the table.
+template <>
+__device__ __forceinline__ BlockScale block_scale<BlockElement<nv_e2m1_sr> >(u32 amax_bits, int, float, float,
+                                                                            Nvfp4Tensor nv) {
+  const float s_raw = __fmul_rn(__uint_as_float(amax_bits), nv.m);
+#if __CUDA_ARCH__ >= 890
+  u16 pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(s_raw));
+  const u32 s = pair & 0xFFu;
+#else
+  const u32 s = E4M3Bits::encode(s_raw);
+#endif
+  BlockScale r;
+  r.stored = s;
+  r.factor = nvfp4_sr_factors[s];
+  return r;
+}
+
 // The §1.6 nibble of a finite scaled value v from the complement nw = ~word of its Philox word,
 // in bits 28-31 of the result (sign bit 31 = v's, magnitude code in bits 28-30; the bits below are
 // not part of it). With a = min(|v|, 6), E' = max(exponent of a, 0), s = 2^(E'-25) (the grid step
