@@ -31,6 +31,7 @@ CASES = [  # (label, element, block, rule, code bytes per element)
     ("MXFP6 e2m3", "e2m3", 32, "rceil", 1.0),
     ("FP8 1x128 div", "e4m3", 128, "div", 1.0),
     ("NVFP4 te", "nvfp4", 16, "te", 0.5),
+    ("NVFP4 te stochastic", "nvfp4_sr", 16, "te", 0.5),  # the nvfp4 kernel's stochastic twin
 ]
 #: Extra schedules tried for 16-element blocks (one or several whole blocks per thread).
 SCHEDULES_16 = [
@@ -90,14 +91,24 @@ def main() -> None:
             n = x.numel()
             copy_us, _ = harness.copy_time(2 * n, int(n * cb) + n // blk * (4 if rule == "div" else 1))
             cells = []
-            extra = {"tensor_amax": cupy.asarray([24.0], dtype=cupy.float32)} if el == "nvfp4" else {}
+            extra: dict[str, Any] = {}
+            if el.startswith("nvfp4"):
+                extra["tensor_amax"] = cupy.asarray([24.0], dtype=cupy.float32)
+            if el == "nvfp4_sr":
+                extra.update(rounding="stochastic", seed=1234, offset=5)
+            element = "nvfp4" if el == "nvfp4_sr" else el
             for s in _schedules(blk):
 
                 def fn(
-                    xi: Any, s: Schedule = s, el: str = el, blk: int = blk, rule: str = rule, extra: dict = extra
+                    xi: Any,
+                    s: Schedule = s,
+                    el: str = element,
+                    blk: int = blk,
+                    rule: str = rule,
+                    kw: dict[str, Any] = extra,
                 ) -> Any:
                     return quantize_block_scaled(
-                        xi, element=el, block=blk, rule=rule, input_dtype="bfloat16", stream=stream, schedule=s, **extra
+                        xi, element=el, block=blk, rule=rule, input_dtype="bfloat16", stream=stream, schedule=s, **kw
                     )
 
                 fns = [lambda xi=xi, f=fn: f(xi) for xi in xs]

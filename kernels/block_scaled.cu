@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   if (rule == kNvfp4Te) nv = nvfp4_tensor(tensor_amax);  // NVFP4: the tensor amax (null: one level)
   if (s_dec_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *s_dec_out = nv.s_dec;  // NVFP4's S_dec
   constexpr bool STOCHASTIC = StochasticElement<Elem>::value;  // §1.6 rounding from (seed, offset)
-  const PhiloxStream rng(STOCHASTIC ? block_rng_word(seed_ptr, seed_value) : 0,
-                         STOCHASTIC ? block_rng_word(offset_ptr, offset_value) : 0);
+  if constexpr (STOCHASTIC) nvfp4_sr_fill_factors(nv);         // its block factors by scale byte
+  const NvSrPhilox rng(STOCHASTIC ? block_rng_word(seed_ptr, seed_value) : 0,
+                       STOCHASTIC ? block_rng_word(offset_ptr, offset_value) : 0);
 
   const i64 teams = rows * blocks_per_row;
   const i64 slots = teams * TEAM / SUB;  // SUB > 1: the caller guarantees SUB divides teams

@@ -516,79 +516,189 @@ template <> struct StochasticElement<nv_e2m1_sr> {
   static const bool value = true;
 };
 
-// The e2m1 code of a finite scaled value v under §1.6: lo = |v| rounded toward zero to the grid,
-// frac = (|v| - lo) / step, magnitude lo + step iff u < frac with u = (word >> 8) * 2^-24;
-// |v| >= 6 gives 6 (code 7); the sign bit is v's. Exact in f32: with E = max(exponent of |v|, 0)
-// the grid step is 2^(E-1), the ulp of M = 2^(E+22), so fl_rz(|v| + M) = M + lo; |v| - lo is
-// exact (Sterbenz, or lo = 0) and times 2^(25-E) (a power of two) it is frac * 2^24 exactly,
-// compared with the 24-bit integer word >> 8 (exact in f32).
-__device__ __forceinline__ u32 nvfp4_encode_stochastic(float v, u32 word) {
-  const u32 ux = __float_as_uint(v);
-  const float a = fminf(fabsf(v), 6.0f);  // |v| saturated at 6 (+Inf included)
-  const u32 e = max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u;  // 2^E: the grid step's binade (>= 1)
-  const u32 magic_bits = e + (22u << 23);  // M = 2^(E+22)
-  const float magic = __uint_as_float(magic_bits);
-  const float sum = __fadd_rz(a, magic);                                 // M + lo
-  const float rest = __fsub_rn(a, __fsub_rn(sum, magic));                // |v| - lo
-  const float frac24 = __fmul_rn(rest, __uint_as_float(0x8B800000u - e));  // times 2^(25-E)
-  // u < frac: the sign bit of fl((word >> 8) - frac * 2^24); a nonzero difference of two floats
-  // rounds to a nonzero value of its sign (no flush to zero), an equal pair gives +0.
-  const u32 up = __float_as_uint(__fsub_rn(__uint2float_rn(word >> 8), frac24)) >> 31;
-  // lo's code: its steps above 2^E (M + lo's low bits) plus 2^E's code 2E, then the rounding.
-  const u32 code = (__float_as_uint(sum) - e + (0u - (22u << 23) - 254u)) + (e >> 22) + up;
-  return code | ((ux >> 28) & 8u);
+// NVFP4-SR's block factors by E4M3 scale byte s: min(fl(1 / fl(f32(s) * S_dec)), FLT_MAX), the
+// two-level scale's (block_scale), for every byte below 0x7F (the NaN byte is never a finite
+// block's), filled by each thread block at launch (S_dec is the launch's): a block's scale is then
+// a conversion and a shared-memory load.
+__shared__ float nvfp4_sr_factors[128];
+
+__device__ __forceinline__ void nvfp4_sr_fill_factors(const Nvfp4Tensor& nv) {
+  for (int i = threadIdx.x; i < 128; i += blockDim.x)
+    nvfp4_sr_factors[i] =
+        fminf(__frcp_rn(__fmul_rn(Fp8Element<e4m3>::to_f32((u8)i), nv.s_dec)), __uint_as_float(0x7F7FFFFFu));
+  __syncthreads();
 }
 
-// The Philox words of ELEMS (a multiple of 4) consecutive elements from flat index first
-// (element i takes word i % 4 of draw i / 4, shared/SPEC.md section 4) into w: ELEMS / 4 draws
-// when first is a multiple of 4 (ALIGNED), else ELEMS / 4 + 1 draws shifted by first % 4.
-template <int ELEMS, bool ALIGNED>
-__device__ __forceinline__ void philox_element_words(const PhiloxStream& rng, u64 first, u32 (&w)[ELEMS]) {
-  const u64 j0 = first >> 2;
-  if constexpr (ALIGNED) {
-#pragma unroll
-    for (int g = 0; g < ELEMS / 4; ++g) {
-      const Philox4 d = rng(j0 + g);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) w[4 * g + t] = d.v[t];
-    }
-  } else {
-    u32 t[ELEMS + 4];
-#pragma unroll
-    for (int g = 0; g <= ELEMS / 4; ++g) {
-      const Philox4 d = rng(j0 + g);
-#pragma unroll
-      for (int h = 0; h < 4; ++h) t[4 * g + h] = d.v[h];
-    }
-    const int s = (int)(first & 3);
-#pragma unroll
-    for (int k = 0; k < ELEMS; ++k) w[k] = s == 0 ? t[k] : s == 1 ? t[k + 1] : s == 2 ? t[k + 2] : t[k + 3];
-  }
+// The two-level scale (block_scale's kNvfp4Te case, bit for bit) with its factor from the table.
+template <>
+__device__ __forceinline__ BlockScale block_scale<BlockElement<nv_e2m1_sr> >(u32 amax_bits, int, float, float,
+                                                                            Nvfp4Tensor nv) {
+  const float s_raw = __fmul_rn(__uint_as_float(amax_bits), nv.m);
+#if __CUDA_ARCH__ >= 890
+  u16 pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(s_raw));
+  const u32 s = pair & 0xFFu;
+#else
+  const u32 s = E4M3Bits::encode(s_raw);
+#endif
+  BlockScale r;
+  r.stored = s;
+  r.factor = nvfp4_sr_factors[s];
+  return r;
 }
+
+// The §1.6 nibble of a finite scaled value v from the complement nw = ~word of its Philox word,
+// in bits 28-31 of the result (sign bit 31 = v's, magnitude code in bits 28-30; the bits below are
+// not part of it). With a = min(|v|, 6), E' = max(exponent of a, 0), s = 2^(E'-25) (the grid step
+// of a's binade, 0.5 below 2, times 2^-24) and U' = nw >> 8 = 2^24 - 1 - (word >> 8): u < frac
+// holds iff the grid point above a is at most ceil_s(a) + U' * s (ceil_s: up to a multiple of s,
+// which a already is from 2^-2 up), so the code is the count of positive grid points <= that sum.
+// In f32 at scale 2^-124, where s * 2^-124 = 2^(E'-149) makes U' * s the subnormal of bits U'
+// times 2^E':
+//   b = fl_ru(a * 2^-124)            ceil_s(a) * 2^-124: below 2^-125 the floats are the multiples
+//                                    of 2^-149 (subnormals, first binade); exact from a = 2^-2 up
+//   y = fl_rd(U' * 2^(E'-149) + b)   one fma; rounding down keeps "grid point <= y" (grid points
+//                                    are floats)
+//   d = fl_rz(y / 4)                 the same count at scale 2^-126, where the E2M1 grid is every
+//                                    f32 whose low 22 bits are zero, subnormals included
+// so the code is bits(d) >> 22, at most 7 (a <= 6 keeps y below 8 * 2^-124), shifted to bit 28.
+__device__ __forceinline__ u32 nvfp4_sr_nibble(float x, float factor, u32 nw) {
+  const float v = __fmul_rn(x, factor);
+  const float a = fminf(fabsf(v), 6.0f);
+  const float b = __fmul_ru(a, __uint_as_float(0x01800000u));                              // 2^-124
+  const float step = __uint_as_float(max(__float_as_uint(a), 0x3F800000u) & 0x7F800000u);  // 2^E'
+  const float y = __fmaf_rd(__uint_as_float(__umulhi(nw, 1u << 24)), step, b);             // nw >> 8
+  const float d = __fmul_rz(y, 0.25f);
+  // v's sign (factor > 0) as the bits of x * 0 (x is finite in a finite block; v may be +-Inf).
+  u32 t;
+  asm("mad.lo.u32 %0, %1, 64, %2;" : "=r"(t) : "r"(__float_as_uint(d)), "r"(__float_as_uint(__fmul_rn(x, 0.0f))));
+  return t;
+}
+
+// Philox4x32-10 (shared/SPEC.md section 4) for this kernel's draws, returning each word's
+// complement (what nvfp4_sr_nibble takes). The round keys and round 0's offset terms are the
+// launch's; draw(j) is the full generator. A slot of DRAWS consecutive draws from j0, a multiple
+// of DRAWS (a power of two), shares j's high word, so round 0's counter word 0 and round 1's
+// product of it are the slot's (slot()), and each draw of it (draw_in_slot) starts from its
+// counter's low word: the same operations bit for bit, the constant ones done once.
+struct NvSrPhilox {
+  static const u32 kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  u32 ka[10], kb[10];  // round r's keys: seed halves + r * (0x9E3779B9, 0xBB67AE85); round 9's complemented
+  u32 lo1_0, x0, x2;   // round 0: lo(M1 * offset lo), hi(M1 * offset lo) ^ k0, offset hi ^ k1
+  u32 k1a;             // round 1: lo1_0 ^ ka[1]
+
+  struct Slot {
+    u32 k1b, k2b;  // round 1: hi(M0 * c0) ^ kb[1]; round 2: lo(M0 * c0) ^ kb[2] (c0 = x0 ^ j_hi)
+  };
+
+  // hi and lo of a * b in one instruction.
+  static __device__ __forceinline__ void mul_wide(u32 a, u32 b, u32& hi, u32& lo) {
+    asm("{\n\t.reg .b64 p;\n\tmul.wide.u32 p, %2, %3;\n\tmov.b64 {%1, %0}, p;\n\t}" : "=r"(hi), "=r"(lo) : "r"(a), "r"(b));
+  }
+
+  __device__ __forceinline__ NvSrPhilox(u64 seed, u64 offset) {
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+      ka[r] = (u32)seed + (u32)r * 0x9E3779B9u;
+      kb[r] = (u32)(seed >> 32) + (u32)r * 0xBB67AE85u;
+    }
+    lo1_0 = kM1 * (u32)offset;
+    x0 = __umulhi(kM1, (u32)offset) ^ ka[0];
+    x2 = (u32)(offset >> 32) ^ kb[0];
+    k1a = lo1_0 ^ ka[1];
+    ka[9] = ~ka[9];  // round 9 writes words 0 and 2 complemented
+    kb[9] = ~kb[9];
+  }
+
+  __device__ __forceinline__ Slot slot(u32 j_hi) const {
+    u32 hi, lo;
+    mul_wide(kM0, x0 ^ j_hi, hi, lo);
+    Slot s;
+    s.k1b = hi ^ kb[1];
+    s.k2b = lo ^ kb[2];
+    return s;
+  }
+
+  // Rounds 2..9 from the state after round 1 (c3 after round 1 folded into k2b); the words out
+  // complemented.
+  __device__ __forceinline__ void rounds_2_9(u32 c0, u32 c1, u32 c2, u32 k2b, u32 (&nw)[4]) const {
+    u32 h0, l0, h1, l1;
+    mul_wide(kM0, c0, h0, l0);
+    mul_wide(kM1, c2, h1, l1);
+    c0 = h1 ^ c1 ^ ka[2];
+    c1 = l1;
+    c2 = h0 ^ k2b;
+    u32 c3 = l0;
+#pragma unroll
+    for (int r = 3; r < 10; ++r) {
+      mul_wide(kM0, c0, h0, l0);
+      mul_wide(kM1, c2, h1, l1);
+      c0 = h1 ^ c1 ^ ka[r];  // round 9: ~word 0 (ka[9] complemented)
+      c1 = l1;
+      c2 = h0 ^ c3 ^ kb[r];  // round 9: ~word 2
+      c3 = l0;
+    }
+    nw[0] = c0;
+    nw[1] = ~c1;
+    nw[2] = c2;
+    nw[3] = ~c3;
+  }
+
+  // Draw j_lo of a slot (j's high word given to slot()).
+  __device__ __forceinline__ void draw_in_slot(const Slot& s, u32 j_lo, u32 (&nw)[4]) const {
+    u32 h0, l0, h1, l1;
+    mul_wide(kM0, j_lo, h0, l0);       // round 0: c2 = h0 ^ x2, c3 = l0
+    mul_wide(kM1, h0 ^ x2, h1, l1);    // round 1
+    rounds_2_9(h1 ^ k1a, l1, l0 ^ s.k1b, s.k2b, nw);
+  }
+
+  // Any draw j.
+  __device__ __forceinline__ void draw(u64 j, u32 (&nw)[4]) const { draw_in_slot(slot((u32)(j >> 32)), (u32)j, nw); }
+};
 
 // The packed codes (element 2i in bits 0-3 of byte i) of a thread's ELEMS elements, from the
 // input words raw (In's element order), their blocks' scales s and finiteness (block k / BLOCK %
-// SUB), and the Philox words of flat indices first .. first + ELEMS - 1: code = §1.6 of
-// fl(x * factor); a non-finite block's codes stay 0. ALIGNED (first a multiple of 4): one draw per
-// four elements, made where they are encoded.
+// SUB), and the Philox words of flat indices first .. first + ELEMS - 1 (element i takes word
+// i % 4 of draw i / 4): code = §1.6 of fl(x * factor); a non-finite block's codes are 0. ALIGNED
+// (first a multiple of ELEMS): the draws of one slot (NvSrPhilox::slot); otherwise ELEMS / 4 + 1
+// draws shifted by first % 4. Each code word takes its eight nibbles highest first (a funnel shift
+// of four bits per element).
 template <class In, int ELEMS, int BLOCK, int SUB, bool ALIGNED, int CODE_WORDS>
 __device__ __forceinline__ void nvfp4_stochastic_codes(const u32* raw, const BlockScale* s, const bool* finite,
-                                                       u64 first, const PhiloxStream& rng, u32 (&packed)[CODE_WORDS]) {
+                                                       u64 first, const NvSrPhilox& rng, u32 (&packed)[CODE_WORDS]) {
   constexpr int VEC = In::vec;
-  u32 words[ALIGNED ? 4 : ELEMS];
-  if constexpr (!ALIGNED) philox_element_words<ELEMS, false>(rng, first, words);
+  constexpr int DRAWS = ELEMS / 4;
+  static_assert(ELEMS % 4 == 0 && (DRAWS & (DRAWS - 1)) == 0, "whole draws; a power-of-two slot of them");
+  if constexpr (ALIGNED) {
+    const u64 j0 = first >> 2;  // a multiple of DRAWS
+    const NvSrPhilox::Slot slot = rng.slot((u32)(j0 >> 32));
 #pragma unroll
-  for (int g = 0; g < ELEMS / 4; ++g) {
-    if constexpr (ALIGNED) {
-      const Philox4 d = rng((first >> 2) + g);
+    for (int g = DRAWS - 1; g >= 0; --g) {
+      u32 nw[4];
+      rng.draw_in_slot(slot, (u32)j0 + (u32)g, nw);
 #pragma unroll
-      for (int t = 0; t < 4; ++t) words[t] = d.v[t];
+      for (int t = 3; t >= 0; --t) {
+        const int k = 4 * g + t;
+        const float x = In::element(raw + (k / VEC) * 4, k % VEC);
+        packed[k / 8] = __funnelshift_l(nvfp4_sr_nibble(x, s[k / BLOCK % SUB].factor, nw[t]), packed[k / 8], 4);
+      }
+    }
+  } else {
+    const u64 j0 = first >> 2;
+    const int shift = (int)(first & 3);
+    u32 w[ELEMS + 4];
+#pragma unroll
+    for (int g = 0; g <= DRAWS; ++g) {
+      u32 nw[4];
+      rng.draw(j0 + g, nw);
+#pragma unroll
+      for (int h = 0; h < 4; ++h) w[4 * g + h] = nw[h];
     }
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int k = 4 * g + t;
-      const float v = __fmul_rn(In::element(raw + (k / VEC) * 4, k % VEC), s[k / BLOCK % SUB].factor);
-      packed[k / 8] |= nvfp4_encode_stochastic(v, words[ALIGNED ? t : k]) << (k % 8 * 4);
+    for (int k = ELEMS - 1; k >= 0; --k) {
+      const u32 word = shift == 0 ? w[k] : shift == 1 ? w[k + 1] : shift == 2 ? w[k + 2] : w[k + 3];
+      const float x = In::element(raw + (k / VEC) * 4, k % VEC);
+      packed[k / 8] = __funnelshift_l(nvfp4_sr_nibble(x, s[k / BLOCK % SUB].factor, word), packed[k / 8], 4);
     }
   }
   // A non-finite block's codes are 0 (its factor is 0: the values above were NaN or 0).

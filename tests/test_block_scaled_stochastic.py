@@ -1,9 +1,9 @@
 """CPU: NVFP4 stochastic rounding's kernel side without a GPU.
 
-* the f32 steps of the kernel's encoder (``nvfp4_encode_stochastic`` in
-  ``kernels/qp_block_scaled.cuh``), replayed in NumPy, equal the reference's §1.6 rounding
-  (``encode_elements_stochastic``) on every binade, grid points and their neighbours, ties of the
-  comparison u < frac, saturation and signed zeros;
+* the f32 steps of the kernel's encoder (``nvfp4_sr_nibble`` in ``kernels/qp_block_scaled.cuh``),
+  replayed in NumPy, equal the reference's §1.6 rounding (``encode_elements_stochastic``) on every
+  binade, grid points and their neighbours, ties of the comparison u < frac (on the lattice of u
+  and off it), saturation and signed zeros;
 * the launcher's seed / offset arguments and its refusals, before any launch;
 * the instantiation list holds the stochastic twin of every NVFP4 schedule.
 """
@@ -28,22 +28,29 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float32).view(np.uint32)
 
 
+def _round_f32(exact: np.ndarray, mode: str) -> np.ndarray:
+    """float64 values (exact) rounded to float32 upward ("ru") or toward zero ("rz", "rd" on values >= 0)."""
+    r = exact.astype(np.float32)
+    if mode == "ru":
+        r = np.where(r.astype(np.float64) < exact, np.nextafter(r, np.float32(np.inf)), r)
+    else:
+        r = np.where(r.astype(np.float64) > exact, np.nextafter(r, np.float32(0)), r)
+    return r.astype(np.float32)
+
+
 def kernel_encode(v: np.ndarray, word: np.ndarray) -> np.ndarray:
-    """The kernel's encoder step by step in f32 (fl_rz(a + M) written as M + floor(a / step) * step,
-    exact in float64: the definition of rounding toward zero at M's ulp)."""
-    ux = _bits(v)
-    a = np.minimum(np.abs(np.asarray(v, np.float32)), np.float32(6.0))
-    e = np.maximum(_bits(a), np.uint32(0x3F800000)) & np.uint32(0x7F800000)
-    magic = _f(e + np.uint32(22 << 23))
-    step = magic.astype(np.float64) * 2.0**-23
-    total = magic.astype(np.float64) + np.floor(a.astype(np.float64) / step) * step
-    sum_rz = total.astype(np.float32)
-    assert np.array_equal(sum_rz.astype(np.float64), total)  # representable: no second rounding
-    rest = a - (sum_rz - magic)
-    frac24 = rest * _f(np.uint32(0x8B800000) - e)
-    up = _bits((np.asarray(word, np.uint32) >> np.uint32(8)).astype(np.float32) - frac24) >> np.uint32(31)
-    code = (_bits(sum_rz) - e + np.uint32((-(22 << 23) - 254) & 0xFFFFFFFF)) + (e >> np.uint32(22)) + up
-    return ((code | ((ux >> np.uint32(28)) & np.uint32(8))) & np.uint32(0xFF)).astype(np.uint8)
+    """The kernel's encoder (``nvfp4_sr_nibble``) step by step: each f32 operation in float64, where
+    its exact result is representable (products by powers of two; the fma's product and sum span at
+    most 28 bits), then rounded to float32 in the instruction's direction."""
+    v = np.asarray(v, np.float32)
+    nw = ~np.asarray(word, np.uint32)
+    a = np.minimum(np.abs(v), np.float32(6.0))
+    b = _round_f32(a.astype(np.float64) * 2.0**-124, "ru")
+    step = _f(np.maximum(_bits(a), np.uint32(0x3F800000)) & np.uint32(0x7F800000))
+    y = _round_f32(_f(nw >> np.uint32(8)).astype(np.float64) * step.astype(np.float64) + b.astype(np.float64), "rd")
+    d = _round_f32(y.astype(np.float64) * 0.25, "rz")
+    nibble = (_bits(d) << np.uint32(6)) | (_bits(v) & np.uint32(0x80000000))
+    return (nibble >> np.uint32(28)).astype(np.uint8)
 
 
 def _reference(v: np.ndarray, word: np.ndarray) -> np.ndarray:
@@ -72,16 +79,24 @@ def test_kernel_encoder_equals_reference(rng: np.random.Generator) -> None:
 
 
 def test_kernel_encoder_ties_of_the_comparison(rng: np.random.Generator) -> None:
-    """u == frac rounds down, one step of u below rounds up (frac on the 2**-24 lattice)."""
-    a = (rng.integers(0, 6 * 2**22, 100_000) * 2.0**-22).astype(np.float32)
+    """u just below, at and just above frac, for frac on the 2**-24 lattice (|v| from 2**-2 up) and
+    off it (|v| below 2**-2, where frac * 2**24 has a fraction: u < frac iff u < ceil(frac))."""
+    a = np.concatenate(
+        [
+            rng.integers(0, 6 * 2**22, 100_000) * 2.0**-22,  # every binade's lattice
+            rng.integers(0, 2**24, 100_000) * 2.0**-25,  # below 0.5, on the 2**-25 lattice of u * step
+            rng.integers(0, 2**24, 100_000) * 2.0**-49,  # below 2**-25: frac far off the lattice
+            rng.integers(1, 2**23, 100_000) * 2.0**-149,  # f32 subnormals
+        ]
+    ).astype(np.float32)
     step = np.where(a < 2, 0.5, np.where(a < 4, 1.0, 2.0))
-    frac = (a - np.floor(a / step) * step) / step
-    word = ((frac * 2**24).astype(np.uint64) << np.uint64(8)).astype(np.uint32)
-    word |= rng.integers(0, 256, a.size).astype(np.uint32)  # the 8 bits u ignores
-    for w in (word, word - np.uint32(256) * (word >= 256)):
-        got = kernel_encode(a, w)
-        np.testing.assert_array_equal(got, _reference(a, w))
-    assert np.any(kernel_encode(a, word) != kernel_encode(a, word - np.uint32(256) * (word >= 256)))
+    frac = (a.astype(np.float64) - np.floor(a / step) * step) / step
+    at = (np.ceil(frac * 2**24).astype(np.int64) << 8).clip(0, 2**32 - 1)
+    low = rng.integers(0, 256, a.size)  # the 8 bits u ignores
+    words = [((at + d).clip(0, 2**32 - 256) | low).astype(np.uint32) for d in (-512, -256, 0, 256)]
+    for w in words:
+        np.testing.assert_array_equal(kernel_encode(a, w), _reference(a, w))
+    assert np.any(kernel_encode(a, words[1]) != kernel_encode(a, words[2]))
 
 
 def test_rng_arguments() -> None:
