@@ -100,6 +100,18 @@ __device__ __forceinline__ int unclamped_code_fast(float x, const IntQuantParam<
   return (int)((u32)__float_as_int(rb) - (u32)QP_RNE_MAGIC_BITS + (u32)p.zp);
 }
 
+// The division-free result fast(ok) where it holds (float data with a `fast` parameter, and `ok`
+// still set after it), else exact(): the division, out of line. f64 data always takes exact().
+template <class Acc, class Fast, class Exact>
+__device__ __forceinline__ auto fast_or_exact(const IntQuantParam<Acc>& p, Fast fast, Exact exact) {
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const auto result = fast(ok);
+    if (ok) return result;
+  }
+  return exact();
+}
+
 // Division-free clamp(rne(x / scale) + zp, q_min, q_max). Clears `ok` when the element must be
 // redone exactly; the returned code is then meaningless.
 __device__ __forceinline__ int quantize_int_code_fast(float x, const IntQuantParam<float>& p, int q_min, int q_max,
@@ -116,43 +128,15 @@ __device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, in
 
 template <class Acc>
 __device__ __forceinline__ int quantize_int_code(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const int code = quantize_int_code_fast(x, p, q_min, q_max, ok);
-    if (ok) return code;
-  }
-  return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_int_code_fast(x, p, q_min, q_max, ok); },
+      [&] { return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max); });
 }
 
-// ---- fp8 from double: one rounding straight from the double (no detour through float) ----
-template <class Fp8> struct Fp8FromDouble;
-template <> struct Fp8FromDouble<e4m3> {
-  static __device__ __forceinline__ u8 convert(double v) {
-    const u32 sign = (u32)(__double_as_longlong(v) >> 56) & 0x80u;
-    const double a = fabs(v);
-    if (a != a) return QP_FP8_CANONICAL_NAN;
-    if (a >= 448.0) return (u8)(sign | 0x7Eu);
-    if (a < 0.015625) return (u8)(sign | (u32)__double2int_rn(a * 512.0));
-    const u64 ua = (u64)__double_as_longlong(a);
-    const u64 r = (ua + 0xFFFFFFFFFFFFull + ((ua >> 49) & 1ull)) >> 49;
-    return (u8)(sign | (u32)(r - (1016ull << 3)));
-  }
-};
-template <> struct Fp8FromDouble<e5m2> {
-  static __device__ __forceinline__ u8 convert(double v) {
-    const u32 sign = (u32)(__double_as_longlong(v) >> 56) & 0x80u;
-    const double a = fabs(v);
-    if (a != a) return QP_FP8_CANONICAL_NAN;
-    if (a >= 57344.0) return (u8)(sign | 0x7Bu);
-    if (a < 6.103515625e-05) return (u8)(sign | (u32)__double2int_rn(a * 65536.0));
-    const u64 ua = (u64)__double_as_longlong(a);
-    const u64 r = (ua + 0x1FFFFFFFFFFFFull + ((ua >> 50) & 1ull)) >> 50;
-    return (u8)(sign | (u32)(r - (1008ull << 2)));
-  }
-};
-
+// ---- fp8 from the accumulator: a double is rounded once, straight from its bits (no detour
+// through float) ----
 template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(float v) { return Fp8Element<Fp8>::from_f32(v); }
-template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(double v) { return Fp8FromDouble<Fp8>::convert(v); }
+template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(double v) { return fp8_from_float_bits<Fp8>(v); }
 
 // Division-free fp8_rne_saturate(x / scale): the exact quotient (see above), converted once.
 // Clears `ok` when the element must be redone exactly.
@@ -169,12 +153,9 @@ __device__ __noinline__ u8 quantize_fp8_code_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ u8 quantize_fp8_code(Acc x, const IntQuantParam<Acc>& p) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const u8 code = quantize_fp8_code_fast<Fp8>(x, p, ok);
-    if (ok) return code;
-  }
-  return quantize_fp8_code_exact<Fp8>(x, p.scale);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_fp8_code_fast<Fp8>(x, p, ok); },
+      [&] { return quantize_fp8_code_exact<Fp8>(x, p.scale); });
 }
 
 // ---- stochastic rounding (SPEC section 4) ----
@@ -187,10 +168,6 @@ __device__ __forceinline__ int quantize_int_code_stochastic(Acc x, Acc scale, in
   const Acc r = (Acc)u < v - f ? f + (Acc)1 : f;
   return clamp_integral_code(r, zp, q_min, q_max);
 }
-
-template <class Fp8> struct Fp8Format;
-template <> struct Fp8Format<e4m3> { static const int mant = 3, bias = 7; static constexpr double max = 448.0; };
-template <> struct Fp8Format<e5m2> { static const int mant = 2, bias = 15; static constexpr double max = 57344.0; };
 
 // FP8 codes: NaN -> canonical NaN; |v| >= max saturates; otherwise lo = the largest FP8 value
 // <= v, hi = the next one, and q = hi if u < (v - lo) / (hi - lo) else lo (the spacing is a power
@@ -244,12 +221,9 @@ __device__ __noinline__ bool quantize_int_inside_exact(Acc x, Acc scale, int zp,
 
 template <class Acc>
 __device__ __forceinline__ bool quantize_int_inside(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const bool inside = quantize_int_inside_fast(x, p, q_min, q_max, ok);
-    if (ok) return inside;
-  }
-  return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_int_inside_fast(x, p, q_min, q_max, ok); },
+      [&] { return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max); });
 }
 
 template <class Fp8>
@@ -264,12 +238,9 @@ __device__ __noinline__ bool quantize_fp8_inside_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ bool quantize_fp8_inside(Acc x, const IntQuantParam<Acc>& p) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const bool inside = quantize_fp8_inside_fast<Fp8>(x, p, ok);
-    if (ok) return inside;
-  }
-  return quantize_fp8_inside_exact<Fp8>(x, p.scale);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_fp8_inside_fast<Fp8>(x, p, ok); },
+      [&] { return quantize_fp8_inside_exact<Fp8>(x, p.scale); });
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----

@@ -94,6 +94,23 @@ __device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 
   }
 }
 
+// The affine parameters of a row body (quantize, dequantize and the quantize gradient), as a
+// function of the parameter index: from the device arrays, or the scalar values where an array
+// is null. P: IntQuantParam<Acc> or DequantParam<Acc> (qp_rounding.cuh), filled by P::set(scale,
+// zero point).
+template <class P, class Acc> struct AffineParams {
+  const Acc* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  Acc scale_value;
+  int zp_value;
+
+  __device__ __forceinline__ P operator()(i64 index) const {
+    P p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
+};
+
 // ---- dense rows: the hot layouts, specialised (quantize_dense, dequantize_dense, ...) ----
 // Contiguous rows of L elements whose parameter index is row * Co + (col / gc) * cs (Co: the
 // row coefficient; cs == 0: one parameter per row), with L % VEC == 0, every operand aligned for
@@ -119,6 +136,31 @@ __device__ __forceinline__ void dense_item(const RowLayout& lay, int vec, Fn fn)
 // The parameter index of the vector at column `col` of a dense row whose index base is `pbase`.
 __device__ __forceinline__ i64 dense_param_index(const RowLayout& lay, i64 pbase, int col) {
   return lay.cs == 0 ? pbase : pbase + (i64)(__umulhi((u32)col, lay.gc_magic) >> lay.gc_shift) * lay.cs;
+}
+
+// The scale and zero point at parameter index pi: from the device arrays, or the scalar values
+// where an array is null.
+__device__ __forceinline__ void dense_affine_param(const float* scale_ptr, const int* zp_ptr, float scale_value,
+                                                   int zp_value, i64 pi, float& s, int& z) {
+  s = scale_ptr ? scale_ptr[pi] : scale_value;
+  z = zp_ptr ? zp_ptr[pi] : zp_value;
+}
+
+// A dense item's U vectors of this thread, at columns col0 + u * step below end, in two unrolled
+// passes: load(u, col) issues every load (data and parameters) first, so that their latencies
+// overlap; then finish(u, col) computes and stores each vector.
+template <int U, class Load, class Finish>
+__device__ __forceinline__ void dense_vectors(int col0, int step, int end, Load load, Finish finish) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int col = col0 + u * step;
+    if (col < end) load(u, col);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int col = col0 + u * step;
+    if (col < end) finish(u, col);
+  }
 }
 
 }  // namespace qp

@@ -40,10 +40,7 @@ struct QuantizeBody {
 
   const in_t* __restrict__ x;
   u8* __restrict__ q;
-  const acc_t* __restrict__ scale_ptr;
-  const int* __restrict__ zp_ptr;
-  acc_t scale_value;
-  int zp_value;
+  AffineParams<IntQuantParam<acc_t>, acc_t> param;
   const RowLayout& lay;
   u64 seed, offset;
   IntQuantParam<acc_t> row_param;
@@ -51,13 +48,7 @@ struct QuantizeBody {
 
   __device__ __forceinline__ QuantizeBody(const in_t* x_, u8* q_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                           const RowLayout& l, u64 seed_, u64 offset_)
-      : x(x_), q(q_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l), seed(seed_), offset(offset_) {}
-
-  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
-    IntQuantParam<acc_t> p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
-    return p;
-  }
+      : x(x_), q(q_), param{sp, zp, sv, zv}, lay(l), seed(seed_), offset(offset_) {}
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -120,20 +111,11 @@ struct QuantizeBackwardBody {
   const in_t* x;
   const in_t* dq;
   in_t* dx;
-  const acc_t* __restrict__ scale_ptr;
-  const int* __restrict__ zp_ptr;
-  acc_t scale_value;
-  int zp_value;
+  AffineParams<IntQuantParam<acc_t>, acc_t> param;
   const RowLayout& lay;
   IntQuantParam<acc_t> row_param;
   ElementVector<in_t, VEC> xv[kQuantizeUnroll];
   ElementVector<in_t, VEC> gv[kQuantizeUnroll];
-
-  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
-    IntQuantParam<acc_t> p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
-    return p;
-  }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -196,7 +178,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
                        typename qp::FloatElement<In>::storage* dx,
                        const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
                        typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay) {
-  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay};
+  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, {scale_ptr, zp_ptr, scale_value, zp_value}, lay};
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }
 
@@ -365,31 +347,25 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
     typename VQ::vector_t xv[U];
     float s[U];
     int z[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        xv[u].load_dense(xr + col);
-        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
-        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
-        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
-        int codes[VEC];
-        qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
-        if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
-          VQ::template store<true>(qs, VEC, codes);
-        } else {
-          const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
-          qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max, zero_fp8);
-        }
-      }
-    }
+    qp::dense_vectors<U>(
+        col0, step, end,
+        [&](int u, int col) {
+          xv[u].load_dense(xr + col);
+          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
+                                 s[u], z[u]);
+        },
+        [&](int u, int col) {
+          const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+          int codes[VEC];
+          qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
+          if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
+            VQ::template store<true>(qs, VEC, codes);
+          } else {
+            const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
+            qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max,
+                                                                zero_fp8);
+          }
+        });
   });
 }
 
@@ -409,40 +385,33 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
     qp::ElementVector<in_t, VEC> xv[U], gv[U];
     float s[U];
     int z[U];
+    qp::dense_vectors<U>(
+        col0, step, end,
+        [&](int u, int col) {
+          xv[u].load_dense(x + base + col);
+          gv[u].load_dense(dq + base + col);
+          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
+                                 s[u], z[u]);
+        },
+        [&](int u, int col) {
+          const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+          const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
+          bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
+          if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
+          float vals[VEC];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        xv[u].load_dense(x + base + col);
-        gv[u].load_dense(dq + base + col);
-        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
-        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
-        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
-        const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
-        bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
-        if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
-        float vals[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
-          const float g = FE::to_acc(gv[u].v[k]);
-          const float d = qp::quotient_fast(g, p, ok);
-          vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
-        }
-        if (ok) {
-          qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
-        } else {
-          qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
-                                                            z[u], lay.q_min, lay.q_max);
-        }
-      }
-    }
+          for (int k = 0; k < VEC; ++k) {
+            const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
+            const float g = FE::to_acc(gv[u].v[k]);
+            const float d = qp::quotient_fast(g, p, ok);
+            vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
+          }
+          if (ok) {
+            qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
+          } else {
+            qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
+                                                              z[u], lay.q_min, lay.q_max);
+          }
+        });
   });
 }
