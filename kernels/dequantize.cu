@@ -32,14 +32,23 @@ struct DequantizeBody {
 
   const u8* __restrict__ q;
   out_t* __restrict__ y;
-  AffineParams<DequantParam<acc_t>, acc_t> param;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
   const RowLayout& lay;
   DequantParam<acc_t> row_param;
   ElementVector<u8, in_bytes> qv[kDequantizeUnroll];
 
   __device__ __forceinline__ DequantizeBody(const u8* q_, out_t* y_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                             const RowLayout& l)
-      : q(q_), y(y_), param{sp, zp, sv, zv}, lay(l) {}
+      : q(q_), y(y_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
+
+  __device__ __forceinline__ DequantParam<acc_t> param(i64 index) const {
+    DequantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);

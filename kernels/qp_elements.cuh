@@ -30,62 +30,56 @@ struct e5m2 {};
 // ---- float elements: storage and accumulator types, exact up-conversion ----
 template <class T> struct FloatElement;
 
-template <> struct FloatElement<f16> {
+// The 16-bit floats (BF16: bfloat16, else float16): u16 storage, float accumulator; from_acc
+// rounds one element (rne), pair_from_acc two in one instruction (element `lo` in bits 0-15).
+template <bool BF16> struct HalfElement {
   typedef u16 storage;
   typedef float acc;
+  static __device__ __forceinline__ u16 from_acc(float f) {
+    u16 h;
+    if constexpr (BF16) {
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    } else {
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    }
+    return h;
+  }
+  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
+    u32 d;
+    if constexpr (BF16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    } else {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    }
+    return d;
+  }
+  static const bool has_pair = true;
+};
+
+template <> struct FloatElement<f16> : HalfElement<false> {
   static __device__ __forceinline__ float to_acc(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
   }
-  static __device__ __forceinline__ u16 from_acc(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-  }
-  // Two roundings in one instruction: element `lo` in bits 0-15.
-  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
-  static const bool has_pair = true;
 };
 
-template <> struct FloatElement<bf16> {
-  typedef u16 storage;
-  typedef float acc;
+template <> struct FloatElement<bf16> : HalfElement<true> {
   static __device__ __forceinline__ float to_acc(u16 h) { return __uint_as_float(((u32)h) << 16); }
-  static __device__ __forceinline__ u16 from_acc(float f) {
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-  }
-  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
-  static const bool has_pair = true;
 };
 
-template <> struct FloatElement<f32> {
-  typedef float storage;
-  typedef float acc;
-  static __device__ __forceinline__ float to_acc(float v) { return v; }
-  static __device__ __forceinline__ float from_acc(float v) { return v; }
-  static __device__ __forceinline__ u32 pair_from_acc(float, float) { return 0; }
+// f32 and f64: stored as their accumulator type (float, double), no conversion.
+template <class T> struct SameAsAccElement {
+  typedef T storage;
+  typedef T acc;
+  static __device__ __forceinline__ T to_acc(T v) { return v; }
+  static __device__ __forceinline__ T from_acc(T v) { return v; }
+  static __device__ __forceinline__ u32 pair_from_acc(T, T) { return 0; }
   static const bool has_pair = false;
 };
 
-template <> struct FloatElement<f64> {
-  typedef double storage;
-  typedef double acc;
-  static __device__ __forceinline__ double to_acc(double v) { return v; }
-  static __device__ __forceinline__ double from_acc(double v) { return v; }
-  static __device__ __forceinline__ u32 pair_from_acc(double, double) { return 0; }
-  static const bool has_pair = false;
-};
+template <> struct FloatElement<f32> : SameAsAccElement<float> {};
+template <> struct FloatElement<f64> : SameAsAccElement<double> {};
 
 // ---- FP8 (OCP e4m3fn and e5m2): round to nearest even, saturate to the largest finite ----
 // NaN becomes the canonical 0x7F in both formats; +-Inf saturates like any large value.

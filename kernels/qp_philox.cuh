@@ -13,19 +13,18 @@ struct Philox4 {
   u32 v[4];
 };
 
-// One Philox round on the counter words c with the round's key (k0, k1).
-__device__ __forceinline__ void philox_round(u32 (&c)[4], u32 k0, u32 k1) {
-  const u32 lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
-  const u32 lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
-  const u32 n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
-  c[0] = n0;
-  c[1] = lo1;
-  c[2] = n2;
-  c[3] = lo0;
+// The four output words of a Philox call.
+__device__ __forceinline__ Philox4 philox_words(u32 c0, u32 c1, u32 c2, u32 c3) {
+  Philox4 out;
+  out.v[0] = c0;
+  out.v[1] = c1;
+  out.v[2] = c2;
+  out.v[3] = c3;
+  return out;
 }
 
 __device__ __forceinline__ Philox4 philox4x32_10(u64 j, u64 offset, u64 seed) {
-  Philox4 out = {{(u32)j, (u32)(j >> 32), (u32)offset, (u32)(offset >> 32)}};
+  u32 c0 = (u32)j, c1 = (u32)(j >> 32), c2 = (u32)offset, c3 = (u32)(offset >> 32);
   u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
 #pragma unroll
   for (int r = 0; r < 10; ++r) {
@@ -33,9 +32,15 @@ __device__ __forceinline__ Philox4 philox4x32_10(u64 j, u64 offset, u64 seed) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
-    philox_round(out.v, k0, k1);
+    const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+    const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+    const u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
   }
-  return out;
+  return philox_words(c0, c1, c2, c3);
 }
 
 // The same generator with the per-launch part of round 0 hoisted (a kernel draws every counter
@@ -57,15 +62,23 @@ struct PhiloxStream {
   __device__ __forceinline__ Philox4 operator()(u64 j) const {
     const u32 j0 = (u32)j;
     // round 0
-    Philox4 out = {{x0 ^ (u32)(j >> 32), lo1_0, __umulhi(0xD2511F53u, j0) ^ x2, 0xD2511F53u * j0}};
+    u32 c0 = x0 ^ (u32)(j >> 32);
+    u32 c1 = lo1_0;
+    u32 c2 = __umulhi(0xD2511F53u, j0) ^ x2;
+    u32 c3 = 0xD2511F53u * j0;
     u32 a = k0, b = k1;
 #pragma unroll
     for (int r = 1; r < 10; ++r) {
       a += 0x9E3779B9u;
       b += 0xBB67AE85u;
-      philox_round(out.v, a, b);
+      const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+      const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+      c0 = hi1 ^ c1 ^ a;
+      c1 = lo1;
+      c2 = hi0 ^ c3 ^ b;
+      c3 = lo0;
     }
-    return out;
+    return philox_words(c0, c1, c2, c3);
   }
 };
 

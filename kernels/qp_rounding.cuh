@@ -100,18 +100,6 @@ __device__ __forceinline__ int unclamped_code_fast(float x, const IntQuantParam<
   return (int)((u32)__float_as_int(rb) - (u32)QP_RNE_MAGIC_BITS + (u32)p.zp);
 }
 
-// The division-free result fast(ok) where it holds (float data with a `fast` parameter, and `ok`
-// still set after it), else exact(): the division, out of line. f64 data always takes exact().
-template <class Acc, class Fast, class Exact>
-__device__ __forceinline__ auto fast_or_exact(const IntQuantParam<Acc>& p, Fast fast, Exact exact) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const auto result = fast(ok);
-    if (ok) return result;
-  }
-  return exact();
-}
-
 // Division-free clamp(rne(x / scale) + zp, q_min, q_max). Clears `ok` when the element must be
 // redone exactly; the returned code is then meaningless.
 __device__ __forceinline__ int quantize_int_code_fast(float x, const IntQuantParam<float>& p, int q_min, int q_max,
@@ -128,9 +116,12 @@ __device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, in
 
 template <class Acc>
 __device__ __forceinline__ int quantize_int_code(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_int_code_fast(x, p, q_min, q_max, ok); },
-      [&] { return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const int code = quantize_int_code_fast(x, p, q_min, q_max, ok);
+    if (ok) return code;
+  }
+  return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max);
 }
 
 // ---- fp8 from the accumulator: a double is rounded once, straight from its bits (no detour
@@ -153,9 +144,12 @@ __device__ __noinline__ u8 quantize_fp8_code_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ u8 quantize_fp8_code(Acc x, const IntQuantParam<Acc>& p) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_fp8_code_fast<Fp8>(x, p, ok); },
-      [&] { return quantize_fp8_code_exact<Fp8>(x, p.scale); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const u8 code = quantize_fp8_code_fast<Fp8>(x, p, ok);
+    if (ok) return code;
+  }
+  return quantize_fp8_code_exact<Fp8>(x, p.scale);
 }
 
 // ---- stochastic rounding (SPEC section 4) ----
@@ -221,9 +215,12 @@ __device__ __noinline__ bool quantize_int_inside_exact(Acc x, Acc scale, int zp,
 
 template <class Acc>
 __device__ __forceinline__ bool quantize_int_inside(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_int_inside_fast(x, p, q_min, q_max, ok); },
-      [&] { return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const bool inside = quantize_int_inside_fast(x, p, q_min, q_max, ok);
+    if (ok) return inside;
+  }
+  return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max);
 }
 
 template <class Fp8>
@@ -238,9 +235,12 @@ __device__ __noinline__ bool quantize_fp8_inside_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ bool quantize_fp8_inside(Acc x, const IntQuantParam<Acc>& p) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_fp8_inside_fast<Fp8>(x, p, ok); },
-      [&] { return quantize_fp8_inside_exact<Fp8>(x, p.scale); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const bool inside = quantize_fp8_inside_fast<Fp8>(x, p, ok);
+    if (ok) return inside;
+  }
+  return quantize_fp8_inside_exact<Fp8>(x, p.scale);
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----

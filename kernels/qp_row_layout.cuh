@@ -94,23 +94,6 @@ __device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 
   }
 }
 
-// The affine parameters of a row body (quantize, dequantize and the quantize gradient), as a
-// function of the parameter index: from the device arrays, or the scalar values where an array
-// is null. P: IntQuantParam<Acc> or DequantParam<Acc> (qp_rounding.cuh), filled by P::set(scale,
-// zero point).
-template <class P, class Acc> struct AffineParams {
-  const Acc* __restrict__ scale_ptr;
-  const int* __restrict__ zp_ptr;
-  Acc scale_value;
-  int zp_value;
-
-  __device__ __forceinline__ P operator()(i64 index) const {
-    P p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
-    return p;
-  }
-};
-
 // ---- dense rows: the hot layouts, specialised (quantize_dense, dequantize_dense, ...) ----
 // Contiguous rows of L elements whose parameter index is row * Co + (col / gc) * cs (Co: the
 // row coefficient; cs == 0: one parameter per row), with L % VEC == 0, every operand aligned for

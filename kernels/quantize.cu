@@ -40,7 +40,10 @@ struct QuantizeBody {
 
   const in_t* __restrict__ x;
   u8* __restrict__ q;
-  AffineParams<IntQuantParam<acc_t>, acc_t> param;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
   const RowLayout& lay;
   u64 seed, offset;
   IntQuantParam<acc_t> row_param;
@@ -48,7 +51,13 @@ struct QuantizeBody {
 
   __device__ __forceinline__ QuantizeBody(const in_t* x_, u8* q_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                           const RowLayout& l, u64 seed_, u64 offset_)
-      : x(x_), q(q_), param{sp, zp, sv, zv}, lay(l), seed(seed_), offset(offset_) {}
+      : x(x_), q(q_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l), seed(seed_), offset(offset_) {}
+
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
+    IntQuantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -111,11 +120,20 @@ struct QuantizeBackwardBody {
   const in_t* x;
   const in_t* dq;
   in_t* dx;
-  AffineParams<IntQuantParam<acc_t>, acc_t> param;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
   const RowLayout& lay;
   IntQuantParam<acc_t> row_param;
   ElementVector<in_t, VEC> xv[kQuantizeUnroll];
   ElementVector<in_t, VEC> gv[kQuantizeUnroll];
+
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
+    IntQuantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -178,7 +196,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
                        typename qp::FloatElement<In>::storage* dx,
                        const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
                        typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay) {
-  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, {scale_ptr, zp_ptr, scale_value, zp_value}, lay};
+  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay};
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }
 
