@@ -705,14 +705,17 @@ __device__ __noinline__ void fake_rows_rare_segment(const u16* xs, u16* ys, floa
   FakeQuantParam<float> gp;
   gp.set(scale, (float)zp, q_min, q_max);
   const bool short_path = dp.short_path();
-  for_each_team_vector8<NV>(xs, lane, team, [&](int col, const ElementVector<u16, 8>& xv) {
+  for (int u = 0; u < NV; ++u) {
+    const int col = (lane + u * team) * 8;
+    ElementVector<u16, 8> xv;
+    xv.template load<true>(xs + col, 8);
     float vals[8];
     for (int k = 0; k < 8; ++k) {
       const float v = FloatElement<In>::to_acc(xv.v[k]);
       vals[k] = short_path ? dp.nearest(v) : gp.fake(v);
     }
     vector_from_acc<In, 8>(vals).template store<true>(ys + col, 8);
-  });
+  }
 }
 
 }  // namespace qp

@@ -145,7 +145,7 @@ struct DeepSpeedCodeSink {
   __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
     store_sink_unit<U, true, loco, Err>(
         o, i, out, v, [&](int k) { return code(v[k], p[k]); },
-        [&](int k, int c) { return dequantized(c, p[k]); });
+        [&](int k, const int (&codes)[U]) { return dequantized(codes[k], p[k]); });
   }
 };
 

@@ -260,7 +260,7 @@ __device__ __forceinline__ void store_code_unit(u8* q, i64 out, const int (&code
 }
 
 // A code sink's element-loop unit: U consecutive source elements i.. (values v) get codes
-// code(k); with LOCO, their dequantized values dequantized(k, code) update the error feedback
+// code(k); with LOCO, their dequantized values dequantized(k, codes) update the error feedback
 // (loco_update); the codes are written as one byte at output element `out` (store_code_unit).
 // O: the sink's output arguments (q, error, beta, one_minus_beta).
 template <int U, bool HIGH_FIRST, bool LOCO, class Err, class O, class Code, class Dequantized>
@@ -271,7 +271,7 @@ __device__ __forceinline__ void store_sink_unit(const O& o, i64 i, i64 out, cons
 #pragma unroll
   for (int k = 0; k < U; ++k) {
     codes[k] = code(k);
-    d[k] = dequantized(k, codes[k]);
+    d[k] = dequantized(k, codes);
   }
   if constexpr (LOCO) loco_update<Err, U, false>(o.error, i, U, o.beta, o.one_minus_beta, v, d);
   store_code_unit<U, HIGH_FIRST>(o.q, out, codes);
@@ -333,10 +333,10 @@ struct QgzCodeSink {
   __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
     store_sink_unit<U, HIGH_FIRST, loco, Err>(
         o, i, out, v, [&](int k) { return VQ::code(v[k], p[k], q_min, q_max, false); },
-        [&](int k, int code) {
+        [&](int k, const int (&codes)[U]) {
           DequantParam<float> dp;
           dp.set(p[k].scale, p[k].zp);
-          return dequantized_code(code, dp);
+          return dequantized_code(codes[k], dp);
         });
   }
 };
