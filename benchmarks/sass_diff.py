@@ -13,9 +13,12 @@ such that every kernel template appears with every element tag and every templat
 it takes in the table (so every template, every element kind and every tuning shape is compiled
 at least once). Units are compiled with NVRTC exactly as the plans compile them (the same options,
 including the tuning defines) for one architecture (default sm_90), disassembled with
-``cuobjdump -sass`` (``$CUOBJDUMP`` or on ``PATH``; the ``nvidia-cuda-cuobjdump`` wheel has one),
-and each function's SASS is hashed with its own name removed (so a renamed template hashes the
-same), keyed by its name expression. No GPU is needed.
+``cuobjdump -sass`` (``$CUOBJDUMP`` or on ``PATH``; the ``nvidia-cuda-cuobjdump`` wheel has one)
+or, where there is none, with ``nvdisasm -c -hex`` (``$NVDISASM`` or on ``PATH``; the
+``nvidia-cuda-nvdisasm`` wheel has one). Each function's SASS, instruction encodings included, is
+hashed with its own name removed (so a renamed template hashes the same) and its branch labels
+numbered from zero (they count across the whole module), keyed by its name expression. A
+recording names its disassembler; compare two recordings made with the same one. No GPU is needed.
 """
 
 from __future__ import annotations
@@ -73,26 +76,46 @@ def representative_units(family: str) -> list[list[str]]:
 
 
 _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
+# nvdisasm heads each code section with a line ``//---- .text.<mangled> ----``.
+_SECTION = re.compile(r"^//-+ \.text\.(\S+) -+$", re.MULTILINE)
+_LABEL = re.compile(r"\.L_x_\d+")
+
+
+def disassembler() -> tuple[str, str]:
+    """("cuobjdump" or "nvdisasm", its path): ``$CUOBJDUMP`` or ``cuobjdump``, else ``$NVDISASM`` or ``nvdisasm``."""
+    for kind, variable in (("cuobjdump", "CUOBJDUMP"), ("nvdisasm", "NVDISASM")):
+        tool = os.environ.get(variable) or shutil.which(kind)
+        if tool:
+            return kind, tool
+    raise SystemExit(
+        "no disassembler: set $CUOBJDUMP or $NVDISASM, or install the nvidia-cuda-cuobjdump"
+        " or nvidia-cuda-nvdisasm wheel"
+    )
 
 
 def sass_by_function(cubin: Path) -> dict[str, str]:
-    """``cuobjdump -sass`` of ``cubin`` split per function (mangled name -> its SASS lines)."""
-    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-    if tool is None:
-        raise SystemExit("cuobjdump not found: set $CUOBJDUMP or install the nvidia-cuda-cuobjdump wheel")
-    text = subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
-    pieces = _FUNCTION.split(text)
+    """The SASS of ``cubin`` split per function (mangled name -> its SASS lines)."""
+    kind, tool = disassembler()
+    command = [tool, "-sass", str(cubin)] if kind == "cuobjdump" else [tool, "-c", "-hex", str(cubin)]
+    text = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    pieces = (_FUNCTION if kind == "cuobjdump" else _SECTION).split(text)
     return {pieces[i]: pieces[i + 1] for i in range(1, len(pieces) - 1, 2)}
 
 
 def normalize(sass: str, mangled: str) -> str:
-    """The function's SASS with its own (mangled) name blanked and blank lines dropped."""
-    lines = (line.replace(mangled, "<self>").rstrip() for line in sass.splitlines())
+    """The function's SASS with its own (mangled) name blanked, labels renumbered, blank lines dropped."""
+    labels: dict[str, str] = {}
+
+    def local(match: re.Match[str]) -> str:
+        return labels.setdefault(match.group(0), f".L_x_{len(labels)}")
+
+    lines = (_LABEL.sub(local, line.replace(mangled, "<self>")).rstrip() for line in sass.splitlines())
     return "\n".join(line for line in lines if line.strip())
 
 
 def record(out: Path, arch: ArchSku, families: list[str]) -> None:
     options = _kernel_options()
+    tool = disassembler()[0]
     result: dict[str, dict[str, str]] = {}
     start = time.time()
     for family in families:
@@ -106,11 +129,18 @@ def record(out: Path, arch: ArchSku, families: list[str]) -> None:
         result[family] = dict(sorted(hashes.items()))
         print(f"{family}: {len(hashes)} kernels ({time.time() - start:.0f} s)", flush=True)
         # Written after every family, so an interrupted run keeps what it compiled.
-        out.write_text(json.dumps({"arch": arch.name, "options": list(options), "kernels": result}, indent=1) + "\n")
+        out.write_text(
+            json.dumps({"arch": arch.name, "disassembler": tool, "options": list(options), "kernels": result}, indent=1)
+            + "\n"
+        )
 
 
 def compare(before: Path, after: Path) -> int:
-    a, b = json.loads(before.read_text())["kernels"], json.loads(after.read_text())["kernels"]
+    ra, rb = json.loads(before.read_text()), json.loads(after.read_text())
+    tools = (ra.get("disassembler", "cuobjdump"), rb.get("disassembler", "cuobjdump"))
+    if tools[0] != tools[1]:
+        raise SystemExit(f"recorded with different disassemblers ({tools[0]}, {tools[1]}): record both with one")
+    a, b = ra["kernels"], rb["kernels"]
     total = same = 0
     for family in sorted(set(a) | set(b)):
         ka, kb = a.get(family, {}), b.get(family, {})

@@ -21,67 +21,6 @@
 
 namespace qp {
 
-// A 16-byte vector of input elements as four words, and |x| keys that order like |x| (sign
-// cleared; NaN and Inf above every finite value).
-template <class In> struct BlockInput;
-
-template <> struct BlockInput<bf16> {
-  static const int vec = 8, bytes = 2;
-  static __device__ __forceinline__ u32 word_key(u32 w) {
-    const u32 m = w & 0x7FFF7FFFu;
-    return max(m & 0xFFFFu, m >> 16);
-  }
-  static __device__ __forceinline__ u32 key_bits(u32 key) { return key << 16; }  // the f32 bits of |x|
-  static __device__ __forceinline__ float element(const u32* w, int k) {
-    return __uint_as_float(k & 1 ? (w[k / 2] & 0xFFFF0000u) : (w[k / 2] << 16));
-  }
-  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
-    const u32 h = *static_cast<const u16*>(p);
-    w[k / 2] |= k & 1 ? h << 16 : h;
-  }
-};
-
-template <> struct BlockInput<f16> {
-  static const int vec = 8, bytes = 2;
-  static __device__ __forceinline__ u32 word_key(u32 w) {
-    const u32 m = w & 0x7FFF7FFFu;
-    return max(m & 0xFFFFu, m >> 16);
-  }
-  static __device__ __forceinline__ u32 key_bits(u32 key) {
-    return __float_as_uint(FloatElement<f16>::to_acc((u16)key));
-  }
-  static __device__ __forceinline__ float element(const u32* w, int k) {
-    return FloatElement<f16>::to_acc((u16)(k & 1 ? w[k / 2] >> 16 : w[k / 2] & 0xFFFFu));
-  }
-  static __device__ __forceinline__ void put(u32* w, int k, const void* p) {
-    const u32 h = *static_cast<const u16*>(p);
-    w[k / 2] |= k & 1 ? h << 16 : h;
-  }
-};
-
-template <> struct BlockInput<f32> {
-  static const int vec = 4, bytes = 4;
-  static __device__ __forceinline__ u32 word_key(u32 w) { return w & 0x7FFFFFFFu; }
-  static __device__ __forceinline__ u32 key_bits(u32 key) { return key; }
-  static __device__ __forceinline__ float element(const u32* w, int k) { return __uint_as_float(w[k]); }
-  static __device__ __forceinline__ void put(u32* w, int k, const void* p) { w[k] = *static_cast<const u32*>(p); }
-};
-
-// N bytes of codes stored as the widest aligned words.
-template <int N> __device__ __forceinline__ void store_code_bytes(u8* dst, const u32* w) {
-  if constexpr (N % 16 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 16; ++i)
-      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-  } else if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-  } else if constexpr (N == 4) {
-    *reinterpret_cast<u32*>(dst) = w[0];
-  } else {
-    *reinterpret_cast<u16*>(dst) = (u16)w[0];
-  }
-}
-
 // The 16-bit-lane FP4 encoders (sm_90 and later, fp4_lane_codes): MX bfloat16 input from its own
 // words times the power-of-two factor in bfloat16 lanes (kBf16Words); MX float16 input from its
 // scaled values, exact in float16 where it matters (kF16Values); NVFP4 from its f32 products
@@ -111,7 +50,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
                           const qp::i64* __restrict__ seed_ptr, const qp::i64* __restrict__ offset_ptr,
                           qp::u64 seed_value, qp::u64 offset_value, float* __restrict__ s_dec_out) {
   using namespace qp;
-  typedef BlockInput<In> In_;
+  typedef InputWords<In> In_;
   typedef BlockElement<Elem> E;
   constexpr int VEC = In_::vec;
   constexpr int ELEMS = VEC * VECS;                      // elements of one thread
@@ -259,7 +198,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       for (int w = 0; w < CODE_WORDS; ++w)
         if (!finite[w * 4 * E::per_byte / BLOCK % SUB]) packed[w] = 0;
       if (CONTIGUOUS) {
-        store_code_bytes<CODE_BYTES>(codes + slot * CODE_BYTES, packed);
+        store_code_run<CODE_BYTES>(codes + slot * CODE_BYTES, packed);
       } else {
         const i64 r = team / blocks_per_row;
         const i64 c0 = (team - r * blocks_per_row) * BLOCK + (i64)lane * ELEMS;
@@ -316,7 +255,7 @@ template <class In>
 __global__ void __launch_bounds__(256) block_scaled_tensor_amax(const void* __restrict__ x_ptr, qp::i64 n,
                                                                 qp::i64 vector_elements, unsigned int* __restrict__ amax) {
   using namespace qp;
-  typedef BlockInput<In> In_;
+  typedef InputWords<In> In_;
   constexpr int VEC = In_::vec;
   const i64 vectors = vector_elements / VEC;
   const i64 stride = (i64)gridDim.x * blockDim.x;

@@ -83,21 +83,6 @@ template <class In> __device__ __forceinline__ float column_element(const u32* w
   }
 }
 
-// N code bytes (N = 2, 4, 8 or a multiple of 16) from words to dst, aligned to min(N, 16).
-template <int N> __device__ __forceinline__ void store_code_run(u8* dst, const u32* w) {
-  if constexpr (N % 16 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 16; ++i)
-      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-  } else if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-  } else if constexpr (N == 4) {
-    *reinterpret_cast<u32*>(dst) = w[0];
-  } else {
-    *reinterpret_cast<u16*>(dst) = (u16)w[0];
-  }
-}
-
 // The first `valid` of N code bytes, one byte at a time.
 template <int N> __device__ __forceinline__ void store_code_prefix(u8* dst, const u32* w, i64 valid) {
   const u8* bytes = reinterpret_cast<const u8*>(w);

@@ -217,41 +217,34 @@ dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::s
     qp::ElementVector<qp::u8, in_bytes> qv[U];
     float s[U];
     int z[U];
+    qp::dense_vectors<U>(
+        col0, step, end,
+        [&](int u, int col) {
+          qv[u].load_dense(qr + (packed ? col / 2 : col));
+          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
+                                 s[u], z[u]);
+        },
+        [&](int u, int col) {
+          float vals[VEC];
+          if constexpr (kind == 2) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        qv[u].load_dense(qr + (packed ? col / 2 : col));
-        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
-        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
-        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
-      }
-    }
+            for (int k = 0; k < VEC; k += 2) {
+              qp::Fp8Pair<In>::to_f32((qp::u16)(qv[u].v[k] | (qv[u].v[k + 1] << 8)), vals[k], vals[k + 1]);
+              vals[k] *= s[u];
+              vals[k + 1] *= s[u];
+            }
+          } else {
+            qp::DequantParam<float> p;
+            p.set(s[u], z[u]);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        float vals[VEC];
-        if constexpr (kind == 2) {
-#pragma unroll
-          for (int k = 0; k < VEC; k += 2) {
-            qp::Fp8Pair<In>::to_f32((qp::u16)(qv[u].v[k] | (qv[u].v[k + 1] << 8)), vals[k], vals[k + 1]);
-            vals[k] *= s[u];
-            vals[k + 1] *= s[u];
+            for (int k = 0; k < VEC; ++k) {
+              const int code = packed ? qp::unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1)
+                                      : (is_signed ? (int)(qp::i8)qv[u].v[k] : (int)qv[u].v[k]);
+              vals[k] = qp::centered_code(code, p) * p.scale;
+            }
           }
-        } else {
-          qp::DequantParam<float> p;
-          p.set(s[u], z[u]);
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const int code = packed ? qp::unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1)
-                                    : (is_signed ? (int)(qp::i8)qv[u].v[k] : (int)qv[u].v[k]);
-            vals[k] = qp::centered_code(code, p) * p.scale;
-          }
-        }
-        qp::vector_from_acc<Out, VEC>(vals).store_dense(yr + col);
-      }
-    }
+          qp::vector_from_acc<Out, VEC>(vals).store_dense(yr + col);
+        });
   });
 }
 
@@ -269,23 +262,17 @@ dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typ
     const qp::i64 pbase = row * lay.Co;
     qp::ElementVector<out_t, VEC> gv[U];
     float s[U];
+    qp::dense_vectors<U>(
+        col0, step, end,
+        [&](int u, int col) {
+          gv[u].load_dense(dy + base + col);
+          s[u] = scale_ptr ? scale_ptr[qp::dense_param_index(lay, pbase, col)] : scale_value;
+        },
+        [&](int u, int col) {
+          float vals[VEC];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        gv[u].load_dense(dy + base + col);
-        s[u] = scale_ptr ? scale_ptr[qp::dense_param_index(lay, pbase, col)] : scale_value;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        float vals[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s[u];
-        qp::vector_from_acc<Out, VEC>(vals).store_dense(dq + base + col);
-      }
-    }
+          for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s[u];
+          qp::vector_from_acc<Out, VEC>(vals).store_dense(dq + base + col);
+        });
   });
 }

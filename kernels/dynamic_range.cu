@@ -830,26 +830,16 @@ dynamic_quantize_cluster(const typename qp::FloatElement<In>::storage* __restric
                          float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
                          float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
 #if __CUDA_ARCH__ >= 900
-  typedef qp::FloatElement<In> FE;
   using qp::i64;
-  using qp::u32;
   constexpr int KIND = qp::QuantElement<Out>::kind;
-  __shared__ u32 warp_slots[32];
-  __shared__ u32 shares[qp::kClusterBlocks];  // every block's share of this segment's range
-  const int rank = blockIdx.x % qp::kClusterBlocks;
-  const i64 seg = blockIdx.x / qp::kClusterBlocks;
   const int S = lay.S, q_min = lay.q_min, q_max = lay.q_max;
-  const int col = (rank * blockDim.x + threadIdx.x) * 8;
-  const typename FE::storage* xs = x + seg * S;
-  // Phase 1 (arrive now, wait before the first remote store): every block of the cluster has
-  // started, so its shared memory may be written.
-  qp::cluster_arrive_relaxed();
-  const uint4 v = *reinterpret_cast<const uint4*>(xs + col);
-  const qp::RowRange<In, MODE> range(
-      qp::cluster_range_word<In, MODE, qp::kClusterBlocks>(qp::range_word<In, MODE>(v), warp_slots, shares));
-  quantize_segment_vector<In, Out, HIGH_FIRST, MODE>(range, v, xs, q + (KIND == 1 ? seg * (S / 2) : seg * S), col,
-                                                     scale_out, zp_out, seg, rank == 0 && threadIdx.x == 0, q_min,
-                                                     q_max, divisor);
+  qp::cluster_segment<In, MODE>(
+      x, S, [&](int rank, i64 seg, int col, const uint4& v, const qp::RowRange<In, MODE>& range) {
+        quantize_segment_vector<In, Out, HIGH_FIRST, MODE>(range, v, x + seg * S,
+                                                           q + (KIND == 1 ? seg * (S / 2) : seg * S), col, scale_out,
+                                                           zp_out, seg, rank == 0 && threadIdx.x == 0, q_min, q_max,
+                                                           divisor);
+      });
 #else
   __trap();
 #endif
@@ -916,41 +906,30 @@ dynamic_quantize_rows(const typename qp::FloatElement<In>::storage* __restrict__
                       float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
                       float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
   using qp::i64;
-  using qp::u32;
   constexpr int KIND = qp::QuantElement<Out>::kind;
   constexpr int S = kRowsBlock * 8 * NV;  // elements per segment (lay.S)
-  constexpr int WARPS = kRowsBlock / 32;
   static_assert(sizeof(typename qp::FloatElement<In>::storage) == 2, "16-bit floats");
   static_assert(MODE == 0 || KIND != 2, "FP8 codes are symmetric");
-  __shared__ __align__(16) u32 slots[2][WARPS];
   const int tid = threadIdx.x;
   const int q_min = lay.q_min, q_max = lay.q_max;
-  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
-  int par = 0;
-  for (i64 seg = blockIdx.x; seg < lay.segments; seg += gridDim.x, par ^= 1) {
-    uint4 v[NV];
-    const uint4* src = reinterpret_cast<const uint4*>(x + seg * S);
+  qp::for_each_row_segment<In, MODE, NV, kRowsBlock>(
+      x, lay.segments, q_min, q_max, divisor,
+      [&](i64 seg, const qp::RowRange<In, MODE>& range) {
+        qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + seg * S, q + (KIND == 1 ? seg * (S / 2) : seg * S),
+                                                        scale_out, zp_out, seg, tid, kRowsBlock, range.lo, range.hi,
+                                                        range.bad, MODE, q_min, q_max, divisor);
+      },
+      [&](i64 seg, const uint4(&v)[NV], const qp::IntQuantParam<float>& p, int zp) {
+        qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
+        if (tid == 0) {
+          if (scale_out) scale_out[seg] = p.scale;
+          if (MODE != 0 && zp_out) zp_out[seg] = zp;
+        }
 #pragma unroll
-    for (int w = 0; w < NV; ++w) v[w] = src[tid + w * kRowsBlock];
-    const qp::RowRange<In, MODE> range(
-        qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, NV>(v), slots[par]));
-    qp::IntQuantParam<float> p;
-    int zp;
-    qp::u8* qs = q + (KIND == 1 ? seg * (S / 2) : seg * S);
-    if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
-      qp::lanes_rare_segment<In, Out, HIGH_FIRST, NV>(x + seg * S, qs, scale_out, zp_out, seg, tid, kRowsBlock,
-                                                      range.lo, range.hi, range.bad, MODE, q_min, q_max, d);
-      continue;
-    }
-    if (tid == 0) {
-      if (scale_out) scale_out[seg] = p.scale;
-      if (MODE != 0 && zp_out) zp_out[seg] = zp;
-    }
-#pragma unroll
-    for (int w = 0; w < NV; ++w) {
-      const int col = (tid + w * kRowsBlock) * 8;
-      qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max, qs + (KIND == 1 ? col / 2 : col),
-                                                      zp - QP_RNE_MAGIC_BITS);
-    }
-  }
+        for (int w = 0; w < NV; ++w) {
+          const int col = (tid + w * kRowsBlock) * 8;
+          qp::quantize_vector8<In, Out, HIGH_FIRST, MODE>(v[w], p, zp, q_min, q_max,
+                                                          qs + (KIND == 1 ? col / 2 : col), zp - QP_RNE_MAGIC_BITS);
+        }
+      });
 }

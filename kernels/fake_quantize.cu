@@ -726,35 +726,24 @@ dynamic_fake_quantize_rows(const typename qp::FloatElement<In>::storage* x, type
                            float* __restrict__ scale_out, int* __restrict__ zp_out, const qp::SegmentLayout lay,
                            float divisor, const qp::i64*, const qp::i64*, qp::u64, qp::u64, float) {
   using qp::i64;
-  using qp::u32;
   typedef qp::FloatElement<In> FE;
   constexpr int S = kFakeRowsBlock * 8 * NV;  // elements per segment (lay.S)
-  constexpr int WARPS = kFakeRowsBlock / 32;
   static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
-  __shared__ __align__(16) u32 slots[2][WARPS];
   const int tid = threadIdx.x;
   const int q_min = lay.q_min, q_max = lay.q_max;
-  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
-  int par = 0;
-  for (i64 seg = blockIdx.x; seg < lay.segments; seg += gridDim.x, par ^= 1) {
-    uint4 v[NV];
-    const uint4* src = reinterpret_cast<const uint4*>(x + seg * S) + tid;
+  qp::for_each_row_segment<In, MODE, NV, kFakeRowsBlock>(
+      x, lay.segments, q_min, q_max, divisor,
+      [&](i64 seg, const qp::RowRange<In, MODE>& range) {
+        qp::fake_rows_rare_segment<In, NV>(x + seg * S, y + seg * S, scale_out, zp_out, seg, tid, kFakeRowsBlock,
+                                           range.lo, range.hi, range.bad, MODE, q_min, q_max, divisor);
+      },
+      [&](i64 seg, const uint4(&v)[NV], const qp::IntQuantParam<float>& ip, int zp) {
+        typename FE::storage* ys = y + seg * S;
+        const qp::DynamicFakeParam<float> p =
+            fake_segment_param(ip, zp, q_min, q_max, tid == 0, scale_out, zp_out, seg);
 #pragma unroll
-    for (int w = 0; w < NV; ++w) v[w] = src[w * kFakeRowsBlock];
-    const qp::RowRange<In, MODE> range(
-        qp::block_range_word<In, MODE, WARPS>(qp::range_word_n<In, MODE, NV>(v), slots[par]));
-    qp::IntQuantParam<float> ip;
-    int zp;
-    typename FE::storage* ys = y + seg * S;
-    if (!range.fast_params(d, inv_d, q_min, q_max, ip, zp)) {
-      qp::fake_rows_rare_segment<In, NV>(x + seg * S, ys, scale_out, zp_out, seg, tid, kFakeRowsBlock, range.lo,
-                                         range.hi, range.bad, MODE, q_min, q_max, d);
-      continue;
-    }
-    const qp::DynamicFakeParam<float> p = fake_segment_param(ip, zp, q_min, q_max, tid == 0, scale_out, zp_out, seg);
-#pragma unroll
-    for (int w = 0; w < NV; ++w) fake_vector8_nearest<In>(p, v[w], ys + (tid + w * kFakeRowsBlock) * 8);
-  }
+        for (int w = 0; w < NV; ++w) fake_vector8_nearest<In>(p, v[w], ys + (tid + w * kFakeRowsBlock) * 8);
+      });
 }
 
 // ---- DynamicRangeFakeQuantizePlan, nearest: one row over a thread-block cluster (sm_90) ----
@@ -775,31 +764,25 @@ dynamic_fake_quantize_cluster(const typename qp::FloatElement<In>::storage* x,
 #if __CUDA_ARCH__ >= 900
   typedef qp::FloatElement<In> FE;
   using qp::i64;
-  using qp::u32;
   static_assert(sizeof(typename FE::storage) == 2, "16-bit floats");
-  __shared__ u32 warp_slots[32];
-  __shared__ u32 shares[qp::kClusterBlocks];  // every block's share of this segment's range
-  const int rank = blockIdx.x % qp::kClusterBlocks;
-  const i64 seg = blockIdx.x / qp::kClusterBlocks;
   const int S = lay.S, q_min = lay.q_min, q_max = lay.q_max;
-  const int col = (rank * blockDim.x + threadIdx.x) * 8;
-  const i64 first = seg * S;
-  qp::cluster_arrive_relaxed();
-  const uint4 v = *reinterpret_cast<const uint4*>(x + first + col);
-  const qp::RowRange<In, MODE> range(
-      qp::cluster_range_word<In, MODE, qp::kClusterBlocks>(qp::range_word<In, MODE>(v), warp_slots, shares));
-  const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
-  qp::IntQuantParam<float> ip;
-  int zp;
-  const bool writer = rank == 0 && threadIdx.x == 0;
-  if (!range.fast_params(d, inv_d, q_min, q_max, ip, zp)) {
-    // This thread's one vector (lane 0 of a team of one; only the writer stores parameters).
-    qp::fake_rows_rare_segment<In, 1>(x + first + col, y + first + col, writer ? scale_out : nullptr,
-                                      writer ? zp_out : nullptr, seg, 0, 1, range.lo, range.hi, range.bad, MODE, q_min,
-                                      q_max, d);
-    return;
-  }
-  fake_vector8_nearest<In>(fake_segment_param(ip, zp, q_min, q_max, writer, scale_out, zp_out, seg), v, y + first + col);
+  qp::cluster_segment<In, MODE>(
+      x, S, [&](int rank, i64 seg, int col, const uint4& v, const qp::RowRange<In, MODE>& range) {
+        const i64 first = seg * S;
+        const float d = divisor, inv_d = qp::rcp_rn_normal(divisor);
+        qp::IntQuantParam<float> ip;
+        int zp;
+        const bool writer = rank == 0 && threadIdx.x == 0;
+        if (!range.fast_params(d, inv_d, q_min, q_max, ip, zp)) {
+          // This thread's one vector (lane 0 of a team of one; only the writer stores parameters).
+          qp::fake_rows_rare_segment<In, 1>(x + first + col, y + first + col, writer ? scale_out : nullptr,
+                                            writer ? zp_out : nullptr, seg, 0, 1, range.lo, range.hi, range.bad, MODE,
+                                            q_min, q_max, d);
+          return;
+        }
+        fake_vector8_nearest<In>(fake_segment_param(ip, zp, q_min, q_max, writer, scale_out, zp_out, seg), v,
+                                 y + first + col);
+      });
 #else
   __trap();
 #endif

@@ -327,7 +327,8 @@ __device__ __forceinline__ i64 scale_offset(int layout, i64 r, i64 c, i64 cols, 
 
 }  // namespace qp
 
-// ---- shared by the 2-D tile and fused transpose kernels (block_scaled_tiles.cu) ----
+// ---- shared by the 1-D block kernels (block_scaled.cu), the 2-D tile and fused transpose kernels
+// (block_scaled_tiles.cu) ----
 namespace qp {
 
 // Input words: a run of elements held as 32-bit words in element order (two 16-bit elements per
@@ -399,6 +400,21 @@ __device__ __forceinline__ float divide_rn(float x, float s, float y) {
   q = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
   q = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
   return __uint_as_float((__float_as_uint(q) & 0x7FFFFFFFu) | (__float_as_uint(x) & 0x80000000u));
+}
+
+// N code bytes (N = 2, 4, 8 or a multiple of 16) from words to dst, aligned to min(N, 16).
+template <int N> __device__ __forceinline__ void store_code_run(u8* dst, const u32* w) {
+  if constexpr (N % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  } else if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<u32*>(dst) = w[0];
+  } else {
+    *reinterpret_cast<u16*>(dst) = (u16)w[0];
+  }
 }
 
 // The scale of a block from the f32 bits of its amax (NaN / Inf bits: a non-finite block, which

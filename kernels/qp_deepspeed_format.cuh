@@ -143,15 +143,9 @@ struct DeepSpeedCodeSink {
 
   template <int U>
   __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
-    int codes[U];
-    float d[U];
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      codes[k] = code(v[k], p[k]);
-      d[k] = dequantized(codes[k], p[k]);
-    }
-    if constexpr (loco) loco_update<Err, U, false>(o.error, i, U, o.beta, o.one_minus_beta, v, d);
-    store_code_unit<U, true>(o.q, out, codes);
+    store_sink_unit<U, true, loco, Err>(
+        o, i, out, v, [&](int k) { return code(v[k], p[k]); },
+        [&](int k, const int (&codes)[U]) { return dequantized(codes[k], p[k]); });
   }
 };
 
@@ -497,15 +491,13 @@ __device__ __noinline__ void deepspeed_dense_generic(const typename FloatElement
   constexpr int bits = QuantElement<Code>::kind == 1 ? 4 : 8;
   const DeepSpeedParam p = Sink::params_of(lo, hi, absmax, bad, bits, asym);
   if (lane == 0 && params != nullptr) store_group_params(params, og, p.inv, p.offset, asym);
-  for (int w = 0; w < NV; ++w) {
-    const int col = (lane + w * team) * 8;
-    ElementVector<typename FloatElement<In>::storage, 8> xv;
-    xv.template load<true>(xs + col, 8);
+  typedef ElementVector<typename FloatElement<In>::storage, 8> Vector;
+  for_each_team_vector8<NV>(xs, lane, team, [&](int col, const Vector& xv) {
     int c[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) c[k] = Sink::code_of(FloatElement<In>::to_acc(xv.v[k]), p, bits, asym);
     VQ::template store<true>(qs + (VQ::packed ? col / 2 : col), 8, c);
-  }
+  });
 }
 
 // A group of moq_fake_quantize_dense outside the fast path: MoQSink::value_of (IEEE formulas),
@@ -515,15 +507,13 @@ __device__ __noinline__ void moq_dense_generic(const typename FloatElement<In>::
                                                typename FloatElement<In>::storage* ys, int lane, int team,
                                                const MoQParam p, int bits, bool asym) {
   typedef MoQSink<In, 8, true, false> Sink;
-  for (int w = 0; w < NV; ++w) {
-    const int col = (lane + w * team) * 8;
-    ElementVector<typename FloatElement<In>::storage, 8> xv;
-    xv.template load<true>(xs + col, 8);
+  typedef ElementVector<typename FloatElement<In>::storage, 8> Vector;
+  for_each_team_vector8<NV>(xs, lane, team, [&](int col, const Vector& xv) {
     float y[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) y[k] = Sink::value_of(FloatElement<In>::to_acc(xv.v[k]), p, 0.0f, bits, asym);
     vector_from_acc<In, 8>(y).template store<true>(ys + col, 8);
-  }
+  });
 }
 
 // MoQ SYMMETRIC nearest of the 8 elements of v under scale a (inv = rn(1 / a), `fast`), hi the

@@ -30,101 +30,124 @@ struct e5m2 {};
 // ---- float elements: storage and accumulator types, exact up-conversion ----
 template <class T> struct FloatElement;
 
-template <> struct FloatElement<f16> {
+// The 16-bit floats (BF16: bfloat16, else float16): u16 storage, float accumulator; from_acc
+// rounds one element (rne), pair_from_acc two in one instruction (element `lo` in bits 0-15).
+template <bool BF16> struct HalfElement {
   typedef u16 storage;
   typedef float acc;
+  static __device__ __forceinline__ u16 from_acc(float f) {
+    u16 h;
+    if constexpr (BF16) {
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    } else {
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    }
+    return h;
+  }
+  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
+    u32 d;
+    if constexpr (BF16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    } else {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    }
+    return d;
+  }
+  static const bool has_pair = true;
+};
+
+template <> struct FloatElement<f16> : HalfElement<false> {
   static __device__ __forceinline__ float to_acc(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
   }
-  static __device__ __forceinline__ u16 from_acc(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-  }
-  // Two roundings in one instruction: element `lo` in bits 0-15.
-  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
-  static const bool has_pair = true;
 };
 
-template <> struct FloatElement<bf16> {
-  typedef u16 storage;
-  typedef float acc;
+template <> struct FloatElement<bf16> : HalfElement<true> {
   static __device__ __forceinline__ float to_acc(u16 h) { return __uint_as_float(((u32)h) << 16); }
-  static __device__ __forceinline__ u16 from_acc(float f) {
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-  }
-  static __device__ __forceinline__ u32 pair_from_acc(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  }
-  static const bool has_pair = true;
 };
 
-template <> struct FloatElement<f32> {
-  typedef float storage;
-  typedef float acc;
-  static __device__ __forceinline__ float to_acc(float v) { return v; }
-  static __device__ __forceinline__ float from_acc(float v) { return v; }
-  static __device__ __forceinline__ u32 pair_from_acc(float, float) { return 0; }
+// f32 and f64: stored as their accumulator type (float, double), no conversion.
+template <class T> struct SameAsAccElement {
+  typedef T storage;
+  typedef T acc;
+  static __device__ __forceinline__ T to_acc(T v) { return v; }
+  static __device__ __forceinline__ T from_acc(T v) { return v; }
+  static __device__ __forceinline__ u32 pair_from_acc(T, T) { return 0; }
   static const bool has_pair = false;
 };
 
-template <> struct FloatElement<f64> {
-  typedef double storage;
-  typedef double acc;
-  static __device__ __forceinline__ double to_acc(double v) { return v; }
-  static __device__ __forceinline__ double from_acc(double v) { return v; }
-  static __device__ __forceinline__ u32 pair_from_acc(double, double) { return 0; }
-  static const bool has_pair = false;
-};
+template <> struct FloatElement<f32> : SameAsAccElement<float> {};
+template <> struct FloatElement<f64> : SameAsAccElement<double> {};
 
 // ---- FP8 (OCP e4m3fn and e5m2): round to nearest even, saturate to the largest finite ----
 // NaN becomes the canonical 0x7F in both formats; +-Inf saturates like any large value.
 #define QP_FP8_CANONICAL_NAN 0x7F
 
-__device__ __forceinline__ u8 fp8_e4m3_from_f32_software(float v) {
-  const u32 sign = (__float_as_uint(v) >> 24) & 0x80u;
-  const float a = fabsf(v);
+// The bit layout of each format: mantissa bits, exponent bias, largest finite value and its code,
+// smallest normal value, the subnormal step 2^(1 - bias - mant) and its inverse.
+template <class Fp8> struct Fp8Format;
+template <> struct Fp8Format<e4m3> {
+  static const int mant = 3, bias = 7;
+  static constexpr double max = 448.0;
+  static const u32 max_code = 0x7Eu;
+  static constexpr float min_normal = 0.015625f, subnormal_step = 0.001953125f, subnormal_inverse = 512.0f;
+};
+template <> struct Fp8Format<e5m2> {
+  static const int mant = 2, bias = 15;
+  static constexpr double max = 57344.0;
+  static const u32 max_code = 0x7Bu;
+  static constexpr float min_normal = 6.103515625e-05f, subnormal_step = 1.52587890625e-05f,
+                         subnormal_inverse = 65536.0f;
+};
+
+// The bits of an IEEE binary float: storage word, mantissa bits, exponent bias; its bits and its
+// conversion to int with round-half-to-even.
+template <class T> struct IeeeBits;
+template <> struct IeeeBits<float> {
+  typedef u32 word;
+  static const int mant = 23, bias = 127;
+  static __device__ __forceinline__ u32 of(float v) { return __float_as_uint(v); }
+  static __device__ __forceinline__ int rint_int(float v) { return __float2int_rn(v); }
+};
+template <> struct IeeeBits<double> {
+  typedef u64 word;
+  static const int mant = 52, bias = 1023;
+  static __device__ __forceinline__ u64 of(double v) { return (u64)__double_as_longlong(v); }
+  static __device__ __forceinline__ int rint_int(double v) { return __double2int_rn(v); }
+};
+
+// One rounding of a float or double v to the FP8 format, in integer arithmetic on v's bits (any
+// architecture; the f32 one is the portable conversion): below the smallest normal, the exact
+// scaling to subnormal steps rounded by the integer conversion; above it, the bits rounded to
+// the format's mantissa bits (rne) and the exponent rebiased.
+template <class Fp8, class T> __device__ __forceinline__ u8 fp8_from_float_bits(T v) {
+  typedef Fp8Format<Fp8> F;
+  typedef IeeeBits<T> B;
+  typedef typename B::word word;
+  constexpr int DROP = B::mant - F::mant;  // mantissa bits dropped
+  const u32 sign = (u32)(B::of(v) >> (8 * sizeof(T) - 8)) & 0x80u;
+  const T a = fabs(v);
   if (a != a) return QP_FP8_CANONICAL_NAN;
-  if (a >= 448.0f) return (u8)(sign | 0x7Eu);          // 448 = largest finite; rne(>=448) saturates
-  if (a < 0.015625f) {                                  // below 2^-6: subnormal step 2^-9
-    return (u8)(sign | (u32)__float2int_rn(a * 512.0f));   // exact scaling; 8 encodes 2^-6
-  }
-  const u32 ua = __float_as_uint(a);
-  const u32 r = (ua + 0x7FFFFu + ((ua >> 20) & 1u)) >> 20;  // keep 3 mantissa bits, rne
-  return (u8)(sign | (r - (120u << 3)));                // rebias exponent 127 -> 7
+  if (a >= (T)F::max) return (u8)(sign | F::max_code);  // rne(>= max) saturates
+  if (a < (T)F::min_normal) return (u8)(sign | (u32)B::rint_int(a * (T)F::subnormal_inverse));
+  const word ua = B::of(a);
+  const word r = (ua + (((word)1 << (DROP - 1)) - 1) + ((ua >> DROP) & 1)) >> DROP;
+  return (u8)(sign | (u32)(r - ((word)(B::bias - F::bias) << F::mant)));
 }
 
-__device__ __forceinline__ u8 fp8_e5m2_from_f32_software(float v) {
-  const u32 sign = (__float_as_uint(v) >> 24) & 0x80u;
-  const float a = fabsf(v);
-  if (a != a) return QP_FP8_CANONICAL_NAN;
-  if (a >= 57344.0f) return (u8)(sign | 0x7Bu);         // 57344 = largest finite
-  if (a < 6.103515625e-05f) {                           // below 2^-14: subnormal step 2^-16
-    return (u8)(sign | (u32)__float2int_rn(a * 65536.0f));
-  }
-  const u32 ua = __float_as_uint(a);
-  const u32 r = (ua + 0xFFFFFu + ((ua >> 21) & 1u)) >> 21;  // keep 2 mantissa bits, rne
-  return (u8)(sign | (r - (112u << 2)));                // rebias exponent 127 -> 15
-}
-
-template <class T> struct Fp8Element;
-
-template <> struct Fp8Element<e4m3> {
+template <class Fp8> struct Fp8Element {
+  typedef Fp8Format<Fp8> F;
 #if __CUDA_ARCH__ >= 890
   // Two conversions in one instruction: low byte from lo, high byte from hi.
   static __device__ __forceinline__ u16 pair_from_f32(float lo, float hi) {
     u16 pair;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    if constexpr (F::mant == 3) {
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    } else {
+      asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+    }
     return pair;
   }
 #endif
@@ -132,39 +155,21 @@ template <> struct Fp8Element<e4m3> {
 #if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
     return (v != v) ? (u8)QP_FP8_CANONICAL_NAN : (u8)(pair_from_f32(v, 0.0f) & 0xFFu);
 #else
-    return fp8_e4m3_from_f32_software(v);
+    return fp8_from_float_bits<Fp8>(v);
 #endif
   }
+  // Exact widening: e4m3fn has no Inf and one NaN (S.1111.111); e5m2 has IEEE Inf and NaN.
   static __device__ __forceinline__ float to_f32(u8 b) {
+    constexpr int M = F::mant;
     const u32 sign = ((u32)b & 0x80u) << 24;
-    const u32 e = (b >> 3) & 0xFu, m = b & 7u;
-    if ((b & 0x7Fu) == 0x7Fu) return __uint_as_float(0x7FC00000u | sign);
-    if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));
-    return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
-  }
-};
-
-template <> struct Fp8Element<e5m2> {
-#if __CUDA_ARCH__ >= 890
-  static __device__ __forceinline__ u16 pair_from_f32(float lo, float hi) {
-    u16 pair;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
-    return pair;
-  }
-#endif
-  static __device__ __forceinline__ u8 from_f32(float v) {
-#if __CUDA_ARCH__ >= 890 && !defined(QP_FP8_SOFTWARE)
-    return (v != v) ? (u8)QP_FP8_CANONICAL_NAN : (u8)(pair_from_f32(v, 0.0f) & 0xFFu);
-#else
-    return fp8_e5m2_from_f32_software(v);
-#endif
-  }
-  static __device__ __forceinline__ float to_f32(u8 b) {
-    const u32 sign = ((u32)b & 0x80u) << 24;
-    const u32 e = (b >> 2) & 0x1Fu, m = b & 3u;
-    if (e == 31u) return __uint_as_float(sign | (m ? 0x7FC00000u : 0x7F800000u));
-    if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * 1.52587890625e-05f));
-    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 21));
+    const u32 e = (b >> M) & (0x7Fu >> M), m = b & ((1u << M) - 1u);
+    if constexpr (M == 3) {
+      if ((b & 0x7Fu) == 0x7Fu) return __uint_as_float(0x7FC00000u | sign);
+    } else {
+      if (e == 31u) return __uint_as_float(sign | (m ? 0x7FC00000u : 0x7F800000u));
+    }
+    if (e == 0) return __uint_as_float(sign | __float_as_uint((float)m * F::subnormal_step));
+    return __uint_as_float(sign | ((e + (127u - F::bias)) << 23) | (m << (23 - M)));
   }
 };
 

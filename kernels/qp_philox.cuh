@@ -13,6 +13,16 @@ struct Philox4 {
   u32 v[4];
 };
 
+// The four output words of a Philox call.
+__device__ __forceinline__ Philox4 philox_words(u32 c0, u32 c1, u32 c2, u32 c3) {
+  Philox4 out;
+  out.v[0] = c0;
+  out.v[1] = c1;
+  out.v[2] = c2;
+  out.v[3] = c3;
+  return out;
+}
+
 __device__ __forceinline__ Philox4 philox4x32_10(u64 j, u64 offset, u64 seed) {
   u32 c0 = (u32)j, c1 = (u32)(j >> 32), c2 = (u32)offset, c3 = (u32)(offset >> 32);
   u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
@@ -30,12 +40,7 @@ __device__ __forceinline__ Philox4 philox4x32_10(u64 j, u64 offset, u64 seed) {
     c2 = n2;
     c3 = lo0;
   }
-  Philox4 out;
-  out.v[0] = c0;
-  out.v[1] = c1;
-  out.v[2] = c2;
-  out.v[3] = c3;
-  return out;
+  return philox_words(c0, c1, c2, c3);
 }
 
 // The same generator with the per-launch part of round 0 hoisted (a kernel draws every counter
@@ -73,12 +78,7 @@ struct PhiloxStream {
       c2 = hi0 ^ c3 ^ b;
       c3 = lo0;
     }
-    Philox4 out;
-    out.v[0] = c0;
-    out.v[1] = c1;
-    out.v[2] = c2;
-    out.v[3] = c3;
-    return out;
+    return philox_words(c0, c1, c2, c3);
   }
 };
 

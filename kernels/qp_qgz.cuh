@@ -259,6 +259,24 @@ __device__ __forceinline__ void store_code_unit(u8* q, i64 out, const int (&code
   }
 }
 
+// A code sink's element-loop unit: U consecutive source elements i.. (values v) get codes
+// code(k); with LOCO, their dequantized values dequantized(k, codes) update the error feedback
+// (loco_update); the codes are written as one byte at output element `out` (store_code_unit).
+// O: the sink's output arguments (q, error, beta, one_minus_beta).
+template <int U, bool HIGH_FIRST, bool LOCO, class Err, class O, class Code, class Dequantized>
+__device__ __forceinline__ void store_sink_unit(const O& o, i64 i, i64 out, const float (&v)[U], Code code,
+                                                Dequantized dequantized) {
+  int codes[U];
+  float d[U];
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    codes[k] = code(k);
+    d[k] = dequantized(k, codes);
+  }
+  if constexpr (LOCO) loco_update<Err, U, false>(o.error, i, U, o.beta, o.one_minus_beta, v, d);
+  store_code_unit<U, HIGH_FIRST>(o.q, out, codes);
+}
+
 // SPEC section 4's group formula (segment_params) and code storage; lay.mode 0 / 1.
 template <class Scan, class Out, class Err, int VEC, bool VECTOR_IO, bool HIGH_FIRST>
 struct QgzCodeSink {
@@ -313,17 +331,13 @@ struct QgzCodeSink {
   // written as one byte at output element `out` (the element loop).
   template <int U>
   __device__ __forceinline__ void store_unit(i64 i, i64 out, const float (&v)[U], const param_t (&p)[U]) const {
-    int codes[U];
-    float d[U];
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      codes[k] = VQ::code(v[k], p[k], q_min, q_max, false);
-      DequantParam<float> dp;
-      dp.set(p[k].scale, p[k].zp);
-      d[k] = dequantized_code(codes[k], dp);
-    }
-    if constexpr (loco) loco_update<Err, U, false>(o.error, i, U, o.beta, o.one_minus_beta, v, d);
-    store_code_unit<U, HIGH_FIRST>(o.q, out, codes);
+    store_sink_unit<U, HIGH_FIRST, loco, Err>(
+        o, i, out, v, [&](int k) { return VQ::code(v[k], p[k], q_min, q_max, false); },
+        [&](int k, const int (&codes)[U]) {
+          DequantParam<float> dp;
+          dp.set(p[k].scale, p[k].zp);
+          return dequantized_code(codes[k], dp);
+        });
   }
 };
 

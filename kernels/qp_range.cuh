@@ -478,6 +478,39 @@ template <class In, int MODE> struct RowRange {
   }
 };
 
+// ---- whole rows held in registers by a block (dense-rows) ----
+// The schedule of dynamic_quantize_rows and dynamic_fake_quantize_rows: a block of BLOCK threads
+// takes segments blockIdx.x, blockIdx.x + gridDim.x, ... (below `segments`) of
+// S = BLOCK * 8 * NV 16-bit floats; thread t loads the segment's 16-byte vectors t, t + BLOCK, ...
+// into v (they stay in registers), and the block reduces the segment's range on packed words
+// (range_word_n, block_range_word with two alternating slot sets: one barrier per segment).
+// Then fast(seg, v, p, zp) with the division-free parameters (RowRange::fast_params), or, where
+// they do not hold, rare(seg, range): the segment out of line.
+template <class In, int MODE, int NV, int BLOCK, class Rare, class Fast>
+__device__ __forceinline__ void for_each_row_segment(const typename FloatElement<In>::storage* x, i64 segments,
+                                                     int q_min, int q_max, float divisor, Rare rare, Fast fast) {
+  constexpr int S = BLOCK * 8 * NV;
+  constexpr int WARPS = BLOCK / 32;
+  __shared__ __align__(16) u32 slots[2][WARPS];
+  const int tid = threadIdx.x;
+  const float d = divisor, inv_d = rcp_rn_normal(divisor);
+  int par = 0;
+  for (i64 seg = blockIdx.x; seg < segments; seg += gridDim.x, par ^= 1) {
+    uint4 v[NV];
+    const uint4* src = reinterpret_cast<const uint4*>(x + seg * S);
+#pragma unroll
+    for (int w = 0; w < NV; ++w) v[w] = src[tid + w * BLOCK];
+    const RowRange<In, MODE> range(block_range_word<In, MODE, WARPS>(range_word_n<In, MODE, NV>(v), slots[par]));
+    IntQuantParam<float> p;
+    int zp;
+    if (!range.fast_params(d, inv_d, q_min, q_max, p, zp)) {
+      rare(seg, range);
+      continue;
+    }
+    fast(seg, v, p, zp);
+  }
+}
+
 // ---- one segment over a thread-block cluster (sm_90) ----
 // Blocks of a cluster that holds one segment (dynamic_quantize_cluster,
 // dynamic_fake_quantize_cluster); the kernels carry QP_CLUSTER_DIMS.
@@ -538,6 +571,26 @@ template <class In, int MODE, int CLUSTER>
 __device__ __forceinline__ u32 cluster_range_word(u32 r, u32* warp_slots, u32* shares) {
   return cluster_reduce_word<CLUSTER>(r, 0u, warp_slots, shares,
                                       [](u32 a, u32 b) { return range_combine<In, MODE>(a, b); });
+}
+
+// The schedule of dynamic_quantize_cluster and dynamic_fake_quantize_cluster: segment `seg` of
+// S elements takes the kClusterBlocks blocks of one cluster (this one has rank `rank`), one
+// 16-byte vector v per thread at column `col` of the segment; the range by cluster_range_word.
+// Then fn(rank, seg, col, v, range).
+template <class In, int MODE, class Fn>
+__device__ __forceinline__ void cluster_segment(const typename FloatElement<In>::storage* x, int S, Fn fn) {
+  __shared__ u32 warp_slots[32];
+  __shared__ u32 shares[kClusterBlocks];  // every block's share of this segment's range
+  const int rank = blockIdx.x % kClusterBlocks;
+  const i64 seg = blockIdx.x / kClusterBlocks;
+  const int col = (rank * blockDim.x + threadIdx.x) * 8;
+  // Phase 1 (arrive now, wait before the first remote store): every block of the cluster has
+  // started, so its shared memory may be written.
+  cluster_arrive_relaxed();
+  const uint4 v = *reinterpret_cast<const uint4*>(x + seg * S + col);
+  const RowRange<In, MODE> range(
+      cluster_range_word<In, MODE, kClusterBlocks>(range_word<In, MODE>(v), warp_slots, shares));
+  fn(rank, seg, col, v, range);
 }
 #endif
 

@@ -124,35 +124,10 @@ __device__ __forceinline__ int quantize_int_code(Acc x, const IntQuantParam<Acc>
   return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max);
 }
 
-// ---- fp8 from double: one rounding straight from the double (no detour through float) ----
-template <class Fp8> struct Fp8FromDouble;
-template <> struct Fp8FromDouble<e4m3> {
-  static __device__ __forceinline__ u8 convert(double v) {
-    const u32 sign = (u32)(__double_as_longlong(v) >> 56) & 0x80u;
-    const double a = fabs(v);
-    if (a != a) return QP_FP8_CANONICAL_NAN;
-    if (a >= 448.0) return (u8)(sign | 0x7Eu);
-    if (a < 0.015625) return (u8)(sign | (u32)__double2int_rn(a * 512.0));
-    const u64 ua = (u64)__double_as_longlong(a);
-    const u64 r = (ua + 0xFFFFFFFFFFFFull + ((ua >> 49) & 1ull)) >> 49;
-    return (u8)(sign | (u32)(r - (1016ull << 3)));
-  }
-};
-template <> struct Fp8FromDouble<e5m2> {
-  static __device__ __forceinline__ u8 convert(double v) {
-    const u32 sign = (u32)(__double_as_longlong(v) >> 56) & 0x80u;
-    const double a = fabs(v);
-    if (a != a) return QP_FP8_CANONICAL_NAN;
-    if (a >= 57344.0) return (u8)(sign | 0x7Bu);
-    if (a < 6.103515625e-05) return (u8)(sign | (u32)__double2int_rn(a * 65536.0));
-    const u64 ua = (u64)__double_as_longlong(a);
-    const u64 r = (ua + 0x1FFFFFFFFFFFFull + ((ua >> 50) & 1ull)) >> 50;
-    return (u8)(sign | (u32)(r - (1008ull << 2)));
-  }
-};
-
+// ---- fp8 from the accumulator: a double is rounded once, straight from its bits (no detour
+// through float) ----
 template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(float v) { return Fp8Element<Fp8>::from_f32(v); }
-template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(double v) { return Fp8FromDouble<Fp8>::convert(v); }
+template <class Fp8> __device__ __forceinline__ u8 fp8_from_acc(double v) { return fp8_from_float_bits<Fp8>(v); }
 
 // Division-free fp8_rne_saturate(x / scale): the exact quotient (see above), converted once.
 // Clears `ok` when the element must be redone exactly.
@@ -187,10 +162,6 @@ __device__ __forceinline__ int quantize_int_code_stochastic(Acc x, Acc scale, in
   const Acc r = (Acc)u < v - f ? f + (Acc)1 : f;
   return clamp_integral_code(r, zp, q_min, q_max);
 }
-
-template <class Fp8> struct Fp8Format;
-template <> struct Fp8Format<e4m3> { static const int mant = 3, bias = 7; static constexpr double max = 448.0; };
-template <> struct Fp8Format<e5m2> { static const int mant = 2, bias = 15; static constexpr double max = 57344.0; };
 
 // FP8 codes: NaN -> canonical NaN; |v| >= max saturates; otherwise lo = the largest FP8 value
 // <= v, hi = the next one, and q = hi if u < (v - lo) / (hi - lo) else lo (the spacing is a power

@@ -121,4 +121,29 @@ __device__ __forceinline__ i64 dense_param_index(const RowLayout& lay, i64 pbase
   return lay.cs == 0 ? pbase : pbase + (i64)(__umulhi((u32)col, lay.gc_magic) >> lay.gc_shift) * lay.cs;
 }
 
+// The scale and zero point at parameter index pi: from the device arrays, or the scalar values
+// where an array is null.
+__device__ __forceinline__ void dense_affine_param(const float* scale_ptr, const int* zp_ptr, float scale_value,
+                                                   int zp_value, i64 pi, float& s, int& z) {
+  s = scale_ptr ? scale_ptr[pi] : scale_value;
+  z = zp_ptr ? zp_ptr[pi] : zp_value;
+}
+
+// A dense item's U vectors of this thread, at columns col0 + u * step below end, in two unrolled
+// passes: load(u, col) issues every load (data and parameters) first, so that their latencies
+// overlap; then finish(u, col) computes and stores each vector.
+template <int U, class Load, class Finish>
+__device__ __forceinline__ void dense_vectors(int col0, int step, int end, Load load, Finish finish) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int col = col0 + u * step;
+    if (col < end) load(u, col);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int col = col0 + u * step;
+    if (col < end) finish(u, col);
+  }
+}
+
 }  // namespace qp

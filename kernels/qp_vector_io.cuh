@@ -71,6 +71,18 @@ template <class T, int VEC> struct ElementVector {
   }
 };
 
+// The NV 8-element vectors of lane `lane` of a team of `team` threads over a segment xs: columns
+// (lane + w * team) * 8 for w < NV, each loaded as one aligned vector; fn(col, xv).
+template <int NV, class T, class Fn>
+__device__ __forceinline__ void for_each_team_vector8(const T* xs, int lane, int team, Fn fn) {
+  for (int w = 0; w < NV; ++w) {
+    const int col = (lane + w * team) * 8;
+    ElementVector<T, 8> xv;
+    xv.template load<true>(xs + col, 8);
+    fn(col, xv);
+  }
+}
+
 // A vector of floats rounded from accumulator values: 16-bit floats two per conversion.
 template <class In, int VEC>
 __device__ __forceinline__ ElementVector<typename FloatElement<In>::storage, VEC> vector_from_acc(

@@ -365,31 +365,25 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
     typename VQ::vector_t xv[U];
     float s[U];
     int z[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        xv[u].load_dense(xr + col);
-        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
-        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
-        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
-        int codes[VEC];
-        qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
-        if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
-          VQ::template store<true>(qs, VEC, codes);
-        } else {
-          const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
-          qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max, zero_fp8);
-        }
-      }
-    }
+    qp::dense_vectors<U>(
+        col0, step, end,
+        [&](int u, int col) {
+          xv[u].load_dense(xr + col);
+          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
+                                 s[u], z[u]);
+        },
+        [&](int u, int col) {
+          const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+          int codes[VEC];
+          qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
+          if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
+            VQ::template store<true>(qs, VEC, codes);
+          } else {
+            const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
+            qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max,
+                                                                zero_fp8);
+          }
+        });
   });
 }
 
@@ -409,40 +403,33 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
     qp::ElementVector<in_t, VEC> xv[U], gv[U];
     float s[U];
     int z[U];
+    qp::dense_vectors<U>(
+        col0, step, end,
+        [&](int u, int col) {
+          xv[u].load_dense(x + base + col);
+          gv[u].load_dense(dq + base + col);
+          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
+                                 s[u], z[u]);
+        },
+        [&](int u, int col) {
+          const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+          const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
+          bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
+          if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
+          float vals[VEC];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        xv[u].load_dense(x + base + col);
-        gv[u].load_dense(dq + base + col);
-        const qp::i64 pi = qp::dense_param_index(lay, pbase, col);
-        s[u] = scale_ptr ? scale_ptr[pi] : scale_value;
-        z[u] = zp_ptr ? zp_ptr[pi] : zp_value;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int col = col0 + u * step;
-      if (col < end) {
-        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
-        const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
-        bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
-        if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
-        float vals[VEC];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
-          const float g = FE::to_acc(gv[u].v[k]);
-          const float d = qp::quotient_fast(g, p, ok);
-          vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
-        }
-        if (ok) {
-          qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
-        } else {
-          qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
-                                                            z[u], lay.q_min, lay.q_max);
-        }
-      }
-    }
+          for (int k = 0; k < VEC; ++k) {
+            const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
+            const float g = FE::to_acc(gv[u].v[k]);
+            const float d = qp::quotient_fast(g, p, ok);
+            vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
+          }
+          if (ok) {
+            qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
+          } else {
+            qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
+                                                              z[u], lay.q_min, lay.q_max);
+          }
+        });
   });
 }

@@ -92,7 +92,7 @@ TILE_SCHEDULES: dict[tuple[tuple[int, int], str], TileSchedule] = {
 TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
     "bfloat16": TransposeSchedule(4),
     "float16": TransposeSchedule(4),
-    "float32": TransposeSchedule(3),
+    "float32": TransposeSchedule(2),
 }
 #: Elements of each 2-D block; rules and elements of the fused transpose.
 TILE_ELEMENTS = {(128, 128): ("e4m3", "e5m2"), (32, 32): ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")}
