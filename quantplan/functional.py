@@ -363,9 +363,11 @@ def quantize(
         given = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
         return _torch_ops.quantize(QuantizedTensor, x, code, *given, nibble_order)  # type: ignore[no-any-return]
     replay_key: tuple[Any, ...] | None = None
-    if scale is None and zero_point is None and rounding is _NEAREST and seed is None:
+    if scale is None and zero_point is None and rounding is _NEAREST and seed is None and not block_options:
         # A dynamic call like an earlier one: replayed (allocate, launch) without this layer
-        # (array_signature and replayed, inlined: this is the one-liner's hot path).
+        # (array_signature and replayed, inlined: this is the one-liner's hot path). The key does
+        # not hold the block-scaled options (block, layout, ...): a call that passes any is never
+        # replayed, or it would meet the replay of the plain call of the same x and name.
         try:
             scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
             scope_key = (
@@ -398,7 +400,7 @@ def quantize(
     if type(dtype) is str and dtype in BLOCK_NAMES:
         return _quantize_block_scaled(
             x, dtype, scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset,
-            nibble_order, nonfinite, block_options, None if block_options else replay_key,
+            nibble_order, nonfinite, block_options, replay_key,
         )  # fmt: skip
     if block_options:
         unknown = ", ".join(f"{name}=" for name in block_options)

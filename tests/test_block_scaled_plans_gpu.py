@@ -256,6 +256,28 @@ def test_one_liners_on_device_equal_numpy(rng: np.random.Generator, library: str
     np.testing.assert_array_equal(y_host.view(np.uint32), want.dequantize("float32").view(np.uint32))
 
 
+@pytest.mark.parametrize("library", ["cupy", "torch"])
+def test_one_liner_options_are_not_replays_of_the_plain_call(rng: np.random.Generator, library: str) -> None:
+    """The plain ``qp.quantize(x, "mxfp8")`` is remembered as a replay (x's signature and the name);
+    the same x and name with block-scaled options, called after it, run their own problem (the
+    replay's key holds no options): each equals the NumPy one-liner, whatever ran before."""
+    x = _data(rng, (37, 1000), EK.BF16, 128)
+    if library == "cupy":
+        xd: Any = to_device(x)
+    else:
+        torch = pytest.importorskip("torch")
+        xd = torch.from_numpy(x.view(np.int16).copy()).cuda().view(torch.bfloat16)
+    qp.clear_plan_cache()
+    for opts in ({}, {}, dict(block=(32, 32), layout="blocked"), dict(layout="blocked"), dict(scale_mode="floor")):
+        want = qp.quantize(x, "mxfp8", **opts)
+        qt = qp.quantize(xd, "mxfp8", **opts)
+        assert (qt.block, qt.layout) == (want.block, want.layout), opts
+        codes = qt.codes.get() if library == "cupy" else qt.codes.view(torch.uint8).cpu().numpy()
+        scales = qt.scales.get() if library == "cupy" else qt.scales.view(torch.uint8).cpu().numpy()
+        np.testing.assert_array_equal(codes.view(np.uint8), np.asarray(want.codes).view(np.uint8), err_msg=str(opts))
+        np.testing.assert_array_equal(scales.view(np.uint8), np.asarray(want.scales).view(np.uint8), err_msg=str(opts))
+
+
 # ---- NVFP4, 2-D tiles, the fused transpose, dequantize ------------------------------------------
 
 NVFP4_SHAPES = [(4, 64), (3, 33), (2, 5, 48), (1, 15), (37, 272), (130, 17), (257, 160)]
@@ -292,12 +314,14 @@ def test_nvfp4_all_zero_nonfinite_and_empty(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
 @pytest.mark.parametrize("mode", ["rceil", "floor", "ceil", "even"])
 def test_mx_tile_plan_equals_reference(rng: np.random.Generator, kind: EK, fmt: str, mode: str) -> None:
-    for i, shape in enumerate([(64, 256), (33, 100), (2, 40, 48), (1, 31), (130, 288), (97, 33)]):
+    # (37, 1000) both ways: the one-liner test's problem (4 column tiles, the last 232 wide; 8-wide last block).
+    shapes = [(64, 256), (33, 100), (2, 40, 48), (1, 31), (130, 288), (97, 33), (37, 1000), (37, 1000), (300, 1040)]
+    for i, shape in enumerate(shapes):
         layout = ("compact", "blocked")[i % 2]
         d = qp.BlockScaledQuantizeDescriptor(
             shape=shape, format=fmt, input_element=kind, block=(32, 32), scale_mode=mode, scale_layout=layout
         )
-        ref, got, _ = _both(d, _data(rng, shape, kind, 32), misaligned=i == 4)
+        ref, got, _ = _both(d, _data(rng, shape, kind, 128 if shape == (37, 1000) else 32), misaligned=i in (4, 7))
         _assert_same(ref, got, f"{fmt} 32x32 {mode} {shape} {layout}")
 
 

@@ -6,10 +6,17 @@ which thread reads which elements, the warp butterfly's offsets and the leaders'
 transpose), where codes and scales are stored and which positions the padding loop zeroes. It
 checks that every element gets the amax of its reference tile or block, that every code and
 every scale position (padding included) is written exactly once, and that the shared-memory
-accesses of the transpose are free of bank conflicts.
+accesses of the transpose are free of bank conflicts. The plan's own launches of the tile kernel
+(``BlockScaledQuantizePlan`` selected on a simulated GPU: its grids, row-tile slices, scale
+geometry and padding arguments) are emulated too: every global write of every launch lands
+inside the buffer the descriptor sizes (codes_shape, scales_shape), each exactly once.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +32,7 @@ from quantplan._block_scaled_tile_kernels import (
     transpose_shared_bytes,
 )
 
-SHAPES = [(1, 1), (3, 130), (129, 257), (160, 48), (300, 520)]
+SHAPES = [(1, 1), (3, 130), (129, 257), (160, 48), (300, 520), (37, 1000)]
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -215,3 +222,119 @@ def test_row_tile_slices_and_names() -> None:
     names = instantiations()
     assert len(names) == len(set(names))
     assert all(n.startswith(("block_scaled_tiles<", "block_scaled_transpose<")) for n in names)
+
+
+# ---- the plan's own launches of block_scaled_tiles ----------------------------------------------
+
+#: Ragged tile problems: partial row tiles (5 rows of the second), partial column tiles and MX
+#: blocks (1000 = 3 * 256 + 232, the last block 8 wide), cols % 16 != 0 (the general
+#: instantiation only) and == 0 (both), N-D inputs, more than 128 scale rows (blocked row tiles).
+PLAN_SHAPES = [(37, 1000), (33, 100), (2, 40, 48), (1, 31), (130, 288), (97, 33), (300, 1040), (5, 3, 1000)]
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The simulated GPU of ``benchmarks/host_sim.py`` (no kernel compiled or launched)."""
+    pytest.importorskip("cupy")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import host_sim
+
+    from quantplan import _device
+
+    for owner, name, value in host_sim.gpu_patches(compile_kernels=False):
+        monkeypatch.setattr(owner, name, value)
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+    yield
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+
+
+def _emulate_tile_launch(
+    launch: Any, block: tuple[int, int], dtype: str, per_byte: int, aligned: bool, codes: np.ndarray, scales: np.ndarray
+) -> None:
+    """Add one write per code byte and scale element that ``launch`` (a prepared block_scaled_tiles
+    launch: its grid and argument block) stores into ``codes`` / ``scales`` (write counts); an
+    address outside either buffer fails."""
+    a = launch.params
+    s = TILE_SCHEDULES[block, dtype]
+    vec = VECTOR_ELEMENTS[dtype]
+    ch = vec * s.vecs
+    cpr = s.tile_cols // ch
+    rpp, team = THREADS // cpr, s.block_cols // ch
+    rows, cols, layout, dim = a.rows, a.cols, a.layout, a.layout_dim
+    row_bytes = -(-cols // per_byte)
+    t = np.arange(THREADS)
+    ci, rp = t % cpr, t // cpr
+    for by in range(launch.grid_y):
+        r0 = (a.row_tile_base + by) * s.tile_rows
+        for bx in range(launch.grid):
+            c = bx * s.tile_cols + ci * ch
+            full = aligned and r0 + s.tile_rows <= rows and (bx + 1) * s.tile_cols <= cols
+            for p in range(s.tile_rows // rpp):
+                r = r0 + rp + p * rpp
+                for i in range(THREADS):
+                    dst = r[i] * row_bytes + c[i] // per_byte
+                    if full:
+                        n = ch // per_byte
+                    elif r[i] < rows and c[i] < cols:
+                        if aligned:  # whole vectors in bounds
+                            n = sum(vec // per_byte for j in range(s.vecs) if c[i] + j * vec < cols)
+                        else:
+                            n = min(ch // per_byte, -(-(cols - c[i]) // per_byte))
+                    else:
+                        n = 0
+                    if n:
+                        assert 0 <= dst and dst + n <= codes.size, f"code bytes [{dst}, {dst + n}) of {codes.size}"
+                        codes[dst : dst + n] += 1
+                    mx = s.repeat
+                    if ci[i] % team == 0 and r[i] < rows and c[i] < cols and (mx or (rp[i] == 0 and p == 0)):
+                        sr = r[i] if mx else r0 // s.tile_rows
+                        off = _offset(layout, sr, c[i] // s.block_cols, a.scale_cols, dim)
+                        assert 0 <= off < scales.size, f"scale {off} of {scales.size} (row {sr})"
+                        scales[off] += 1
+    geo = ScaleGeometry(layout, dim, a.pad_rows, a.pad_cols, scales.size)
+    before = scales.copy()
+    _padding(scales, layout, a.scale_rows, a.scale_cols, geo)
+    assert scales.sum() - before.sum() == (a.pad_rows - a.scale_rows) * a.pad_cols + a.scale_rows * (
+        a.pad_cols - a.scale_cols
+    )
+
+
+@pytest.mark.parametrize(
+    "fmt,block,layouts",
+    [
+        ("mxfp8_e4m3", (32, 32), ("compact", "blocked")),
+        ("fp8_block_e4m3", (128, 128), ("compact", "column_major")),
+        ("fp8_block_e4m3_ue8m0", (128, 128), ("compact", "column_major")),
+    ],
+)
+@pytest.mark.parametrize("kind", ["BF16", "F32"])
+def test_plan_tile_launches_write_inside_their_buffers(
+    simulated_gpu: Any, fmt: str, block: tuple[int, int], layouts: tuple[str, ...], kind: str
+) -> None:
+    import quantplan as qp
+    from quantplan.types import ElementKind
+
+    dtype = {"BF16": "bfloat16", "F32": "float32"}[kind]
+    cuda = qp.PlanPreference(backend=qp.BackendKind.CUDA)
+    for shape in PLAN_SHAPES:
+        for layout in layouts:
+            d = qp.BlockScaledQuantizeDescriptor(
+                shape=shape, format=fmt, input_element=ElementKind[kind], block=block, scale_layout=layout
+            )
+            plan = qp.BlockScaledQuantizePlan.select(None, d, cuda)
+            k = plan._launches
+            assert k is not None and k.general and plan.sku().variant.startswith("tiles[")
+            per_byte = 2 if d.codes_shape[-1] != shape[-1] else 1
+            for aligned, launches in ((False, k.general), (True, k.aligned)):
+                if not launches:
+                    assert shape[-1] % 16, f"{shape}: the aligned instantiation is prepared where cols % 16 == 0"
+                    continue
+                codes = np.zeros(int(np.prod(d.codes_shape)), int)
+                scales = np.zeros(int(np.prod(d.scales_shape)), int)
+                for launch in launches:
+                    _emulate_tile_launch(launch, block, dtype, per_byte, aligned, codes, scales)
+                what = f"{fmt} {shape} {layout} {'aligned' if aligned else 'general'}"
+                assert (codes == 1).all(), f"every code byte written once: {what}"
+                assert (scales == 1).all(), f"every scale element (padding included) written once: {what}"

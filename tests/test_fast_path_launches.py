@@ -294,3 +294,36 @@ def test_front_end_replays_key_python_scalars_by_type_and_value(byte_recorder: A
         start = len(events)
         qp.fake_quantize(x, scale)
         assert events[start:] == got and got, scale
+
+
+def test_block_scaled_options_are_not_replays_of_the_plain_call(byte_recorder: Any) -> None:
+    """``qp.quantize(x, "mxfp8")`` is remembered as a replay keyed on x's signature and the name;
+    a later call of the same x and name with block-scaled options (``block``, ``layout``, ...) is
+    another problem: it must take its own full path (its descriptor, its launches), not replay the
+    plain call (the 1x32 compact codes returned for a 32x32 blocked request)."""
+    from quantplan import _frontend
+
+    x = host_sim.device_array(1 << 36, (37, 1000), "uint16")  # CuPy bfloat16 bits
+    events, reset = byte_recorder
+    variants: list[dict[str, Any]] = [
+        dict(block=(32, 32), layout="blocked"),
+        dict(block=(32, 32)),
+        dict(layout="blocked"),
+        dict(scale_mode="floor"),
+    ]
+    fresh = []
+    for opts in variants:  # each problem's launches from an empty plan cache
+        _frontend.clear_plan_cache()
+        reset()
+        start = len(events)
+        qt = qp.quantize(x, "mxfp8", **opts)
+        fresh.append((qt.block, qt.layout, tuple(qt.scales.shape), events[start:]))
+    _frontend.clear_plan_cache()
+    for _ in range(2):
+        qp.quantize(x, "mxfp8")  # the plain call, remembered as a replay
+    for opts, (block, layout, scales_shape, launched) in zip(variants, fresh, strict=True):
+        reset()
+        start = len(events)
+        qt = qp.quantize(x, "mxfp8", **opts)
+        assert (qt.block, qt.layout, tuple(qt.scales.shape)) == (block, layout, scales_shape), opts
+        assert events[start:] == launched and launched, opts
