@@ -147,9 +147,16 @@ class _Source:
         else:
             self.lines.append(f"    h = {general}(s)")
 
+    def none(self, exprs: list[str]) -> None:
+        """Fields that were None: one test for all of them."""
+        if exprs:
+            self.miss_if(" or ".join(f"{expr} is not None" for expr in exprs))
+
     def scalar(self, expr: str, value: Any) -> None:
         """An exact Python int / float (type, value, and the sign of a float zero)."""
-        test = f"type({expr}) is not {type(value).__name__} or {expr} != {self.const(value)}"
+        # A finite value as a literal (a constant load, not a global's); others by name.
+        literal = repr(value) if type(value) is int or math.isfinite(value) else self.const(value)
+        test = f"type({expr}) is not {type(value).__name__} or {expr} != {literal}"
         if type(value) is float and value == 0:
             test += f" or copysign(1.0, {expr}) != {math.copysign(1.0, value)!r}"
         self.miss_if(test)
@@ -566,10 +573,11 @@ class CallCache:
             source.miss_if(f"type(w) is not {source.const(type(workspace))} or w.nbytes != {workspace.nbytes!r}")
         ptrs: list[int] = []
         arrays: list[tuple[int, int, int]] = []
+        nones: list[str] = []
         for i, (expr, value) in enumerate(zip(exprs, values, strict=True)):
             ptrs.append(0)
             if value is None:
-                source.miss_if(f"{expr} is not None")
+                nones.append(expr)
             elif type(value) is int or type(value) is float:
                 source.scalar(expr, value)
             else:
@@ -579,6 +587,7 @@ class CallCache:
                 source.array(expr, i, value, props)
                 ptrs[i] = props[4]
                 arrays.append((i, props[4], math.prod(props[1]) * props[5]))
+        source.none(nones)
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
@@ -625,11 +634,12 @@ class CallCache:
         source.miss_if(f"type(a) is not {source.const(type(args))}")
         ptrs: list[int] = []
         arrays: list[int] = []
+        nones: list[str] = []
         for i, (name, value) in enumerate(zip(names, values, strict=True)):
             expr = f"a.{name}"
             ptrs.append(0)
             if value is None:
-                source.miss_if(f"{expr} is not None")
+                nones.append(expr)
                 continue
             if type(value) is int or type(value) is float:
                 source.scalar(expr, value)
@@ -646,6 +656,7 @@ class CallCache:
                 if values[j] is value:
                     source.miss_if(f"p{i} != p{j}")
             arrays.append(i)
+        source.none(nones)
         template = _operand_template(record, values, ptrs)
         if template is None:
             return None
