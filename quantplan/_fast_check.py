@@ -147,16 +147,9 @@ class _Source:
         else:
             self.lines.append(f"    h = {general}(s)")
 
-    def none(self, exprs: list[str]) -> None:
-        """Fields that were None: one test for all of them."""
-        if exprs:
-            self.miss_if(" or ".join(f"{expr} is not None" for expr in exprs))
-
     def scalar(self, expr: str, value: Any) -> None:
         """An exact Python int / float (type, value, and the sign of a float zero)."""
-        # A finite value as a literal (a constant load, not a global's); others by name.
-        literal = repr(value) if type(value) is int or math.isfinite(value) else self.const(value)
-        test = f"type({expr}) is not {type(value).__name__} or {expr} != {literal}"
+        test = f"type({expr}) is not {type(value).__name__} or {expr} != {self.const(value)}"
         if type(value) is float and value == 0:
             test += f" or copysign(1.0, {expr}) != {math.copysign(1.0, value)!r}"
         self.miss_if(test)
@@ -573,11 +566,10 @@ class CallCache:
             source.miss_if(f"type(w) is not {source.const(type(workspace))} or w.nbytes != {workspace.nbytes!r}")
         ptrs: list[int] = []
         arrays: list[tuple[int, int, int]] = []
-        nones: list[str] = []
         for i, (expr, value) in enumerate(zip(exprs, values, strict=True)):
             ptrs.append(0)
             if value is None:
-                nones.append(expr)
+                source.miss_if(f"{expr} is not None")
             elif type(value) is int or type(value) is float:
                 source.scalar(expr, value)
             else:
@@ -587,7 +579,6 @@ class CallCache:
                 source.array(expr, i, value, props)
                 ptrs[i] = props[4]
                 arrays.append((i, props[4], math.prod(props[1]) * props[5]))
-        source.none(nones)
         template = _operand_template(record, values, ptrs)
         if template is None:
             return
@@ -634,12 +625,11 @@ class CallCache:
         source.miss_if(f"type(a) is not {source.const(type(args))}")
         ptrs: list[int] = []
         arrays: list[int] = []
-        nones: list[str] = []
         for i, (name, value) in enumerate(zip(names, values, strict=True)):
             expr = f"a.{name}"
             ptrs.append(0)
             if value is None:
-                nones.append(expr)
+                source.miss_if(f"{expr} is not None")
                 continue
             if type(value) is int or type(value) is float:
                 source.scalar(expr, value)
@@ -656,7 +646,6 @@ class CallCache:
                 if values[j] is value:
                     source.miss_if(f"p{i} != p{j}")
             arrays.append(i)
-        source.none(nones)
         template = _operand_template(record, values, ptrs)
         if template is None:
             return None
