@@ -102,6 +102,7 @@ _PARAM_NUMPY: dict[Any, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), t
 _TENSOR = TensorScope()
 #: True while torch.compile traces (the public functions then call the torch.library operators).
 _compiling: Callable[[], bool] = torch.compiler.is_compiling
+_grad_enabled: Callable[[], bool] = torch.is_grad_enabled
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
 _SCOPES = (TensorScope, ChannelScope, TokenScope, GroupScope)
 
@@ -199,12 +200,25 @@ class _Static:
 
 def _scope_key(scope: Any) -> Any:
     """A cheap hashable stand-in for ``scope`` in cache keys: its type and field values (hashing
-    the frozen pydantic model itself costs a microsecond per call)."""
+    the frozen pydantic model itself costs a microsecond per call). Remembered per scope object
+    in :data:`_SCOPE_KEYS` (a scope is frozen: its key never changes)."""
+    entry = _SCOPE_KEYS.get(id(scope))
+    if entry is not None and entry[0] is scope:
+        return entry[1]
     if scope is _TENSOR:
         return TensorScope
     if not isinstance(scope, _SCOPES):
         return object()  # no cache entry: the build reports the bad scope
-    return (type(scope), *scope.__dict__.values())
+    key = (type(scope), *scope.__dict__.values())
+    if len(_SCOPE_KEYS) >= _SCOPE_KEYS_KEPT:
+        _SCOPE_KEYS.clear()
+    _SCOPE_KEYS[id(scope)] = (scope, key)  # the scope is held, so its id is not reused meanwhile
+    return key
+
+
+#: id(scope) -> (scope, its :func:`_scope_key`): the scopes a model builds once and passes every call.
+_SCOPE_KEYS: dict[int, tuple[Any, Any]] = {}
+_SCOPE_KEYS_KEPT = 256
 
 
 def _static(
@@ -361,19 +375,25 @@ def fake_quantize(
     ChannelScope(axis)``) on float16 / bfloat16 / float32, forward and gradient; also takes
     TokenScope and GroupScope(axis, group_size).
     """
-    q_min, q_max = _check_range(q_min, q_max)
-    return _fake_quantize(x, scale, zero_point, scope, q_min, q_max)
+    if type(q_min) is not int or type(q_max) is not int:
+        q_min, q_max = _check_range(q_min, q_max)
+    # _fake_quantize's body, inline (one frame less on the eager hot path)
+    if _compiling():
+        return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+    if getattr(x, "requires_grad", False) and _grad_enabled():
+        return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+    return _static_eager(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
 
 
 def _fake_quantize(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
     """Eager: :class:`FakeQuantizeFunction` where a gradient is recorded, else the plan alone (no
     dispatcher on the hot path: a call like an earlier one is replayed, see :func:`_static_eager`);
     under torch.compile the ``quantplan::fake_quantize`` operator."""
-    if not _compiling():
-        if _grad_for(x):
-            return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
-        return _static_eager(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
-    return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+    if _compiling():
+        return _fake_quantize_call(x, scale, zero_point, scope_ints(scope), q_min, q_max)
+    if getattr(x, "requires_grad", False) and _grad_enabled():
+        return FakeQuantizeFunction.apply(x, scale, zero_point, scope, q_min, q_max)
+    return _static_eager(x, scale, zero_point, scope, q_min, q_max)  # no autograd node to make
 
 
 def _static_eager(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int, q_max: int) -> Any:
@@ -383,7 +403,8 @@ def _static_eager(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int,
     key: tuple[Any, ...] | None = None
     if zero_point is None or type(zero_point) is int:
         plain = type(scale) is float or type(scale) is int
-        scope_key = _scope_key(scope)
+        entry = _SCOPE_KEYS.get(id(scope))
+        scope_key = entry[1] if entry is not None and entry[0] is scope else _scope_key(scope)
         try:
             key = (
                 _static_eager,
@@ -391,7 +412,8 @@ def _static_eager(x: Any, scale: Any, zero_point: Any, scope: Scope, q_min: int,
                 x.dtype,
                 x.shape,
                 type(scale),
-                scale if plain else (scale.dtype, scale.shape),
+                scale if plain else scale.dtype,
+                None if plain else scale.shape,
                 zero_point,
                 scope_key,
                 q_min,
