@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
-from .compiler import compile_options
+from ._nvrtc_env import compile_options
 from .errors import Unsupported
 
 
@@ -176,7 +176,7 @@ def _defines(table: Tuning) -> tuple[str, ...]:
 def kernel_options() -> tuple[str, ...]:
     """The NVRTC options every kernel is compiled with beyond the compile layer's base ones:
     :data:`TUNING`'s defines, then the environment's other options
-    (:func:`quantplan.compiler.compile_options`). Raises :class:`Unsupported` when the
+    (:func:`quantplan._nvrtc_env.compile_options`, re-exported by the compile layer). Raises :class:`Unsupported` when the
     environment now overrides a tuning value differently from the table in force (the grids were
     computed from the table)."""
     overrides, rest = _split_overrides(compile_options())

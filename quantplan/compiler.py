@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import struct
 import threading
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ._nvrtc_env import compile_options
 from .errors import KernelCompileError, Unsupported
 from .types import ArchSku
 
@@ -76,20 +76,6 @@ def kernel_source(family: str) -> str:
         return _INCLUDE.sub(include, text)
 
     return expand(f"{family}.cu")
-
-
-def compile_options() -> tuple[str, ...]:
-    """Extra options from the environment.
-
-    ``QUANTPLAN_FP8_SOFTWARE=1`` forces the portable (sm_80) FP8 conversion on every arch, which
-    lets a Hopper GPU test that path. ``QUANTPLAN_NVRTC_OPTIONS`` (shell-quoted) appends NVRTC
-    options; both are part of the cache key. The kernels' tuning defines are not made here: the
-    callers pass them (``quantplan._tuning.kernel_options``, which also reads overrides such as
-    ``-DQP_QUANTIZE_MIN_BLOCKS=4`` from ``QUANTPLAN_NVRTC_OPTIONS`` into its table).
-    """
-    options = ["-DQP_FP8_SOFTWARE"] if os.environ.get("QUANTPLAN_FP8_SOFTWARE") == "1" else []
-    options += shlex.split(os.environ.get("QUANTPLAN_NVRTC_OPTIONS", ""))
-    return tuple(options)
 
 
 def nvrtc_version() -> tuple[int, int]:

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "elements": VOCABULARY,
     "formats": VOCABULARY,
     "philox": VOCABULARY,
+    "_nvrtc_env": VOCABULARY,
     # machinery: devices, operands, layouts, launches, compilation, the plan skeleton
     "_device": MACHINERY,
     "_operands": MACHINERY,
