@@ -22,6 +22,7 @@ from ._device import cuda_available
 
 # The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
 from ._frontend import clear_plan_cache  # noqa: E402
+from ._version import __version__
 from .block_scaled import (
     BlockScaledDequantizeArgs,
     BlockScaledDequantizeDescriptor,
@@ -93,8 +94,6 @@ from .types import (
     TokenScope,
 )
 from .workspace import Workspace
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BlockScaledDequantizeArgs",

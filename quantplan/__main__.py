@@ -16,10 +16,11 @@ import sys
 import time
 from typing import Any
 
-from . import __version__, compiler
+from . import compiler
 from ._device import cuda_available, device_info
 from ._families import FAMILIES
 from ._precompile import INSTALL_HINT, check_nvrtc, precompile
+from ._version import __version__
 from .errors import KernelCompileError, QuantPlanError
 from .types import ArchSku
 

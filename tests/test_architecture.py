@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "formats": VOCABULARY,
     "philox": VOCABULARY,
     "_nvrtc_env": VOCABULARY,
+    "_version": VOCABULARY,
     # machinery: devices, operands, layouts, launches, compilation, the plan skeleton
     "_device": MACHINERY,
     "_operands": MACHINERY,
