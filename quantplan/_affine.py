@@ -10,12 +10,10 @@ validate the same descriptors. What they share lives here once.
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._device import device_info
@@ -23,102 +21,15 @@ from ._families import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_
 from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, param_shape, row_layout
 from ._operands import Operand, TensorArgs
-from ._plan import check_descriptor
+from ._problems import AffineProblem, CodeRangeProblem, ScopedProblem, storage_shape
 from ._tuning import kernel_options
 from .compiler import load_kernels
 from .elements import ELEMENTS, acc_ctype
-from .errors import InvalidProblem, Unsupported
-from .formats import BLOCK_ONLY_KINDS, Format, affine_scale_element, format_of, is_served_code
+from .errors import InvalidProblem, Unsupported, check_descriptor
+from .formats import BLOCK_ONLY_KINDS, Format, format_of, is_served_code
 from .types import ElementKind, MathPrecision, Model, NibbleOrder, QuantMode, Rounding, Scope, Shape
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-def storage_shape(shape: tuple[int, ...], kind: ElementKind) -> tuple[int, ...]:
-    """Shape of the array holding ``shape`` elements of ``kind`` (4-bit kinds: last axis halved, rounded up)."""
-    if not ELEMENTS[kind].is_packed:
-        return shape
-    dims = shape if shape else (1,)
-    return (*dims[:-1], (dims[-1] + 1) // 2)
-
-
-class ScopedProblem:
-    """What every validated problem derives from its ``shape``, ``scope`` and ``float_kind``."""
-
-    shape: tuple[int, ...]
-    scope: Scope
-    float_kind: ElementKind
-
-    @property
-    def precision(self) -> MathPrecision:
-        return ELEMENTS[self.float_kind].math_precision
-
-    @property
-    def scale_kind(self) -> ElementKind:
-        """The scale element: the affine formats' scale for ``float_kind`` (:mod:`quantplan.formats`)."""
-        return affine_scale_element(self.float_kind)
-
-    @property
-    def scale_dtype(self) -> np.dtype:
-        """NumPy dtype of the scale tensor (the elements table's storage of :attr:`scale_kind`)."""
-        return ELEMENTS[self.scale_kind].numpy_dtype
-
-    @property
-    def param_shape(self) -> tuple[int, ...]:
-        return param_shape(self.shape, self.scope)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class CodeRangeProblem(ScopedProblem):
-    """A validated problem over integer codes ``[q_min, q_max]``: the float data (``float_kind``,
-    in and out for fake quantization), its scope and mode."""
-
-    shape: tuple[int, ...]
-    scope: Scope
-    mode: QuantMode
-    float_kind: ElementKind
-    q_min: int
-    q_max: int
-
-
-@dataclass(frozen=True)
-class AffineProblem(CodeRangeProblem):
-    """A validated affine problem: float side, code side, scope, parameters, code range, rounding."""
-
-    code_kind: ElementKind
-    nibble_order: NibbleOrder
-    #: Round half to even, or Philox stochastic rounding (quantize direction only).
-    rounding: Rounding = Rounding.NEAREST_EVEN
-    #: RowLayout.flags of the kernel (quantize.cu bit 0: NaN scale -> FP8 code 0, dynamic range).
-    layout_flags: int = 0
-
-    @property
-    def code_shape(self) -> tuple[int, ...]:
-        return storage_shape(self.shape, self.code_kind)
-
-    @property
-    def format(self) -> Format:
-        """The code format (:func:`quantplan.formats.format_of` of ``code_kind``)."""
-        return format_of(self.code_kind)
-
-    @property
-    def scale_kind(self) -> ElementKind:
-        """The scale element of :attr:`format` for ``float_kind``."""
-        return self.format.scale_element(self.float_kind)
-
-    @property
-    def stochastic(self) -> bool:
-        """True for ``Rounding.STOCHASTIC``."""
-        return self.rounding is Rounding.STOCHASTIC
-
-    @property
-    def high_first(self) -> bool:
-        """4-bit codes with the high nibble first (the kernels' template flag)."""
-        return ELEMENTS[self.code_kind].is_packed and self.nibble_order is NibbleOrder.HIGH_FIRST
 
 
 def _range_hint(kind: ElementKind, code_range: tuple[int, int]) -> str:

@@ -14,12 +14,12 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from ._affine import CodeRangeProblem
 from ._device import device_info
 from ._families import FAKE_DENSE_ROW_KERNELS, FAKE_ROW_KERNELS, fake_quantize_unit
 from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, division_magic, row_layout
 from ._operands import Operand
+from ._problems import CodeRangeProblem
 from ._tuning import TUNING, kernel_options
 from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype

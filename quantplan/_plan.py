@@ -29,7 +29,7 @@ from ._fast_check import CallCache
 from ._launch import PreparedLaunch, check_stream, stream_handle
 from ._operands import pointer_view
 from .elements import acc_element
-from .errors import InvalidArgumentType, Unsupported
+from .errors import InvalidArgumentType, Unsupported, check_descriptor
 from .types import (
     HOST_ARCH,
     BackendKind,
@@ -57,14 +57,6 @@ def snapshot(descriptor: Any, *derived: str) -> SimpleNamespace:
     values = dict(descriptor)
     values.update((name, getattr(descriptor, name)) for name in derived)
     return SimpleNamespace(**values)
-
-
-def check_descriptor(desc: Any, expected: type) -> None:
-    """InvalidArgumentType unless ``desc`` (given to ``select``) is an ``expected`` descriptor."""
-    if not isinstance(desc, expected):
-        raise InvalidArgumentType(
-            f"desc must be a {expected.__name__}, got {type(desc).__name__}; build it as qp.{expected.__name__}(...)"
-        )
 
 
 def preferred(plan: PlanT, pref: PlanPreference | None) -> PlanT:

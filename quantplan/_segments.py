@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._affine import AffineProblem
 from ._device import DeviceInfo, device_info
 from ._families import (
     CLUSTER_BLOCKS,
@@ -33,6 +32,7 @@ from ._families import (
 )
 from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct, vector_alignment
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, contiguous_segment_length, row_layout
+from ._problems import AffineProblem
 from ._tuning import TUNING, kernel_options
 from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype

@@ -22,6 +22,8 @@ makes the checked ``run`` inspect them and raise InvalidProblem naming the first
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class QuantPlanError(Exception):
     """Base class of every error quantplan raises on purpose."""
@@ -69,4 +71,13 @@ __all__ = [
     "QuantPlanError",
     "Unsupported",
     "WorkspaceTooSmall",
+    "check_descriptor",
 ]
+
+
+def check_descriptor(desc: Any, expected: type) -> None:
+    """InvalidArgumentType unless ``desc`` (given to ``select``) is an ``expected`` descriptor."""
+    if not isinstance(desc, expected):
+        raise InvalidArgumentType(
+            f"desc must be a {expected.__name__}, got {type(desc).__name__}; build it as qp.{expected.__name__}(...)"
+        )

@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "_launch": MACHINERY,
     "_fast_check": MACHINERY,
     "_plan": MACHINERY,
+    "_problems": MACHINERY,
     "_affine": MACHINERY,
     "_qgz_launch": MACHINERY,
     "_block_scaled_kernels": MACHINERY,
