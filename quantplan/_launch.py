@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._device import DeviceInfo
-from ._operands import Operand
+from ._operand import Operand
 from .errors import InvalidArgumentType
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._layout import expand_params
+from ._operand import Operand
 from .elements import ElementInfo
 from .errors import InvalidArgumentType, InvalidProblem, MisalignedOperand
 from .philox import uniform_for_elements
@@ -42,31 +43,6 @@ _CAI_TYPESTR = {
     "<i2": "int16",
     "<i8": "int64",
 }
-
-
-@dataclass(slots=True)
-class Operand:
-    """What quantplan needs of one tensor argument.
-
-    ``device_id`` is None for host (NumPy) arrays. ``ptr`` is the address of the first element
-    (NumPy included, so overlap and alignment are judged alike on both backends; 0 for PyTorch CPU
-    tensors, which no plan takes).
-    """
-
-    obj: Any
-    ptr: int
-    shape: tuple[int, ...]
-    dtype_name: str
-    itemsize: int
-    contiguous: bool
-    device_id: int | None
-
-    @property
-    def size(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
 
 
 def _numpy_operand(obj: Any) -> Operand:

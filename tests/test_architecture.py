@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "_version": VOCABULARY,
     # machinery: devices, operands, layouts, launches, compilation, the plan skeleton
     "_device": MACHINERY,
+    "_operand": MACHINERY,
     "_operands": MACHINERY,
     "_layout": MACHINERY,
     "_segments": MACHINERY,
