@@ -37,34 +37,29 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from ._block_scaled_codes import (
+    ELEMENT_TAGS,
+    FP8_RULES,
+    INPUT_TAGS,
+    MX_RULES,
+    NVFP4_RULES,
+    scale_geometry,
+)
+from ._block_scaled_codes import (
+    LAYOUTS as LAYOUTS,  # re-exported: the scale layouts beside the launcher
+)
+from ._block_scaled_codes import (
+    ScaleGeometry as ScaleGeometry,  # re-exported
+)
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported
 
-#: Element tags of the kernel, by the reference's element names.
-ELEMENT_TAGS = {
-    "e4m3": "qp::mx_e4m3",
-    "e5m2": "qp::mx_e5m2",
-    "e2m3": "qp::mx_e2m3",
-    "e3m2": "qp::mx_e3m2",
-    "e2m1": "qp::mx_e2m1",
-    "int8": "qp::mx_int8",
-    "nvfp4": "qp::nv_e2m1",
-    "nvfp4_sr": "qp::nv_e2m1_sr",  # NVFP4 with stochastic rounding (§1.6)
-}
-#: Input tags by NumPy dtype name.
-INPUT_TAGS = {"float16": "qp::f16", "bfloat16": "qp::bf16", "float32": "qp::f32"}
-#: ``ScaleRule`` of qp_block_scaled.cuh.
-MX_RULES = {"rceil": 0, "floor": 1, "ceil": 2, "even": 3}
-FP8_RULES = {"div": 4, "mul_rcp": 5, "enc": 6, "ue8m0": 7}
-NVFP4_RULES = {"te": 8}
 #: The element of each block size's format family.
 MX_ELEMENTS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")
 FP8_ELEMENTS = ("e4m3", "e5m2")
 #: NVFP4's element tags: round to nearest even, stochastic rounding.
 NVFP4_ELEMENTS = ("nvfp4", "nvfp4_sr")
-#: ``ScaleLayout`` of qp_block_scaled.cuh.
-LAYOUTS = {"compact": 0, "blocked": 1, "column_major": 2, "packed_ue8m0": 3}
 #: Threads per block (at most; small problems launch smaller blocks to reach more multiprocessors).
 BLOCK_THREADS = 256
 
@@ -199,40 +194,6 @@ def dequantize_kernel_name(output_dtype: str, element: str, block: int) -> str:
 def amax_kernel_name(input_dtype: str) -> str:
     """The tensor-amax kernel (NVFP4's computed tensor scale) for ``input_dtype``."""
     return template_name("block_scaled_tensor_amax", INPUT_TAGS[input_dtype])
-
-
-@dataclass(frozen=True)
-class ScaleGeometry:
-    """Where the scales of an [R, C] scale matrix go: the layout code, its ``dim`` argument, the
-    padded grid [pad_rows, pad_cols] the kernel zero-fills, and the buffer's element count."""
-
-    layout: int
-    dim: int
-    pad_rows: int
-    pad_cols: int
-    size: int
-
-
-def scale_geometry(layout: str, rows: int, cols: int, f32: bool) -> ScaleGeometry:
-    """The kernel's view of ``layout`` for an [rows, cols] scale matrix (cols = blocks per row)."""
-    if layout == "compact":
-        return ScaleGeometry(0, 0, rows, cols, rows * cols)
-    if layout == "blocked":
-        if f32:
-            raise Unsupported("the 128x4 blocked layout holds byte scales (E8M0), not float32")
-        rt, ct = -(-rows // 128), -(-cols // 4)
-        return ScaleGeometry(1, ct, rt * 128, ct * 4, rt * ct * 512)
-    if layout == "column_major":
-        align = 4 if f32 else 16
-        dim = -(-rows // align) * align
-        return ScaleGeometry(2, dim, dim, cols, dim * cols)
-    if layout == "packed_ue8m0":
-        if f32:
-            raise Unsupported("packed_ue8m0 packs UE8M0 bytes, not float32 scales")
-        dim = -(-rows // 4) * 4
-        words = -(-cols // 4)
-        return ScaleGeometry(3, dim, dim, words * 4, dim * words * 4)
-    raise InvalidProblem(f"scale layout {layout!r} is not one of {sorted(LAYOUTS)}")
 
 
 def quantize_block_scaled(

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._block_scaled_kernels import ELEMENT_TAGS, FP8_RULES, INPUT_TAGS, MX_RULES, scale_geometry
+from ._block_scaled_codes import ELEMENT_TAGS, FP8_RULES, INPUT_TAGS, MX_RULES, scale_geometry
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported

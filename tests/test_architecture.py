@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "_problems": MACHINERY,
     "_affine": MACHINERY,
     "_qgz_launch": MACHINERY,
+    "_block_scaled_codes": MACHINERY,
     "_block_scaled_kernels": MACHINERY,
     "_block_scaled_tile_kernels": MACHINERY,
     "_fake_rows": MACHINERY,
