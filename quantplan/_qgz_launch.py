@@ -29,7 +29,7 @@ from ._device import DeviceInfo
 from ._families import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, host_view, is_scalar, pointer_view, write_back
-from ._segments import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
+from ._segment_geometry import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
 from ._tuning import TUNING
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported

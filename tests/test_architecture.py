@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "_operand": MACHINERY,
     "_operands": MACHINERY,
     "_layout": MACHINERY,
+    "_segment_geometry": MACHINERY,
     "_segments": MACHINERY,
     "_launch": MACHINERY,
     "_fast_check": MACHINERY,
