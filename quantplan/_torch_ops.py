@@ -36,7 +36,7 @@ implementations, see :func:`_traced_descriptor`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -45,6 +45,18 @@ import torch
 from ._affine import storage_shape
 from ._frontend import Target, remember_replay, replay, replay_of
 from ._layout import param_shape
+from ._torch_library import (
+    _KIND_INDEX,
+    _KINDS,
+    LIBRARY,
+    define,
+    fresh_like,
+    kind_index,
+    scope_ints,
+    scope_of,
+    signed_seed,
+    unsigned_seed,
+)
 from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from .errors import InvalidProblem
@@ -59,15 +71,11 @@ from .static_quantize import (
 )
 from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from .types import (
-    ChannelScope,
     ElementKind,
-    GroupScope,
     NibbleOrder,
     QuantMode,
     Rounding,
     Scope,
-    TensorScope,
-    TokenScope,
 )
 
 #: The parameters' dtype for each float data element: the affine formats' scale element
@@ -77,11 +85,6 @@ _PARAM_DTYPES: dict[ElementKind, Any] = {
     for kind in (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64)
 }
 
-#: The ``quantplan`` operator namespace (every front-end defines its operators in it).
-LIBRARY = torch.library.Library("quantplan", "FRAGMENT")
-
-_KINDS = tuple(ElementKind)
-_KIND_INDEX = {kind: i for i, kind in enumerate(_KINDS)}
 _NIBBLES = tuple(NibbleOrder)
 _NIBBLE_INDEX = {order: i for i, order in enumerate(_NIBBLES)}
 _MODES = (QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC)
@@ -103,76 +106,6 @@ _CODE_DTYPES = {
 
 
 # ---- what every operator uses ----------------------------------------------------------------------
-
-
-def define(schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> Any:
-    """Define ``quantplan::<schema>`` with ``impl`` as its CPU and CUDA kernel and ``fake`` as its
-    fake implementation; returns the operator's default overload (what the front-ends call)."""
-    name = schema.partition("(")[0]
-    LIBRARY.define(schema)
-    LIBRARY.impl(name, impl, "CPU")
-    LIBRARY.impl(name, impl, "CUDA")
-    torch.library.register_fake(f"quantplan::{name}", fake, lib=LIBRARY)
-    return getattr(torch.ops.quantplan, name).default
-
-
-def scope_ints(scope: Any) -> list[int]:
-    """``scope`` as the operators take it: ``[kind, axis, group_size]`` (kind: 0 TensorScope,
-    1 ChannelScope, 2 TokenScope, 3 GroupScope). Type tests and field reads only, so torch.compile
-    traces it (no pydantic call)."""
-    kind = type(scope)
-    if kind is TensorScope:
-        return [0, 0, 0]
-    if kind is ChannelScope:
-        return [1, scope.axis, 0]
-    if kind is TokenScope:
-        return [2, 0, 0]
-    if kind is GroupScope:
-        return [3, scope.axis, scope.group_size]
-    raise InvalidProblem(
-        f"scope={scope!r} must be TensorScope(), ChannelScope(axis), TokenScope() or GroupScope(axis, group_size)"
-    )
-
-
-_SCOPE_OF: dict[tuple[int, ...], Scope] = {(0, 0, 0): TensorScope()}
-
-
-def scope_of(ints: Sequence[int]) -> Scope:
-    """The scope that :func:`scope_ints` wrote as ``ints`` (one object per value, cached)."""
-    key = tuple(ints)
-    found = _SCOPE_OF.get(key)
-    if found is not None:
-        return found
-    if len(key) != 3 or not 0 <= key[0] <= 3:
-        raise InvalidProblem(f"scope={list(ints)!r} must be [kind 0-3, axis, group_size]")
-    kind, axis, group_size = key
-    scope: Scope
-    if kind == 0:
-        scope = TensorScope()
-    elif kind == 1:
-        scope = ChannelScope(axis=axis)
-    elif kind == 2:
-        scope = TokenScope()
-    else:
-        scope = GroupScope(axis=axis, group_size=group_size)
-    _SCOPE_OF[key] = scope
-    return scope
-
-
-def signed_seed(value: Any) -> Any:
-    """A Philox seed / offset for an ``int`` operator argument: an int in [2**63, 2**64) as its
-    two's complement; anything else (smaller ints, None, tensors) as it is."""
-    return value - 2**64 if type(value) is int and value >= 2**63 else value
-
-
-def unsigned_seed(value: Any) -> Any:
-    """The inverse of :func:`signed_seed`."""
-    return value + 2**64 if type(value) is int and value < 0 else value
-
-
-def fresh_like(x: Any) -> Any:
-    """A new C-contiguous tensor of ``x``'s shape, dtype and device."""
-    return x.new_empty(x.shape)
 
 
 def _kind_at(index: int) -> ElementKind:
@@ -799,11 +732,6 @@ dequant_reduce_out_op = define(
     _dequant_reduce_out_impl,
     _nothing,
 )
-
-
-def kind_index(kind: ElementKind) -> int:
-    """``kind`` as an operator's ``int`` argument."""
-    return _KIND_INDEX[kind]
 
 
 __all__ = [

@@ -26,7 +26,7 @@ slices, ``channels_last``) are copied with ``.contiguous()`` first, and outputs 
 reach the plans without a copy (CUDA: the tensor itself; CPU: a NumPy view of its ``.detach()``).
 
 Under ``torch.compile`` the functions and modules call ``torch.library`` operators of the
-``quantplan`` namespace instead (:mod:`quantplan._torch_ops` has their conventions), which it
+``quantplan`` namespace instead (:mod:`quantplan._torch_library` has their conventions), which it
 traces with ``fullgraph=True`` and records into CUDA graphs with ``mode="reduce-overhead"``;
 eager calls skip the dispatcher (the autograd.Function, or the plan alone when no gradient is
 recorded). Build scopes outside compiled code (a pydantic model is not traced).
@@ -67,7 +67,7 @@ from ._frontend import (
 )
 from ._layout import normalize_axis, param_shape
 from ._operands import scalar_scale
-from ._torch_ops import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
+from ._torch_library import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
 from .dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
@@ -798,7 +798,7 @@ def _dynamic_fake_quantize(
 # ---- torch.library operators ---------------------------------------------------------------------
 #
 # Under torch.compile the functions and modules above call operators of the ``quantplan``
-# namespace (``quantplan._torch_ops`` has the conventions): ``fake_quantize`` with its
+# namespace (``quantplan._torch_library`` has the conventions): ``fake_quantize`` with its
 # straight-through backward ``fake_quantize_ste_backward``, ``fake_quantize_learnable`` with
 # ``fake_quantize_learnable_backward``, and ``dynamic_fake_quantize`` (identity gradient). Their
 # CPU and CUDA kernels are the autograd.Functions' forward and backward bodies; eager calls of the

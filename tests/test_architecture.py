@@ -70,6 +70,7 @@ LAYERS: dict[str, int] = {
     "__main__": FRONTENDS,
     "_frontend": FRONTENDS,
     "functional": FRONTENDS,
+    "_torch_library": FRONTENDS,
     "_torch_ops": FRONTENDS,
     "_block_functional": FRONTENDS,
     "pytorch": FRONTENDS,
