@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from ._device import DeviceInfo
 from ._operand import Operand
 from .errors import InvalidArgumentType
 
@@ -92,7 +91,15 @@ def params_struct(name: str, fields: list[tuple[str, Any]]) -> type[ctypes.Struc
     return type(name, (ctypes.Structure,), {"_fields_": fields})
 
 
-def occupancy_grid(function: Any, block: int, wanted: int, info: DeviceInfo) -> int:
+class MultiprocessorCount(Protocol):
+    """What :func:`occupancy_grid` reads of a device (``_device.DeviceInfo`` has it): the launch kit
+    takes the count, not the device layer."""
+
+    @property
+    def sm_count(self) -> int: ...
+
+
+def occupancy_grid(function: Any, block: int, wanted: int, info: MultiprocessorCount) -> int:
     """Blocks to launch: ``wanted``, at most the resident blocks of every multiprocessor (grid-stride beyond)."""
     import cupy
 

@@ -13,11 +13,9 @@ import ctypes
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ._tuning import TUNING
 from .errors import InvalidProblem, Unsupported
-from .types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope
+from .types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope, expand_params, normalize_axis
 
 #: Threads per block of the row kernels; must match __launch_bounds__ in the .cu files.
 BLOCK_THREADS = 256
@@ -26,13 +24,6 @@ UNROLL = TUNING.row_unroll
 #: Rows shorter than this are merged with their neighbours where the scope allows.
 MERGE_BELOW = 2048
 _MAX_ROW = 2**31 - 1
-
-
-def normalize_axis(axis: int, rank: int, what: str) -> int:
-    """``axis`` in [0, rank), or InvalidProblem."""
-    if not -rank <= axis < rank:
-        raise InvalidProblem(f"{what} axis {axis} is out of range for a rank-{rank} tensor; use -{rank}..{rank - 1}")
-    return axis % rank
 
 
 def param_shape(shape: tuple[int, ...], scope: Scope) -> tuple[int, ...]:
@@ -55,14 +46,6 @@ def param_shape(shape: tuple[int, ...], scope: Scope) -> tuple[int, ...]:
             f"choose a group size that divides it (or pad the tensor)"
         )
     return tuple(e // g if i == axis else e for i, e in enumerate(shape))
-
-
-def expand_params(params: np.ndarray, shape: tuple[int, ...], scope: Scope) -> np.ndarray:
-    """Broadcastable view of a parameter tensor over ``shape`` (groups repeated along their axis)."""
-    if isinstance(scope, GroupScope):
-        axis = normalize_axis(scope.axis, len(shape), "group scope")
-        return np.repeat(params, scope.group_size, axis=axis)
-    return params
 
 
 class RowLayoutArgs(ctypes.Structure):

@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from ._layout import expand_params
 from ._operand import Operand
 from .elements import ElementInfo
 from .errors import InvalidArgumentType, InvalidProblem, MisalignedOperand
 from .philox import uniform_for_elements
-from .types import BackendKind, Scope
+from .types import BackendKind, Scope, expand_params
 
 _CAI_TYPESTR = {
     "<f2": "float16",

@@ -16,7 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .types import ElementKind, MathPrecision
+from ._kinds import ElementKind, MathPrecision
 
 
 @dataclass(frozen=True)

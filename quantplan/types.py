@@ -11,96 +11,20 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from ._kinds import (
+    BackendKind,
+    ElementKind,
+    MathPrecision,
+    NibbleOrder,
+    OpCategory,
+    QuantizeKind,
+    QuantMode,
+    Rounding,
+)
 from .errors import InvalidProblem
-
-
-class ElementKind(str, enum.Enum):
-    """Element types of inputs, outputs and parameters.
-
-    Floats: F16, BF16, F32, F64. Quantized codes: S8, U8, S4 and U4 (the 4-bit kinds are packed
-    two per byte along the last axis, see :class:`NibbleOrder`), FP8_E4M3 (OCP e4m3fn, largest
-    finite 448, no infinities) and FP8_E5M2 (largest finite 57344). I32 is the zero-point type.
-
-    Data only, for the block-scaled formats (:mod:`quantplan.formats`; no plan accepts them yet,
-    every plan raises :class:`~quantplan.Unsupported`): FP6_E2M3 (max 7.5) and FP6_E3M2 (max 28),
-    one code per byte in bits 0-5; FP4_E2M1 (max 6), packed two per byte, element 2i in bits 0-3;
-    E8M0, the MX scale byte ``2**(s - 127)`` (0xFF NaN).
-    """
-
-    F16 = "f16"
-    BF16 = "bf16"
-    F32 = "f32"
-    F64 = "f64"
-    S8 = "s8"
-    U8 = "u8"
-    S4 = "s4"
-    U4 = "u4"
-    FP8_E4M3 = "fp8_e4m3"
-    FP8_E5M2 = "fp8_e5m2"
-    I32 = "i32"
-    FP6_E2M3 = "fp6_e2m3"
-    FP6_E3M2 = "fp6_e3m2"
-    FP4_E2M1 = "fp4_e2m1"
-    E8M0 = "e8m0"
-
-
-class QuantMode(str, enum.Enum):
-    """SYMMETRIC: zero point 0 (no zero-point tensor). ASYMMETRIC: an int32 zero point per segment."""
-
-    SYMMETRIC = "symmetric"
-    ASYMMETRIC = "asymmetric"
-
-
-class Rounding(str, enum.Enum):
-    """NEAREST_EVEN: round half to even (default). STOCHASTIC: Philox-driven, see SPEC section 4."""
-
-    NEAREST_EVEN = "nearest_even"
-    STOCHASTIC = "stochastic"
-
-
-class NibbleOrder(str, enum.Enum):
-    """Order of two 4-bit codes in a byte.
-
-    LOW_FIRST (default): element 2i in bits 0-3, as PyTorch ``float4_e2m1fn_x2`` and CUTLASS.
-    HIGH_FIRST: element 2i in bits 4-7, as DeepSpeed and bitsandbytes.
-    """
-
-    LOW_FIRST = "low_first"
-    HIGH_FIRST = "high_first"
-
-
-class BackendKind(str, enum.Enum):
-    """CUDA: the kernels of ``kernels/*.cu``. REFERENCE: the NumPy implementation of the same semantics."""
-
-    CUDA = "cuda"
-    REFERENCE = "reference"
-
-
-class MathPrecision(str, enum.Enum):
-    """Arithmetic type a plan computes in: F32 for F16/BF16/F32 data, F64 for F64 data."""
-
-    F32 = "f32"
-    F64 = "f64"
-
-
-class OpCategory(str, enum.Enum):
-    """Broad family of an operation."""
-
-    QUANTIZE = "quantize"
-    DEQUANTIZE = "dequantize"
-    FAKE_QUANTIZE = "fake_quantize"
-    GRADIENT = "gradient"
-    COLLECTIVE = "collective"
-
-
-class QuantizeKind(str, enum.Enum):
-    """How parameters are obtained: given (STATIC) or computed from the data (DYNAMIC_RANGE)."""
-
-    STATIC = "static"
-    DYNAMIC_RANGE = "dynamic_range"
-
 
 # ---------------------------------------------------------------------------------------------
 # Scopes: which elements share one scale / zero point.
@@ -236,6 +160,21 @@ Scope = Annotated[TensorScope | TokenScope | ChannelScope | GroupScope, Field(di
 # ---------------------------------------------------------------------------------------------
 
 
+def normalize_axis(axis: int, rank: int, what: str) -> int:
+    """``axis`` in [0, rank), or InvalidProblem."""
+    if not -rank <= axis < rank:
+        raise InvalidProblem(f"{what} axis {axis} is out of range for a rank-{rank} tensor; use -{rank}..{rank - 1}")
+    return axis % rank
+
+
+def expand_params(params: np.ndarray, shape: tuple[int, ...], scope: Scope) -> np.ndarray:
+    """Broadcastable view of a parameter tensor over ``shape`` (groups repeated along their axis)."""
+    if isinstance(scope, GroupScope):
+        axis = normalize_axis(scope.axis, len(shape), "group scope")
+        return np.repeat(params, scope.group_size, axis=axis)
+    return params
+
+
 @dataclass(frozen=True)
 class ArchSku:
     """A GPU architecture by compute capability (``ArchSku(9, 0)`` is sm_90), or ``HOST``."""
@@ -356,6 +295,8 @@ class PlanPreference(Model):
 
 
 __all__ = [
+    "expand_params",
+    "normalize_axis",
     "HOST_ARCH",
     "ArchSku",
     "BackendKind",
