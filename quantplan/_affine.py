@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._device import device_info
-from ._families import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit, row_kernel_name
+from ._kernel_names import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, param_shape, row_layout
 from ._operands import Operand, TensorArgs

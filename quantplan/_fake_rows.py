@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._device import device_info
-from ._families import FAKE_DENSE_ROW_KERNELS, FAKE_ROW_KERNELS, fake_quantize_unit
+from ._kernel_names import FAKE_DENSE_ROW_KERNELS, FAKE_ROW_KERNELS, fake_quantize_unit
 from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
 from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, division_magic, row_layout
 from ._operands import Operand

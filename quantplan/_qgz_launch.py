@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ._device import DeviceInfo
-from ._families import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
+from ._kernel_names import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, host_view, is_scalar, pointer_view, write_back
 from ._segment_geometry import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._device import DeviceInfo, device_info
-from ._families import (
+from ._kernel_names import (
     CLUSTER_BLOCKS,
     DENSE_FLOAT_KINDS,
     DENSE_NV,
