@@ -85,6 +85,10 @@ LAYERS: dict[str, int] = {
 #: The compile layer is a leaf: it may import the vocabulary only.
 LEAVES = {"compiler": {VOCABULARY}}
 
+#: Most modules on one import chain (the module itself included; imports inside functions count).
+#: The architecture issue's bar is 8; lower this constant as cuts land, never raise it.
+MAX_IMPORT_DEPTH = 10
+
 
 def module_names() -> list[str]:
     """Every module of the package, dotted and relative to it (``compat.deepspeed``, ``__init__``)."""
@@ -215,3 +219,26 @@ def test_the_checker_sees_imports() -> None:
     assert any(t == "_kinds" for t, _ in GRAPH["elements"])
     assert any(t in ("errors", "types") for t, _ in GRAPH["compiler"])
     assert any(layer_of(t) == OPS for t, _ in GRAPH["__init__"])
+
+
+def longest_import_chain() -> list[str]:
+    """The longest chain ``a -> b -> ...`` of package imports (the graph has no cycle: checked above)."""
+    best: dict[str, list[str]] = {}
+
+    def chain(module: str) -> list[str]:
+        if module not in best:
+            tails = [chain(target) for target, _ in GRAPH[module] if target in GRAPH]
+            best[module] = [module, *max(tails, key=len, default=[])]
+        return best[module]
+
+    return max((chain(m) for m in sorted(GRAPH)), key=len)
+
+
+def test_import_depth() -> None:
+    longest = longest_import_chain()
+    assert len(longest) >= 3, "the depth check sees no chain: the graph is empty"
+    assert len(longest) <= MAX_IMPORT_DEPTH, (
+        f"the package is {len(longest)} import levels deep (at most {MAX_IMPORT_DEPTH}): "
+        + " -> ".join(longest)
+        + "; move what the importer uses down a module, or pass it in"
+    )
