@@ -245,9 +245,7 @@ def quantize_block_scaled_2d(
     info = device_info(x.device.id)
     fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id, kernel_options())[name]
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    col_tiles = -(-cols // sched.tile_cols)
-    for i, (base, count) in enumerate(row_tile_slices(-(-rows // sched.tile_rows))):
-        pad_rows, pad_cols = (geo.pad_rows, geo.pad_cols) if i == 0 else (scale_rows, scale_cols)
+    for grid, base, pad_rows, pad_cols in tile_slices(rows, cols, sched, geo, scale_rows, scale_cols):
         args = (
             x,
             codes,
@@ -265,8 +263,38 @@ def quantize_block_scaled_2d(
             np.int64(pad_rows),
             np.int64(pad_cols),
         )
-        fn((col_tiles, count), (THREADS,), args, stream=stream)
+        fn(grid, (THREADS,), args, stream=stream)
     return codes, scales
+
+
+def tile_slices(
+    rows: int, cols: int, sched: TileSchedule, geo: Any, scale_rows: int, scale_cols: int
+) -> list[tuple[tuple[int, int], int, int, int]]:
+    """The launches of ``block_scaled_tiles`` over an [rows, cols] matrix: ``(grid, row_tile_base,
+    pad_rows, pad_cols)`` each, one per :data:`MAX_GRID_Y` row tiles; the first zero-fills the scale
+    layout's padding (``geo``: :func:`scale_geometry`), the others pad nothing."""
+    col_tiles = -(-cols // sched.tile_cols)
+    return [
+        ((col_tiles, count), base, *((geo.pad_rows, geo.pad_cols) if i == 0 else (scale_rows, scale_cols)))
+        for i, (base, count) in enumerate(row_tile_slices(-(-rows // sched.tile_rows)))
+    ]
+
+
+def transpose_slices(
+    rows: int, cols: int, block: int, geo_r: Any, geo_c: Any
+) -> list[tuple[tuple[int, int], int, tuple[int, int], tuple[int, int]]]:
+    """The launches of ``block_scaled_transpose`` over an [rows, cols] matrix: ``(grid,
+    row_tile_base, (pad_rows_r, pad_cols_r), (pad_rows_c, pad_cols_c))`` each, one per
+    :data:`MAX_GRID_Y` row tiles of :data:`TRANSPOSE_TILE`; the first zero-fills both scale
+    layouts' padding, the others pad nothing."""
+    col_tiles = -(-cols // TRANSPOSE_TILE)
+    out = []
+    for i, (base, count) in enumerate(row_tile_slices(-(-rows // TRANSPOSE_TILE))):
+        first = i == 0
+        pads_r = (geo_r.pad_rows, geo_r.pad_cols) if first else (rows, -(-cols // block))
+        pads_c = (geo_c.pad_rows, geo_c.pad_cols) if first else (cols, -(-rows // block))
+        out.append(((col_tiles, count), base, pads_r, pads_c))
+    return out
 
 
 _shared_set: set[int] = set()
@@ -350,9 +378,7 @@ def quantize_transpose_block_scaled(
     shared = transpose_shared_bytes(dtype, block, te)
     _allow_shared(fn, shared)
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    col_tiles = -(-cols // TRANSPOSE_TILE)
-    for i, (base, count) in enumerate(row_tile_slices(-(-rows // TRANSPOSE_TILE))):
-        first = i == 0
+    for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c):
         args = (
             x,
             codes_r,
@@ -367,13 +393,13 @@ def quantize_transpose_block_scaled(
             np.float32(INPUT_MAX[dtype]),
             np.int32(geo_r.layout),
             np.int64(geo_r.dim),
-            np.int64(geo_r.pad_rows if first else rows),
-            np.int64(geo_r.pad_cols if first else -(-cols // block)),
+            np.int64(pads_r[0]),
+            np.int64(pads_r[1]),
             np.int64(geo_c.dim),
-            np.int64(geo_c.pad_rows if first else cols),
-            np.int64(geo_c.pad_cols if first else -(-rows // block)),
+            np.int64(pads_c[0]),
+            np.int64(pads_c[1]),
         )
-        fn((col_tiles, count), (THREADS,), args, shared_mem=shared, stream=stream)
+        fn(grid, (THREADS,), args, shared_mem=shared, stream=stream)
     return codes_r, scales_r, codes_c, scales_c
 
 
@@ -390,6 +416,8 @@ __all__ = [
     "quantize_transpose_block_scaled",
     "row_tile_slices",
     "tile_kernel_name",
+    "tile_slices",
     "transpose_kernel_name",
+    "transpose_slices",
     "transpose_shared_bytes",
 ]

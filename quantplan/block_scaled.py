@@ -70,11 +70,11 @@ from ._block_scaled_tile_kernels import (
     TRANSPOSE_ELEMENTS,
     TRANSPOSE_LAYOUTS,
     TRANSPOSE_SCHEDULES,
-    TRANSPOSE_TILE,
-    row_tile_slices,
     tile_kernel_name,
+    tile_slices,
     transpose_kernel_name,
     transpose_shared_bytes,
+    transpose_slices,
 )
 from ._block_scaled_tile_kernels import _allow_shared as allow_shared
 from ._device import device_info, stream_device_id
@@ -950,16 +950,14 @@ def _prepare_tiles(p: BlockScaledProblem, device_id: int) -> _Launches:
     variants = (False, True) if cols % 16 == 0 else (False,)
     names = [tile_kernel_name(dtype, p.element, rule == "div", aligned, sched) for aligned in variants]
     functions = _load("block_scaled_tiles", names, device_id)
-    col_tiles = _ceil(cols, sched.tile_cols)
 
     def slices(name: str) -> tuple[PreparedLaunch, ...]:
         out = []
-        for i, (base, count) in enumerate(row_tile_slices(_ceil(rows, sched.tile_rows))):
-            pad_rows, pad_cols = (geo.pad_rows, geo.pad_cols) if i == 0 else (scale_rows, scale_cols)
+        for grid, base, pad_rows, pad_cols in tile_slices(rows, cols, sched, geo, scale_rows, scale_cols):
             out.append(
                 _GridLaunch(
                     functions[name],
-                    (col_tiles, count),
+                    grid,
                     TILE_THREADS,
                     0,
                     _TILE_PARAMS,
@@ -1005,16 +1003,14 @@ def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
     shared = transpose_shared_bytes(dtype, block, te)
     for fn in functions.values():
         allow_shared(fn, shared)
-    col_tiles = _ceil(cols, TRANSPOSE_TILE)
 
     def slices(name: str) -> tuple[PreparedLaunch, ...]:
         out = []
-        for i, (base, count) in enumerate(row_tile_slices(_ceil(rows, TRANSPOSE_TILE))):
-            first = i == 0
+        for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c):
             out.append(
                 _GridLaunch(
                     functions[name],
-                    (col_tiles, count),
+                    grid,
                     TILE_THREADS,
                     shared,
                     _TRANSPOSE_PARAMS,
@@ -1026,11 +1022,11 @@ def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
                     enc_overflow=_INPUT_MAX[p.input_element],
                     layout=geo_r.layout,
                     dim_r=geo_r.dim,
-                    pad_rows_r=geo_r.pad_rows if first else rows,
-                    pad_cols_r=geo_r.pad_cols if first else _ceil(cols, block),
+                    pad_rows_r=pads_r[0],
+                    pad_cols_r=pads_r[1],
                     dim_c=geo_c.dim,
-                    pad_rows_c=geo_c.pad_rows if first else cols,
-                    pad_cols_c=geo_c.pad_cols if first else _ceil(rows, block),
+                    pad_rows_c=pads_c[0],
+                    pad_cols_c=pads_c[1],
                 )  # fmt: skip
             )
         return tuple(out)
