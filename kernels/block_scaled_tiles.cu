@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   for (int p = 0; p < PASSES; ++p) {
     const i64 r = r0 + rp + p * RPP;
     u32 packed[CODE_WORDS];
-    encode_run<In, E, DIVIDE, CH>(raw[p], s.factor, finite, packed);
+    encode_run<In, E, DIVIDE, CH, true>(raw[p], s.factor, finite, packed);
     u8* dst = codes + r * row_bytes + c / E::per_byte;
     if (full) {
       store_code_run<CODE_BYTES>(dst, packed);
