@@ -40,7 +40,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._block_scaled_codes import ELEMENT_TAGS, FP8_RULES, INPUT_TAGS, MX_RULES, scale_geometry
+from ._block_scaled_codes import (
+    ELEMENT_TAGS,
+    FP8_RULES,
+    INPUT_MAX,
+    INPUT_TAGS,
+    MX_RULES,
+    quantize_arguments,
+    scale_geometry,
+)
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported
@@ -51,8 +59,6 @@ THREADS = 256
 MAX_GRID_Y = 65535
 #: Edge of the fused transpose's tile (rows and columns).
 TRANSPOSE_TILE = 128
-#: Largest finite value of each input dtype (the ``enc`` rule's stand-in for an infinite 448/a).
-INPUT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 
 
 @dataclass(frozen=True)
@@ -248,17 +254,7 @@ def quantize_block_scaled_2d(
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
     for grid, base, pad_rows, pad_cols in tile_slices(rows, cols, sched, geo, scale_rows, scale_cols):
         args = (
-            x,
-            codes,
-            scales,
-            np.int64(rows),
-            np.int64(cols),
-            np.int64(base),
-            np.int32(rule_code),
-            np.int32(geo.layout),
-            np.int64(geo.dim),
-            np.float32(floor),
-            np.float32(INPUT_MAX[dtype]),
+            *quantize_arguments(x, codes, scales, rows, cols, base, rule_code, geo, floor, dtype),
             np.int64(scale_rows),
             np.int64(scale_cols),
             np.int64(pad_rows),
