@@ -1,11 +1,13 @@
 """The block-scaled kernels' codes: element and input tags, scale-rule and scale-layout codes of
-``kernels/qp_block_scaled.cuh``, and the scale-layout geometry (:func:`scale_geometry`). Plain
-data below both launchers (``_block_scaled_kernels`` for 1-D blocks, ``_block_scaled_tile_kernels``
+``kernels/qp_block_scaled.cuh``, the scale-layout geometry (:func:`scale_geometry`), the input
+dtypes' largest finite values and the leading arguments both quantize kernels take
+(:func:`quantize_arguments`). Plain data below both launchers (``_block_scaled_kernels`` for 1-D blocks, ``_block_scaled_tile_kernels``
 for 2-D tiles), so neither imports the other and the kernel-family table reads them side by side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import InvalidProblem, Unsupported
 
@@ -26,6 +28,8 @@ INPUT_TAGS = {"float16": "qp::f16", "bfloat16": "qp::bf16", "float32": "qp::f32"
 MX_RULES = {"rceil": 0, "floor": 1, "ceil": 2, "even": 3}
 FP8_RULES = {"div": 4, "mul_rcp": 5, "enc": 6, "ue8m0": 7}
 NVFP4_RULES = {"te": 8}
+#: Largest finite value of each input dtype (the ``enc`` rule's stand-in for an infinite 448/a).
+INPUT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 #: ``ScaleLayout`` of qp_block_scaled.cuh.
 LAYOUTS = {"compact": 0, "blocked": 1, "column_major": 2, "packed_ue8m0": 3}
 
@@ -64,13 +68,39 @@ def scale_geometry(layout: str, rows: int, cols: int, f32: bool) -> ScaleGeometr
     raise InvalidProblem(f"scale layout {layout!r} is not one of {sorted(LAYOUTS)}")
 
 
+def quantize_arguments(
+    x: Any,
+    codes: Any,
+    scales: Any,
+    rows: int,
+    cols: int,
+    third: int,
+    rule_code: int,
+    geo: ScaleGeometry,
+    amax_floor: float,
+    dtype: str,
+) -> tuple[Any, ...]:
+    """The leading arguments both quantize kernels take, ``block_scaled_quantize`` (1-D blocks) and
+    ``block_scaled_tiles``: x, codes, scales, rows, cols, ``third`` (blocks per row; the first row
+    tile), the rule code, the scale layout and its dim (``geo``), the amax floor and the largest
+    finite value of the input dtype (:data:`INPUT_MAX`), each as the kernel's C type."""
+    import numpy as np
+
+    return (
+        x, codes, scales, np.int64(rows), np.int64(cols), np.int64(third), np.int32(rule_code), np.int32(geo.layout),
+        np.int64(geo.dim), np.float32(amax_floor), np.float32(INPUT_MAX[dtype]),
+    )  # fmt: skip
+
+
 __all__ = [
     "ELEMENT_TAGS",
     "FP8_RULES",
+    "INPUT_MAX",
     "INPUT_TAGS",
     "LAYOUTS",
     "MX_RULES",
     "NVFP4_RULES",
     "ScaleGeometry",
+    "quantize_arguments",
     "scale_geometry",
 ]

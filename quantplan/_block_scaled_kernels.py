@@ -43,6 +43,7 @@ from ._block_scaled_codes import (
     INPUT_TAGS,
     MX_RULES,
     NVFP4_RULES,
+    quantize_arguments,
     scale_geometry,
 )
 from ._block_scaled_codes import (
@@ -290,19 +291,8 @@ def quantize_block_scaled(
     fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     slots = sched.slots(dtype, block, teams)
     threads, grid = launch_shape(slots, info.sm_count, _resident(fn) if sched.persistent else 0, sched.unroll)
-    input_max = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}[dtype]
     args = (
-        x,
-        codes,
-        scales,
-        np.int64(rows),
-        np.int64(cols),
-        np.int64(blocks_per_row),
-        np.int32(rule_code),
-        np.int32(geo.layout),
-        np.int64(geo.dim),
-        np.float32(amax_floor),
-        np.float32(input_max),
+        *quantize_arguments(x, codes, scales, rows, cols, blocks_per_row, rule_code, geo, amax_floor, dtype),
         np.int64(geo.pad_rows),
         np.int64(geo.pad_cols),
     )

@@ -40,7 +40,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._block_scaled_codes import ELEMENT_TAGS, FP8_RULES, INPUT_TAGS, MX_RULES, scale_geometry
+from ._block_scaled_codes import (
+    ELEMENT_TAGS,
+    FP8_RULES,
+    INPUT_MAX,
+    INPUT_TAGS,
+    MX_RULES,
+    quantize_arguments,
+    scale_geometry,
+)
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .errors import InvalidProblem, Unsupported
@@ -51,8 +59,6 @@ THREADS = 256
 MAX_GRID_Y = 65535
 #: Edge of the fused transpose's tile (rows and columns).
 TRANSPOSE_TILE = 128
-#: Largest finite value of each input dtype (the ``enc`` rule's stand-in for an infinite 448/a).
-INPUT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 
 
 @dataclass(frozen=True)
@@ -186,10 +192,14 @@ def _rule_code(mx: bool, rule: str, element: str) -> int:
     return FP8_RULES[rule]
 
 
-def _amax_floor(amax_floor: float) -> float:
-    if not (math.isfinite(amax_floor) and amax_floor >= 0):
-        raise InvalidProblem(f"amax_floor must be a finite number >= 0, got {amax_floor!r}")
-    return amax_floor
+def _matrix(x: Any, rule: str, amax_floor: float) -> tuple[int, int, float, bool]:
+    """What both launchers read first: ``amax_floor`` checked (finite, >= 0), ``x`` [..., K] as
+    ``rows`` (M, the leading dims) x ``cols`` (K), and whether ``rule`` writes float32 scales
+    (E8M0 bytes otherwise). Returns ``(rows, cols, floor, f32_scales)``."""
+    floor = float(amax_floor)
+    if not (math.isfinite(floor) and floor >= 0):
+        raise InvalidProblem(f"amax_floor must be a finite number >= 0, got {floor!r}")
+    return int(math.prod(x.shape[:-1])), int(x.shape[-1]), floor, rule in ("div", "mul_rcp", "enc")
 
 
 def quantize_block_scaled_2d(
@@ -227,10 +237,7 @@ def quantize_block_scaled_2d(
     rule_code = _rule_code(mx, rule, element)
     if layout not in TILE_LAYOUTS[blk]:
         raise Unsupported(f"{blk} tiles write the scale layouts {TILE_LAYOUTS[blk]}, not {layout!r}")
-    floor = _amax_floor(float(amax_floor))
-    cols = int(x.shape[-1])
-    rows = int(math.prod(x.shape[:-1]))
-    f32_scales = rule in ("div", "mul_rcp", "enc")
+    rows, cols, floor, f32_scales = _matrix(x, rule, amax_floor)
     scale_rows = rows if mx else -(-rows // blk[0])
     scale_cols = -(-cols // blk[1])
     geo = scale_geometry(layout, scale_rows, scale_cols, f32_scales)
@@ -247,17 +254,7 @@ def quantize_block_scaled_2d(
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
     for grid, base, pad_rows, pad_cols in tile_slices(rows, cols, sched, geo, scale_rows, scale_cols):
         args = (
-            x,
-            codes,
-            scales,
-            np.int64(rows),
-            np.int64(cols),
-            np.int64(base),
-            np.int32(rule_code),
-            np.int32(geo.layout),
-            np.int64(geo.dim),
-            np.float32(floor),
-            np.float32(INPUT_MAX[dtype]),
+            *quantize_arguments(x, codes, scales, rows, cols, base, rule_code, geo, floor, dtype),
             np.int64(scale_rows),
             np.int64(scale_cols),
             np.int64(pad_rows),
@@ -357,10 +354,7 @@ def quantize_transpose_block_scaled(
         raise Unsupported("layout 'te_mxfp8' is TE's MXFP8 layout: block 32 with compact scales")
     if scale_layout not in TRANSPOSE_LAYOUTS[block]:
         raise Unsupported(f"blocks of {block} write the scale layouts {TRANSPOSE_LAYOUTS[block]}, not {scale_layout!r}")
-    floor = _amax_floor(float(amax_floor))
-    cols = int(x.shape[-1])
-    rows = int(math.prod(x.shape[:-1]))
-    f32_scales = rule in ("div", "mul_rcp", "enc")
+    rows, cols, floor, f32_scales = _matrix(x, rule, amax_floor)
     geo_r = scale_geometry(scale_layout, rows, -(-cols // block), f32_scales)
     geo_c = scale_geometry(scale_layout, cols, -(-rows // block), f32_scales)
     sdt = cupy.float32 if f32_scales else cupy.uint8

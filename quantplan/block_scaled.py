@@ -42,6 +42,7 @@ import ctypes
 import functools
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -938,6 +939,31 @@ def _prepare_lanes(p: BlockScaledProblem, device_id: int) -> _Launches:
     return _Launches(aligned, (general,), tag, tuple(functions), amax)
 
 
+def _sliced_launches(
+    functions: dict[str, Any],
+    names: list[str],
+    shared: int,
+    params_type: Any,
+    slices: list[tuple[tuple[int, int], dict[str, int]]],
+    tag: str,
+    **fixed: Any,
+) -> _Launches:
+    """The launches of a tile kernel run as row-tile slices: per instantiation (``names[0]`` the
+    general one, ``names[1]`` where loaded the aligned one) one launch per slice, on the slice's
+    grid with its own fields (row-tile base, padding) over ``fixed``; ``tag``: the describe string
+    up to the variants it ends with."""
+
+    def launches(name: str) -> tuple[PreparedLaunch, ...]:
+        return tuple(
+            _GridLaunch(functions[name], grid, TILE_THREADS, shared, params_type, **fixed, **own)
+            for grid, own in slices
+        )
+
+    general = launches(names[0])
+    aligned = launches(names[1]) if len(names) > 1 else ()
+    return _Launches(aligned, general, tag + (",aligned|general]" if aligned else ",general]"), tuple(names))
+
+
 def _prepare_tiles(p: BlockScaledProblem, device_id: int) -> _Launches:
     """``block_scaled_tiles`` (MX 32x32, FP8 128x128) for ``p``: one launch per slice of row tiles."""
     dtype = _INPUT_DTYPE[p.input_element]
@@ -950,39 +976,16 @@ def _prepare_tiles(p: BlockScaledProblem, device_id: int) -> _Launches:
     variants = (False, True) if cols % 16 == 0 else (False,)
     names = [tile_kernel_name(dtype, p.element, rule == "div", aligned, sched) for aligned in variants]
     functions = _load("block_scaled_tiles", names, device_id)
-
-    def slices(name: str) -> tuple[PreparedLaunch, ...]:
-        out = []
-        for grid, base, pad_rows, pad_cols in tile_slices(rows, cols, sched, geo, scale_rows, scale_cols):
-            out.append(
-                _GridLaunch(
-                    functions[name],
-                    grid,
-                    TILE_THREADS,
-                    0,
-                    _TILE_PARAMS,
-                    rows=rows,
-                    cols=cols,
-                    row_tile_base=base,
-                    rule=rule_code,
-                    layout=geo.layout,
-                    layout_dim=geo.dim,
-                    amax_floor=p.amax_floor,
-                    enc_overflow=_INPUT_MAX[p.input_element],
-                    scale_rows=scale_rows,
-                    scale_cols=scale_cols,
-                    pad_rows=pad_rows,
-                    pad_cols=pad_cols,
-                )  # fmt: skip
-            )
-        return tuple(out)
-
-    general = slices(names[0])
-    aligned = slices(names[1]) if len(names) > 1 else ()
-    tag = f"tiles[{p.format.name},{p.block[0]}x{p.block[1]},{rule},{p.layout}" + (
-        ",aligned|general]" if aligned else ",general]"
-    )
-    return _Launches(aligned, general, tag, tuple(names))
+    slices = [
+        (grid, {"row_tile_base": base, "pad_rows": pad_rows, "pad_cols": pad_cols})
+        for grid, base, pad_rows, pad_cols in tile_slices(rows, cols, sched, geo, scale_rows, scale_cols)
+    ]
+    return _sliced_launches(
+        functions, names, 0, _TILE_PARAMS, slices,
+        f"tiles[{p.format.name},{p.block[0]}x{p.block[1]},{rule},{p.layout}",
+        rows=rows, cols=cols, rule=rule_code, layout=geo.layout, layout_dim=geo.dim, amax_floor=p.amax_floor,
+        enc_overflow=_INPUT_MAX[p.input_element], scale_rows=scale_rows, scale_cols=scale_cols,
+    )  # fmt: skip
 
 
 def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
@@ -1003,40 +1006,17 @@ def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
     shared = transpose_shared_bytes(dtype, block, te)
     for fn in functions.values():
         allow_shared(fn, shared)
-
-    def slices(name: str) -> tuple[PreparedLaunch, ...]:
-        out = []
-        for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c):
-            out.append(
-                _GridLaunch(
-                    functions[name],
-                    grid,
-                    TILE_THREADS,
-                    shared,
-                    _TRANSPOSE_PARAMS,
-                    rows=rows,
-                    cols=cols,
-                    row_tile_base=base,
-                    rule=rule_code,
-                    amax_floor=p.amax_floor,
-                    enc_overflow=_INPUT_MAX[p.input_element],
-                    layout=geo_r.layout,
-                    dim_r=geo_r.dim,
-                    pad_rows_r=pads_r[0],
-                    pad_cols_r=pads_r[1],
-                    dim_c=geo_c.dim,
-                    pad_rows_c=pads_c[0],
-                    pad_cols_c=pads_c[1],
-                )  # fmt: skip
-            )
-        return tuple(out)
-
-    general = slices(names[0])
-    aligned = slices(names[1]) if len(names) > 1 else ()
-    tag = f"transpose[{p.format.name},1x{block},{rule},{p.layout},{p.columnwise}" + (
-        ",aligned|general]" if aligned else ",general]"
-    )
-    return _Launches(aligned, general, tag, tuple(names))
+    slices = [
+        (grid, {"row_tile_base": base, "pad_rows_r": pads_r[0], "pad_cols_r": pads_r[1],
+                "pad_rows_c": pads_c[0], "pad_cols_c": pads_c[1]})
+        for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c)
+    ]  # fmt: skip
+    return _sliced_launches(
+        functions, names, shared, _TRANSPOSE_PARAMS, slices,
+        f"transpose[{p.format.name},1x{block},{rule},{p.layout},{p.columnwise}",
+        rows=rows, cols=cols, rule=rule_code, amax_floor=p.amax_floor, enc_overflow=_INPUT_MAX[p.input_element],
+        layout=geo_r.layout, dim_r=geo_r.dim, dim_c=geo_c.dim,
+    )  # fmt: skip
 
 
 def _prepare(p: BlockScaledProblem, device_id: int) -> _Launches:
@@ -1070,7 +1050,49 @@ def _prepare_dequantize(p: BlockScaledProblem, device_id: int) -> _Launches:
 # ---- plans -------------------------------------------------------------------------------------
 
 
-class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, BlockScaledOperands]):
+#: The end of the Unsupported message of a dequantize the CUDA backend does not serve.
+_REFERENCE_ADVICE = "; select this dequantize with PlanPreference(backend=BackendKind.REFERENCE) on host arrays"
+
+
+def _problem_on(
+    stream: Any,
+    desc: _BlockScaledFields,
+    desc_type: type[_BlockScaledFields],
+    pref: PlanPreference | None,
+    refusal: Callable[[BlockScaledProblem], str | None],
+    advice: str,
+) -> tuple[BlockScaledProblem, int | None]:
+    """What both plans' ``select`` do first: ``desc`` checked (a ``desc_type``), its problem, and
+    the device it runs on (None: the reference backend). On CUDA, Unsupported with ``refusal``'s
+    reason followed by ``advice`` for a problem no kernel serves."""
+    check_descriptor(desc, desc_type)
+    problem = desc._problem()
+    if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        return problem, None
+    reason = refusal(problem)
+    if reason is not None:
+        raise Unsupported(reason + advice)
+    return problem, stream_device_id(stream)
+
+
+class _BlockScaledChecks(OperandChecks):
+    """The operand checks the quantize and dequantize plans share."""
+
+    _codes_info: ElementInfo
+    _scales_info: ElementInfo
+
+    def _codes_and_scales(
+        self, codes: Any, scales: Any, prefix: str, codes_shape: tuple[int, ...], scales_shape: tuple[int, ...]
+    ) -> tuple[Operand, Operand]:
+        """A codes buffer and its scales (named ``prefix + "codes"`` / ``prefix + "scales"``), each
+        required, of its shape and of the format's storage dtype."""
+        return (
+            self._required(codes, prefix + "codes", codes_shape, self._codes_info),
+            self._required(scales, prefix + "scales", scales_shape, self._scales_info),
+        )
+
+
+class BlockScaledQuantizePlan(_BlockScaledChecks, Plan[BlockScaledQuantizeArgs, BlockScaledOperands]):
     """Block-scaled quantization: MX, NVFP4 or FP8 blocks, scales from the data, in the GEMM's layout.
 
     Formulas (MICROSCALING.md; every step one IEEE f32 operation, no FMA, no flush to zero;
@@ -1170,14 +1192,11 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         compile and prepare the kernels (CUDA, first use): the instantiations, grids, row-tile
         slices, argument blocks and workspace. On CUDA, Unsupported for the combinations without
         a kernel (:func:`cuda_refusal`)."""
-        check_descriptor(desc, BlockScaledQuantizeDescriptor)
-        problem = desc._problem()
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        problem, device_id = _problem_on(
+            stream, desc, BlockScaledQuantizeDescriptor, pref, cuda_refusal, ": " + _SERVED_ON_CUDA
+        )
+        if device_id is None:
             return preferred(cls(desc, problem), pref)
-        refusal = cuda_refusal(problem)
-        if refusal is not None:
-            raise Unsupported(f"{refusal}: {_SERVED_ON_CUDA}")
-        device_id = stream_device_id(stream)
         launches = _prepare(problem, device_id)
         return preferred(cls(desc, problem, device_id, launches.describe, launches), pref)
 
@@ -1186,8 +1205,7 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
     def _check(self, args: BlockScaledQuantizeArgs) -> BlockScaledOperands:
         p = self.problem
         x = self._required(args.input, "input", p.shape, self._in_info)
-        codes = self._required(args.codes, "codes", p.codes_shape, self._codes_info)
-        scales = self._required(args.scales, "scales", p.scales_shape, self._scales_info)
+        codes, scales = self._codes_and_scales(args.codes, args.scales, "", p.codes_shape, p.scales_shape)
         tensor_scale: Operand | None = None
         global_amax: Operand | float | None = None
         if self._nvfp4:
@@ -1198,11 +1216,12 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
         seed, offset = self._rng(self._stochastic, args.rng_seed, args.rng_offset)
         col_codes = col_scales = None
         if p.columnwise:
-            col_codes = self._required(
-                args.columnwise_codes, "columnwise_codes", p.columnwise_codes_shape, self._codes_info
-            )
-            col_scales = self._required(
-                args.columnwise_scales, "columnwise_scales", p.columnwise_scales_shape, self._scales_info
+            col_codes, col_scales = self._codes_and_scales(
+                args.columnwise_codes,
+                args.columnwise_scales,
+                "columnwise_",
+                p.columnwise_codes_shape,
+                p.columnwise_scales_shape,
             )
         elif args.columnwise_codes is not None or args.columnwise_scales is not None:
             raise InvalidProblem(
@@ -1323,7 +1342,7 @@ class BlockScaledQuantizePlan(OperandChecks, Plan[BlockScaledQuantizeArgs, Block
             self._write_host(a.col_scales, col_scales)
 
 
-class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, BlockScaledDequantizeOperands]):
+class BlockScaledDequantizePlan(_BlockScaledChecks, Plan[BlockScaledDequantizeArgs, BlockScaledDequantizeOperands]):
     """Block-scaled dequantization: (codes, scales[, tensor scale]) -> y, for every block-scaled format.
 
     Formulas (every product one f32 operation, then one rounding to the output dtype):
@@ -1378,22 +1397,16 @@ class BlockScaledDequantizePlan(OperandChecks, Plan[BlockScaledDequantizeArgs, B
     ) -> BlockScaledDequantizePlan:
         """Validate ``desc`` and pick the backend; on CUDA resolve the dequantize kernel, grid and
         argument block (Unsupported for what it does not serve: :func:`dequantize_refusal`)."""
-        check_descriptor(desc, BlockScaledDequantizeDescriptor)
-        problem = desc._problem()
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        problem, device_id = _problem_on(
+            stream, desc, BlockScaledDequantizeDescriptor, pref, dequantize_refusal, _REFERENCE_ADVICE
+        )
+        if device_id is None:
             return preferred(cls(desc, problem), pref)
-        refusal = dequantize_refusal(problem)
-        if refusal is not None:
-            raise Unsupported(
-                f"{refusal}; select this dequantize with PlanPreference(backend=BackendKind.REFERENCE) on host arrays"
-            )
-        device_id = stream_device_id(stream)
         return preferred(cls(desc, problem, device_id, _prepare_dequantize(problem, device_id)), pref)
 
     def _check(self, args: BlockScaledDequantizeArgs) -> BlockScaledDequantizeOperands:
         p = self.problem
-        codes = self._required(args.codes, "codes", p.codes_shape, self._codes_info)
-        scales = self._required(args.scales, "scales", p.scales_shape, self._scales_info)
+        codes, scales = self._codes_and_scales(args.codes, args.scales, "", p.codes_shape, p.scales_shape)
         y = self._required(args.output, "output", p.shape, self._out_info)
         tensor_scale: Operand | None = None
         if p.is_nvfp4:
