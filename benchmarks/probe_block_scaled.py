@@ -2,6 +2,12 @@
 table's space timed on the same input in one run, with a copy of the same bytes.
 
     python3 benchmarks/probe_block_scaled.py [--precompile]
+    python3 benchmarks/probe_block_scaled.py --transpose   # the fused rowwise + columnwise kernel
+
+``--transpose``: every OPT choice of ``block_scaled_transpose`` (``TransposeSchedule.opt``) for MXFP8
+rceil and FP8 1x128 div / enc, 8192 x 8192 bf16 and fp16, timed side by side with a copy of the
+bytes moved (x read, both code copies and both scale matrices written), each checked against the
+reference.
 """
 
 from __future__ import annotations
@@ -61,11 +67,72 @@ def _compile(name: str) -> str:
     return name
 
 
+#: (label, block, rule) of the fused transpose probe; OPT choices of TransposeSchedule.
+TRANSPOSE_CASES = [("MXFP8 rceil", 32, "rceil"), ("FP8 1x128 enc", 128, "enc"), ("FP8 1x128 div", 128, "div")]
+TRANSPOSE_OPTS = (3, 1, 2, 0)
+
+
+def _transpose_probe(only: str | None) -> None:
+    import cupy
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    import quantplan.reference_block_scaled as rbs
+    from quantplan._block_scaled_tile_kernels import (
+        TRANSPOSE_SCHEDULES,
+        TransposeSchedule,
+        quantize_transpose_block_scaled,
+    )
+
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    for tdt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+        x = torch.randn((8192, 8192), device="cuda").mul_(4).to(tdt)
+        n = x.numel()
+        sets = harness.rotation_sets(n * 4)
+        xs = [cupy.from_dlpack((x if i == 0 else x.clone()).view(torch.int16)) for i in range(sets)]
+        host = x.float().cpu().numpy().astype(ml_dtypes.bfloat16 if name == "bfloat16" else np.float16)
+        for label, blk, rule in TRANSPOSE_CASES:
+            if only and only not in label:
+                continue
+            scale_bytes = 2 * (n // blk) * (1 if blk == 32 else 4)
+            copy_us, _ = harness.copy_time(2 * n, 2 * n + scale_bytes)
+            if blk == 32:
+                pair = rbs.quantize_transpose(host, "mx", scale_mode=rule)
+            else:
+                pair = rbs.quantize_transpose(host, "fp8_block", block=(1, 128), scale_format="f32", elem_op=rule)
+            want = [pair.rowwise.codes, pair.rowwise.scales, pair.columnwise.codes, pair.columnwise.scales]
+            cells = []
+            for opt in TRANSPOSE_OPTS:
+                sched = TransposeSchedule(TRANSPOSE_SCHEDULES[name].min_blocks, opt)
+
+                def fn(
+                    xi: Any, sched: TransposeSchedule = sched, blk: int = blk, rule: str = rule, dt: str = name
+                ) -> Any:
+                    return quantize_transpose_block_scaled(
+                        xi, block=blk, rule=rule, input_dtype=dt, stream=stream, schedule=sched
+                    )
+
+                got = [a.get() for a in fn(xs[0])]
+                same = all(
+                    np.array_equal(g.view(np.uint8).reshape(-1), np.ascontiguousarray(w).view(np.uint8).reshape(-1))
+                    for g, w in zip(got, want, strict=True)
+                )
+                fns = [lambda xi=xi, f=fn: f(xi) for xi in xs]
+                us = harness.time_gpu(fns[0], rotate=fns[1:])
+                cells.append(f"opt{opt} {us:.2f} ({100 * copy_us / us:.1f}%){'' if same else ' != reference'}")
+            print(f"{label} {name} 8192x8192: copy {copy_us:.2f} | " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--precompile", action="store_true")
     p.add_argument("--only", metavar="TEXT", help="cases whose label contains TEXT")
+    p.add_argument("--transpose", action="store_true", help="the fused transpose's OPT choices instead")
     args = p.parse_args()
+    if args.transpose:
+        _transpose_probe(args.only)
+        return
     cases = [c for c in CASES if not args.only or args.only in c[0]]
     names = sorted(
         {

@@ -223,14 +223,15 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   zero_scale_padding(scales, f32_scale, layout, scale_rows, scale_cols, layout_dim, pad_rows, pad_cols, first, stride);
 }
 
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS>
-__global__ void __launch_bounds__(256, MIN_BLOCKS)
-    block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
-                           qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
-                           qp::i64 row_tile_base, int rule, float amax_floor, float enc_overflow, int layout,
-                           qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
-                           qp::i64 pad_cols_c) {
-  using namespace qp;
+namespace qp {
+
+// One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
+// or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule.
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT>
+__device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
+                                               void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
+                                               float amax_floor, float enc_overflow, int layout, i64 dim_r,
+                                               i64 dim_c, u32* tile, u32* colkey) {
   typedef InputWords<In> W;
   typedef BlockElement<Elem> E;
   constexpr int T = 128;                 // tile edge
@@ -238,150 +239,179 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   constexpr int CPR = T / VEC;           // threads per tile row in phase A
   constexpr int RPP = 256 / CPR;         // rows per pass
   constexpr int PASSES = T / RPP;
-  constexpr int TEAM = BLOCK / VEC;      // threads of one rowwise block
+  constexpr int TEAM = BLOCK / VEC;      // lanes of one rowwise block
+  constexpr int KP = PASSES >= TEAM ? PASSES / TEAM : 1;   // passes whose scale a lane computes
+  constexpr int DUP = TEAM > PASSES ? TEAM / PASSES : 1;   // lanes computing the same pass's scale
   constexpr int SW = T * W::bytes / 4;   // words per shared row
   constexpr int CPW = 4 / W::bytes;      // columns per word
   constexpr int R = 32;                  // rows of one column block of phase B (a row quarter)
   constexpr int H = R / 2;               // rows of one phase-B task (half a quarter)
-  constexpr int MP = T / R;              // row quarters
-  constexpr int TASKS = SW * MP * 2 / 256;  // phase-B tasks per thread
+  constexpr int TASKS = SW * (T / R) * 2 / 256;  // phase-B tasks per thread
+  constexpr bool KEEP = BLOCK == 128 && TASKS <= 2;  // phase-B words stay in registers across the key barrier
   static_assert(E::per_byte == 1, "one code per byte");
-  static_assert((BLOCK == 32 || BLOCK == 128) && TEAM <= 32 && TASKS * 256 == SW * MP * 2 && SW % 32 == 0, "tile geometry");
+  static_assert((BLOCK == 32 || BLOCK == 128) && TEAM <= 32 && SW % 32 == 0 && 128 % SW == 0, "tile geometry");
   static_assert(!TE || (BLOCK == 32 && !DIVIDE), "the TE layout is MXFP8's");
-  extern __shared__ uint4 smem_vectors[];
-  u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [T][SW]
-  // [MP][T] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
-  // all ones for a non-finite block).
-  u32* colkey = tile + T * SW;
 
-  const int t = threadIdx.x, ci = t % CPR, rp = t / CPR;
-  const i64 r0 = (row_tile_base + blockIdx.y) * T;
+  const int t = threadIdx.x, lane = t & 31, ci = t % CPR, rp = t / CPR;
   const i64 c0 = (i64)blockIdx.x * T;
-  const i64 c = c0 + ci * VEC;
-  const bool f32_scale = is_f32_rule(rule);
-  const bool full = ALIGNED && r0 + T <= rows && c0 + T <= cols;
+  const int rule_ = RULE >= 0 ? RULE : rule;
+  const bool f32_scale = is_f32_rule(rule_);
+  const int rows_left = (int)min(rows - r0, (i64)T), cols_left = (int)min(cols - c0, (i64)T);
+  const bool full = ALIGNED && rows_left == T && cols_left == T;
+  const bool col_in = ci * VEC < cols_left;
   const i64 row_blocks = (cols + BLOCK - 1) / BLOCK;  // rowwise scale columns
   const i64 col_blocks = (rows + BLOCK - 1) / BLOCK;  // columnwise scale columns
 
   // Phase A: rows to registers and shared memory; the rowwise copy from registers.
   u32 raw[PASSES][4];
+  {
+    const u8* src = static_cast<const u8*>(x_ptr) + ((r0 + rp) * cols + c0 + ci * VEC) * W::bytes;
+    const i64 step = (i64)RPP * cols * W::bytes;
 #pragma unroll
-  for (int p = 0; p < PASSES; ++p) {
-    const i64 r = r0 + rp + p * RPP;
-    const u8* src = static_cast<const u8*>(x_ptr) + (r * cols + c) * W::bytes;
-    raw[p][0] = raw[p][1] = raw[p][2] = raw[p][3] = 0;
-    if (full || (ALIGNED && r < rows && c < cols)) {
-      const uint4 v = *reinterpret_cast<const uint4*>(src);
-      raw[p][0] = v.x, raw[p][1] = v.y, raw[p][2] = v.z, raw[p][3] = v.w;
-    } else if (!ALIGNED && r < rows) {
+    for (int p = 0; p < PASSES; ++p) {
+      const bool row_in = rp + p * RPP < rows_left;
+      const u8* s = src + p * step;
+      raw[p][0] = raw[p][1] = raw[p][2] = raw[p][3] = 0;
+      if (full || (ALIGNED && row_in && col_in)) {
+        const uint4 v = *reinterpret_cast<const uint4*>(s);
+        raw[p][0] = v.x, raw[p][1] = v.y, raw[p][2] = v.z, raw[p][3] = v.w;
+      } else if (!ALIGNED && row_in) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        if (c + k < cols) W::put(raw[p], k, src + k * W::bytes);
+        for (int k = 0; k < VEC; ++k)
+          if (ci * VEC + k < cols_left) W::put(raw[p], k, s + k * W::bytes);
+      }
     }
   }
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
+
+  // The block keys of every pass, exchanged so that each lane holds whole maxima of KP passes; it
+  // computes and stores their scales, and the factors of every pass come back by shuffles.
+  u32 key[PASSES];
 #pragma unroll
   for (int p = 0; p < PASSES; ++p) {
-    const i64 r = r0 + rp + p * RPP;
-    u32 key;
     if constexpr (W::bytes == 2) {  // both lanes at once, then the larger lane
       const u32 m = __vmaxu2(__vmaxu2(lane_keys(raw[p][0]), lane_keys(raw[p][1])), __vmaxu2(lane_keys(raw[p][2]), lane_keys(raw[p][3])));
-      key = max(m & 0xFFFFu, m >> 16);
+      key[p] = max(m & 0xFFFFu, m >> 16);
     } else {
-      key = max(max(W::word_key(raw[p][0]), W::word_key(raw[p][1])), max(W::word_key(raw[p][2]), W::word_key(raw[p][3])));
+      key[p] = max(max(W::word_key(raw[p][0]), W::word_key(raw[p][1])), max(W::word_key(raw[p][2]), W::word_key(raw[p][3])));
     }
+  }
+  exchange_keys<PASSES, TEAM>(key, lane);
+  const int j = lane % TEAM;                       // this lane's place in its team
+  const int team_ci = ci - j;                      // the team's first thread of the row
+  const i64 cb_r = (c0 + team_ci * VEC) / BLOCK;   // the team's block column
+  EncodeFactor mine[KP];
 #pragma unroll
-    for (int o = TEAM / 2; o > 0; o /= 2) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
-    const u32 bits = W::key_bits(key);
-    const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
-    u32 packed[VEC / 4];
-    encode_run<In, E, DIVIDE, VEC, true>(raw[p], s.factor, bits < 0x7F800000u, packed);
-    u8* dst = codes_r + r * cols + c;
-    if (full || (ALIGNED && r < rows && c < cols))
-      store_code_run<VEC>(dst, packed);
-    else if (!ALIGNED && r < rows && c < cols)
-      store_code_prefix<VEC>(dst, packed, cols - c);
-    if (ci % TEAM == 0 && r < rows && c < cols) {
-      const i64 off = layout == kCompact ? r * row_blocks + c / BLOCK : scale_offset(layout, r, c / BLOCK, row_blocks, dim_r);
+  for (int i = 0; i < KP; ++i) {
+    const int tr = rp + ((j / DUP) * KP + i) * RPP;  // the tile row of this lane's i-th pass
+    const BlockScale s = transpose_block_scale<E, RULE, DIVIDE, SHORT>(W::key_bits(key[i]), rule_, amax_floor, enc_overflow, mine[i]);
+    if (j % DUP == 0 && tr < rows_left && team_ci * VEC < cols_left) {
+      const i64 r = r0 + tr;
+      const i64 off = layout == kCompact ? r * row_blocks + cb_r : scale_offset(layout, r, cb_r, row_blocks, dim_r);
       store_scale(scales_r, f32_scale, off, s.stored);
+    }
+  }
+  {
+    u8* dst = codes_r + (r0 + rp) * cols + c0 + ci * VEC;
+    const i64 step = (i64)RPP * cols;
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+      const int owner = (lane - j) + (p / KP) * DUP;
+      EncodeFactor ef;
+      ef.f = __shfl_sync(0xFFFFFFFFu, mine[p % KP].f, owner);
+      ef.y = DIVIDE ? __shfl_sync(0xFFFFFFFFu, mine[p % KP].y, owner) : 0.0f;
+      u32 packed[VEC / 4];
+      encode_with_factor<E, DIVIDE, SHORT, VEC>([&](int k) { return W::element(raw[p], k); }, ef, packed);
+      const bool row_in = rp + p * RPP < rows_left;
+      if (full || (ALIGNED && row_in && col_in))
+        store_code_run<VEC>(dst + p * step, packed);
+      else if (!ALIGNED && row_in && col_in)
+        store_code_prefix<VEC>(dst + p * step, packed, cols_left - ci * VEC);
     }
   }
   __syncthreads();
 
-  // Phase B: the columnwise copy. Task q: word column q % SW of row quarter q / SW.
+  // Phase B: the columnwise copy. Task i: word column wc of row quarter mp_i, rows half * H ..
+  // + H of it; each lane of the pair computes the scale of one of the word's columns (h = half)
+  // and takes the other's factor from its partner.
+  const int half = t & 1, wc = (t >> 1) % SW;
+  const int h_own = CPW == 2 ? half : 0;
+  const int col_own = wc * CPW + h_own;
+  u8* const cdst = codes_c + (c0 + wc * CPW) * rows + r0 + half * H;
+  u32 w[KEEP ? TASKS : 1][H];
   if constexpr (BLOCK == 128) {
+    // The quarter keys of every column: the pair's maxima over its 32 rows, in colkey[mp][col].
 #pragma unroll
-    for (int i = 0; i < TASKS / 2; ++i) {
-      const int q = t + i * 256, wc = q % SW, mp = q / SW;
-      u32 k0 = 0, k1 = 0;
+    for (int i = 0; i < TASKS; ++i) {
+      const int mp = ((t >> 1) + 128 * i) / SW;
+      u32* wi = w[KEEP ? i : 0];
 #pragma unroll
-      for (int j = 0; j < R; ++j) {
-        const u32 w = tile[tile_word<SW>(mp * R + j, wc)];
-        if constexpr (W::bytes == 2) {
-          k0 = __vmaxu2(k0, lane_keys(w));  // both columns' keys in the lanes of k0
-        } else {
-          k0 = max(k0, W::half_key(w, 0));
-        }
-      }
-      if constexpr (W::bytes == 2) {
-        k1 = k0 >> 16;
-        k0 &= 0xFFFFu;
-      }
-      colkey[mp * T + wc * CPW] = k0;
-      if (CPW == 2) colkey[mp * T + wc * CPW + 1] = k1;
+      for (int jj = 0; jj < H; ++jj) wi[jj] = tile[tile_word<SW>(mp * R + half * H + jj, wc)];
+      u32 k = 0;
+#pragma unroll
+      for (int jj = 0; jj < H; ++jj) k = W::bytes == 2 ? __vmaxu2(k, lane_keys(wi[jj])) : max(k, W::half_key(wi[jj], 0));
+      const u32 other = __shfl_xor_sync(0xFFFFFFFFu, k, 1);
+      k = W::bytes == 2 ? __vmaxu2(k, other) : max(k, other);
+      colkey[mp * T + col_own] = W::bytes == 2 ? (h_own ? k >> 16 : k & 0xFFFFu) : k;
     }
     __syncthreads();
   }
 #pragma unroll
   for (int i = 0; i < TASKS; ++i) {
-    const int q = t + i * 256, half = q & 1, wc = (q >> 1) % SW, mp = (q >> 1) / SW;
-    const i64 m0 = r0 + mp * R;  // the column block's first row
-    const i64 mh = m0 + half * H;  // this lane's first row
-    u32 w[H];
+    const int mp = ((t >> 1) + 128 * i) / SW;
+    u32* wi = w[KEEP ? i : 0];
+    if (!KEEP) {
 #pragma unroll
-    for (int j = 0; j < H; ++j) w[j] = tile[tile_word<SW>(mp * R + half * H + j, wc)];
-    u32 keys = 0;  // BLOCK = 32: the column block's keys (both columns in lanes for 16-bit input)
-    if constexpr (BLOCK != 128) {
+      for (int jj = 0; jj < H; ++jj) wi[jj] = tile[tile_word<SW>(mp * R + half * H + jj, wc)];
+    }
+    u32 key_own;
+    if constexpr (BLOCK == 128) {
+      key_own = max(max(colkey[col_own], colkey[T + col_own]), max(colkey[2 * T + col_own], colkey[3 * T + col_own]));
+    } else {
+      u32 k = 0;
 #pragma unroll
-      for (int j = 0; j < H; ++j) keys = W::bytes == 2 ? __vmaxu2(keys, lane_keys(w[j])) : max(keys, W::half_key(w[j], 0));
-      const u32 other = __shfl_xor_sync(0xFFFFFFFFu, keys, 1);
-      keys = W::bytes == 2 ? __vmaxu2(keys, other) : max(keys, other);
+      for (int jj = 0; jj < H; ++jj) k = W::bytes == 2 ? __vmaxu2(k, lane_keys(wi[jj])) : max(k, W::half_key(wi[jj], 0));
+      const u32 other = __shfl_xor_sync(0xFFFFFFFFu, k, 1);
+      k = W::bytes == 2 ? __vmaxu2(k, other) : max(k, other);
+      key_own = W::bytes == 2 ? (h_own ? k >> 16 : k & 0xFFFFu) : k;
+    }
+    EncodeFactor ef_own;
+    const BlockScale s = transpose_block_scale<E, RULE, DIVIDE, SHORT>(W::key_bits(key_own), rule_, amax_floor, enc_overflow, ef_own);
+    const int m_loc = mp * R;  // the column block's first tile row
+    const i64 k_own = c0 + col_own;
+    if constexpr (TE) {  // the factor for phase C; the scale at [m0 / 32, k] of [ceil(rows / 32), cols]
+      if (CPW == 2 || half == 0) {
+        colkey[mp * T + col_own] = ef_own.f >= 0.0f ? __float_as_uint(ef_own.f) : 0xFFFFFFFFu;
+        if (col_own < cols_left && m_loc < rows_left) static_cast<u8*>(scales_c)[((r0 + m_loc) / BLOCK) * cols + k_own] = (u8)s.stored;
+      }
+      continue;
+    }
+    if ((CPW == 2 || half == 0) && col_own < cols_left && m_loc < rows_left && (BLOCK == 32 || mp == 0)) {
+      const i64 cb = (r0 + m_loc) / BLOCK;
+      const i64 off = layout == kCompact ? k_own * col_blocks + cb : scale_offset(layout, k_own, cb, col_blocks, dim_c);
+      store_scale(scales_c, f32_scale, off, s.stored);
+    }
+    EncodeFactor ef_other = ef_own;
+    if constexpr (CPW == 2) {
+      ef_other.f = __shfl_xor_sync(0xFFFFFFFFu, ef_own.f, 1);
+      if (DIVIDE) ef_other.y = __shfl_xor_sync(0xFFFFFFFFu, ef_own.y, 1);
     }
 #pragma unroll
     for (int h = 0; h < CPW; ++h) {
-      const int col = wc * CPW + h;
-      const i64 k = c0 + col;
-      u32 key;
-      if constexpr (BLOCK == 128) {
-        key = max(max(colkey[col], colkey[T + col]), max(colkey[2 * T + col], colkey[3 * T + col]));
-      } else {
-        key = W::bytes == 2 ? (h ? keys >> 16 : keys & 0xFFFFu) : keys;
-      }
-      const u32 bits = W::key_bits(key);
-      const BlockScale s = block_scale_or_nan<E>(bits, rule, amax_floor, enc_overflow);
-      if constexpr (TE) {  // the factor for phase C; the scale at [m0 / 32, k] of [ceil(rows / 32), cols]
-        if (half == 0) {
-          colkey[mp * T + col] = bits < 0x7F800000u ? __float_as_uint(s.factor) : 0xFFFFFFFFu;
-          if (k < cols && m0 < rows) static_cast<u8*>(scales_c)[(m0 / BLOCK) * cols + k] = (u8)s.stored;
-        }
-        continue;
-      }
+      EncodeFactor ef;
+      ef.f = h == h_own ? ef_own.f : ef_other.f;
+      ef.y = h == h_own ? ef_own.y : ef_other.y;
       u32 packed[H / 4];
-      encode_elements<E, DIVIDE, true, H>([&](int j) { return column_element<In>(w, j, h); }, s.factor,
-                                          bits < 0x7F800000u, packed);
-      if (k < cols && mh < rows) {
-        u8* dst = codes_c + k * rows + mh;
+      encode_with_factor<E, DIVIDE, SHORT, H>([&](int jj) { return column_element<In>(wi, jj, h); }, ef, packed);
+      const int row0 = m_loc + half * H;
+      if (wc * CPW + h < cols_left && row0 < rows_left) {
+        u8* dst = cdst + h * rows + m_loc;
         if (ALIGNED)  // rows % 16 == 0: the lane's 16 bytes are wholly in or out
           store_code_run<H>(dst, packed);
         else
-          store_code_prefix<H>(dst, packed, rows - mh);
-        if ((BLOCK == 32 || mp == 0) && half == 0) {
-          const i64 cb = m0 / BLOCK;
-          const i64 off = layout == kCompact ? k * col_blocks + cb : scale_offset(layout, k, cb, col_blocks, dim_c);
-          store_scale(scales_c, f32_scale, off, s.stored);
-        }
+          store_code_prefix<H>(dst, packed, rows_left - row0);
       }
     }
   }
@@ -395,28 +425,74 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       const int tr = rp + p * RPP;
       const i64 r = r0 + tr;
       const uint4 v = *reinterpret_cast<const uint4*>(tile + tile_word<SW>(tr, ci * 4));
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      const u32 wv[4] = {v.x, v.y, v.z, v.w};
       const u32* f = colkey + (tr / R) * T + ci * VEC;
       u32 packed[VEC / 4];
 #pragma unroll
       for (int i = 0; i < VEC / 4; ++i) packed[i] = 0;
 #pragma unroll
       for (int k = 0; k < VEC; k += 2) {
-        const float lo = __fmul_rn(W::element(w, k), __uint_as_float(f[k]));
-        const float hi = __fmul_rn(W::element(w, k + 1), __uint_as_float(f[k + 1]));
+        const float lo = __fmul_rn(W::element(wv, k), __uint_as_float(f[k]));
+        const float hi = __fmul_rn(W::element(wv, k + 1), __uint_as_float(f[k + 1]));
         const u32 keep = (f[k] == 0xFFFFFFFFu ? 0u : 0xFFu) | (f[k + 1] == 0xFFFFFFFFu ? 0u : 0xFF00u);
         packed[k / 4] |= (E::encode_pair(lo, hi) & keep) << (8 * (k % 4));
       }
-      u8* dst = codes_c + r * cols + c;
-      if (full || (ALIGNED && r < rows && c < cols))
+      u8* dst = codes_c + r * cols + c0 + ci * VEC;
+      const bool row_in = tr < rows_left;
+      if (full || (ALIGNED && row_in && col_in))
         store_code_run<VEC>(dst, packed);
-      else if (!ALIGNED && r < rows && c < cols)
-        store_code_prefix<VEC>(dst, packed, cols - c);
+      else if (!ALIGNED && row_in && col_in)
+        store_code_prefix<VEC>(dst, packed, cols_left - ci * VEC);
     }
   }
+}
 
+}  // namespace qp
+
+// OPT (a tuning choice; the default serves every launch): bit 0, the kernel dispatches the
+// default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) to tile code with the rule fixed at
+// compile time; bit 1, the `div` rule of 16-bit inputs divides with divide_rn1.
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int OPT = 3>
+__global__ void __launch_bounds__(256, MIN_BLOCKS)
+    block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
+                           qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
+                           qp::i64 row_tile_base, int rule, float amax_floor, float enc_overflow, int layout,
+                           qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
+                           qp::i64 pad_cols_c) {
+  using namespace qp;
+  constexpr bool SPEC = (OPT & 1) != 0;
+  constexpr bool SHORT = (OPT & 2) != 0 && DIVIDE && InputWords<In>::bytes == 2;
+  extern __shared__ uint4 smem_vectors[];
+  u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [128][words per row]
+  // [4][128] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
+  // all ones for a non-finite block).
+  u32* colkey = tile + 128 * (128 * InputWords<In>::bytes / 4);
+  const i64 r0 = (row_tile_base + blockIdx.y) * 128;
+#define QP_TRANSPOSE_TILE(RULE_, SHORT_)                                                                            \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT_>(x_ptr, codes_r, scales_r, codes_c, scales_c, \
+                                                                      rows, cols, r0, rule, amax_floor,           \
+                                                                      enc_overflow, layout, dim_r, dim_c, tile, colkey)
+  if constexpr (DIVIDE) {
+    QP_TRANSPOSE_TILE(SPEC ? (int)kBlockF32Div : -1, SHORT);
+  } else if constexpr (SPEC && BLOCK == 32) {
+    if (rule == kMxRceil)
+      QP_TRANSPOSE_TILE((int)kMxRceil, false);
+    else
+      QP_TRANSPOSE_TILE(-1, false);
+  } else if constexpr (SPEC && BLOCK == 128) {
+    if (rule == kBlockF32Enc)
+      QP_TRANSPOSE_TILE((int)kBlockF32Enc, false);
+    else
+      QP_TRANSPOSE_TILE(-1, false);
+  } else {
+    QP_TRANSPOSE_TILE(-1, false);
+  }
+#undef QP_TRANSPOSE_TILE
+
+  const bool f32_scale = is_f32_rule(rule);
+  const i64 row_blocks = (cols + BLOCK - 1) / BLOCK, col_blocks = (rows + BLOCK - 1) / BLOCK;
   const i64 stride = (i64)gridDim.x * gridDim.y * 256;
-  const i64 first = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * 256 + t;
+  const i64 first = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * 256 + threadIdx.x;
   zero_scale_padding(scales_r, f32_scale, layout, rows, row_blocks, dim_r, pad_rows_r, pad_cols_r, first, stride);
   zero_scale_padding(scales_c, f32_scale, layout, cols, col_blocks, dim_c, pad_rows_c, pad_cols_c, first, stride);
 }

@@ -728,3 +728,116 @@ __device__ __forceinline__ void nvfp4_stochastic_codes(const u32* raw, const Blo
 __device__ __forceinline__ u64 block_rng_word(const i64* ptr, u64 value) { return ptr ? (u64)*ptr : value; }
 
 }  // namespace qp
+
+// ---- the fused quantize + transpose's block factors (block_scaled_tiles.cu) ----
+namespace qp {
+
+// fl32(1 / max_elem) of the FP8 elements: 1/448 = 2^-6 / 7 and 1/57344 = 2^-13 / 7.
+template <class E> struct RcpMaxBits;
+template <> struct RcpMaxBits<BlockElement<mx_e4m3> > {
+  static const u32 value = 0x3B124925u;
+};
+template <> struct RcpMaxBits<BlockElement<mx_e5m2> > {
+  static const u32 value = 0x37924925u;
+};
+
+// The factor a block's elements are encoded with: x * f, or x / f for the FP8 `div` rule; f < 0
+// marks a non-finite block (its codes are 0). y (div): fl(1 / f) when a division sequence over it
+// is exact for the block (divide_rn; divide_rn1 for 16-bit inputs), else 0 (__fdiv_rn per element).
+struct EncodeFactor {
+  float f, y;
+};
+
+// x / s correctly rounded in one Markstein correction of q = fl(x * y), y = fl(1 / s): exact when x
+// and the block amax a >= |x| are float16 / bfloat16 values and s = fl(a / max_elem) >= kDivideFastMin
+// (every pair of 16-bit values checked against the IEEE quotient, e4m3 and e5m2 maxima, one amax
+// binade per exponent class: the steps scale exactly by powers of two). The sign is x's.
+__device__ __forceinline__ float divide_rn1(float x, float s, float y) {
+  const float q = __fmul_rn(x, y);
+  const float r = __fmaf_rn(__fmaf_rn(-s, q, x), y, q);
+  return __uint_as_float((__float_as_uint(r) & 0x7FFFFFFFu) | (__float_as_uint(x) & 0x80000000u));
+}
+
+// The scale of a block (block_scale_or_nan, bit for bit) with the rule fixed at compile time
+// (RULE >= 0; the rule argument is ignored) or read at run time (RULE < 0), and its encode factor.
+// MX rceil takes d = fl(amax * fl(1 / max_elem)), the same byte as fl(amax / max_elem) for every
+// finite amax and every fp element (MICROSCALING.md section 2.3), then the byte F + (M != 0)
+// (0 for d <= 2^-127, at most 254) and the factor 2^(127 - byte) (2^-127 for byte 254) in integer
+// operations. SHORT (div, 16-bit input): y only where the amax floor left the amax unchanged (the
+// divisor then comes from a 16-bit value, which divide_rn1 needs).
+template <class E, int RULE, bool DIVIDE, bool SHORT>
+__device__ __forceinline__ BlockScale transpose_block_scale(u32 amax_bits, int rule, float amax_floor,
+                                                            float enc_overflow, EncodeFactor& ef) {
+  BlockScale s;
+  ef.y = 0.0f;
+  if constexpr (RULE == kMxRceil) {
+    const u32 d = __float_as_uint(__fmul_rn(__uint_as_float(amax_bits), __uint_as_float(RcpMaxBits<E>::value)));
+    const u32 byte = d <= 0x400000u ? 0u : min((d + 0x7FFFFFu) >> 23, 254u);
+    s.stored = byte;
+    s.factor = __uint_as_float(max((254u - byte) << 23, 0x400000u));
+    if (amax_bits >= 0x7F800000u) {
+      s.stored = 0xFFu;
+      s.factor = -1.0f;
+    }
+    ef.f = s.factor;
+    return s;
+  } else {
+    s = block_scale_or_nan<E>(amax_bits, RULE >= 0 ? RULE : rule, amax_floor, enc_overflow);
+    const bool finite = amax_bits < 0x7F800000u;
+    ef.f = finite ? s.factor : -1.0f;
+    if (DIVIDE && finite && s.factor >= kDivideFastMin && (!SHORT || __uint_as_float(amax_bits) >= amax_floor))
+      ef.y = __frcp_rn(s.factor);
+    return s;
+  }
+}
+
+// N consecutive elements (N a multiple of 4) to their codes, four per word little-endian, under
+// factor ef (all zero for a non-finite block); element k is at(k).
+template <class E, bool DIVIDE, bool SHORT, int N, class At>
+__device__ __forceinline__ void encode_with_factor(At at, EncodeFactor ef, u32* out) {
+  static_assert(E::per_byte == 1 && N % 4 == 0, "one code per byte, whole words");
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) out[i] = 0;
+  if (!(ef.f >= 0.0f)) return;
+  if (DIVIDE && ef.y > 0.0f) {
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const float lo = SHORT ? divide_rn1(at(k), ef.f, ef.y) : divide_rn(at(k), ef.f, ef.y);
+      const float hi = SHORT ? divide_rn1(at(k + 1), ef.f, ef.y) : divide_rn(at(k + 1), ef.f, ef.y);
+      out[k / 4] |= E::encode_pair(lo, hi) << (8 * (k % 4));
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < N; k += 2) {
+    const float lo = DIVIDE ? __fdiv_rn(at(k), ef.f) : __fmul_rn(at(k), ef.f);
+    const float hi = DIVIDE ? __fdiv_rn(at(k + 1), ef.f) : __fmul_rn(at(k + 1), ef.f);
+    out[k / 4] |= E::encode_pair(lo, hi) << (8 * (k % 4));
+  }
+}
+
+// Keys of P passes held by each of TEAM consecutive lanes (a power of two), reduced over the team
+// with each lane ending up with whole maxima of its own passes: in every round the lane keeps half
+// of its passes and sends the other half to its partner, so lane j of the team holds the maxima of
+// passes (j / DUP) * KP + i, i < KP (KP = max(1, P / TEAM), DUP = max(1, TEAM / P) lanes per pass),
+// in k[i]: P - 1 shuffles for TEAM >= P instead of P * log2(TEAM).
+template <int P, int TEAM> __device__ __forceinline__ void exchange_keys(u32 (&k)[P], int lane) {
+#pragma unroll
+  for (int r = 0; (TEAM >> (r + 1)) > 0; ++r) {
+    const int o = TEAM >> (r + 1);
+    const int n = P >> r;
+    if (n > 1) {
+      const bool up = (lane & o) != 0;
+#pragma unroll
+      for (int i = 0; i < n / 2; ++i) {
+        const u32 send = up ? k[i] : k[i + n / 2];
+        const u32 keep = up ? k[i + n / 2] : k[i];
+        k[i] = max(keep, __shfl_xor_sync(0xFFFFFFFFu, send, o));
+      }
+    } else {
+      k[0] = max(k[0], __shfl_xor_sync(0xFFFFFFFFu, k[0], o));
+    }
+  }
+}
+
+}  // namespace qp

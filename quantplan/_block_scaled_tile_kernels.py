@@ -80,9 +80,12 @@ class TileSchedule:
 class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
-    for 128-row blocks)."""
+    for 128-row blocks). ``opt`` (the kernel's OPT bits, every choice bit-exact): 1, the default
+    rules (MX ``rceil``, FP8 ``div`` and ``enc``) run tile code with the rule fixed at compile time;
+    2, FP8 ``div`` of 16-bit inputs divides by one correction step over the reciprocal."""
 
     min_blocks: int
+    opt: int = 3
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -138,6 +141,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
+        *(() if sched.opt == 3 else (sched.opt,)),
     )
 
 
@@ -322,6 +326,7 @@ def quantize_transpose_block_scaled(
     amax_floor: float = 0.0,
     input_dtype: str | None = None,
     stream: Any = None,
+    schedule: TransposeSchedule | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Rowwise and columnwise copies of CuPy array ``x`` [..., K] (M = leading dims) from one read.
 
@@ -330,7 +335,8 @@ def quantize_transpose_block_scaled(
     ``scale_layout``, flat for ``blocked``); ``layout="te_mxfp8"`` (MXFP8, compact scales): TE's
     physical layout, codes_c [M, K] untransposed, scales_c [⌈M/32⌉, K]. ``block=32``: MXFP8
     (``rule`` default ``rceil``); ``block=128``: FP8 1x128 / 128x1 (``rule`` default ``div``,
-    ``amax_floor``). ``element`` e4m3 or e5m2.
+    ``amax_floor``). ``element`` e4m3 or e5m2. ``schedule``: a :class:`TransposeSchedule` other than
+    the tuning table's (probes and tests; every schedule gives the same bytes).
     """
     import cupy
     import numpy as np
@@ -364,7 +370,7 @@ def quantize_transpose_block_scaled(
     scales_c = cupy.empty(geo_c.size, sdt)
     if rows * cols == 0:
         return codes_r, scales_r, codes_c, scales_c
-    sched = TRANSPOSE_SCHEDULES[dtype]
+    sched = schedule or TRANSPOSE_SCHEDULES[dtype]
     aligned = cols % 16 == 0 and rows % 16 == 0 and all(a.data.ptr % 16 == 0 for a in (x, codes_r, codes_c))
     name = transpose_kernel_name(dtype, element, block, te, rule == "div", aligned, sched)
     info = device_info(x.device.id)

@@ -265,3 +265,68 @@ def test_fp8_div_near_ties(rng: np.random.Generator, element: str) -> None:
     codes, scales = _tiles(tile, element=element, block=(128, 128), rule="div")
     np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes)
     _same_scales(scales, ref.scales, "128x128 div near ties")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("opt", [0, 1, 2])
+def test_transpose_schedules_match_reference(rng: np.random.Generator, dtype: type, opt: int) -> None:
+    """Every OPT choice of the fused kernel (rule-specialised tile code or not, the one-step
+    division or not) gives the reference's bytes: MXFP8 rceil / floor, FP8 1x128 div / enc /
+    mul_rcp with and without an amax floor, full and partial tiles."""
+    from quantplan._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
+
+    sched = TransposeSchedule(TRANSPOSE_SCHEDULES[_dtype_name(np.zeros(1, dtype))].min_blocks, opt)
+    for shape in [(256, 384), (129, 257), (160, 48)]:
+        x = _data(rng, shape, dtype, (32, 32))
+        for rule in ("rceil", "floor"):
+            pair = rbs.quantize_transpose(x, "mx", scale_mode=rule)
+            _check_pair(_transpose(x, block=32, rule=rule, schedule=sched), pair, shape)
+        x = _data(rng, shape, dtype, (128, 128))
+        for rule, floor in (("div", 0.0), ("div", 1e-4), ("enc", 0.0), ("enc", 1e-10), ("mul_rcp", 0.0)):
+            pair = rbs.quantize_transpose(x, "fp8_block", block=(1, 128), amax_floor=floor, **_fp8_kw(rule))
+            got = _transpose(x, block=128, rule=rule, amax_floor=floor, schedule=sched)
+            _check_pair(got, pair, shape)
+
+
+def _near_fp8_ties_16bit(rng: np.random.Generator, rows: int, cols: int, element: str, dtype: type) -> np.ndarray:
+    """16-bit data whose FP8 ``div`` quotients x / s sit on and next to the element's rounding ties:
+    each row's first element is its amax a (half of the rows a short multiple of max_elem, so that
+    s = fl(a / max_elem) is short and t * s lands on 16-bit values), the others t * s rounded to the
+    input format and their neighbours; with and without the amax floor's tiny blocks."""
+    top = 448.0 if element == "e4m3" else 57344.0
+    grid = np.unique(rbs._decode_table(rbs.ELEMENT_FORMATS[element]).astype(np.float64))
+    grid = grid[np.isfinite(grid) & (grid >= 0) & (grid <= top)]
+    ties = (grid[:-1] + grid[1:]) / 2
+    lo, hi = (-10, 10) if dtype is np.float16 else (-60, 60)
+    amax = np.exp2(rng.integers(lo, hi, size=(rows, 1)).astype(np.float64))
+    short = rng.choice([1.0, 1.125, 1.25, 1.5, 1.75], size=(rows, 1)) * top / 256.0
+    amax = np.where(np.arange(rows)[:, None] % 2 == 0, amax * short, amax * rng.uniform(1, 2, size=(rows, 1)))
+    amax = amax.astype(dtype).astype(np.float64)
+    s = (amax.astype(np.float32) / np.float32(top)).astype(np.float64)
+    t = rng.choice(ties, size=(rows, cols)) * rng.choice([-1.0, 1.0], size=(rows, cols))
+    x = (t * s).astype(dtype)
+    bits = x.view(np.uint16).astype(np.int32) + rng.integers(-1, 2, size=x.shape)
+    x = np.clip(bits, 0, 0xFFFF).astype(np.uint16).view(dtype)
+    x = np.where(np.abs(x.astype(np.float64)) <= amax, x, np.zeros_like(x))
+    x[:, 0] = amax[:, 0].astype(dtype)
+    return np.ascontiguousarray(x)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("element", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("opt", [3, 1])
+def test_fp8_div_near_ties_16bit(rng: np.random.Generator, dtype: type, element: str, opt: int) -> None:
+    """The ``div`` rule on 16-bit inputs (one correction step, OPT bit 1) is correctly rounded on and
+    around every rounding tie, in the rowwise and columnwise copies, with the amax floor binding on
+    some blocks (their division takes the general sequence)."""
+    from quantplan._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
+
+    sched = TransposeSchedule(TRANSPOSE_SCHEDULES["float16"].min_blocks, opt)
+    x = _near_fp8_ties_16bit(rng, 256, 384, element, dtype)
+    for floor in (0.0, 1e-4):
+        for data in (x, np.ascontiguousarray(x.T)):
+            pair = rbs.quantize_transpose(
+                data, "fp8_block", block=(1, 128), element=element, amax_floor=floor, **_fp8_kw("div")
+            )
+            got = _transpose(data, element=element, block=128, rule="div", amax_floor=floor, schedule=sched)
+            _check_pair(got, pair, data.shape)
