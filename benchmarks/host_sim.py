@@ -257,7 +257,7 @@ def torch_device_array(shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def simulate_torch_cuda() -> None:
-    """Every tensor's ``get_device()`` reads 0 (see ``--torch``)."""
+    """Every tensor's ``get_device()`` reads 0 (its storage offset at 0; see ``--torch``)."""
     import torch
 
     torch.Tensor.get_device = torch._C.TensorBase.storage_offset  # type: ignore[method-assign]
