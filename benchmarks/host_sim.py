@@ -12,6 +12,12 @@ Rows: the 16x8192 host rows of ``bench_peers.py`` with CuPy operands (fp16), ``p
 and ``check=False`` and the compat call where the row has one, plus ``qp.quantize`` and ``quantplan.compat.deepspeed.quantize`` on CuPy
 arrays. ``--profile NAME``: cProfile of one row (the top functions by own time).
 
+``--torch``: the ``plan.run`` rows with PyTorch operands and a PyTorch stream, as ``bench_peers.py``
+times them on the GPU: CPU tensors at 256-byte aligned addresses (``torch.frombuffer`` of aligned
+host memory) made to read as CUDA tensors of device 0 (``torch.Tensor.get_device`` is replaced by
+a C method that returns 0 for them, of about the same cost), and a stand-in of
+``torch.cuda.current_stream()`` (its ``cuda_stream``, a C getter of about the same cost).
+
 ``--instructions``: the same rows under valgrind's callgrind, in CPU instructions per call (a
 figure that does not move with the machine's load, unlike the wall clock): the script runs itself
 under ``valgrind --tool=callgrind --instr-atstart=no`` and counts only the timed loop of each row,
@@ -24,7 +30,7 @@ Each row also shows its bar as the package's own µs (issue 26: ``plan.run`` che
 
 Usage::
 
-    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions]
+    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions] [--torch]
 """
 
 from __future__ import annotations
@@ -224,6 +230,68 @@ def instructions(argv: list[str], calls: int) -> dict[str, float]:
     return counts
 
 
+class _TorchStream:
+    """``torch.cuda.current_stream()`` of the simulated GPU: its handle is ``cuda_stream``."""
+
+    __module__ = "torch.cuda.streams"
+    __slots__ = ("cuda_stream",)
+
+    def __init__(self) -> None:
+        self.cuda_stream = 0
+
+
+_KEEP: list[Any] = []
+
+
+def torch_device_array(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A PyTorch tensor of ``shape`` and ``dtype`` that reads as a CUDA tensor of device 0 (see
+    ``--torch``): host memory aligned to 256 bytes, at storage offset 0."""
+    import numpy as np
+    import torch
+
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size())
+    raw = np.empty(nbytes + 256, np.uint8)
+    start = -raw.ctypes.data % 256
+    _KEEP.append(raw)
+    return torch.frombuffer(raw[start : start + nbytes], dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def simulate_torch_cuda() -> None:
+    """Every tensor's ``get_device()`` reads 0 (its storage offset at 0; see ``--torch``)."""
+    import torch
+
+    torch.Tensor.get_device = torch._C.TensorBase.storage_offset  # type: ignore[method-assign]
+
+
+def torch_rows() -> list[tuple[str, Callable[[], Any]]]:
+    """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream (``--torch``)."""
+    import bench_peers as bp
+
+    import quantplan as qp
+
+    bp._DEV = "cpu"
+    stream = _TorchStream()
+    out: list[tuple[str, Callable[[], Any]]] = []
+    for spec in bp.specs():
+        if not spec.host or spec.dtype == "bf16":
+            continue
+        built = bp.build(spec)
+        s = bp._new_set(built)
+        arrays = {k: torch_device_array(tuple(v.shape), v.dtype) for k, v in s.items()}
+        args = built.args(arrays)
+        plan = built.plan_cls.select(None, built.desc)
+        ws = None
+        if plan.workspace_size():
+            import torch
+
+            ws = qp.Workspace(torch_device_array((plan.workspace_size(),), torch.uint8), plan.workspace_size())
+        out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(stream, w, a)))
+        out.append(
+            (f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(stream, w, a, check=False))
+        )
+    return out
+
+
 def rows() -> list[tuple[str, Callable[[], Any]]]:
     """(name, call) of every host row."""
     import bench_peers as bp
@@ -270,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="cProfile the first row whose name contains this")
     parser.add_argument("--only", default=None, help="rows whose name contains this")
     parser.add_argument("--instructions", action="store_true", help="CPU instructions per call (callgrind)")
+    parser.add_argument("--torch", action="store_true", help="plan.run rows on PyTorch operands and stream")
     opt = parser.parse_args(argv)
     if opt.instructions and _ENV not in os.environ:
         passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--instructions"]
@@ -280,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {count:,.0f} | {bar(name)} |")
         return 0
     simulate_gpu()
-    table = rows()
+    if opt.torch:
+        simulate_torch_cuda()
+    table = torch_rows() if opt.torch else rows()
     if opt.only:
         table = [row for row in table if opt.only in row[0]]
     if opt.instructions:

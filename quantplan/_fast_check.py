@@ -95,16 +95,19 @@ class _Source:
     """The source of one generated function: straight-line tests of one remembered call, each
     ``return False`` on a difference, then the tail that launches."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "k") -> None:
         self.lines: list[str] = []
         self.names: dict[str, Any] = {"copysign": math.copysign}
+        #: The first letter of the constants' names (the checked and unchecked functions of one
+        #: plan use different ones: :func:`_dispatcher` puts both bodies in one function).
+        self.prefix = prefix
         #: Pointer-class tests not yet written: (pointer variable, remembered pointer); written
         #: together by :meth:`pointer_classes` or :meth:`relations`.
         self.classes: list[tuple[str, int]] = []
 
     def const(self, value: Any) -> str:
         """A name for ``value`` in the generated function's globals."""
-        name = f"k{len(self.names)}"
+        name = f"{self.prefix}{len(self.names)}"
         self.names[name] = value
         return name
 
@@ -149,9 +152,9 @@ class _Source:
 
     def scalar(self, expr: str, value: Any) -> None:
         """An exact Python int / float (type, value, and the sign of a float zero)."""
-        test = f"type({expr}) is not {type(value).__name__} or {expr} != {self.const(value)}"
+        test = f"type(t := {expr}) is not {type(value).__name__} or t != {self.const(value)}"
         if type(value) is float and value == 0:
-            test += f" or copysign(1.0, {expr}) != {math.copysign(1.0, value)!r}"
+            test += f" or copysign(1.0, t) != {math.copysign(1.0, value)!r}"
         self.miss_if(test)
 
     def array(self, expr: str, i: int, value: Any, props: tuple[Any, ...]) -> None:
@@ -241,6 +244,8 @@ class _Source:
         exec(compile(f"def fast({params}):\n" + "\n".join(self.lines), "<quantplan fast path>", "exec"), namespace)
         fast = namespace["fast"]
         fast.traced = traced
+        fast.body = self.lines[:-1]
+        fast.names = self.names
         return fast  # type: ignore[no-any-return]
 
 
@@ -522,9 +527,11 @@ class CallCache:
     """The remembered signatures of one plan (module docstring): ``fast[check]`` is the list of
     generated functions ``run`` tries, the newest first."""
 
-    __slots__ = ("_count", "fast")
+    __slots__ = ("_count", "_run", "fast")
 
     def __init__(self) -> None:
+        #: The plan's ``run`` made by :func:`_dispatcher` (set on the plan instance), None before.
+        self._run: Any = None
         #: [unchecked functions, checked functions]: ``fast(args, workspace, stream) -> bool``.
         self.fast: tuple[list[FastCall], list[FastCall]] = ([], [])
         #: (checked, Args type) -> attempts to remember a call so far (at most REMEMBER_LIMIT).
@@ -539,10 +546,12 @@ class CallCache:
         self._count[checked, kind] = attempts + 1
         return _args_fields(kind)
 
-    def _add(self, checked: bool, fast: FastCall) -> None:
+    def _add(self, plan: Any, checked: bool, fast: FastCall) -> None:
         entries = self.fast[checked]
         entries.insert(0, fast)
         del entries[KEEP:]
+        if "run" not in getattr(plan, "__dict__", {"run": None}) or plan.__dict__["run"] is self._run:
+            self._run = plan.run = _dispatcher(plan, self.fast[True][:1], self.fast[False][:1])
 
     def remember(self, plan: Any, stream: Any, workspace: Any, args: Any, record: Any) -> None:
         """Remember a call that passed ``_check_call`` (nothing when it has no fast path)."""
@@ -557,7 +566,7 @@ class CallCache:
                 return
             exprs.append("w.buffer")
             values.append(getattr(workspace, "buffer", None))
-        source = _Source()
+        source = _Source("c")
         source.miss_if(f"type(a) is not {source.const(type(args))}")
         source.stream(stream, key)
         if workspace is None:
@@ -584,7 +593,7 @@ class CallCache:
             return
         source.relations(arrays)
         traced = self._tail(plan, source, template, workspace, repr(key[1]))
-        self._add(True, source.compile("a, w, s", traced))
+        self._add(plan, True, source.compile("a, w, s", traced))
 
     def remember_unchecked(self, plan: Any, stream: Any, workspace: Any, args: Any, record: Any) -> None:
         """Remember the layout of an unchecked call and its ``_extract`` record. Where the launch is
@@ -605,7 +614,7 @@ class CallCache:
                 return
             source, traced = made
             if traced or not pointers_only:
-                self._add(False, source.compile("a, w, s", traced))
+                self._add(plan, False, source.compile("a, w, s", traced))
                 return
 
     def _unchecked_source(
@@ -621,7 +630,7 @@ class CallCache:
         pointers_only: bool,
     ) -> tuple[_Source, bool] | None:
         """The generated function of an unchecked call, and whether its launch is traced."""
-        source = _Source()
+        source = _Source("u")
         source.miss_if(f"type(a) is not {source.const(type(args))}")
         ptrs: list[int] = []
         arrays: list[int] = []
@@ -672,8 +681,31 @@ class CallCache:
         del source.lines[lines:]
         for op, field in slots:
             source.lines.append(f"    {source.const(op)}.ptr = p{field}")
+        # _launch writes the argument blocks (as in _run_slow): a traced function stores its constants again
+        source.lines.append(f"    {source.const(plan._tail_owner)}[0] = None")
         source.lines.append(f"    {source.const(plan._launch)}({handle}, w, {source.const(record)})")
         return False
+
+
+def _dispatcher(plan: Any, checked: list[Any], unchecked: list[Any]) -> Callable[..., None]:
+    """The plan's ``run`` for its newest remembered signatures: ``run(stream, workspace, args, *,
+    check=True)`` with the body of the newest generated function of each mode inline (no frame
+    of its own), and ``Plan.run`` of the plan's class on a miss (the other remembered signatures,
+    then the checks). A call takes the same path and launches the same as through ``Plan.run``."""
+    names: dict[str, Any] = {"fallback": type(plan).run, "plan": plan}
+    lines = ["def run(stream, workspace, args, *, check=True):", "    a = args", "    w = workspace", "    s = stream"]
+    for test, fast in (("if check is True:", checked), ("if check is False:", unchecked)):
+        if not fast:
+            continue
+        names.update(fast[0].names)
+        lines += [f"    {test}", "        while True:"]
+        lines += [
+            "        " + (line[:-12] + "break" if line.endswith("return False") else line) for line in fast[0].body
+        ]
+        lines.append("            return")
+    lines.append("    fallback(plan, stream, workspace, args, check=check)")
+    exec(compile("\n".join(lines), "<quantplan run>", "exec"), names)
+    return names["run"]  # type: ignore[no-any-return]
 
 
 #: The workspace pointer a :func:`pointer_launcher` is traced with (any aligned, non-null address).

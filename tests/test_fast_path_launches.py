@@ -113,6 +113,7 @@ def test_fast_path_launches_what_launch_launches(base: str, recorder: list[tuple
     setup = test_bad_inputs.make_setup(base, np.random.default_rng(0))
     fast = setup.plan_cls.select(None, setup.desc)
     slow = setup.plan_cls.select(None, setup.desc)
+    public = setup.plan_cls.select(None, setup.desc)  # through run: the dispatcher made for its newest signatures
     assert fast.backend is qp.BackendKind.CUDA and fast._prepared
     host = dict(setup.host)
     for name in setup.outputs:  # outputs of the same size as an input may take its place (in place)
@@ -123,7 +124,7 @@ def test_fast_path_launches_what_launch_launches(base: str, recorder: list[tuple
         qp.Workspace(host_sim.device_array((1 << 32) * 60 + k * 4096, (nbytes,), "uint8"), nbytes) for k in range(2)
     ]  # fmt: skip
     rng = random.Random(zlib.crc32(base.encode()))
-    fast_calls, slow_calls = _Calls(fast, recorder), _Calls(slow, recorder)
+    fast_calls, slow_calls, public_calls = _Calls(fast, recorder), _Calls(slow, recorder), _Calls(public, recorder)
     repeat: dict[str, Any] = {}
     traced = 0
     for _ in range(150):
@@ -144,7 +145,11 @@ def test_fast_path_launches_what_launch_launches(base: str, recorder: list[tuple
         traced += took_fast
         got = fast_calls.events(start)
         assert got == expected, (base, check, stream)
+        start = len(recorder)
+        public.run(stream, workspace, args, check=check)
+        assert public_calls.events(start) == expected, (base, check, stream)
     assert traced > 25, traced
+    assert "run" in public.__dict__, "no dispatcher was made"
     assert any(f.traced for mode in fast._fast for f in mode), "no traced tail was generated"
 
 
@@ -327,3 +332,51 @@ def test_block_scaled_options_are_not_replays_of_the_plain_call(byte_recorder: A
         qt = qp.quantize(x, "mxfp8", **opts)
         assert (qt.block, qt.layout, tuple(qt.scales.shape)) == (block, layout, scales_shape), opts
         assert events[start:] == launched and launched, opts
+
+
+# ---- untraceable signatures: the generic tail hands the argument blocks back ---------------------------
+
+
+def test_generic_tail_makes_traced_functions_store_their_constants_again(
+    recorder: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan whose ``_launch`` is untraceable in one signature (it enqueues a memset) and writes
+    there a field that another, traced signature stores only when another call wrote the blocks
+    since (``Plan._tail_owner``): the generic tail of the first must hand the blocks back, so the
+    traced function of the second stores its constants again. Each call launches the argument
+    bytes the checks and ``_launch`` alone launch."""
+    from cupy.cuda import runtime
+
+    from quantplan.fake_quantize import FakeQuantizePlan
+
+    memsets: list[tuple[int, ...]] = []
+    monkeypatch.setattr(runtime, "memsetAsync", lambda *args: memsets.append(args))
+
+    class InPlaceMemset(FakeQuantizePlan):
+        """In place: a memset first, and the zero point as the number 3 (a store of ``zp_value``)."""
+
+        def _launch(self, handle: int, workspace: Any, a: Any) -> None:
+            if a.x.ptr == a.dx.ptr:
+                runtime.memsetAsync(a.dx.ptr, 0, 0, handle)
+                a = a._replace(zp=3)
+            super()._launch(handle, workspace, a)
+
+    desc = qp.FakeQuantizeDescriptor(
+        shape=(16, 1000), scope=qp.TensorScope(), mode=qp.QuantMode.ASYMMETRIC, element=qp.ElementKind.F16,
+        q_min=-128, q_max=127,
+    )  # fmt: skip
+    fast, slow = InPlaceMemset.select(None, desc), InPlaceMemset.select(None, desc)
+    dev = host_sim.device_array
+    x, y = dev(1 << 40, (16, 1000), "float16"), dev(2 << 40, (16, 1000), "float16")
+    scale, zp = dev(3 << 40, (1,), "float32"), dev(4 << 40, (1,), "int32")
+    out_of_place, in_place = qp.FakeQuantizeArgs(x, y, scale, zp), qp.FakeQuantizeArgs(x, x, scale, zp)
+    fast_calls, slow_calls = _Calls(fast, recorder), _Calls(slow, recorder)
+    for args in (out_of_place, out_of_place, in_place, out_of_place, in_place, in_place, out_of_place, out_of_place):
+        start = len(recorder)
+        slow._launch(0, None, slow._check_call(None, None, args))
+        expected = slow_calls.events(start)
+        start = len(recorder)
+        fast.run(None, None, args)
+        assert fast_calls.events(start) == expected, args is in_place
+    assert fast._fast[True][0].traced is False and fast._fast[True][1].traced is True
+    assert len(memsets) == 6
