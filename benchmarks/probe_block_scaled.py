@@ -1,13 +1,18 @@
 """Schedules of the block-scaled kernel side by side: each (unroll, min_blocks) of the tuning
 table's space timed on the same input in one run, with a copy of the same bytes.
 
-    python3 benchmarks/probe_block_scaled.py [--precompile]
+    python3 benchmarks/probe_block_scaled.py [--precompile] [--only TEXT]
+    python3 benchmarks/probe_block_scaled.py --stochastic [--precompile]
     python3 benchmarks/probe_block_scaled.py --transpose   # the fused rowwise + columnwise kernel
 
 ``--transpose``: every OPT choice of ``block_scaled_transpose`` (``TransposeSchedule.opt``) for MXFP8
 rceil and FP8 1x128 div / enc, 8192 x 8192 bf16 and fp16, timed side by side with a copy of the
 bytes moved (x read, both code copies and both scale matrices written), each checked against the
 reference.
+
+``--stochastic``: NVFP4 with stochastic rounding only, 8192 x 8192 bfloat16 and float16, every
+schedule of ``STOCHASTIC_CANDIDATES`` beside the round-to-nearest twin and a copy of the same
+bytes (x read, codes and E4M3 scales written).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ for _p in (str(_HERE), str(_HERE.parent)):
 
 import harness  # noqa: E402
 
+from quantplan import _block_scaled_kernels as bk  # noqa: E402
 from quantplan._block_scaled_kernels import Schedule, kernel_name  # noqa: E402
 
 SCHEDULES = [
@@ -124,14 +130,71 @@ def _transpose_probe(only: str | None) -> None:
             print(f"{label} {name} 8192x8192: copy {copy_us:.2f} | " + " | ".join(cells), flush=True)
 
 
+def stochastic(precompile: bool) -> None:
+    """NVFP4 stochastic rounding's candidate schedules and its nearest twin, bfloat16 and float16,
+    8192 x 8192, each against a copy of the same bytes."""
+    nearest = bk.SCHEDULES[(True, 16, False)]
+    dtypes = ("bfloat16", "float16")
+    names = [kernel_name(d, "nvfp4_sr", 16, False, True, s) for d in dtypes for s in bk.STOCHASTIC_CANDIDATES]
+    names += [kernel_name(d, "nvfp4", 16, False, True, nearest) for d in dtypes]
+    if precompile:
+        with ProcessPoolExecutor(16) as ex:
+            list(ex.map(_compile, names))
+    import cupy
+    import torch
+
+    from quantplan._block_scaled_kernels import quantize_block_scaled
+
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    shape = (8192, 8192)
+    n = shape[0] * shape[1]
+    amax = cupy.asarray([24.0], dtype=cupy.float32)
+    for dtype in dtypes:
+        torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+        x = torch.randn(shape, device="cuda").mul_(4).to(torch_dtype)
+        sets = harness.rotation_sets(x.numel() * 2)
+        xs = [cupy.from_dlpack((x if i == 0 else x.clone()).view(torch.int16)) for i in range(sets)]
+        if dtype == "float16":
+            xs = [xi.view(cupy.float16) for xi in xs]
+        copy_us, _ = harness.copy_time(2 * n, n // 2 + n // 16)
+        rows = [("nearest", nearest, {})] + [
+            ("stochastic", s, {"rounding": "stochastic", "seed": 1234, "offset": 5}) for s in bk.STOCHASTIC_CANDIDATES
+        ]
+        cells = []
+        for label, sched, kw in rows:
+
+            def fn(xi: Any, sched: Schedule = sched, kw: dict[str, Any] = kw, dtype: str = dtype) -> Any:
+                return quantize_block_scaled(
+                    xi,
+                    element="nvfp4",
+                    block=16,
+                    rule="te",
+                    tensor_amax=amax,
+                    input_dtype=dtype,
+                    stream=stream,
+                    schedule=sched,
+                    **kw,
+                )
+
+            fns = [lambda xi=xi, f=fn: f(xi) for xi in xs]
+            us = harness.time_gpu(fns[0], rotate=fns[1:])
+            tag = f"v{sched.vecs}u{sched.unroll}m{sched.min_blocks}{'p' if sched.persistent else ''}"
+            cells.append(f"{label} {tag} {us:.2f} ({100 * copy_us / us:.1f}%)")
+        print(f"NVFP4 {dtype} {shape}: copy {copy_us:.2f} | " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--precompile", action="store_true")
     p.add_argument("--only", metavar="TEXT", help="cases whose label contains TEXT")
     p.add_argument("--transpose", action="store_true", help="the fused transpose's OPT choices instead")
+    p.add_argument("--stochastic", action="store_true", help="NVFP4 stochastic rounding's candidate schedules")
     args = p.parse_args()
     if args.transpose:
         _transpose_probe(args.only)
+    if args.stochastic:
+        stochastic(args.precompile)
+    if args.transpose or args.stochastic:
         return
     cases = [c for c in CASES if not args.only or args.only in c[0]]
     names = sorted(

@@ -107,6 +107,10 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
       }
 #pragma unroll
       for (int j = 0; j < SUB; ++j) {
+        if constexpr (STOCHASTIC) {
+          amax[u][j] = run_key<In_, SUB_WORDS>(raw[u] + j * SUB_WORDS);  // 16-bit keys in lanes
+          continue;
+        }
         u32 key = In_::word_key(raw[u][j * SUB_WORDS]);
 #pragma unroll
         for (int w = 1; w < SUB_WORDS; ++w) key = max(key, In_::word_key(raw[u][j * SUB_WORDS + w]));

@@ -385,6 +385,31 @@ template <> struct InputWords<f32> {
 // words by __vmaxu2): the sign bits cleared.
 __device__ __forceinline__ u32 lane_keys(u32 w) { return w & 0x7FFF7FFFu; }
 
+// The largest |x| key over N input words (InputWords::word_key of each, combined). 16-bit inputs
+// take two maxima per lane over the raw words, unsigned and signed: a negative element's word
+// (sign bit set) is above every nonnegative one unsigned and below it signed, so the unsigned
+// maximum holds the largest negative magnitude (or the largest nonnegative one when none is
+// negative) and the signed one the largest nonnegative (or the largest negative magnitude when
+// none is nonnegative); the key is the larger of the two, sign cleared, over both lanes. No mask
+// per word, three-input maxima.
+template <class In, int N> __device__ __forceinline__ u32 run_key(const u32* w) {
+  if constexpr (In::bytes == 2) {
+    u32 hi = w[0], lo = w[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) {
+      hi = __vmaxu2(hi, w[i]);
+      lo = __vmaxs2(lo, w[i]);
+    }
+    const u32 lanes = __vmaxu2(lane_keys(hi), lane_keys(lo));
+    return max(lanes & 0xFFFFu, lanes >> 16);
+  } else {
+    u32 key = In::word_key(w[0]);
+#pragma unroll
+    for (int i = 1; i < N; ++i) key = max(key, In::word_key(w[i]));
+    return key;
+  }
+}
+
 // ---- x / s for many x over one divisor (the FP8 `div` rule) ----
 // divide_rn(x, s, y) == __fdiv_rn(x, s) for s >= kDivideFastMin, y = __frcp_rn(s) (fl(1 / s)):
 // q = fl(x * y) is within 1.5 ulp of x / s; one FMA correction q + (x - s * q) * y makes it
@@ -646,18 +671,21 @@ struct NvSrPhilox {
     c2 = h0 ^ k2b;
     u32 c3 = l0;
 #pragma unroll
-    for (int r = 3; r < 10; ++r) {
+    for (int r = 3; r < 9; ++r) {
       mul_wide(kM0, c0, h0, l0);
       mul_wide(kM1, c2, h1, l1);
-      c0 = h1 ^ c1 ^ ka[r];  // round 9: ~word 0 (ka[9] complemented)
+      c0 = h1 ^ c1 ^ ka[r];
       c1 = l1;
-      c2 = h0 ^ c3 ^ kb[r];  // round 9: ~word 2
+      c2 = h0 ^ c3 ^ kb[r];
       c3 = l0;
     }
-    nw[0] = c0;
-    nw[1] = ~c1;
-    nw[2] = c2;
-    nw[3] = ~c3;
+    // Round 9: words 0 and 2 complemented by the complemented keys; words 1 and 3 are the low
+    // products complemented, ~lo(M * c) = lo(c * (2^32 - M) + 2^32 - 1): one multiply-add each
+    // beside the high product, on the multiplier rather than the logic unit (the busier one).
+    nw[0] = __umulhi(kM1, c2) ^ c1 ^ ka[9];
+    nw[1] = c2 * (0u - kM1) + 0xFFFFFFFFu;
+    nw[2] = __umulhi(kM0, c0) ^ c3 ^ kb[9];
+    nw[3] = c0 * (0u - kM0) + 0xFFFFFFFFu;
   }
 
   // Draw j_lo of a slot (j's high word given to slot()).

@@ -111,6 +111,19 @@ SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
 STOCHASTIC_SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
     (True, 16, False): Schedule(vecs=4, unroll=1, min_blocks=4),
 }
+#: Schedules of the stochastic kernel that ``benchmarks/probe_block_scaled.py --stochastic`` times
+#: side by side with a copy (the row above first): two, four or eight vectors per thread (one, two
+#: or four blocks; 4, 8 or 16 Philox draws per slot), at resident blocks each fits without
+#: spilling on sm_90 (4 vectors: 63 registers at 4 blocks, 80 at 3; 8 vectors: 80 at 3, 128 at 2;
+#: 8 vectors at 4 blocks and 2 vectors at 6 spill), and a persistent grid. Every one is bit-exact (``tests/test_block_scaled_stochastic_gpu.py``).
+STOCHASTIC_CANDIDATES: tuple[Schedule, ...] = (
+    Schedule(vecs=4, unroll=1, min_blocks=4),
+    Schedule(vecs=4, unroll=1, min_blocks=3),
+    Schedule(vecs=8, unroll=1, min_blocks=3),
+    Schedule(vecs=8, unroll=1, min_blocks=2),
+    Schedule(vecs=2, unroll=1, min_blocks=4),
+    Schedule(vecs=4, unroll=1, min_blocks=4, persistent=True),
+)
 SMALL_BLOCKS_PER_SM = 4
 #: Elements of one 16-byte vector, by input dtype.
 VECTOR_ELEMENTS = {"float16": 8, "bfloat16": 8, "float32": 4}

@@ -96,17 +96,19 @@ def test_nvfp4_stochastic_matches_reference(rng: np.random.Generator, dtype: typ
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("seed_offset", RNG_PAIRS, ids=str)
 def test_every_schedule_and_misaligned(rng: np.random.Generator, dtype: type, seed_offset: tuple[int, int]) -> None:
-    """Each schedule row of blocks of 16 forced on the same data (whole blocks per thread included),
-    and the general schedule on misaligned operands."""
+    """Each schedule row of blocks of 16 and each stochastic candidate schedule (one, two or four
+    whole blocks per thread, a persistent grid) forced on the same data, and the general schedule
+    on misaligned operands."""
     from quantplan import _block_scaled_kernels as bk
 
     seed, offset = seed_offset
     shape = (48, 1024)
     x = _data(rng, shape, dtype)
     ref = rbs.nvfp4_quantize(x, rounding="stochastic", seed=seed, offset=offset)
-    for (contiguous, block, _), sched in bk.SCHEDULES.items():
-        if block == 16 and contiguous:
-            _assert_same(_run(x, seed=seed, offset=offset, schedule=sched), ref, f"schedule {sched}")
+    scheds = [s for (contiguous, block, _), s in bk.SCHEDULES.items() if block == 16 and contiguous]
+    scheds += [*bk.STOCHASTIC_SCHEDULES.values(), *bk.STOCHASTIC_CANDIDATES]  # the probe's candidates too
+    for sched in scheds:
+        _assert_same(_run(x, seed=seed, offset=offset, schedule=sched), ref, f"schedule {sched}")
     for shape in [(64, 128), (129, 96), (5, 70), (3, 7)]:
         x = _data(rng, shape, dtype)
         ref = rbs.nvfp4_quantize(x, rounding="stochastic", seed=seed, offset=offset)
