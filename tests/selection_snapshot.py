@@ -53,6 +53,9 @@ def _shapes_and_scopes() -> list[tuple[tuple[int, ...], Any]]:
     shapes += [(16, n) for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
     shapes += [(2, 8192), (4, 16384), (40, 4096), (100, 2048), (4096, 2048), (4096, 8192), (1 << 15, 128)]
     shapes += [(300, 16384), (3, 10004), (2, 40000)]
+    # the size heuristics' edges on 108 and 132 SMs: row shares (segments x 4 <= SMs), clusters
+    # (segments x 8 <= 2 x SMs), lanes (segments x 4 lanes >= busy threads)
+    shapes += [(27, 8192), (28, 4096), (33, 16384), (34, 8192), (55296, 128), (55295, 128), (67584, 128)]
     out: list[tuple[tuple[int, ...], Any]] = []
     for shape in shapes:
         out.append((shape, qp.TensorScope()))
@@ -115,7 +118,8 @@ def grid() -> Iterator[Select]:
             yield "FakeQuantizePlan", qp.FakeQuantizePlan, lambda fq=fq: qp.FakeQuantizeDescriptor(**fq)
     groups = (
         (5, 2), (7, 6), (3, 64), (16, 128), (4096, 128), (8, 512), (100, 1000), (16, 1024), (4, 2048),
-        (16, 4096), (2, 8192), (16, 8192), (16, 16384), (2, 40000), (1 << 14, 2048),
+        (16, 4096), (2, 8192), (16, 8192), (16, 16384), (2, 40000), (1 << 14, 2048), (27, 2048), (28, 4096),
+        (33, 16384), (34, 2048), (1 << 14, 128), (1 << 18, 128),
     )  # fmt: skip
     qf = (EK.F16, EK.BF16, EK.F32)
     for i, e, c, mode, (n, size) in itertools.product(qf, (None, EK.F32), (EK.S8, EK.U4), (SYM, ASYM), groups):
