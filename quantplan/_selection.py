@@ -15,33 +15,45 @@ Q / DQ ``QuantizePlan`` / ``DequantizePlan``, FQ ``FakeQuantizePlan`` (and the e
 kernels of ``FakeQuantizeBackwardPlan``), SQ ``SwizzledQuantizePlan``, DSQ / MoQ / DSR the
 DeepSpeed-format quantize, MoQ fake quantize and quantized reduction):
 
-=================  ==========================================  ===================================================  ==========================  ==========================
-schedule           threads per segment                         serves                                               preferred (default only)    ops
-=================  ==========================================  ===================================================  ==========================  ==========================
-row-shares         2, 4 or 8 blocks of 256; each block reads   F16 / BF16, nearest, segments of 256 x 8 x blocks    segments <= SMs / 4         DRQ, DRFQ (out of place)
-                   the whole segment, writes its share         (4096, 8192, 16384)
-cluster            a cluster of 8 blocks (sm_90 and later),    F16 / BF16, nearest, segments of 64 x block (block   segments x 8 <= 2 x SMs     DRQ, DRFQ, DSQ, MoQ
-                   one vector of 8 per thread                  a multiple of 32, at most 1024; DSQ / MoQ 256)
-lanes              4 or 16 lanes of one warp                   F16 / BF16, nearest, segments of 128 (DSQ: no        DSQ: the dense team is 16   DRQ, DSQ
-                                                               swizzle across nodes and devices)                    with one vector per thread
-rows               one block of 256, the row in registers      F16 / BF16, nearest, segments of 2048 x nv           always                      DRQ, DRFQ
-                                                               (nv 1, 2, 4)
-dense              a power-of-two team up to 256, 8 x nv       F16 / BF16 segments of team x 8 x nv (DRQ: nearest;  always                      DRQ, DRFQ, SQ, DSQ, MoQ,
-                   elements per thread                         DRFQ: both roundings; qgZ: no LoCo, < 2**31          (DSR: output groups of      DSR
-                                                               elements; MoQ: SYMMETRIC nearest)                    team x 8)
-fused              a team holds its segment in registers,      contiguous segments of at most 32768 elements        always                      DRQ, DRFQ, SQ, DSQ, MoQ,
-                   vector I/O                                  (16384 for F64; 4-bit codes: even)                                               DSR
-fused-element-io   the same, element I/O                       as fused                                             never (misaligned           as fused
-                                                                                                                    operands take it at run)
-dense-rows         one (row, chunk) item per block             contiguous rows with a per-row / per-vector          always                      Q, DQ (F16 / BF16,
-                                                               parameter index (``_layout.dense_row_layout``,                                   nearest), FQ
-                                                               ``_layout.dense_rows``)   
-row-layout         grid-stride over the general row layout     every non-empty problem (FQ: not TensorScope)        always                      Q, DQ, FQ
-flat               grid-stride over the flat tensor            TensorScope                                          always                      FQ
-two-pass           group parameters, then every element        every problem                                        always                      SQ, DSQ, MoQ, DSR
-multi-pass         range statistics, parameters, then the      every problem                                        always                      DRQ, DRFQ
-                   row kernel
-=================  ==========================================  ===================================================  ==========================  ==========================
+================  ==================================  ===============================  =================
+schedule          serves (threads per segment)        preferred, by default            ops
+================  ==================================  ===============================  =================
+row-shares        F16/BF16 nearest, rows of 4096,     segments x 4 <= SMs              DRQ, DRFQ (out
+                  8192, 16384 (2/4/8 blocks of 256,                                    of place)
+                  each reads the row, writes a share)
+cluster           F16/BF16 nearest, sm_90+, rows of   segments x 8 <= 2 x SMs          DRQ, DRFQ, DSQ,
+                  64 x block (a cluster of 8 blocks;                                   MoQ
+                  block % 32 == 0, <= 1024; DSQ/MoQ
+                  <= 256)
+lanes             F16/BF16 nearest, groups of 128     DSQ: the dense team is 16 with   DRQ, DSQ
+                  (4 or 16 lanes of a warp; DSQ: no   one vector per thread
+                  swizzle across ranks)
+rows              F16/BF16 nearest, rows of 2048 x    always                           DRQ, DRFQ
+                  nv, nv 1/2/4 (a block of 256 holds
+                  the row in registers)
+dense             F16/BF16 segments of team x 8 x nv  always                           DRQ, DRFQ, SQ,
+                  (team a power of two <= 256; DRQ                                     DSQ, MoQ, DSR
+                  nearest; DRFQ both roundings; qgZ
+                  no LoCo, < 2**31 elements; MoQ
+                  SYMMETRIC nearest; DSR output
+                  groups of team x 8)
+fused             contiguous segments <= 32768        always                           DRQ, DRFQ, SQ,
+                  (F64 16384; 4-bit: even), a team                                     DSQ, MoQ, DSR
+                  per segment, vector I/O
+fused-element-io  as fused, element I/O               never (misaligned operands       as fused
+                                                      take it at ``run``)
+dense-rows        rows with a per-row / per-vector    always                           Q, DQ (F16/BF16
+                  parameter (``_layout.dense_row_                                      nearest), FQ
+                  layout``, ``_layout.dense_rows``):
+                  one (row, chunk) item per block
+row-layout        every problem (FQ: not Tensor-      always                           Q, DQ, FQ
+                  Scope), grid-stride row layout
+flat              TensorScope, grid-stride flat       always                           FQ
+two-pass          every problem: group parameters,    always                           SQ, DSQ, MoQ,
+                  then every element                                                   DSR
+multi-pass        every problem: range statistics,    always                           DRQ, DRFQ
+                  parameters, then a row kernel
+================  ==================================  ===============================  =================
 
 Where an op differs from the one order, and why:
 
@@ -52,6 +64,11 @@ Where an op differs from the one order, and why:
   schedules (:func:`choose_segments` with ``out_of_place=False``).
 * DSQ / MoQ clusters hold at most 256 threads per block (the DeepSpeed-format kernels' bound).
 * FQ on TensorScope has ``flat`` only; its other scopes have ``dense-rows`` and ``row-layout``.
+
+Not chosen here yet (each has its own rule beside its launcher, and takes no forced schedule):
+the gradient plans' dense rows (``quantize_backward``), ``DequantReducePlan`` and the
+block-scaled plans (their schedule tables in ``_block_scaled_kernels`` /
+``_block_scaled_tile_kernels``).
 
 The kernels each schedule instantiates are listed by family in :mod:`quantplan._kernel_names`
 from the same parameter sets this module reads (``DENSE_NV``, ``LANES_SHAPES``, ``ROWS_NV``,
@@ -630,7 +647,10 @@ def group_misfit(op: str, schedule: str, p: GroupProblem, info: DeviceInfo | Non
     if schedule == "cluster":
         per_block, rem = divmod(p.group_size, 8 * DS_CLUSTER_BLOCKS)
         if rem or per_block % 32 or not 0 < per_block <= DS_DENSE_BLOCK:
-            return f"the cluster pass takes groups of {8 * DS_CLUSTER_BLOCKS} x block (block a multiple of 32, at most {DS_DENSE_BLOCK})"
+            return (
+                f"the cluster pass takes groups of {8 * DS_CLUSTER_BLOCKS} x block (block a multiple of 32, "
+                f"at most {DS_DENSE_BLOCK})"
+            )
         if info is not None and info.arch.major < 9:
             return f"thread-block clusters need sm_90 or later, this GPU is sm_{info.arch.major}{info.arch.minor}"
         if prefer and info is not None and p.groups * DS_CLUSTER_BLOCKS > 2 * info.sm_count:

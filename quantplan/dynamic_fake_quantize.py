@@ -207,6 +207,11 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
     for F64): one read of the input; otherwise the multi-pass path (range statistics by exact
     integer atomics, parameters, then the elementwise fake-quant kernel), which has no size limit.
 
+    **Schedules:** ``select`` asks :func:`quantplan._selection.choose_segments` (``row-shares``
+    with an in-place twin, ``cluster``, ``rows``, ``dense``, ``fused``, ``fused-element-io``,
+    ``multi-pass``); ``PlanPreference(schedule=...)`` forces one (Unsupported where it cannot
+    serve the problem). The bits do not depend on it.
+
     **Workspace:** 0 for the fused pass; for the multi-pass path, the range statistics and the
     parameters (a few bytes per segment, ``workspace_size()``).
 

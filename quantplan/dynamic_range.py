@@ -102,6 +102,11 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     the specialised kernels for 16-bit input). Otherwise ``range-atomics`` / ``block-reduced-range``
     (TensorScope) followed by the QuantizePlan row kernel.
 
+    **Schedules:** ``select`` asks :func:`quantplan._selection.choose_segments` (its table:
+    ``row-shares``, ``cluster``, ``lanes``, ``rows``, ``dense``, ``fused``, ``fused-element-io``,
+    ``multi-pass``, the first that serves and suits the device); ``PlanPreference(schedule=...)``
+    forces one (Unsupported where it cannot serve the problem). The bits do not depend on it.
+
     **Workspace:** ``workspace_size()`` bytes on the GPU: 0 for the fused pass, three integers
     per segment for the multi-pass path; a smaller workspace raises WorkspaceTooSmall. None on
     the reference backend.

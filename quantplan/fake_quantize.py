@@ -350,6 +350,10 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
     place allowed (``output`` is ``input``). Array scales are used as given (not checked for > 0
     on the device).
 
+    **Schedules:** ``flat`` (TensorScope), else ``dense-rows`` or ``row-layout``, chosen by
+    :func:`quantplan._selection.choose_fake_rows`; ``PlanPreference(schedule=...)`` forces one
+    (Unsupported where it cannot serve).
+
     **Workspace:** none.
 
     **Precision guarantee:** each operation rounded once in the accumulator type (no FMA);

@@ -166,6 +166,11 @@ class QuantizePlan(StaticAffinePlan):
     **Shape limits:** any rank, any extents; 64-bit indexing; no limit on rows. The last axis (or
     the axes merged into a row) must be shorter than 2**31 elements.
 
+    **Schedules:** ``dense-rows`` (one (row, chunk) item per block: F16 / BF16, nearest rounding,
+    the hot layouts) or ``row-layout``, chosen by :func:`quantplan._selection.choose_rows`;
+    ``PlanPreference(schedule=...)`` forces one (Unsupported where it cannot serve). DequantizePlan
+    takes the same two.
+
     **Workspace:** none (``workspace_size() == 0``).
 
     **Precision guarantee:** float32 arithmetic (float64 for F64), IEEE division, round half to

@@ -104,14 +104,20 @@ def grid() -> Iterator[Select]:
         for order, rounding in itertools.product(orders, (NEAREST, STOCHASTIC)):
             kw: dict[str, Any] = dict(shape=shape, scope=scope, mode=mode, nibble_order=order)
             q = dict(input_element=f, output_element=c, rounding=rounding, **kw)
-            yield "DynamicRangeQuantizePlan", qp.DynamicRangeQuantizePlan, lambda q=q: qp.DynamicRangeQuantizeDescriptor(**q)
+            yield (
+                "DynamicRangeQuantizePlan",
+                qp.DynamicRangeQuantizePlan,
+                lambda q=q: qp.DynamicRangeQuantizeDescriptor(**q),
+            )
             yield "QuantizePlan", qp.QuantizePlan, lambda q=q: qp.QuantizeDescriptor(**q)
         d = dict(input_element=c, output_element=f, shape=shape, scope=scope, mode=mode)
         yield "DequantizePlan", qp.DequantizePlan, lambda d=d: qp.DequantizeDescriptor(**d)
     for f, mode, (shape, scope), rounding in itertools.product(floats, (SYM, ASYM), pairs, (NEAREST, STOCHASTIC)):
         r = dict(shape=shape, scope=scope, mode=mode, element=f, rounding=rounding, bits=4)
-        yield "DynamicRangeFakeQuantizePlan", qp.DynamicRangeFakeQuantizePlan, (
-            lambda r=r: qp.DynamicRangeFakeQuantizeDescriptor(**r)
+        yield (
+            "DynamicRangeFakeQuantizePlan",
+            qp.DynamicRangeFakeQuantizePlan,
+            (lambda r=r: qp.DynamicRangeFakeQuantizeDescriptor(**r)),
         )
         if rounding is NEAREST:
             fq = dict(shape=shape, scope=scope, mode=mode, element=f, q_min=-8, q_max=7)
