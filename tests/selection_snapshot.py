@@ -169,9 +169,13 @@ def _record(plan: Any, names: dict[int, str]) -> str:
     return "|".join(parts)
 
 
-def snapshot(select: Callable[[type, Any], Any] | None = None) -> dict[str, str]:
-    """``{gpu + problem key: record}`` of every problem of :func:`grid` on every GPU of :data:`GPUS`.
-    ``select(plan class, descriptor)``: how a plan is selected (default ``cls.select(None, desc)``)."""
+def snapshot(
+    select: Callable[[type, Any], Any] | None = None, stride: int = 1, refusals: bool = False
+) -> dict[str, str]:
+    """``{gpu + problem key: record}`` of every problem of :func:`grid` (every ``stride``-th) on
+    every GPU of :data:`GPUS`. ``select(plan class, descriptor)``: how a plan is selected (default
+    ``cls.select(None, desc)``); ``refusals``: also record a valid descriptor that ``select``
+    refuses, as the error's class name."""
     import pytest
 
     names: dict[int, str] = {}
@@ -200,19 +204,25 @@ def snapshot(select: Callable[[type, Any], Any] | None = None) -> dict[str, str]
             props.update(major=major, minor=minor, multiProcessorCount=sms)
             _device.cuda_available.cache_clear()
             _device.device_info.cache_clear()
-            for _, plan_cls, make in grid():
+            for index, (_, plan_cls, make) in enumerate(grid()):
+                if index % stride:
+                    continue
                 try:
                     desc = make()
+                except (qp.QuantPlanError, ValueError):
+                    continue
+                try:
                     plan = plan_cls.select(None, desc) if select is None else select(plan_cls, desc)
                 except (qp.QuantPlanError, ValueError) as exc:
-                    records[f"sm{major}{minor}x{sms}:{plan_cls.__name__}:{make!r}"] = type(exc).__name__
+                    if refusals:
+                        records[f"sm{major}{minor}x{sms}:{_key(plan_cls, desc)}"] = type(exc).__name__
                     continue
                 records[f"sm{major}{minor}x{sms}:{_key(plan_cls, desc)}"] = _record(plan, names)
     finally:
         monkeypatch.undo()
         _device.cuda_available.cache_clear()
         _device.device_info.cache_clear()
-    return {k: v for k, v in records.items() if "<function" not in k}
+    return records
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import ConfigDict
@@ -168,6 +168,27 @@ def _check_bits(bits: int, allowed: tuple[int, ...]) -> None:
 
 def _storage_bytes(elements: int, bits: int) -> int:
     return elements * bits // 8
+
+
+class _GroupedCodes:
+    """What a descriptor of ``numel`` flat codes of ``num_bits`` in ``groups`` groups derives (the
+    quantize and dequantize descriptors)."""
+
+    if TYPE_CHECKING:
+        numel: int
+        groups: int
+        num_bits: int
+        mode: QuantMode
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of the flat codes: ``numel * num_bits / 8``."""
+        return _storage_bytes(self.numel, self.num_bits)
+
+    @property
+    def param_shape(self) -> tuple[int, int]:
+        """``(groups, 1)`` (SYMMETRIC) or ``(groups, 2)`` (ASYMMETRIC)."""
+        return (self.groups, dsref.params_per_group(self.mode))
 
 
 class _DeepSpeedPlan(QgzChecks, Plan[Any, QgzOperands]):
@@ -386,7 +407,7 @@ def _fused_geometry(
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
-class DeepSpeedQuantizeDescriptor(Model):
+class DeepSpeedQuantizeDescriptor(_GroupedCodes, Model):
     """DeepSpeed-format group quantization, optionally swizzled and with LoCo error feedback.
 
     Fields: ``numel`` elements in ``groups`` equal contiguous groups; ``num_bits`` 8 or 4;
@@ -408,12 +429,7 @@ class DeepSpeedQuantizeDescriptor(Model):
     @property
     def output_bytes(self) -> int:
         """Bytes of the flat code output: ``numel * num_bits / 8``."""
-        return _storage_bytes(self.numel, self.num_bits)
-
-    @property
-    def param_shape(self) -> tuple[int, int]:
-        """``(groups, 1)`` (SYMMETRIC) or ``(groups, 2)`` (ASYMMETRIC)."""
-        return (self.groups, dsref.params_per_group(self.mode))
+        return self.code_bytes
 
 
 @dataclass(slots=True)
@@ -572,7 +588,7 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
 
 
-class DeepSpeedDequantizeDescriptor(Model):
+class DeepSpeedDequantizeDescriptor(_GroupedCodes, Model):
     """DeepSpeed-format dequantization: ``numel`` codes in ``groups`` groups, ``num_bits`` 8 / 4,
     ``mode``, ``output_element`` F16 / BF16 / F32."""
 
@@ -586,12 +602,7 @@ class DeepSpeedDequantizeDescriptor(Model):
     @property
     def input_bytes(self) -> int:
         """Bytes of the flat code input."""
-        return _storage_bytes(self.numel, self.num_bits)
-
-    @property
-    def param_shape(self) -> tuple[int, int]:
-        """``(groups, 1)`` or ``(groups, 2)``."""
-        return (self.groups, dsref.params_per_group(self.mode))
+        return self.code_bytes
 
 
 @dataclass(slots=True)
