@@ -72,8 +72,8 @@ _DQ_THREADS = "_layout.DENSE_ROW_THREADS['dequantize_dense']"
 _DQB = "_layout.DENSE_ROW_SHAPES['dequantize_backward_dense']"
 _QB_BF16 = "_layout.DENSE_ROW_SHAPES_BY_FLOAT[('quantize_backward_dense', 'BF16')]"
 _THREADS = "_layout.DENSE_MAX_THREADS"
-_FAKE_BLOCK = "_fake_rows._DENSE_NEAREST_BLOCK"
-_FAKE_BYTES = "_fake_rows._DENSE_THREAD_BYTES"
+_FAKE_BLOCK = "_layout._FAKE_DENSE_NEAREST_BLOCK"
+_FAKE_BYTES = "_layout._FAKE_DENSE_THREAD_BYTES"
 #: Candidate shapes against the defaults (dequantize: two 8-element vectors per thread in blocks of
 #: 256; the nearest fake forward: two 16-byte vectors in blocks of 256, 6 resident blocks).
 _DQ_VARIANTS = (

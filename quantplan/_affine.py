@@ -17,9 +17,9 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._device import device_info
-from ._kernel_names import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit, row_kernel_name
+from ._kernel_names import dense_row_kernel_name, dequantize_unit, quantize_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, device_arg, fields, launch_on, occupancy_grid, params_struct, set_rng
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, param_shape, row_layout
+from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, param_shape, row_layout
 from ._operands import Operand, TensorArgs
 from ._problems import AffineProblem, CodeRangeProblem, ScopedProblem, storage_shape
 from ._tuning import kernel_options
@@ -313,8 +313,12 @@ class AffineRows:
         self.pair, self.layout, self.device_id, self.stochastic = pair, layout, device_id, stochastic
 
     @classmethod
-    def prepare(cls, problem: AffineProblem, float_to_code: bool, device_id: int) -> AffineRows:
-        """Compile (first use) and prepare the row kernel of ``problem`` on ``device_id``.
+    def prepare(
+        cls, problem: AffineProblem, float_to_code: bool, device_id: int, dense: RowLayout | None
+    ) -> AffineRows:
+        """Compile (first use) and prepare the row kernel of ``problem`` on ``device_id``:
+        ``dense``, the layout of the ``dense-rows`` schedule, or None for ``row-layout``
+        (:func:`quantplan._selection.choose_rows` chooses).
 
         One NVRTC program per (input, output, nibble order[, rounding]) holds every vector width,
         so plans of other shapes with the same dtypes reuse the loaded module.
@@ -345,17 +349,15 @@ class AffineRows:
         primary = row_layout(problem.shape, problem.scope, float_info.vec_max, packed, info.busy_threads)
         fallback = row_layout(problem.shape, problem.scope, 1, packed, info.busy_threads)
         primary_launch: PreparedLaunch | None = None
-        dense_kernel = "quantize_dense" if float_to_code else "dequantize_dense"
-        if problem.float_kind in ROW_DENSE_FLOAT_KINDS and rounding is not Rounding.STOCHASTIC:
-            dense = dense_row_layout(problem.shape, problem.scope, dense_kernel, packed, info.sm_count)
-            if dense is not None:
-                # The hot layouts: one (row, chunk) item per block (kernels/qp_row_layout.cuh, dense_item).
-                primary = dense
-                fn = functions[
-                    dense_row_kernel_name(dense_kernel, problem.float_kind, problem.code_kind, high_first, dense.vec)
-                ]
-                args = dense.args(problem.q_min, problem.q_max, problem.layout_flags)
-                primary_launch = PreparedLaunch(fn, dense.items, dense.threads, params_type, layout=args)
+        if dense is not None:
+            # The hot layouts: one (row, chunk) item per block (kernels/qp_row_layout.cuh, dense_item).
+            dense_kernel = "quantize_dense" if float_to_code else "dequantize_dense"
+            primary = dense
+            fn = functions[
+                dense_row_kernel_name(dense_kernel, problem.float_kind, problem.code_kind, high_first, dense.vec)
+            ]
+            args = dense.args(problem.q_min, problem.q_max, problem.layout_flags)
+            primary_launch = PreparedLaunch(fn, dense.items, dense.threads, params_type, layout=args)
         in_bits, out_bits = float_info.storage_bits, code_info.storage_bits
         if not float_to_code:
             in_bits, out_bits = out_bits, in_bits

@@ -3,27 +3,36 @@ and DynamicRangeFakeQuantizePlan's multi-pass path (``kernels/fake_quantize.cu``
 
 :class:`FakeRowLaunches` is one elementwise kernel (forward with either rounding, or the
 straight-through backward) for aligned operands and its element-I/O twin: the row kernels for
-Token / Channel / GroupScope (``*_dense_rows`` on the hot layouts, :func:`dense_rows`),
+Token / Channel / GroupScope (``*_dense_rows`` on the hot layouts, :func:`dense_rows`, where
+:func:`quantplan._selection.choose_fake_rows` chooses them),
 ``fake_quantize_flat`` for TensorScope.
 """
 
 from __future__ import annotations
 
 import ctypes
-import enum
-from dataclasses import dataclass
 from typing import Any
 
 from ._device import device_info
 from ._kernel_names import FAKE_DENSE_ROW_KERNELS, FAKE_ROW_KERNELS, fake_quantize_unit
+from ._kinds import FakeOp
 from ._launch import RNG_FIELDS, LaunchPair, PreparedLaunch, device_arg, fields, occupancy_grid, params_struct
-from ._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, division_magic, row_layout
+from ._layout import (
+    BLOCK_THREADS,
+    DenseRows,
+    RowLayout,
+    RowLayoutArgs,
+    dense_block,
+    dense_rows,
+    dense_unroll,
+    row_layout,
+)
 from ._operands import Operand
 from ._problems import CodeRangeProblem
 from ._tuning import TUNING, kernel_options
 from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_ctype
-from .types import MathPrecision, Rounding, TensorScope
+from .types import MathPrecision, TensorScope
 
 #: ZeroPointSource of ``qp_fake_quantize.cuh``: the scalar value, an int32 array, a float array.
 ZP_VALUE, ZP_INT32, ZP_FLOAT = 0, 1, 2
@@ -31,53 +40,6 @@ ZP_VALUE, ZP_INT32, ZP_FLOAT = 0, 1, 2
 _FLAT_UNROLL = TUNING.fake_flat_unroll
 #: Most blocks of one ``fake_quantize_flat`` launch (grid-stride beyond).
 _FLAT_MAX_BLOCKS = 1 << 20
-#: Most threads of a dense-rows block (``__launch_bounds__`` of the kernels), fewest, and the
-#: shortest row the dense kernels take (32 vectors: a warp's worth).
-_DENSE_BLOCK, _DENSE_MIN_BLOCK, _DENSE_MIN_VECTORS = TUNING.fake_dense_rows_block, 64, 32
-#: A small problem's dense-rows block narrows while its grid holds fewer blocks than 1 /
-#: _DENSE_SM_SHARE of the SMs (fewer, wider blocks win on small problems).
-_DENSE_SM_SHARE = 4
-#: Bytes of each input one thread of a dense-rows kernel takes per item, by op: nearest forward,
-#: straight-through backward, stochastic forward (QP_FAKE_DENSE_THREAD_BYTES,
-#: QP_FAKE_DENSE_STE_THREAD_BYTES, QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES in the kernel).
-_DENSE_THREAD_BYTES = TUNING.fake_dense_thread_bytes
-_DENSE_STE_THREAD_BYTES = TUNING.fake_dense_ste_thread_bytes
-_DENSE_STOCHASTIC_THREAD_BYTES = TUNING.fake_dense_stochastic_thread_bytes
-#: Most threads of a nearest-forward dense-rows block on 16-bit data (the others take
-#: _DENSE_BLOCK; an experiment sets another here, e.g. ``benchmarks/probe_l2_state.py``).
-_DENSE_NEAREST_BLOCK = _DENSE_BLOCK
-
-
-class FakeOp(enum.IntEnum):
-    """What an elementwise fake-quantization kernel computes (``FakeOp`` of ``kernels/fake_quantize.cu``)."""
-
-    NEAREST = 0  #: y = fake(x), rne
-    STE = 1  #: dx = dy * mask
-    STOCHASTIC = 2  #: y = fake(x), Philox stochastic rounding
-
-    @classmethod
-    def forward(cls, rounding: Rounding) -> FakeOp:
-        """The forward kernel op of ``rounding``."""
-        return cls.STOCHASTIC if rounding is Rounding.STOCHASTIC else cls.NEAREST
-
-
-def dense_unroll(vec: int, element_bytes: int, op: FakeOp = FakeOp.NEAREST) -> int:
-    """Vectors per thread and item of the dense-rows kernels (``fake_dense_unroll`` in the kernel)
-    for FakeOp ``op``: 32 bytes of the input for the forwards (_DENSE_THREAD_BYTES,
-    _DENSE_STOCHASTIC_THREAD_BYTES), 16 of each input for the straight-through backward, at least
-    one vector."""
-    per_thread = {FakeOp.STE: _DENSE_STE_THREAD_BYTES, FakeOp.STOCHASTIC: _DENSE_STOCHASTIC_THREAD_BYTES}.get(
-        op, _DENSE_THREAD_BYTES
-    )
-    return max(1, per_thread // (vec * element_bytes))
-
-
-def dense_block(op: FakeOp, element_bytes: int = 2) -> int:
-    """Most threads of a dense-rows block for FakeOp ``op`` on data of ``element_bytes`` bytes
-    (the nearest forward on 16-bit data: _DENSE_NEAREST_BLOCK; the others _DENSE_BLOCK)."""
-    return _DENSE_NEAREST_BLOCK if op is FakeOp.NEAREST and element_bytes == 2 else _DENSE_BLOCK
-
-
 #: A validated fake quantization problem (``float_kind``: the data type, in and out).
 FakeQuantizeProblem = CodeRangeProblem
 
@@ -136,93 +98,6 @@ class FakeRowLaunches(LaunchPair):
             params.layout.flags = zp_source
 
 
-@dataclass(frozen=True)
-class DenseRows:
-    """Geometry of the ``*_dense_rows`` kernels (``kernels/fake_quantize.cu``): ``rows`` contiguous
-    rows of ``L`` elements, parameter index ``row * row_coef + (col // gc) * cs``; one (row, chunk)
-    item per block of ``block`` threads, ``unroll`` vectors of ``vec`` per thread and item."""
-
-    rows: int
-    L: int
-    vec: int
-    row_coef: int
-    gc: int
-    cs: int
-    block: int
-    unroll: int
-
-    @property
-    def chunk_cols(self) -> int:
-        return self.block * self.vec * self.unroll
-
-    @property
-    def chunks_per_row(self) -> int:
-        return -(-self.L // self.chunk_cols)
-
-    @property
-    def items(self) -> int:
-        return self.rows * self.chunks_per_row
-
-    def args(self, q_min: int, q_max: int) -> RowLayoutArgs:
-        """The kernels' by-value ``RowLayout`` (the fields they read; ``Co`` holds the row coefficient)."""
-        a = RowLayoutArgs()
-        a.rows, a.items, a.chunks_per_row, a.L, a.chunk_cols = (
-            self.rows, self.items, self.chunks_per_row, self.L, self.chunk_cols
-        )  # fmt: skip
-        a.M = a.A = a.g_rows = 1
-        a.Co, a.gc, a.cs, a.q_min, a.q_max = self.row_coef, self.gc, self.cs, q_min, q_max
-        a.chunk_magic, a.chunk_shift = division_magic(self.chunks_per_row)
-        a.gc_magic, a.gc_shift = division_magic(self.gc)
-        return a
-
-    def describe(self) -> str:
-        """Short variant tag for KernelSku.variant."""
-        return f"dense-rows[{self.block}t-per-item,vec{self.vec},unroll{self.unroll},chunks{self.chunks_per_row}]"
-
-
-def dense_rows(
-    layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int, block_max: int = _DENSE_BLOCK
-) -> DenseRows | None:
-    """The dense-rows geometry of ``layout``, or None where the kernels do not apply.
-
-    They apply to aligned vector I/O at the widest vector (``L % vec_max == 0``, rows of at least
-    32 vectors) when the parameter index is ``row * c + (col // gc) * cs`` for every row (no outer
-    or inner axis around a channel / group axis) and a vector never straddles a group (``cs == 0``
-    or ``gc % vec == 0``). Blocks of ``block_max`` threads with ``unroll_max`` vectors each (at most
-    :func:`dense_unroll`), narrowed to the row; fewer vectors per thread while the grid has fewer
-    than two blocks per SM, then smaller blocks (down to 64 threads) while it covers less than a
-    quarter of the SMs.
-    """
-    vec, L = layout.vec, layout.L
-    if not layout.vector_io or vec != vec_max or L % vec or L < _DENSE_MIN_VECTORS * vec or layout.rows == 0:
-        return None
-    if layout.M != 1:
-        return None
-    if layout.A == 1:
-        row_coef = layout.Co
-    elif layout.g_rows == 1 and layout.A == layout.rows:  # a leading channel axis: row // A == 0
-        row_coef = layout.Ca
-    else:
-        return None
-    if layout.cs and layout.gc % vec:
-        return None
-    block, unroll = block_max, unroll_max
-    while block > _DENSE_MIN_VECTORS and block * vec > L:
-        block //= 2
-    while unroll > 1 and block * vec * unroll >= 2 * L:
-        unroll //= 2
-
-    def blocks(b: int, u: int) -> int:
-        return layout.rows * -(-L // (b * vec * u))
-
-    while unroll > 1 and blocks(block, unroll) < 2 * sm_count:
-        unroll //= 2
-    while block > _DENSE_MIN_BLOCK and _DENSE_SM_SHARE * blocks(block, unroll) < sm_count:
-        block //= 2
-    geometry = DenseRows(layout.rows, L, vec, row_coef, layout.gc, layout.cs, block, unroll)
-    return geometry if geometry.items < 2**31 else None
-
-
 def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
     """``(block threads, vectors per thread)`` of ``fake_quantize_flat``: 256 x 4 for large
     tensors; for small ones fewer vectors per thread, then smaller blocks, until the grid has
@@ -235,9 +110,13 @@ def flat_geometry(n_vectors: int, sm_count: int) -> tuple[int, int]:
     return block, per_thread
 
 
-def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) -> tuple[FakeRowLaunches, str]:
+def prepare_fake_rows(
+    problem: FakeQuantizeProblem, op: FakeOp, device_id: int, dense: DenseRows | None
+) -> tuple[FakeRowLaunches, str]:
     """The elementwise kernel of ``op`` for ``problem`` and its variant tag: ``fake_quantize_flat``
-    for TensorScope, the row kernels for the other scopes."""
+    for TensorScope, the row kernels for the other scopes: ``dense``, the geometry of the
+    ``dense-rows`` schedule, or None for ``row-layout`` (:func:`quantplan._selection.choose_fake_rows`
+    chooses)."""
     info = device_info(device_id)
     functions = load_kernels(
         "fake_quantize", fake_quantize_unit(problem.float_kind), info.arch, device_id, kernel_options()
@@ -274,7 +153,6 @@ def prepare_fake_rows(problem: FakeQuantizeProblem, op: FakeOp, device_id: int) 
     primary = row_layout(problem.shape, problem.scope, vec, False, info.busy_threads)
     fallback = row_layout(problem.shape, problem.scope, 1, False, info.busy_threads)
     align = min(16, primary.vec * in_bytes)
-    dense = dense_rows(primary, vec, dense_unroll(vec, in_bytes, op), info.sm_count, dense_block(op, in_bytes))
     prefix = f"{problem.scope.kind}/{problem.mode.value}/"
     if dense is not None:
         fn = functions[template_name(FAKE_DENSE_ROW_KERNELS[op], tag, vec)]

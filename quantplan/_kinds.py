@@ -94,7 +94,21 @@ class QuantizeKind(str, enum.Enum):
     DYNAMIC_RANGE = "dynamic_range"
 
 
+class FakeOp(enum.IntEnum):
+    """What an elementwise fake-quantization kernel computes (``FakeOp`` of ``kernels/fake_quantize.cu``)."""
+
+    NEAREST = 0  #: y = fake(x), rne
+    STE = 1  #: dx = dy * mask
+    STOCHASTIC = 2  #: y = fake(x), Philox stochastic rounding
+
+    @classmethod
+    def forward(cls, rounding: Rounding) -> FakeOp:
+        """The forward kernel op of ``rounding``."""
+        return cls.STOCHASTIC if rounding is Rounding.STOCHASTIC else cls.NEAREST
+
+
 __all__ = [
+    "FakeOp",
     "BackendKind",
     "ElementKind",
     "MathPrecision",

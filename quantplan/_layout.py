@@ -13,6 +13,7 @@ import ctypes
 import math
 from dataclasses import dataclass, replace
 
+from ._kinds import FakeOp
 from ._tuning import TUNING
 from .errors import InvalidProblem, Unsupported
 from .types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope, expand_params, normalize_axis
@@ -367,8 +368,129 @@ def contiguous_segment_length(shape: tuple[int, ...], scope: Scope) -> int | Non
     return scope.group_size if math.prod(dims[axis + 1 :]) == 1 else None
 
 
+# ---- fake quantization's dense rows (``*_dense_rows`` of ``kernels/fake_quantize.cu``) -----------
+
+#: Most threads of a dense-rows block (``__launch_bounds__`` of the kernels), fewest, and the
+#: shortest row the dense kernels take (32 vectors: a warp's worth).
+_FAKE_DENSE_BLOCK, _FAKE_DENSE_MIN_BLOCK, _FAKE_DENSE_MIN_VECTORS = TUNING.fake_dense_rows_block, 64, 32
+#: Bytes of each input one thread of a dense-rows kernel takes per item, by op: nearest forward,
+#: straight-through backward, stochastic forward (QP_FAKE_DENSE_THREAD_BYTES,
+#: QP_FAKE_DENSE_STE_THREAD_BYTES, QP_FAKE_DENSE_STOCHASTIC_THREAD_BYTES in the kernel).
+_FAKE_DENSE_THREAD_BYTES = TUNING.fake_dense_thread_bytes
+_FAKE_DENSE_STE_THREAD_BYTES = TUNING.fake_dense_ste_thread_bytes
+_FAKE_DENSE_STOCHASTIC_THREAD_BYTES = TUNING.fake_dense_stochastic_thread_bytes
+#: Most threads of a nearest-forward dense-rows block on 16-bit data (the others take
+#: _FAKE_DENSE_BLOCK; an experiment sets another here, e.g. ``benchmarks/probe_l2_state.py``).
+_FAKE_DENSE_NEAREST_BLOCK = _FAKE_DENSE_BLOCK
+
+
+def dense_unroll(vec: int, element_bytes: int, op: FakeOp = FakeOp.NEAREST) -> int:
+    """Vectors per thread and item of the dense-rows kernels (``fake_dense_unroll`` in the kernel)
+    for FakeOp ``op``: 32 bytes of the input for the forwards (_FAKE_DENSE_THREAD_BYTES,
+    _FAKE_DENSE_STOCHASTIC_THREAD_BYTES), 16 of each input for the straight-through backward, at least
+    one vector."""
+    per_thread = {FakeOp.STE: _FAKE_DENSE_STE_THREAD_BYTES, FakeOp.STOCHASTIC: _FAKE_DENSE_STOCHASTIC_THREAD_BYTES}.get(
+        op, _FAKE_DENSE_THREAD_BYTES
+    )
+    return max(1, per_thread // (vec * element_bytes))
+
+
+def dense_block(op: FakeOp, element_bytes: int = 2) -> int:
+    """Most threads of a dense-rows block for FakeOp ``op`` on data of ``element_bytes`` bytes
+    (the nearest forward on 16-bit data: _FAKE_DENSE_NEAREST_BLOCK; the others _FAKE_DENSE_BLOCK)."""
+    return _FAKE_DENSE_NEAREST_BLOCK if op is FakeOp.NEAREST and element_bytes == 2 else _FAKE_DENSE_BLOCK
+
+
+@dataclass(frozen=True)
+class DenseRows:
+    """Geometry of the ``*_dense_rows`` kernels (``kernels/fake_quantize.cu``): ``rows`` contiguous
+    rows of ``L`` elements, parameter index ``row * row_coef + (col // gc) * cs``; one (row, chunk)
+    item per block of ``block`` threads, ``unroll`` vectors of ``vec`` per thread and item."""
+
+    rows: int
+    L: int
+    vec: int
+    row_coef: int
+    gc: int
+    cs: int
+    block: int
+    unroll: int
+
+    @property
+    def chunk_cols(self) -> int:
+        return self.block * self.vec * self.unroll
+
+    @property
+    def chunks_per_row(self) -> int:
+        return -(-self.L // self.chunk_cols)
+
+    @property
+    def items(self) -> int:
+        return self.rows * self.chunks_per_row
+
+    def args(self, q_min: int, q_max: int) -> RowLayoutArgs:
+        """The kernels' by-value ``RowLayout`` (the fields they read; ``Co`` holds the row coefficient)."""
+        a = RowLayoutArgs()
+        a.rows, a.items, a.chunks_per_row, a.L, a.chunk_cols = (
+            self.rows, self.items, self.chunks_per_row, self.L, self.chunk_cols
+        )  # fmt: skip
+        a.M = a.A = a.g_rows = 1
+        a.Co, a.gc, a.cs, a.q_min, a.q_max = self.row_coef, self.gc, self.cs, q_min, q_max
+        a.chunk_magic, a.chunk_shift = division_magic(self.chunks_per_row)
+        a.gc_magic, a.gc_shift = division_magic(self.gc)
+        return a
+
+    def describe(self) -> str:
+        """Short variant tag for KernelSku.variant."""
+        return f"dense-rows[{self.block}t-per-item,vec{self.vec},unroll{self.unroll},chunks{self.chunks_per_row}]"
+
+
+def dense_rows(
+    layout: RowLayout, vec_max: int, unroll_max: int, sm_count: int, block_max: int = _FAKE_DENSE_BLOCK
+) -> DenseRows | None:
+    """The dense-rows geometry of ``layout``, or None where the kernels do not apply.
+
+    They apply to aligned vector I/O at the widest vector (``L % vec_max == 0``, rows of at least
+    32 vectors) when the parameter index is ``row * c + (col // gc) * cs`` for every row (no outer
+    or inner axis around a channel / group axis) and a vector never straddles a group (``cs == 0``
+    or ``gc % vec == 0``). Blocks of ``block_max`` threads with ``unroll_max`` vectors each (at most
+    :func:`dense_unroll`), narrowed to the row; fewer vectors per thread while the grid has fewer
+    than two blocks per SM, then smaller blocks (down to 64 threads) while it covers less than a
+    quarter of the SMs.
+    """
+    vec, L = layout.vec, layout.L
+    if not layout.vector_io or vec != vec_max or L % vec or L < _FAKE_DENSE_MIN_VECTORS * vec or layout.rows == 0:
+        return None
+    if layout.M != 1:
+        return None
+    if layout.A == 1:
+        row_coef = layout.Co
+    elif layout.g_rows == 1 and layout.A == layout.rows:  # a leading channel axis: row // A == 0
+        row_coef = layout.Ca
+    else:
+        return None
+    if layout.cs and layout.gc % vec:
+        return None
+    block, unroll = block_max, unroll_max
+    while block > _FAKE_DENSE_MIN_VECTORS and block * vec > L:
+        block //= 2
+    while unroll > 1 and block * vec * unroll >= 2 * L:
+        unroll //= 2
+
+    def blocks(b: int, u: int) -> int:
+        return layout.rows * -(-L // (b * vec * u))
+
+    while unroll > 1 and blocks(block, unroll) < 2 * sm_count:
+        unroll //= 2
+    while block > _FAKE_DENSE_MIN_BLOCK and _DENSE_SM_SHARE * blocks(block, unroll) < sm_count:
+        block //= 2
+    geometry = DenseRows(layout.rows, L, vec, row_coef, layout.gc, layout.cs, block, unroll)
+    return geometry if geometry.items < 2**31 else None
+
+
 __all__ = [
     "BLOCK_THREADS",
+    "DenseRows",
     "RowLayout",
     "RowLayoutArgs",
     "DENSE_MAX_THREADS",
@@ -380,6 +502,9 @@ __all__ = [
     "dense_row_shape",
     "dense_row_threads",
     "dense_row_widths",
+    "dense_block",
+    "dense_rows",
+    "dense_unroll",
     "division_magic",
     "expand_params",
     "normalize_axis",

@@ -26,10 +26,17 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ._device import DeviceInfo
-from ._kernel_names import QGZ_CODE_KINDS, QGZ_DENSE_NV, QGZ_FLOAT_KINDS
+from ._kernel_names import QGZ_CODE_KINDS, QGZ_FLOAT_KINDS
 from ._launch import PreparedLaunch, fields, occupancy_grid, vector_alignment
 from ._operands import Operand, OperandChecks, host_view, is_scalar, pointer_view, write_back
-from ._segment_geometry import MAX_TEAM, SegmentGeometry, fused_segment_geometry, segment_layout
+from ._segment_geometry import (
+    DENSE_MAX_ELEMENTS,
+    MAX_TEAM,
+    QGZ_ELEMENTS_PER_THREAD,
+    SegmentGeometry,
+    fused_segment_geometry,
+    segment_layout,
+)
 from ._tuning import TUNING
 from .elements import ELEMENTS
 from .errors import InvalidProblem, Unsupported
@@ -40,10 +47,6 @@ from .types import ElementKind, QuantMode
 ELEMENT_BLOCK = 256
 #: Threads of a block of the dense passes (``QP_QGZ_DENSE_BLOCK`` of ``kernels/qp_qgz.cuh``).
 DENSE_BLOCK = TUNING.qgz_dense_block
-#: The dense passes index with 32-bit integers: they serve fewer elements than this.
-DENSE_MAX_ELEMENTS = 2**31
-#: Elements one thread of the fused pass holds (the scan element is float32 or 16-bit: 32).
-QGZ_ELEMENTS_PER_THREAD = 32
 
 
 class QgzOutputArgs(ctypes.Structure):
@@ -271,20 +274,6 @@ class DenseLaunch:
     even_passes: bool = False
 
 
-def dense_quantize_geometry(groups: int, group_size: int, busy_threads: int) -> tuple[int, int] | None:
-    """``(team, nv)`` of ``swizzled_quantize_dense`` for groups of ``group_size`` 16-bit elements,
-    or None: groups of exactly ``team * 8 * nv`` (team a power of two up to one block, nv in
-    ``QGZ_DENSE_NV``); the most vectors per thread, fewer (a wider team) while that leaves SMs idle."""
-    for nv in QGZ_DENSE_NV:
-        team, rem = divmod(group_size, 8 * nv)
-        if rem or team == 0 or team > DENSE_BLOCK or team & (team - 1):
-            continue
-        while nv > 1 and team * 2 <= DENSE_BLOCK and groups * team < busy_threads:
-            team, nv = team * 2, nv // 2
-        return team, nv
-    return None
-
-
 def group_params_block(group_size: int) -> int:
     """Threads of a block of the group-parameter pass: a power of two, 32 to ``MAX_TEAM``, about one per element."""
     block = 32
@@ -479,7 +468,6 @@ __all__ = [
     "check_code_kind",
     "check_error_kind",
     "check_float_kind",
-    "dense_quantize_geometry",
     "dynamic_code_range",
     "error_view",
     "group_params_block",

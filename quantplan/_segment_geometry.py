@@ -13,6 +13,11 @@ from .types import ElementKind, QuantMode
 
 #: Largest team of the fused pass (threads holding one segment; __launch_bounds__ of the kernels).
 MAX_TEAM = 1024
+#: Elements one thread of a qgZ fused pass holds (the scan element is float32 or 16-bit: 32).
+QGZ_ELEMENTS_PER_THREAD = 32
+#: The dense passes of the qgZ and DeepSpeed-format kernels index with 32-bit integers: they
+#: serve fewer elements than this.
+DENSE_MAX_ELEMENTS = 2**31
 
 
 class SegmentLayoutArgs(ctypes.Structure):
@@ -97,7 +102,9 @@ def fused_segment_geometry(
 
 
 __all__ = [
+    "DENSE_MAX_ELEMENTS",
     "MAX_TEAM",
+    "QGZ_ELEMENTS_PER_THREAD",
     "SegmentGeometry",
     "SegmentLayoutArgs",
     "fused_segment_geometry",

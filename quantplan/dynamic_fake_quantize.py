@@ -22,7 +22,7 @@ reference: :func:`quantplan.reference.dynamic_fake_quantize`; tests:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,29 +31,13 @@ from . import reference
 from ._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from ._device import device_info, stream_device_id
 from ._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
-from ._families import (
-    CLUSTER_BLOCKS,
-    dynamic_fake_cluster_name,
-    dynamic_fake_dense_name,
-    dynamic_fake_quantize_unit,
-    dynamic_fake_rows_name,
-    dynamic_fake_shares_name,
-)
+from ._families import dynamic_fake_quantize_unit
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._layout import param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend
-from ._segments import (
-    RangePasses,
-    SegmentGeometry,
-    cluster_geometry,
-    dense_geometry,
-    fused_geometries,
-    mode_code,
-    prepare_segments,
-    rows_geometry,
-    shares_geometry,
-)
+from ._segments import RangePasses, SegmentGeometry, prepare_segments
+from ._selection import SCHEDULES, SegmentChoice, choose_fake_rows, choose_segments
 from .compiler import template_name
 from .elements import ELEMENTS
 from .errors import InvalidProblem
@@ -70,6 +54,8 @@ from .types import (
 )
 from .workspace import Workspace
 
+#: The op's name in :data:`quantplan._selection.SCHEDULES`.
+_OP = "dynamic_fake_quantize"
 #: Alignment of each part of the multi-pass workspace (statistics, scales, zero points).
 _WORKSPACE_ALIGN = 256
 
@@ -148,19 +134,13 @@ def _align(n: int) -> int:
     return -(-n // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
 
 
-def _prepare_fused(
-    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, shares: bool = True
-) -> tuple[LaunchPair, str]:
-    """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag:
-    ``dynamic_fake_quantize_row_shares`` for nearest rounding of few rows of 4096 / 8192 / 16384
-    where ``shares`` (out of place only: :func:`~quantplan._segments.shares_geometry`),
-    ``dynamic_fake_quantize_cluster`` for nearest rounding of few long rows (sm_90:
-    :func:`~quantplan._segments.cluster_geometry`), ``dynamic_fake_quantize_rows`` for nearest rounding where
-    :func:`~quantplan._segments.rows_geometry` applies (rows of 2048 / 4096 / 8192 in a block's
-    registers), else ``dynamic_fake_quantize_dense`` for aligned operands where
-    :func:`~quantplan._segments.dense_geometry` applies (16-bit segments of team x 8 x nv elements;
-    both roundings), else ``dynamic_fake_quantize_segments``; the latter's element-I/O geometry
-    serves misaligned operands."""
+def _prepare_fused(problem: AffineProblem, choice: SegmentChoice, device_id: int) -> LaunchPair:
+    """Compile (first use) and prepare the fused pass of ``problem`` in the schedule ``choice``
+    (:func:`quantplan._selection.choose_segments`): its specialised kernel, or
+    ``dynamic_fake_quantize_segments``, for aligned operands, and the latter's element-I/O twin
+    (misaligned operands). ``choice.resident``: the grid holds only the blocks every SM keeps
+    resident (each team's next segment in flight while it works)."""
+    assert choice.geometries is not None
     tag = ELEMENTS[problem.float_kind].cpp_tag
 
     def name(g: SegmentGeometry) -> str:
@@ -168,45 +148,13 @@ def _prepare_fused(
 
     unit = dynamic_fake_quantize_unit(problem.float_kind)
     bits = ELEMENTS[problem.float_kind].storage_bits
-    info = device_info(device_id)
-    busy = info.busy_threads
-    found_shares = shares_geometry(problem, geometries[0], info) if shares else None
-    if found_shares is not None:
-        kernel = dynamic_fake_shares_name(problem.float_kind, mode_code(problem.mode), found_shares.blocks)
-        launch = (kernel, found_shares.geometry)
-        pair = prepare_segments(
-            problem, geometries, "fake_quantize", unit, name, bits, device_id, launch, found_shares.grid
-        )
-        return pair, found_shares.describe()
-    cluster = cluster_geometry(problem, geometries[0], info)
-    if cluster is not None:
-        geometry, grid = cluster
-        kernel = dynamic_fake_cluster_name(problem.float_kind, mode_code(problem.mode))
-        pair = prepare_segments(
-            problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, geometry), grid
-        )
-        tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{geometry.team}t-per-segment,1vec8-per-thread]"
-        return pair, tag
-    rows = None if problem.stochastic else rows_geometry(problem, geometries[0])
-    if rows is not None:
-        kernel = dynamic_fake_rows_name(problem.float_kind, mode_code(problem.mode), rows.nv)
-        pair = prepare_segments(
-            problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, rows.geometry), rows.grid
-        )
-        return pair, f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread]"
-    # dense_geometry serves nearest rounding of the quantize kernels; the fake kernel takes both.
-    found = dense_geometry(replace(problem, rounding=Rounding.NEAREST_EVEN), geometries[0], busy)
-    if found is None:
-        pair = prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id)
-        return pair, geometries[0].describe()
-    dense, nv = found
-    kernel = dynamic_fake_dense_name(problem.float_kind, nv, problem.stochastic)
-    pair = prepare_segments(problem, geometries, "fake_quantize", unit, name, bits, device_id, (kernel, dense))
-    if problem.stochastic:  # compute-bound: one segment per team and block balances the SMs best
-        return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
-    # Nearest: a persistent grid, each team's next segment in flight while it works (grid-stride).
-    pair.primary.grid = _resident_grid(pair.primary, device_id)
-    return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread,prefetch]"
+    special = None if choice.kernel is None or choice.geometry is None else (choice.kernel, choice.geometry)
+    pair = prepare_segments(
+        problem, choice.geometries, "fake_quantize", unit, name, bits, device_id, special, choice.grid
+    )
+    if choice.resident:
+        pair.primary.grid = _resident_grid(pair.primary, device_id)
+    return pair
 
 
 def _resident_grid(launch: PreparedLaunch, device_id: int) -> int:
@@ -258,6 +206,11 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
     ``fused-single-pass[...]`` when segments are contiguous runs of at most 32768 elements (16384
     for F64): one read of the input; otherwise the multi-pass path (range statistics by exact
     integer atomics, parameters, then the elementwise fake-quant kernel), which has no size limit.
+
+    **Schedules:** ``select`` asks :func:`quantplan._selection.choose_segments` (``row-shares``
+    with an in-place twin, ``cluster``, ``rows``, ``dense``, ``fused``, ``fused-element-io``,
+    ``multi-pass``); ``PlanPreference(schedule=...)`` forces one (Unsupported where it cannot
+    serve the problem). The bits do not depend on it.
 
     **Workspace:** 0 for the fused pass; for the multi-pass path, the range statistics and the
     parameters (a few bytes per segment, ``workspace_size()``).
@@ -325,21 +278,23 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         a group size that does not divide its axis, ...).
         """
         problem = dynamic_fake_quantize_problem(desc)
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream, SCHEDULES[_OP]) is BackendKind.REFERENCE:
             return cls(desc, problem)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
-        geometries = fused_geometries(problem, info.busy_threads)
-        if geometries is not None:
-            fused, kind = _prepare_fused(problem, geometries, device_id)
-            in_place = None
-            if shares_geometry(problem, geometries[0], info) is not None:  # not in place: a twin that is
-                in_place, in_place_kind = _prepare_fused(problem, geometries, device_id, shares=False)
-                kind = f"{kind}+in-place:{in_place_kind}"
+        choice = choose_segments(_OP, problem, info, None if pref is None else pref.schedule)
+        if choice.geometries is not None:
+            fused, kind, in_place = _prepare_fused(problem, choice, device_id), choice.tag, None
+            if choice.schedule == "row-shares":  # not in place: a twin that is
+                twin = choose_segments(_OP, problem, info, out_of_place=False)
+                in_place = _prepare_fused(problem, twin, device_id)
+                kind = f"{kind}+in-place:{twin.tag}"
             variant = f"{problem.scope.kind}/{problem.mode.value}/{kind}"
             return cls(desc, problem, device_id, variant, fused=fused, in_place=in_place)
         passes = RangePasses.prepare(problem, device_id)
-        rows, rows_variant = prepare_fake_rows(problem, FakeOp.forward(problem.rounding), device_id)
+        op = FakeOp.forward(problem.rounding)
+        rows_choice = choose_fake_rows(problem, op, info)
+        rows, rows_variant = prepare_fake_rows(problem, op, device_id, rows_choice.dense)
         return cls(desc, problem, device_id, f"{passes.kind}+{rows_variant}", passes=passes, rows=rows)
 
     # ---- arguments ----------------------------------------------------------------------------

@@ -28,32 +28,13 @@ import numpy as np
 
 from . import reference
 from ._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
-from ._device import DeviceInfo, device_info, stream_device_id
-from ._families import (
-    CLUSTER_BLOCKS,
-    cluster_kernel_name,
-    dense_kernel_name,
-    dynamic_segments_unit,
-    lanes_kernel_name,
-    row_kernel_name,
-    rows_kernel_name,
-    shares_kernel_name,
-)
+from ._device import device_info, stream_device_id
+from ._families import dynamic_segments_unit, row_kernel_name
 from ._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from ._plan import REFERENCE_VARIANT, Plan, choose_backend
-from ._segments import (
-    RangePasses,
-    SegmentGeometry,
-    cluster_geometry,
-    dense_geometry,
-    fused_geometries,
-    lanes_geometry,
-    mode_code,
-    prepare_segments,
-    rows_geometry,
-    shares_geometry,
-)
+from ._segments import RangePasses, SegmentGeometry, prepare_segments
+from ._selection import SCHEDULES, SegmentChoice, choose_rows, choose_segments
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
@@ -121,6 +102,11 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     the specialised kernels for 16-bit input). Otherwise ``range-atomics`` / ``block-reduced-range``
     (TensorScope) followed by the QuantizePlan row kernel.
 
+    **Schedules:** ``select`` asks :func:`quantplan._selection.choose_segments` (its table:
+    ``row-shares``, ``cluster``, ``lanes``, ``rows``, ``dense``, ``fused``, ``fused-element-io``,
+    ``multi-pass``, the first that serves and suits the device); ``PlanPreference(schedule=...)``
+    forces one (Unsupported where it cannot serve the problem). The bits do not depend on it.
+
     **Workspace:** ``workspace_size()`` bytes on the GPU: 0 for the fused pass, three integers
     per segment for the multi-pass path; a smaller workspace raises WorkspaceTooSmall. None on
     the reference backend.
@@ -184,16 +170,15 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
                 raise InvalidProblem(
                     f"ASYMMETRIC dynamic range needs q_min < q_max, got q_min={problem.q_min}, q_max={problem.q_max}"
                 )
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream, SCHEDULES[_OP]) is BackendKind.REFERENCE:
             return cls(desc, problem)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
         prefix = f"{problem.scope.kind}/{problem.mode.value}/"
-        geometries = fused_geometries(problem, info.busy_threads)
-        if geometries is not None:
-            fused, shape_tag = _prepare_fused(problem, geometries, device_id, info)
-            return cls(desc, problem, device_id, prefix + shape_tag, fused=fused)
-        rows = AffineRows.prepare(problem, True, device_id)
+        choice = choose_segments(_OP, problem, info, None if pref is None else pref.schedule)
+        if choice.geometries is not None:
+            return cls(desc, problem, device_id, prefix + choice.tag, fused=_prepare_fused(problem, choice, device_id))
+        rows = AffineRows.prepare(problem, True, device_id, choose_rows(problem, True, info).dense)
         passes = RangePasses.prepare(problem, device_id)
         variant = f"{prefix}{passes.kind}+{prefix}{rows.layout.describe()}"
         return cls(desc, problem, device_id, variant, passes=passes, rows=rows)
@@ -249,19 +234,11 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
             self._write_host(a.zp, z)
 
 
-def _prepare_fused(
-    problem: AffineProblem, geometries: tuple[SegmentGeometry, SegmentGeometry], device_id: int, info: DeviceInfo
-) -> tuple[LaunchPair, str]:
-    """Compile (first use) and prepare the fused pass for ``problem``, and its variant tag. For
-    aligned operands, the first that applies of ``dynamic_quantize_row_shares`` (few rows of 4096
-    / 8192 / 16384, a few blocks per row that each read all of it:
-    :func:`~quantplan._segments.shares_geometry`), ``dynamic_quantize_cluster`` (few long segments,
-    sm_90: :func:`~quantplan._segments.cluster_geometry`), ``dynamic_quantize_lanes`` (segments
-    within a warp: :func:`~quantplan._segments.lanes_geometry`), ``dynamic_quantize_rows`` (rows
-    of 2048 / 4096 / 8192 in a block's registers: :func:`~quantplan._segments.rows_geometry`),
-    ``dynamic_quantize_dense``
-    (:func:`~quantplan._segments.dense_geometry`), else ``dynamic_quantize_segments``; the
-    element-I/O twin of the latter otherwise."""
+def _prepare_fused(problem: AffineProblem, choice: SegmentChoice, device_id: int) -> LaunchPair:
+    """Compile (first use) and prepare the fused pass of ``problem`` in the schedule ``choice``
+    (:func:`quantplan._selection.choose_segments`): its specialised kernel, or
+    ``dynamic_quantize_segments``, for aligned operands, and the latter's element-I/O twin."""
+    assert choice.geometries is not None
     unit = dynamic_segments_unit(problem.float_kind, problem.code_kind, problem.high_first, problem.rounding)
     f, c, high_first = problem.float_kind, problem.code_kind, problem.high_first
 
@@ -271,39 +248,14 @@ def _prepare_fused(
         )
 
     code_bits = ELEMENTS[c].storage_bits
-    mode = mode_code(problem.mode)
+    special = None if choice.kernel is None or choice.geometry is None else (choice.kernel, choice.geometry)
+    return prepare_segments(
+        problem, choice.geometries, "dynamic_range", unit, name, code_bits, device_id, special, choice.grid
+    )
 
-    def prepare(kernel: str, geometry: SegmentGeometry, grid: int | None = None) -> LaunchPair:
-        return prepare_segments(
-            problem, geometries, "dynamic_range", unit, name, code_bits, device_id, (kernel, geometry), grid
-        )
 
-    shares = shares_geometry(problem, geometries[0], info)
-    if shares is not None:
-        kernel = shares_kernel_name(f, c, high_first, mode, shares.blocks)
-        return prepare(kernel, shares.geometry, shares.grid), shares.describe()
-    cluster = cluster_geometry(problem, geometries[0], info)
-    if cluster is not None:
-        geometry, grid = cluster
-        tag = f"fused-single-pass[dense-cluster,{CLUSTER_BLOCKS}x{geometry.team}t-per-segment,1vec8-per-thread]"
-        return prepare(cluster_kernel_name(f, c, high_first, mode), geometry, grid), tag
-    lanes = lanes_geometry(problem, geometries[0], info)
-    if lanes is not None:
-        geometry, shape, grid = lanes
-        tag = f"fused-single-pass[dense-lanes,{shape[0]}t-per-segment,{shape[1]}vec8-per-thread,x{shape[2]}]"
-        return prepare(lanes_kernel_name(f, c, high_first, mode, shape), geometry, grid), tag
-    rows = rows_geometry(problem, geometries[0])
-    if rows is not None:
-        kernel = rows_kernel_name(f, c, high_first, mode, rows.nv)
-        tag = f"fused-single-pass[dense-rows,{rows.geometry.team}t-per-segment,{rows.nv}vec8-per-thread]"
-        return prepare(kernel, rows.geometry, rows.grid), tag
-    found = dense_geometry(problem, geometries[0], info.busy_threads)
-    if found is None:
-        pair = prepare_segments(problem, geometries, "dynamic_range", unit, name, code_bits, device_id)
-        return pair, geometries[0].describe()
-    dense, nv = found
-    pair = prepare(dense_kernel_name(f, c, high_first, nv), dense)
-    return pair, f"fused-single-pass[dense,{dense.team}t-per-segment,{nv}vec8-per-thread]"
+#: The op's name in :data:`quantplan._selection.SCHEDULES`.
+_OP = "dynamic_quantize"
 
 
 __all__ = ["DynamicRangeQuantizeArgs", "DynamicRangeQuantizeDescriptor", "DynamicRangeQuantizePlan"]

@@ -37,6 +37,7 @@ from ._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_gr
 from ._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
 from ._operands import Operand, OperandChecks, TensorArgs, check_outputs, check_param_values, is_scalar, operand, view
 from ._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend, preferred
+from ._selection import SCHEDULES, choose_fake_rows
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .elements import ELEMENTS, acc_cpp, acc_ctype
@@ -349,6 +350,10 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
     place allowed (``output`` is ``input``). Array scales are used as given (not checked for > 0
     on the device).
 
+    **Schedules:** ``flat`` (TensorScope), else ``dense-rows`` or ``row-layout``, chosen by
+    :func:`quantplan._selection.choose_fake_rows`; ``PlanPreference(schedule=...)`` forces one
+    (Unsupported where it cannot serve).
+
     **Workspace:** none.
 
     **Precision guarantee:** each operation rounded once in the accumulator type (no FMA);
@@ -371,10 +376,12 @@ class FakeQuantizePlan(_FakeQuantizePlanBase):
         Raises InvalidProblem for a malformed descriptor.
         """
         problem = fake_quantize_problem(desc)
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream, SCHEDULES["fake_quantize"]) is BackendKind.REFERENCE:
             return preferred(cls(problem, None, REFERENCE_VARIANT, None), pref)
         device_id = stream_device_id(stream)
-        launches, variant = prepare_fake_rows(problem, FakeOp.NEAREST, device_id)
+        forced = None if pref is None else pref.schedule
+        choice = choose_fake_rows(problem, FakeOp.NEAREST, device_info(device_id), forced)
+        launches, variant = prepare_fake_rows(problem, FakeOp.NEAREST, device_id, choice.dense)
         return preferred(cls(problem, device_id, variant, launches), pref)
 
     def _check(self, args: FakeQuantizeArgs) -> _Checked:
@@ -553,7 +560,8 @@ class FakeQuantizeBackwardPlan(_FakeQuantizePlanBase):
             lsq = _prepare_lsq(problem, geometry, device_id)
             variant = f"{problem.scope.kind}/{problem.mode.value}/{geometry.describe()}"
             return preferred(cls(problem, True, device_id, variant, None, lsq), pref)
-        rows, variant = prepare_fake_rows(problem, FakeOp.STE, device_id)
+        choice = choose_fake_rows(problem, FakeOp.STE, device_info(device_id))
+        rows, variant = prepare_fake_rows(problem, FakeOp.STE, device_id, choice.dense)
         return preferred(cls(problem, False, device_id, variant, rows, None), pref)
 
     def _check(self, args: FakeQuantizeBackwardArgs) -> _Checked:

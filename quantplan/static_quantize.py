@@ -33,9 +33,10 @@ from ._affine import (
     quantize_problem,
     storage_shape,
 )
-from ._device import stream_device_id
+from ._device import device_info, stream_device_id
 from ._operands import Operand, OperandChecks, check_outputs, check_param_values, reference_uniform
 from ._plan import Plan, choose_backend, preferred
+from ._selection import SCHEDULES, choose_rows
 from .elements import ELEMENTS
 from .errors import InvalidProblem
 from .types import BackendKind, OpCategory, PlanPreference, QuantMode, TensorScope
@@ -93,10 +94,13 @@ class StaticAffinePlan(OperandChecks, Plan[AffineArgs, AffineOperands]):
 
     @classmethod
     def _make(cls, stream: Any, problem: AffineProblem, pref: PlanPreference | None) -> Any:
-        if choose_backend(pref, stream) is BackendKind.REFERENCE:
+        op = "quantize" if cls._float_to_code else "dequantize"
+        if choose_backend(pref, stream, SCHEDULES[op]) is BackendKind.REFERENCE:
             return cls(problem, None, None)
         device_id = stream_device_id(stream)
-        return cls(problem, device_id, AffineRows.prepare(problem, cls._float_to_code, device_id))
+        forced = None if pref is None else pref.schedule
+        choice = choose_rows(problem, cls._float_to_code, device_info(device_id), forced)
+        return cls(problem, device_id, AffineRows.prepare(problem, cls._float_to_code, device_id, choice.dense))
 
     # ---- arguments ------------------------------------------------------------------------
 
@@ -161,6 +165,11 @@ class QuantizePlan(StaticAffinePlan):
 
     **Shape limits:** any rank, any extents; 64-bit indexing; no limit on rows. The last axis (or
     the axes merged into a row) must be shorter than 2**31 elements.
+
+    **Schedules:** ``dense-rows`` (one (row, chunk) item per block: F16 / BF16, nearest rounding,
+    the hot layouts) or ``row-layout``, chosen by :func:`quantplan._selection.choose_rows`;
+    ``PlanPreference(schedule=...)`` forces one (Unsupported where it cannot serve). DequantizePlan
+    takes the same two.
 
     **Workspace:** none (``workspace_size() == 0``).
 

@@ -27,8 +27,6 @@ from . import reference
 from ._affine import ResolvedCodeRange
 from ._device import device_info, stream_device_id
 from ._families import (
-    DENSE_FLOAT_KINDS,
-    QGZ_DENSE_NV,
     QGZ_WIDTHS,
     error_tag,
     swizzled_dense_name,
@@ -38,9 +36,6 @@ from ._launch import launch_on
 from ._operands import TensorArgs, check_disjoint, check_positive, check_writeable, host_view
 from ._plan import Plan, check_descriptor, choose_backend, snapshot
 from ._qgz_launch import (
-    DENSE_BLOCK,
-    DENSE_MAX_ELEMENTS,
-    QGZ_ELEMENTS_PER_THREAD,
     DenseLaunch,
     QgzChecks,
     QgzKernels,
@@ -52,7 +47,6 @@ from ._qgz_launch import (
     check_code_kind,
     check_error_kind,
     check_float_kind,
-    dense_quantize_geometry,
     dynamic_code_range,
     error_view,
     prepare_qgz_launches,
@@ -60,11 +54,13 @@ from ._qgz_launch import (
     set_output_args,
     write_reference_outputs,
 )
-from ._segments import MAX_TEAM, SegmentLayoutArgs, fused_segment_geometry, range_divisor_of
+from ._segments import SegmentLayoutArgs, range_divisor_of
+from ._selection import SCHEDULES as SELECTION_SCHEDULES
+from ._selection import GroupProblem, choose_groups, dense_quantize_geometry, group_misfit
 from ._tuning import kernel_options
 from .compiler import load_kernels, template_name
 from .elements import ELEMENTS
-from .errors import InvalidProblem, Unsupported
+from .errors import InvalidProblem
 from .types import (
     BackendKind,
     ElementKind,
@@ -93,11 +89,14 @@ _SWIZZLE_PARAMS = type(
     },
 )
 _F32, _I32 = ELEMENTS[ElementKind.F32], ELEMENTS[ElementKind.I32]
+#: The op's name in :data:`quantplan._selection.SCHEDULES`.
+_OP = "swizzled_quantize"
 
 
-#: The schedules of :class:`SwizzledQuantizePlan`, the order ``select`` tries them in (the first
-#: that serves the problem); ``PlanPreference(schedule=...)`` forces one of them.
-SCHEDULES = ("dense", "fused", "fused-element-io", "two-pass")
+#: The schedules of :class:`SwizzledQuantizePlan` (:data:`quantplan._selection.SCHEDULES`), the
+#: order ``select`` tries them in (the first that serves the problem); ``PlanPreference(schedule=...)``
+#: forces one of them.
+SCHEDULES = SELECTION_SCHEDULES[_OP]
 
 
 def flat_view(desc: SwizzledQuantizeDescriptor) -> SwizzledQuantizeDescriptor:
@@ -112,51 +111,31 @@ def flat_view(desc: SwizzledQuantizeDescriptor) -> SwizzledQuantizeDescriptor:
     return desc if len(desc.shape) == 1 else desc.model_copy(update={"shape": (desc.numel,)})
 
 
+def _groups(flat: SwizzledQuantizeDescriptor) -> GroupProblem:
+    packed = ELEMENTS[flat.output_element].is_packed
+    return GroupProblem(flat.groups, flat.group_size, flat.input_element, packed, flat.error_element is None)
+
+
 def schedule_misfit(flat: SwizzledQuantizeDescriptor, schedule: str) -> str | None:
-    """Why ``schedule`` cannot serve the flat problem ``flat``, or None where it can.
+    """Why ``schedule`` cannot serve the flat problem ``flat``, or None where it can
+    (:func:`quantplan._selection.group_misfit`).
 
     * ``dense``: F16 / BF16 input without LoCo, fewer than ``2**31`` elements, groups of exactly
-      ``team * 8 * nv`` elements (``team`` a power of two up to ``DENSE_BLOCK``, ``nv`` in
-      ``QGZ_DENSE_NV``);
+      ``team * 8 * nv`` elements (``team`` a power of two up to 256, ``nv`` in ``QGZ_DENSE_NV``);
     * ``fused`` / ``fused-element-io``: groups a team holds (at most ``MAX_TEAM * 32`` elements;
       4-bit codes: even groups);
     * ``two-pass``: every problem.
     """
-    if schedule == "two-pass":
-        return None
-    packed = ELEMENTS[flat.output_element].is_packed
-    if fused_segment_geometry(flat.groups, flat.group_size, packed, QGZ_ELEMENTS_PER_THREAD, 1, 1) is None:
-        return (
-            f"groups of {flat.group_size} elements are not held by one team of the fused pass (at most "
-            f"{MAX_TEAM * QGZ_ELEMENTS_PER_THREAD} elements; even groups for 4-bit codes)"
-        )
-    if schedule != "dense":
-        return None
-    if flat.input_element not in DENSE_FLOAT_KINDS or flat.error_element is not None:
-        return "the dense pass reads F16 / BF16 input without LoCo error feedback"
-    if flat.numel >= DENSE_MAX_ELEMENTS:
-        return f"the dense pass indexes with 32-bit integers: fewer than {DENSE_MAX_ELEMENTS} elements"
-    if dense_quantize_geometry(flat.groups, flat.group_size, 1) is None:
-        return (
-            f"the dense pass takes groups of team * 8 * nv elements (team a power of two up to {DENSE_BLOCK}, "
-            f"nv in {QGZ_DENSE_NV}), not {flat.group_size}"
-        )
-    return None
+    return group_misfit(_OP, schedule, _groups(flat), None)
 
 
 def choose_schedule(flat: SwizzledQuantizeDescriptor, forced: str | None = None) -> str:
-    """The schedule of the flat problem ``flat``: ``forced`` (Unsupported where it cannot serve
-    the problem), else the first of :data:`SCHEDULES` that can (dense, fused, two-pass; the
-    element-I/O twin is never the first choice: it serves misaligned operands at ``run``). An
-    empty problem launches nothing: two-pass, whatever is forced."""
-    if flat.numel == 0:
-        return "two-pass"
-    if forced is not None:
-        why = schedule_misfit(flat, forced)
-        if why is not None:
-            raise Unsupported(f"PlanPreference(schedule={forced!r}) cannot serve this problem: {why}")
-        return forced
-    return next(s for s in SCHEDULES if s != "fused-element-io" and schedule_misfit(flat, s) is None)
+    """The schedule of the flat problem ``flat`` (:func:`quantplan._selection.choose_groups`):
+    ``forced`` (Unsupported where it cannot serve the problem), else the first of
+    :data:`SCHEDULES` that can (dense, fused, two-pass; the element-I/O twin is never the first
+    choice: it serves misaligned operands at ``run``). An empty problem launches nothing:
+    two-pass, whatever is forced. No condition depends on the device."""
+    return choose_groups(_OP, _groups(flat), None, forced).schedule
 
 
 def prepare_swizzled_quantize(

@@ -282,10 +282,17 @@ class PlanPreference(Model):
     not for production (a device-to-host copy per array parameter per call).
 
     ``schedule``: None lets the plan choose how its kernels cover the problem; a name forces
-    one of the plan's schedules (``SwizzledQuantizePlan``: ``"dense"``, ``"fused"``,
-    ``"fused-element-io"``, ``"two-pass"``), for tests and measurements. ``select`` raises
-    Unsupported for a name the plan does not list, for a schedule that cannot serve the problem,
-    and on plans that take no forced schedule. The bits do not depend on the schedule.
+    one of the plan's schedules, for tests and measurements (:mod:`quantplan._selection` lists
+    them per plan, in the one order the plans try them: ``"row-shares"``, ``"cluster"``,
+    ``"lanes"``, ``"rows"``, ``"dense"``, ``"fused"``, ``"fused-element-io"``, ``"dense-rows"``,
+    ``"row-layout"``, ``"flat"``, ``"two-pass"``, ``"multi-pass"``). Plans with a choice take it:
+    DynamicRangeQuantizePlan, DynamicRangeFakeQuantizePlan, QuantizePlan, DequantizePlan,
+    FakeQuantizePlan, SwizzledQuantizePlan and the DeepSpeed-format quantize, MoQ and reduce
+    plans. ``select`` raises Unsupported for a name the plan does not list, for a schedule that
+    cannot serve the problem (on the CUDA backend; the reference backend checks the name, and
+    SwizzledQuantizePlan and the DeepSpeed-format quantize and MoQ plans the device-independent
+    conditions too), and on plans that
+    take no forced schedule. The bits do not depend on the schedule.
     """
 
     model_config = _FROZEN

@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "_block_scaled_kernels": MACHINERY,
     "_block_scaled_tile_kernels": MACHINERY,
     "_fake_rows": MACHINERY,
+    "_selection": MACHINERY,
     "_kernel_names": MACHINERY,
     "_families": MACHINERY,
     "_precompile": MACHINERY,

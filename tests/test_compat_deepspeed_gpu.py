@@ -801,3 +801,91 @@ def test_replayed_swizzle_reduction_and_moq_match_numpy(rng: np.random.Generator
         dev = to_cupy(v)
         assert ds.ds_quantize_fp16(dev, 12, bits) is dev
         assert_same_bits(dev, ds.ds_quantize_fp16(v.copy(), 12, bits), "ds_quantize_fp16")
+
+
+# ---- every forced schedule of the DeepSpeed-format plans, on ragged group counts ---------------
+
+#: Group sizes each schedule serves (``quantplan._selection``); a test draws one and a group count.
+FORCED_GROUP_SIZES = {
+    "cluster": (2048, 4096, 16384),
+    "lanes": (128,),
+    "dense": (8, 128, 1024, 8192),
+    "fused": (6, 100, 1000, 8192),
+    "fused-element-io": (6, 100, 8192),
+    "two-pass": (6, 1000, 40000),
+}
+
+
+def _plan_both(plan_cls: Any, desc: Any, make_args: Any, schedule: str) -> None:
+    """Run ``desc`` on the reference and, forced into ``schedule``, on the device; the outputs
+    (``make_args(device)`` builds the Args and names the outputs) must match bit for bit."""
+    from quantplan._device import device_info
+
+    if schedule == "cluster" and device_info(0).arch.major < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    ref_args, ref_out = make_args(False)
+    plan_cls.select(None, desc, qp.PlanPreference(backend=qp.BackendKind.REFERENCE)).run(None, None, ref_args)
+    plan = plan_cls.select(None, desc, qp.PlanPreference(schedule=schedule))
+    dev_args, dev_out = make_args(True)
+    plan.run(None, qp.Workspace.allocate(plan.workspace_size()), dev_args)
+    for want, got in zip(ref_out, dev_out, strict=True):
+        host = got.get().view(want.dtype)
+        assert float_bits_equal(host, want), first_mismatch(host, want)
+
+
+@pytest.mark.parametrize("schedule", list(FORCED_GROUP_SIZES))
+@pytest.mark.parametrize("kind", [EK.F16, EK.BF16])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_every_forced_quantize_schedule_matches_reference(
+    rng: np.random.Generator, schedule: str, kind: EK, bits: int
+) -> None:
+    import cupy
+
+    from quantplan.compat._deepspeed_plans import (
+        DeepSpeedQuantizeArgs,
+        DeepSpeedQuantizeDescriptor,
+        DeepSpeedQuantizePlan,
+    )
+
+    groups, size = int(rng.integers(5, 40)), int(rng.choice(FORCED_GROUP_SIZES[schedule]))
+    mode = qp.QuantMode.ASYMMETRIC if rng.integers(2) else qp.QuantMode.SYMMETRIC
+    desc = DeepSpeedQuantizeDescriptor(numel=groups * size, groups=groups, num_bits=bits, mode=mode, input_element=kind)
+    x = with_special_groups(random_floats(rng, (groups * size,), kind), groups)
+
+    def make(device: bool) -> tuple[Any, tuple[Any, ...]]:
+        out = np.full(desc.output_bytes, 0xA5, np.uint8)
+        params = np.full(desc.param_shape, 7.0, np.float32)
+        if device:
+            out_d, params_d = cupy.asarray(out), cupy.asarray(params)
+            return DeepSpeedQuantizeArgs(to_cupy(x), out_d, params_d), (out_d, params_d)
+        return DeepSpeedQuantizeArgs(x, out, params), (out, params)
+
+    _plan_both(DeepSpeedQuantizePlan, desc, make, schedule)
+
+
+@pytest.mark.parametrize("schedule", [s for s in FORCED_GROUP_SIZES if s != "lanes"])
+@pytest.mark.parametrize("kind", [EK.F16, EK.BF16])
+def test_every_forced_moq_schedule_matches_reference(rng: np.random.Generator, schedule: str, kind: EK) -> None:
+    import cupy
+
+    from quantplan.compat._deepspeed_plans import MoQFakeQuantizeArgs, MoQFakeQuantizeDescriptor, MoQFakeQuantizePlan
+
+    groups, size = int(rng.integers(5, 40)), int(rng.choice(FORCED_GROUP_SIZES[schedule]))
+    fast = schedule in ("cluster", "dense")  # SYMMETRIC nearest rounding only
+    mode = qp.QuantMode.SYMMETRIC if fast or rng.integers(2) else qp.QuantMode.ASYMMETRIC
+    rounding = qp.Rounding.NEAREST_EVEN if fast or rng.integers(2) else qp.Rounding.STOCHASTIC
+    desc = MoQFakeQuantizeDescriptor(
+        numel=groups * size, groups=groups, num_bits=int(rng.integers(2, 9)), mode=mode, rounding=rounding, element=kind
+    )
+    x = with_special_groups(random_floats(rng, (groups * size,), kind), groups)
+    seed = {"rng_seed": 12345, "rng_offset": 7} if rounding is qp.Rounding.STOCHASTIC else {}
+
+    def make(device: bool) -> tuple[Any, tuple[Any, ...]]:
+        if device:
+            xs = to_cupy(x)
+            out_d = cupy.zeros_like(xs)
+            return MoQFakeQuantizeArgs(xs, out_d, **seed), (out_d,)
+        out = np.zeros_like(x)
+        return MoQFakeQuantizeArgs(x, out, **seed), (out,)
+
+    _plan_both(MoQFakeQuantizePlan, desc, make, schedule)

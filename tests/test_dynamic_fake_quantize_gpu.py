@@ -344,7 +344,7 @@ def test_row_shares_match_reference(rng, case, kind, mode, bits, in_place) -> No
     """Out of place: ``dynamic_fake_quantize_row_shares``; in place the plan's in-place twin
     (``dynamic_fake_quantize_cluster`` on sm_90; before, ``_rows`` or ``_dense``)."""
     import cupy
-    from test_dynamic_range_shares_gpu import shares_data
+    from test_dynamic_range_schedules_gpu import shares_data
 
     shape, blocks = SHARES_CASES[case]
     if shape[0] * 4 > cupy.cuda.Device().attributes["MultiProcessorCount"]:

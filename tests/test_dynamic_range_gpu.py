@@ -38,8 +38,11 @@ def data_with_special_segments(rng: np.random.Generator, shape: tuple[int, ...],
     return flat.reshape(shape).astype(ELEMENTS[kind].numpy_dtype)
 
 
-def run_both(desc: qp.DynamicRangeQuantizeDescriptor, x: np.ndarray, **rng_args: object) -> tuple:
-    """(reference q, scale, zp), (device q, scale, zp) as NumPy arrays."""
+def run_both(
+    desc: qp.DynamicRangeQuantizeDescriptor, x: np.ndarray, pref: qp.PlanPreference | None = None, **rng_args: object
+) -> tuple:
+    """(reference q, scale, zp), (device q, scale, zp) as NumPy arrays; ``pref``: the device plan's
+    preference (a forced schedule)."""
     import cupy
 
     pdtype = np.float64 if desc.input_element is EK.F64 else np.float32
@@ -51,7 +54,7 @@ def run_both(desc: qp.DynamicRangeQuantizeDescriptor, x: np.ndarray, **rng_args:
     qp.DynamicRangeQuantizePlan.select(None, desc, REFERENCE).run(
         None, None, qp.DynamicRangeQuantizeArgs(x, q_ref, s_ref, z_ref, **rng_args)
     )
-    plan = qp.DynamicRangeQuantizePlan.select(None, desc)
+    plan = qp.DynamicRangeQuantizePlan.select(None, desc, pref)
     ws = qp.Workspace.allocate(plan.workspace_size())
     q_dev = to_device(np.full(desc.output_shape, 0x5A, np.uint8).view(qdtype))
     s_dev = cupy.full(desc.param_shape, 7.0, pdtype)

@@ -252,8 +252,8 @@ def test_unknown_schedule_and_plans_without_schedules_refuse() -> None:
     quantize = qp.DynamicRangeQuantizeDescriptor(
         shape=(4, 64), scope=qp.TokenScope(), input_element=EK.F16, output_element=EK.S8
     )
-    with pytest.raises(qp.Unsupported, match="takes no forced schedule"):
-        qp.DynamicRangeQuantizePlan.select(None, quantize, pref)
+    with pytest.raises(qp.Unsupported, match="row-shares, cluster, lanes, rows, dense, fused"):
+        qp.DynamicRangeQuantizePlan.select(None, quantize, pref.model_copy(update={"schedule": "two-pass"}))
     reduce = qp.DequantReduceDescriptor(
         peers=2,
         chunk_elements=256,

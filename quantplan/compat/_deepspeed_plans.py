@@ -24,16 +24,13 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import ConfigDict
 
 from .._device import DeviceInfo, device_info, stream_device_id
 from .._families import (
-    DEEPSPEED_LANES_TEAMS,
-    DEEPSPEED_REDUCE_DENSE_NV,
-    DENSE_FLOAT_KINDS,
     QGZ_WIDTHS,
     deepspeed_cluster_name,
     deepspeed_code_kind,
@@ -60,7 +57,6 @@ from .._operands import (
 )
 from .._plan import Plan, choose_backend, snapshot
 from .._qgz_launch import (
-    DENSE_MAX_ELEMENTS,
     DenseLaunch,
     PeerSumArgs,
     QgzChecks,
@@ -71,7 +67,6 @@ from .._qgz_launch import (
     beta_pair,
     check_error_kind,
     check_float_kind,
-    dense_quantize_geometry,
     error_view,
     log2_or_minus_one,
     prepare_float_values,
@@ -80,8 +75,17 @@ from .._qgz_launch import (
     widest_dividing,
     write_reference_outputs,
 )
-from .._segments import SegmentLayoutArgs, segment_layout
-from .._tuning import TUNING, kernel_options
+from .._segments import SegmentGeometry, SegmentLayoutArgs, segment_layout
+from .._selection import DS_CLUSTER_BLOCKS as CLUSTER_BLOCKS
+from .._selection import (
+    DS_DENSE_BLOCK,
+    SCHEDULES,
+    GroupChoice,
+    GroupProblem,
+    choose_groups,
+    choose_reduce,
+)
+from .._tuning import kernel_options
 from ..compiler import load_kernels, template_name
 from ..elements import ELEMENTS, ElementInfo
 from ..errors import InvalidProblem
@@ -135,9 +139,15 @@ _MOQ_PARAMS = params_struct(
 )
 
 
-def _backend(stream: Any, pref: PlanPreference | None) -> tuple[BackendKind, int | None]:
-    backend = choose_backend(pref, stream)
+def _backend(stream: Any, pref: PlanPreference | None, op: str | None = None) -> tuple[BackendKind, int | None]:
+    """The backend and device of a plan of ``op`` (its forced schedule's name is checked here;
+    None: a plan of one schedule)."""
+    backend = choose_backend(pref, stream, SCHEDULES[op] if op else ())
     return backend, (None if backend is BackendKind.REFERENCE else stream_device_id(stream))
+
+
+def _forced(pref: PlanPreference | None) -> str | None:
+    return None if pref is None else pref.schedule
 
 
 def _check_groups(numel: int, groups: int) -> None:
@@ -158,6 +168,27 @@ def _check_bits(bits: int, allowed: tuple[int, ...]) -> None:
 
 def _storage_bytes(elements: int, bits: int) -> int:
     return elements * bits // 8
+
+
+class _GroupedCodes:
+    """What a descriptor of ``numel`` flat codes of ``num_bits`` in ``groups`` groups derives (the
+    quantize and dequantize descriptors)."""
+
+    if TYPE_CHECKING:
+        numel: int
+        groups: int
+        num_bits: int
+        mode: QuantMode
+
+    @property
+    def code_bytes(self) -> int:
+        """Bytes of the flat codes: ``numel * num_bits / 8``."""
+        return _storage_bytes(self.numel, self.num_bits)
+
+    @property
+    def param_shape(self) -> tuple[int, int]:
+        """``(groups, 1)`` (SYMMETRIC) or ``(groups, 2)`` (ASYMMETRIC)."""
+        return (self.groups, dsref.params_per_group(self.mode))
 
 
 class _DeepSpeedPlan(QgzChecks, Plan[Any, QgzOperands]):
@@ -255,13 +286,6 @@ def _bytes(op: Operand) -> np.ndarray:
     return np.asarray(op.obj).view(np.uint8)
 
 
-#: Blocks of a thread-block cluster of the cluster passes (``QP_DS_CLUSTER_BLOCKS`` of
-#: ``kernels/qp_deepspeed_format.cuh``).
-CLUSTER_BLOCKS = TUNING.ds_cluster_blocks
-#: Threads of a block of the dense passes (``QP_DS_DENSE_BLOCK``).
-DS_DENSE_BLOCK = TUNING.ds_dense_block
-
-
 @dataclass(frozen=True)
 class _Dense:
     """A dense or cluster pass (``kernels/qp_deepspeed_format.cuh``) and its launch shape."""
@@ -273,46 +297,35 @@ class _Dense:
 
 
 def _dense_pass(
-    element: ElementKind,
-    numel: int,
+    choice: GroupChoice,
     groups: int,
-    info: DeviceInfo,
     dense_name: Callable[[int], str],
     cluster_name: str,
     functions: dict[str, Any],
     lanes_name: Callable[[int], str] | None = None,
 ) -> _Dense | None:
-    """The pass replacing the fused one for ``groups`` aligned groups of 16-bit ``element``
-    (below 2**31 elements), or None.
+    """The pass of the schedule ``choice`` (:func:`quantplan._selection.choose_groups`) replacing
+    the fused one for ``groups`` aligned groups, or None (``fused``, ``fused-element-io``,
+    ``two-pass``).
 
-    * cluster (sm_90): few long groups, at most two clusters' blocks per multiprocessor in all,
-      of ``CLUSTER_BLOCKS * 8 * block`` elements (block a multiple of 32, at most ``DS_DENSE_BLOCK``):
-      one vector per thread;
-    * dense: groups of ``team * 8 * nv`` (:func:`~quantplan._qgz_launch.dense_quantize_geometry`,
-      ``dense_name(nv)``), blocks of ``DS_DENSE_BLOCK`` threads; where that is one vector per thread
-      for a team in ``DEEPSPEED_LANES_TEAMS`` and ``lanes_name`` is given (quantize with the
-      identity group map), ``lanes_name(team)`` instead: the same geometry, the team's size a
-      compile-time constant (``deepspeed_quantize_lanes``: 16 x 8192 f16, groups of 128).
+    * cluster: ``CLUSTER_BLOCKS`` blocks of ``choice.team`` threads per group, one vector per thread;
+    * lanes: ``lanes_name(team)``, the dense geometry with one vector per thread, the team's size
+      a compile-time constant (``deepspeed_quantize_lanes``: groups of 128);
+    * dense: ``dense_name(nv)``, teams of ``choice.team``, blocks of ``DS_DENSE_BLOCK`` threads.
 
     The grid covers every group at once (not a grid of resident blocks striding over the groups)."""
-    if element not in DENSE_FLOAT_KINDS or not 0 < numel < DENSE_MAX_ELEMENTS:
-        return None
-    size = numel // groups
-    per_block, rem = divmod(size, 8 * CLUSTER_BLOCKS)
-    few = groups * CLUSTER_BLOCKS <= 2 * info.sm_count
-    if info.arch.major >= 9 and few and not rem and per_block % 32 == 0 and 0 < per_block <= DS_DENSE_BLOCK:
-        tag = f"cluster[{CLUSTER_BLOCKS}x{per_block}t-per-group,1vec8-per-thread]"
-        launch = DenseLaunch(functions[cluster_name], per_block, 8, tag)
-        return _Dense(launch, per_block, groups * CLUSTER_BLOCKS, cluster=True)
-    shape = dense_quantize_geometry(groups, size, info.busy_threads)
-    if shape is None:
-        return None
-    team, nv = shape
-    if lanes_name is not None and nv == 1 and team in DEEPSPEED_LANES_TEAMS:
+    team, nv = choice.team, choice.nv
+    if choice.schedule == "cluster":
+        tag = f"cluster[{CLUSTER_BLOCKS}x{team}t-per-group,1vec8-per-thread]"
+        return _Dense(DenseLaunch(functions[cluster_name], team, 8, tag), team, groups * CLUSTER_BLOCKS, cluster=True)
+    if choice.schedule == "lanes":
+        assert lanes_name is not None
         launch = DenseLaunch(functions[lanes_name(team)], team, 8, f"lanes[{team}t-per-group,1vec8-per-thread]")
         return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
-    launch = DenseLaunch(functions[dense_name(nv)], team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
-    return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
+    if choice.schedule == "dense":
+        launch = DenseLaunch(functions[dense_name(nv)], team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+        return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
+    return None
 
 
 def _with_dense(
@@ -344,6 +357,7 @@ def _with_dense(
 
 def _group_launches(
     kernels: QgzKernels,
+    schedule: str,
     dense: _Dense | None,
     groups: int,
     group_size: int,
@@ -356,10 +370,12 @@ def _group_launches(
 ) -> QgzLaunches:
     """The launches of a plan that quantizes its own ``groups`` groups of ``group_size`` elements
     (quantize, MoQ): the fused pass or two passes over the groups (``packed``: 4-bit codes, two
-    per work item of the element pass), or ``dense`` (:func:`_dense_pass`) in its place."""
+    per work item of the element pass), or ``dense`` (:func:`_dense_pass`) in its place;
+    ``schedule``: the chosen schedule (``fused-element-io``: the element-I/O twin for every
+    operand; ``two-pass``: no fused pass)."""
     launches = prepare_qgz_launches(
         kernels,
-        qgz_geometry(groups, group_size, packed, QGZ_WIDTHS[0], info),
+        _fused_geometry(schedule, groups, group_size, packed, QGZ_WIDTHS[0], info),
         groups,
         group_size,
         groups * group_size // (2 if packed else 1),
@@ -376,10 +392,22 @@ def _group_launches(
     return _with_dense(launches, dense, kernels, layout, bits)
 
 
+def _fused_geometry(
+    schedule: str, groups: int, group_size: int, packed: bool, vec_max: int, info: DeviceInfo
+) -> tuple[SegmentGeometry, SegmentGeometry] | None:
+    """The fused pass's geometry pair of ``schedule``: None for ``two-pass``, the element-I/O
+    twin twice for ``fused-element-io``."""
+    if schedule == "two-pass":
+        return None
+    geometry = qgz_geometry(groups, group_size, packed, vec_max, info)
+    assert geometry is not None
+    return (geometry[1], geometry[1]) if schedule == "fused-element-io" else geometry
+
+
 # ---- quantize / swizzle_quant / loco_swizzle_quant ---------------------------------------------
 
 
-class DeepSpeedQuantizeDescriptor(Model):
+class DeepSpeedQuantizeDescriptor(_GroupedCodes, Model):
     """DeepSpeed-format group quantization, optionally swizzled and with LoCo error feedback.
 
     Fields: ``numel`` elements in ``groups`` equal contiguous groups; ``num_bits`` 8 or 4;
@@ -401,12 +429,7 @@ class DeepSpeedQuantizeDescriptor(Model):
     @property
     def output_bytes(self) -> int:
         """Bytes of the flat code output: ``numel * num_bits / 8``."""
-        return _storage_bytes(self.numel, self.num_bits)
-
-    @property
-    def param_shape(self) -> tuple[int, int]:
-        """``(groups, 1)`` (SYMMETRIC) or ``(groups, 2)`` (ASYMMETRIC)."""
-        return (self.groups, dsref.params_per_group(self.mode))
+        return self.code_bytes
 
 
 @dataclass(slots=True)
@@ -422,8 +445,18 @@ class DeepSpeedQuantizeArgs:
     error_beta: Any = None
 
 
-def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzLaunches:
-    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+def _quantize_groups(desc: DeepSpeedQuantizeDescriptor) -> GroupProblem:
+    """What the group schedules read of ``desc`` (the lanes pass has no group map: only where the
+    map is the identity, ds_map32)."""
+    identity = desc.pipeline == 1 and (desc.nodes == 1 or desc.devices_per_node == 1)
+    packed = ELEMENTS[deepspeed_code_kind(desc.num_bits)].is_packed
+    group_size = desc.numel // desc.groups
+    return GroupProblem(desc.groups, group_size, desc.input_element, packed, desc.error_element is None, identity)
+
+
+def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int, forced: str | None) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id`` (``forced``: the
+    schedule ``PlanPreference`` forces)."""
     info = device_info(device_id)
     code = ELEMENTS[deepspeed_code_kind(desc.num_bits)]
     unit = deepspeed_quantize_unit(desc.input_element, desc.error_element, desc.num_bits)
@@ -442,26 +475,20 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int) -> QgzL
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     q_min, q_max = dsref.code_bounds(desc.num_bits)
-    # Aligned 16-bit groups without LoCo: the dense or cluster pass (kernels/qp_deepspeed_format.cuh).
+    # Aligned 16-bit groups without LoCo: the dense, lanes or cluster pass (kernels/qp_deepspeed_format.cuh).
     asym = desc.mode is QuantMode.ASYMMETRIC
-    dense = (
-        None
-        if desc.error_element is not None
-        else _dense_pass(
-            desc.input_element,
-            desc.numel,
-            desc.groups,
-            info,
-            lambda nv: deepspeed_dense_name(desc.input_element, desc.num_bits, asym, nv),
-            deepspeed_cluster_name(desc.input_element, desc.num_bits, asym),
-            functions,
-            # The lanes pass has no group map: only where the map is the identity (ds_map32).
-            (lambda team: deepspeed_lanes_name(desc.input_element, desc.num_bits, asym, team))
-            if desc.pipeline == 1 and (desc.nodes == 1 or desc.devices_per_node == 1)
-            else None,
-        )
+    choice = choose_groups("deepspeed_quantize", _quantize_groups(desc), info, forced)
+    dense = _dense_pass(
+        choice,
+        desc.groups,
+        lambda nv: deepspeed_dense_name(desc.input_element, desc.num_bits, asym, nv),
+        deepspeed_cluster_name(desc.input_element, desc.num_bits, asym),
+        functions,
+        lambda team: deepspeed_lanes_name(desc.input_element, desc.num_bits, asym, team),
     )
-    return _group_launches(kernels, dense, desc.groups, group_size, code.is_packed, q_min, q_max, desc.mode, bits, info)
+    return _group_launches(
+        kernels, choice.schedule, dense, desc.groups, group_size, code.is_packed, q_min, q_max, desc.mode, bits, info
+    )
 
 
 class DeepSpeedQuantizePlan(_DeepSpeedPlan):
@@ -523,8 +550,9 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
                 f"4-bit codes pack two per byte: each of the {slices} slices must hold an even number of "
                 f"elements, got {desc.numel // slices}"
             )
-        backend, device_id = _backend(stream, pref)
-        launches = None if device_id is None or desc.numel == 0 else _prepare_quantize(desc, device_id)
+        backend, device_id = _backend(stream, pref, "deepspeed_quantize")
+        choose_groups("deepspeed_quantize", _quantize_groups(desc), None, _forced(pref))  # a forced misfit raises
+        launches = None if device_id is None or desc.numel == 0 else _prepare_quantize(desc, device_id, _forced(pref))
         code = deepspeed_code_kind(desc.num_bits)
         return cls(desc, backend, desc.input_element, code, desc.numel, device_id, launches, desc.groups)
 
@@ -560,7 +588,7 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
 
 
-class DeepSpeedDequantizeDescriptor(Model):
+class DeepSpeedDequantizeDescriptor(_GroupedCodes, Model):
     """DeepSpeed-format dequantization: ``numel`` codes in ``groups`` groups, ``num_bits`` 8 / 4,
     ``mode``, ``output_element`` F16 / BF16 / F32."""
 
@@ -574,12 +602,7 @@ class DeepSpeedDequantizeDescriptor(Model):
     @property
     def input_bytes(self) -> int:
         """Bytes of the flat code input."""
-        return _storage_bytes(self.numel, self.num_bits)
-
-    @property
-    def param_shape(self) -> tuple[int, int]:
-        """``(groups, 1)`` or ``(groups, 2)``."""
-        return (self.groups, dsref.params_per_group(self.mode))
+        return self.code_bytes
 
 
 @dataclass(slots=True)
@@ -745,8 +768,9 @@ class DeepSpeedReduceArgs:
     error_beta: Any = None
 
 
-def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunches:
-    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int, forced: str | None) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id`` (``forced``: the
+    schedule ``PlanPreference`` forces)."""
     info = device_info(device_id)
     code = ELEMENTS[deepspeed_code_kind(desc.num_bits)]
     unit = deepspeed_reduce_unit(desc.num_bits, desc.error_element)
@@ -776,17 +800,15 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
     )
     q_min, q_max = dsref.code_bounds(desc.num_bits)
     # Without LoCo, input groups of whole vectors of 8 and output groups of team * 8 * nv: the dense pass.
-    team_nv = None
-    if (
-        geometry is not None
-        and desc.error_element is None
-        and in_group % 8 == 0
-        and 0 < desc.numel < DENSE_MAX_ELEMENTS
-    ):
-        team_nv = _reduce_dense_shape(out_group)
+    loco = desc.error_element is not None
+    choice = choose_reduce(desc.out_groups, out_group, in_group, desc.numel, geometry is not None, loco, forced)
+    if choice.schedule == "two-pass":
+        geometry = None
+    elif choice.schedule == "fused-element-io" and geometry is not None:
+        geometry = (geometry[1], geometry[1])
     dense = None
-    if team_nv is not None:
-        team, nv = team_nv
+    if choice.schedule == "dense":
+        team, nv = choice.team, choice.nv
         fn = functions[deepspeed_reduce_dense_name(desc.num_bits, desc.mode is QuantMode.ASYMMETRIC, nv)]
         tag = f"dense[{team}t-per-group,{nv}vec8-per-thread,{desc.devices_per_node}-peer-sum]"
         # Few groups: smaller blocks (down to 64 threads, one group) spread the peer sums over
@@ -810,16 +832,6 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int) -> QgzLaunc
         dense=None if dense is None else dense.launch,
     )
     return _with_dense(launches, dense, kernels, None, bits)
-
-
-def _reduce_dense_shape(group_size: int) -> tuple[int, int] | None:
-    """``(team, nv)`` of ``deepspeed_reduce_dense`` for output groups of ``group_size``, or None:
-    ``team * 8 * nv`` elements, team a power of two up to one block, the fewest vectors per thread."""
-    for nv in DEEPSPEED_REDUCE_DENSE_NV:
-        team, rem = divmod(group_size, 8 * nv)
-        if not rem and 0 < team <= DS_DENSE_BLOCK and team & (team - 1) == 0:
-            return team, nv
-    return None
 
 
 class DeepSpeedReducePlan(_DeepSpeedPlan):
@@ -874,8 +886,8 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             )
         if desc.num_bits == 4 and desc.chunk_elements % 2:
             raise InvalidProblem(f"4-bit codes pack two per byte: chunks must be even, got {desc.chunk_elements}")
-        backend, device_id = _backend(stream, pref)
-        launches = None if device_id is None or desc.numel == 0 else _prepare_reduce(desc, device_id)
+        backend, device_id = _backend(stream, pref, "deepspeed_reduce")
+        launches = None if device_id is None or desc.numel == 0 else _prepare_reduce(desc, device_id, _forced(pref))
         code = deepspeed_code_kind(desc.num_bits)
         return cls(desc, backend, code, code, desc.numel, device_id, launches, desc.out_groups)
 
@@ -949,8 +961,15 @@ class MoQFakeQuantizeArgs:
     rng_offset: Any = None
 
 
-def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches:
-    """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
+def _moq_groups(desc: MoQFakeQuantizeDescriptor) -> GroupProblem:
+    """What the group schedules read of ``desc``: the specialised passes serve SYMMETRIC nearest rounding."""
+    fast = not desc.stochastic and desc.mode is QuantMode.SYMMETRIC
+    return GroupProblem(desc.groups, desc.numel // desc.groups, desc.element, False, fast)
+
+
+def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int, forced: str | None) -> QgzLaunches:
+    """Compile (first use) and prepare the launches of ``desc`` on ``device_id`` (``forced``: the
+    schedule ``PlanPreference`` forces)."""
     info = device_info(device_id)
     unit = moq_fake_quantize_unit(desc.element, desc.rounding)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
@@ -967,21 +986,11 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int) -> QgzLaunches
     )
     bits = [ELEMENTS[desc.element].storage_bits] * 2
     # SYMMETRIC nearest rounding of aligned 16-bit groups: the dense or cluster pass.
-    nearest_sym = not desc.stochastic and desc.mode is QuantMode.SYMMETRIC
-    dense = (
-        _dense_pass(
-            desc.element,
-            desc.numel,
-            desc.groups,
-            info,
-            lambda nv: moq_dense_name(desc.element, nv),
-            moq_cluster_name(desc.element),
-            functions,
-        )
-        if nearest_sym
-        else None
+    choice = choose_groups("moq_fake_quantize", _moq_groups(desc), info, forced)
+    dense = _dense_pass(
+        choice, desc.groups, lambda nv: moq_dense_name(desc.element, nv), moq_cluster_name(desc.element), functions
     )
-    return _group_launches(kernels, dense, desc.groups, group_size, False, 0, 0, desc.mode, bits, info)
+    return _group_launches(kernels, choice.schedule, dense, desc.groups, group_size, False, 0, 0, desc.mode, bits, info)
 
 
 class MoQFakeQuantizePlan(_DeepSpeedPlan):
@@ -1022,8 +1031,9 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, tuple(range(1, 9)))
         check_float_kind(desc.element, "element")
-        backend, device_id = _backend(stream, pref)
-        launches = None if device_id is None or desc.numel == 0 else _prepare_moq(desc, device_id)
+        backend, device_id = _backend(stream, pref, "moq_fake_quantize")
+        choose_groups("moq_fake_quantize", _moq_groups(desc), None, _forced(pref))  # a forced misfit raises
+        launches = None if device_id is None or desc.numel == 0 else _prepare_moq(desc, device_id, _forced(pref))
         return cls(desc, backend, desc.element, desc.element, desc.numel, device_id, launches, desc.groups)
 
     def _check(self, args: MoQFakeQuantizeArgs) -> QgzOperands:

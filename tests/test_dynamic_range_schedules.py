@@ -16,7 +16,7 @@ from quantplan._families import (
     dynamic_fake_quantize_unit,
     dynamic_segments_unit,
 )
-from quantplan._segments import cluster_geometry, fused_geometries, lanes_geometry, shares_geometry
+from quantplan._selection import cluster_geometry, fused_geometries, lanes_geometry, shares_geometry
 from quantplan.types import ArchSku, Rounding
 from quantplan.types import ElementKind as EK
 

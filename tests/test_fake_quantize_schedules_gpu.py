@@ -43,7 +43,14 @@ def _segments_data(rng: np.random.Generator, shape: tuple[int, int], kind: EK) -
         return x.astype(ELEMENTS[kind].numpy_dtype)
 
 
-def _dynamic(desc: qp.DynamicRangeFakeQuantizeDescriptor, x: np.ndarray, in_place: bool = False) -> tuple:
+def _dynamic(
+    desc: qp.DynamicRangeFakeQuantizeDescriptor,
+    x: np.ndarray,
+    in_place: bool = False,
+    pref: qp.PlanPreference | None = None,
+) -> str:
+    """Run ``desc`` on ``x`` on the reference and the device (``pref``: its preference, e.g. a
+    forced schedule), assert the same bits, return the device plan's variant."""
     import cupy
 
     kw = {"rng_seed": 2**64 - 5, "rng_offset": 3 << 33} if desc.rounding is STOCHASTIC else {}
@@ -52,7 +59,7 @@ def _dynamic(desc: qp.DynamicRangeFakeQuantizeDescriptor, x: np.ndarray, in_plac
     qp.DynamicRangeFakeQuantizePlan.select(None, desc, REFERENCE).run(
         None, None, qp.DynamicRangeFakeQuantizeArgs(x, y_ref, s_ref, z_ref, **kw)
     )
-    plan = qp.DynamicRangeFakeQuantizePlan.select(None, desc)
+    plan = qp.DynamicRangeFakeQuantizePlan.select(None, desc, pref)
     xd = to_device(x)
     yd = xd if in_place else cupy.full_like(xd, 0x3C)
     sd = cupy.full(desc.param_shape, 7.0, np.float32)
@@ -265,3 +272,52 @@ def test_dense_rows_wide_code_ranges(rng, q_min, q_max, mode, kind) -> None:
     assert float_bits_equal(got, y_ref), first_mismatch(got, y_ref)
     got = dx.get().view(dy.dtype).reshape(shape)
     assert float_bits_equal(got, dx_ref), first_mismatch(got, dx_ref)
+
+
+# ---- FakeQuantizePlan: every forced schedule on ragged shapes ------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["dense-rows", "row-layout", "flat"])
+@pytest.mark.parametrize("kind", [EK.F16, EK.BF16, EK.F32, EK.F64], ids=lambda k: k.name)
+def test_every_forced_fake_quantize_schedule_matches_reference(rng, schedule, kind) -> None:
+    """FakeQuantizePlan forced into each schedule (``PlanPreference(schedule=...)``) on a random
+    number of rows of a random multiple of 256 elements (``dense-rows`` serves every such row:
+    at least 32 whole vectors), token or per-channel scope (``flat``: TensorScope), in place too."""
+    import cupy
+
+    shape = (int(rng.integers(1, 200)), 256 * int(rng.integers(1, 40)))
+    scope = (
+        qp.TensorScope() if schedule == "flat" else qp.TokenScope() if rng.random() < 0.5 else qp.ChannelScope(axis=0)
+    )
+    mode = SYM if rng.random() < 0.5 else ASYM
+    q_min, q_max = RANGES[mode]
+    desc = qp.FakeQuantizeDescriptor(shape=shape, scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
+    x = _with_specials(rng, random_floats(rng, shape, kind))
+    scale, zero_point = _params(rng, desc, x, bool(rng.integers(2)))
+    y_ref = np.zeros_like(x)
+    qp.FakeQuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.FakeQuantizeArgs(x, y_ref, scale, zero_point))
+    plan = qp.FakeQuantizePlan.select(None, desc, qp.PlanPreference(schedule=schedule))
+    assert (schedule in plan.sku().variant) or (schedule == "row-layout" and "dense-rows" not in plan.sku().variant)
+    sd, zd = to_device(scale), None if zero_point is None else to_device(zero_point)
+    xd = to_device(x)
+    y = cupy.full_like(xd, 7)
+    plan.run(None, None, qp.FakeQuantizeArgs(xd, y, sd, zd))
+    got = y.get().view(x.dtype).reshape(shape)
+    assert float_bits_equal(got, y_ref), first_mismatch(got, y_ref)
+    plan.run(None, None, qp.FakeQuantizeArgs(xd, xd, sd, zd))  # in place: y is x
+    got = xd.get().view(x.dtype).reshape(shape)
+    assert float_bits_equal(got, y_ref), first_mismatch(got, y_ref)
+
+
+def test_forced_fake_quantize_schedules_that_cannot_serve_refuse() -> None:
+    """``flat`` serves TensorScope only and TensorScope takes nothing else; ``dense-rows`` needs rows of
+    at least 32 whole vectors: Unsupported at ``select``."""
+    for schedule, scope, shape in (
+        ("flat", qp.TokenScope(), (4, 4096)),
+        ("dense-rows", qp.TensorScope(), (4, 4096)),
+        ("row-layout", qp.TensorScope(), (4, 4096)),
+        ("dense-rows", qp.TokenScope(), (4, 12)),
+    ):
+        desc = qp.FakeQuantizeDescriptor(shape=shape, scope=scope, element=EK.F16, q_min=-8, q_max=7)
+        with pytest.raises(qp.Unsupported, match=schedule):
+            qp.FakeQuantizePlan.select(None, desc, qp.PlanPreference(schedule=schedule))

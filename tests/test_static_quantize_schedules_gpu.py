@@ -20,6 +20,7 @@ import pytest
 from helpers import CODES, REFERENCE, first_mismatch, float_bits_equal, random_codes, random_floats, to_device
 
 import quantplan as qp
+from quantplan._selection import SCHEDULES
 from quantplan.elements import ELEMENTS
 from quantplan.types import ElementKind as EK
 
@@ -273,3 +274,52 @@ def test_dense_bf16_quantize_backward_gradient_range(rng, code_kind) -> None:
     plan.run(None, None, qp.QuantizeBackwardArgs(to_device(x), to_device(dq), dx_dev, to_device(scale)))
     dx_gpu = _get(dx_dev, dx_ref)
     assert float_bits_equal(dx_gpu, dx_ref), first_mismatch(dx_gpu, dx_ref)
+
+
+# ---- every forced schedule on ragged shapes ------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES["quantize"])
+@pytest.mark.parametrize("float_kind", DENSE_FLOATS)
+@pytest.mark.parametrize("code_kind", CODES)
+def test_every_forced_schedule_matches_reference(rng, schedule, float_kind, code_kind) -> None:
+    """QuantizePlan and DequantizePlan forced into each schedule (``PlanPreference(schedule=...)``)
+    on a random number of rows of a random multiple of 16 elements (every such shape serves both
+    ``dense-rows`` and ``row-layout``), token or last-axis group scope: the reference's bits."""
+    mode = SYM if ELEMENTS[code_kind].is_fp8 or rng.random() < 0.5 else ASYM
+    shape = (int(rng.integers(1, 300)), 16 * int(rng.integers(2, 600)))
+    scope = qp.GroupScope(axis=-1, group_size=16) if rng.random() < 0.5 else qp.TokenScope()
+    packed = ELEMENTS[code_kind].is_packed
+    order = qp.NibbleOrder.HIGH_FIRST if packed and rng.random() < 0.5 else qp.NibbleOrder.LOW_FIRST
+    fields = dict(shape=shape, scope=scope, mode=mode, nibble_order=order)
+    pref = qp.PlanPreference(schedule=schedule)
+    desc = qp.QuantizeDescriptor(**fields, input_element=float_kind, output_element=code_kind)
+    x = _data(rng, shape, float_kind)
+    scale, zp = _params(rng, desc, code_kind)
+    q_ref = np.zeros(desc.output_shape, ELEMENTS[code_kind].numpy_dtype)
+    qp.QuantizePlan.select(None, desc, REFERENCE).run(None, None, qp.QuantizeArgs(x, q_ref, scale, zp))
+    plan = qp.QuantizePlan.select(None, desc, pref)
+    assert ("dense" in plan.sku().variant) == (schedule == "dense-rows"), plan.sku().variant
+    q_dev = to_device(np.full(desc.output_shape, 0xA5, np.uint8).view(q_ref.dtype))
+    plan.run(None, None, qp.QuantizeArgs(to_device(x), q_dev, to_device(scale), _dev(zp)))
+    q_gpu = _get(q_dev, q_ref)
+    assert np.array_equal(q_gpu.view(np.uint8), q_ref.view(np.uint8)), first_mismatch(q_gpu, q_ref)
+
+    ddesc = qp.DequantizeDescriptor(**fields, input_element=code_kind, output_element=float_kind)
+    y_ref = np.zeros(shape, ELEMENTS[float_kind].numpy_dtype)
+    qp.DequantizePlan.select(None, ddesc, REFERENCE).run(None, None, qp.DequantizeArgs(q_ref, y_ref, scale, zp))
+    dplan = qp.DequantizePlan.select(None, ddesc, pref)
+    assert ("dense" in dplan.sku().variant) == (schedule == "dense-rows"), dplan.sku().variant
+    y_dev = to_device(np.full(shape, np.nan, y_ref.dtype))
+    dplan.run(None, None, qp.DequantizeArgs(to_device(q_ref), y_dev, to_device(scale), _dev(zp)))
+    y_gpu = _get(y_dev, y_ref)
+    assert float_bits_equal(y_gpu, y_ref), first_mismatch(y_gpu, y_ref)
+
+
+def test_forced_dense_rows_refuses_what_it_cannot_serve() -> None:
+    """``dense-rows`` forced on F32 data, or on rows of 10 elements (not whole vectors), raises
+    Unsupported at ``select``."""
+    for kind, shape in ((EK.F32, (4, 4096)), (EK.F16, (4, 10))):
+        desc = qp.QuantizeDescriptor(shape=shape, scope=qp.TokenScope(), input_element=kind, output_element=EK.S8)
+        with pytest.raises(qp.Unsupported, match="dense-rows"):
+            qp.QuantizePlan.select(None, desc, qp.PlanPreference(schedule="dense-rows"))
