@@ -32,26 +32,17 @@ struct DequantizeBody {
 
   const u8* __restrict__ q;
   out_t* __restrict__ y;
-  const acc_t* __restrict__ scale_ptr;
-  const int* __restrict__ zp_ptr;
-  acc_t scale_value;
-  int zp_value;
+  AffineParamSource<DequantParam<acc_t>, acc_t> params;
   const RowLayout& lay;
   DequantParam<acc_t> row_param;
   ElementVector<u8, in_bytes> qv[kDequantizeUnroll];
 
   __device__ __forceinline__ DequantizeBody(const u8* q_, out_t* y_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                             const RowLayout& l)
-      : q(q_), y(y_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
-
-  __device__ __forceinline__ DequantParam<acc_t> param(i64 index) const {
-    DequantParam<acc_t> p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
-    return p;
-  }
+      : q(q_), y(y_), params{sp, zp, sv, zv, l}, lay(l) {}
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
-    if (lay.cs == 0) row_param = param(pbase);
+    if (lay.cs == 0) row_param = params(pbase);
   }
 
   __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
@@ -80,14 +71,12 @@ struct DequantizeBody {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, row_param);
     } else if ((lay.gc & (VEC - 1)) == 0) {  // groups are whole vectors: one parameter per vector
-      const DequantParam<acc_t> p = param(pbase + (i64)column_group(lay, col) * lay.cs);
+      const DequantParam<acc_t> p = params.column(pbase, col);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, p);
     } else {
-      for_each_column_param<VEC, DequantParam<acc_t>>(
-          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
-          [&](i64 index) { return param(index); },
-          [&](int k, const DequantParam<acc_t>& p) { vals[k] = dequant(k, u, p); });
+      params.template for_each<VEC>(pbase, col, valid,
+                                    [&](int k, const DequantParam<acc_t>& p) { vals[k] = dequant(k, u, p); });
     }
     const ElementVector<out_t, VEC> out = vector_from_acc<Out, VEC>(vals);
     out.template store<VECTOR_IO>(y + row * lay.L + col, valid);

@@ -12,10 +12,19 @@
 
 namespace qp {
 
+// The accumulator type's arithmetic, each operation correctly rounded (no FMA contraction).
 __device__ __forceinline__ float acc_rint(float v) { return rintf(v); }
 __device__ __forceinline__ double acc_rint(double v) { return rint(v); }
+__device__ __forceinline__ float acc_rcp(float v) { return __frcp_rn(v); }
+__device__ __forceinline__ double acc_rcp(double v) { return __drcp_rn(v); }
 __device__ __forceinline__ float acc_div(float a, float b) { return __fdiv_rn(a, b); }
 __device__ __forceinline__ double acc_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float acc_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double acc_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float acc_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double acc_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float acc_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double acc_sub(double a, double b) { return __dsub_rn(a, b); }
 __device__ __forceinline__ float acc_from_i64_up(i64 v, float) { return __ll2float_ru(v); }
 __device__ __forceinline__ float acc_from_i64_down(i64 v, float) { return __ll2float_rd(v); }
 __device__ __forceinline__ double acc_from_i64_up(i64 v, double) { return __ll2double_ru(v); }
@@ -107,8 +116,21 @@ __device__ __forceinline__ int quantize_int_code_fast(float x, const IntQuantPar
   return min(max(unclamped_code_fast(x, p, ok), q_min), q_max);
 }
 
-// The exact path, kept out of line: it is rare in float data, and inlining it at every element
-// would multiply the kernel's code size (instruction-cache misses).
+// The result of the division-free path fast(ok) where it holds (float data, a `fast` parameter,
+// and fast leaves `ok` set), else of exact(): the exact path, a call of an out-of-line
+// function (it is rare in float data, and inlining it at every element would multiply the
+// kernel's code size: instruction-cache misses). f64 data always takes exact() (fast is
+// generic, so it is not instantiated for double).
+template <class Acc, class Fast, class Exact>
+__device__ __forceinline__ auto fast_or_exact(const IntQuantParam<Acc>& p, Fast fast, Exact exact) {
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const auto result = fast(ok);
+    if (ok) return result;
+  }
+  return exact();
+}
+
 template <class Acc>
 __device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, int q_min, int q_max) {
   return clamp_rounded_code(acc_div(x, scale), zp, q_min, q_max);
@@ -116,12 +138,9 @@ __device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, in
 
 template <class Acc>
 __device__ __forceinline__ int quantize_int_code(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const int code = quantize_int_code_fast(x, p, q_min, q_max, ok);
-    if (ok) return code;
-  }
-  return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_int_code_fast(x, p, q_min, q_max, ok); },
+      [&] { return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max); });
 }
 
 // ---- fp8 from the accumulator: a double is rounded once, straight from its bits (no detour
@@ -144,12 +163,9 @@ __device__ __noinline__ u8 quantize_fp8_code_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ u8 quantize_fp8_code(Acc x, const IntQuantParam<Acc>& p) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const u8 code = quantize_fp8_code_fast<Fp8>(x, p, ok);
-    if (ok) return code;
-  }
-  return quantize_fp8_code_exact<Fp8>(x, p.scale);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_fp8_code_fast<Fp8>(x, p, ok); },
+      [&] { return quantize_fp8_code_exact<Fp8>(x, p.scale); });
 }
 
 // ---- stochastic rounding (SPEC section 4) ----
@@ -215,12 +231,9 @@ __device__ __noinline__ bool quantize_int_inside_exact(Acc x, Acc scale, int zp,
 
 template <class Acc>
 __device__ __forceinline__ bool quantize_int_inside(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const bool inside = quantize_int_inside_fast(x, p, q_min, q_max, ok);
-    if (ok) return inside;
-  }
-  return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_int_inside_fast(x, p, q_min, q_max, ok); },
+      [&] { return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max); });
 }
 
 template <class Fp8>
@@ -235,12 +248,9 @@ __device__ __noinline__ bool quantize_fp8_inside_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ bool quantize_fp8_inside(Acc x, const IntQuantParam<Acc>& p) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const bool inside = quantize_fp8_inside_fast<Fp8>(x, p, ok);
-    if (ok) return inside;
-  }
-  return quantize_fp8_inside_exact<Fp8>(x, p.scale);
+  return fast_or_exact(
+      p, [&](auto& ok) { return quantize_fp8_inside_fast<Fp8>(x, p, ok); },
+      [&] { return quantize_fp8_inside_exact<Fp8>(x, p.scale); });
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----
