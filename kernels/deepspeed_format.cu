@@ -69,8 +69,8 @@ template <class Code, class Err>
 __global__ void __launch_bounds__(256)
 deepspeed_reduce_elements(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay) {
   const qp::DeepSpeedCodeSink<qp::f32, Code, Err, 1, false> sink{out};
-  qp::qgz_elements<qp::f32, qp::QuantElement<Code>::kind == 1>(qp::DeepSpeedReduceSource<Code, Err, 1, false>::make(in, out),
-                                                               sink, qp::SameGroups(), lay);
+  qp::qgz_elements<qp::f32, qp::QuantElement<Code>::kind == 1>(
+      qp::DeepSpeedReduceSource<Code, Err, 1, false>::make(in, out), sink, qp::SameGroups(), lay);
 }
 
 // n codes -> floats, VEC per step (VEC divides the group size): one peer of the reduction's source.
