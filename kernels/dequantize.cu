@@ -39,10 +39,12 @@ struct DequantizeBody {
 
   __device__ __forceinline__ DequantizeBody(const u8* q_, out_t* y_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                             const RowLayout& l)
-      : q(q_), y(y_), params{sp, zp, sv, zv, l}, lay(l) {}
+      : q(q_), y(y_), params{sp, zp, sv, zv}, lay(l) {}
+
+  __device__ __forceinline__ DequantParam<acc_t> param(i64 index) const { return params(index); }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
-    if (lay.cs == 0) row_param = params(pbase);
+    if (lay.cs == 0) row_param = param(pbase);
   }
 
   __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
@@ -71,12 +73,14 @@ struct DequantizeBody {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, row_param);
     } else if ((lay.gc & (VEC - 1)) == 0) {  // groups are whole vectors: one parameter per vector
-      const DequantParam<acc_t> p = params.column(pbase, col);
+      const DequantParam<acc_t> p = param(pbase + (i64)column_group(lay, col) * lay.cs);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) vals[k] = dequant(k, u, p);
     } else {
-      params.template for_each<VEC>(pbase, col, valid,
-                                    [&](int k, const DequantParam<acc_t>& p) { vals[k] = dequant(k, u, p); });
+      for_each_column_param<VEC, DequantParam<acc_t>>(
+          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return param(index); },
+          [&](int k, const DequantParam<acc_t>& p) { vals[k] = dequant(k, u, p); });
     }
     const ElementVector<out_t, VEC> out = vector_from_acc<Out, VEC>(vals);
     out.template store<VECTOR_IO>(y + row * lay.L + col, valid);

@@ -96,30 +96,18 @@ __device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 
 
 // The affine parameters (scale, zero point) of a row layout's segments, as the row kernels'
 // bodies read them: from the device arrays, or the scalar values where an array is null, in the
-// form Param that the body computes with (Param::set(scale, zp)). column(pbase, col) is the
-// parameter of the group of column col (cs != 0); for_each runs fn(k, param) over a vector's
-// elements (for_each_column_param).
+// form Param that the body computes with (Param::set(scale, zp)).
 template <class Param, class Acc>
 struct AffineParamSource {
   const Acc* __restrict__ scale_ptr;
   const int* __restrict__ zp_ptr;
   Acc scale_value;
   int zp_value;
-  const RowLayout& lay;
 
   __device__ __forceinline__ Param operator()(i64 index) const {
     Param p;
     p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
     return p;
-  }
-
-  __device__ __forceinline__ Param column(i64 pbase, int col) const {
-    return (*this)(pbase + (i64)column_group(lay, col) * lay.cs);
-  }
-
-  template <int VEC, class Fn>
-  __device__ __forceinline__ void for_each(i64 pbase, int col, int valid, Fn fn) const {
-    for_each_column_param<VEC, Param>(lay, pbase, col, valid, column_group(lay, col), column(pbase, col), *this, fn);
   }
 };
 

@@ -48,10 +48,12 @@ struct QuantizeBody {
 
   __device__ __forceinline__ QuantizeBody(const in_t* x_, u8* q_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                           const RowLayout& l, u64 seed_, u64 offset_)
-      : x(x_), q(q_), params{sp, zp, sv, zv, l}, lay(l), seed(seed_), offset(offset_) {}
+      : x(x_), q(q_), params{sp, zp, sv, zv}, lay(l), seed(seed_), offset(offset_) {}
+
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const { return params(index); }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
-    if (lay.cs == 0) row_param = params(pbase);
+    if (lay.cs == 0) row_param = param(pbase);
   }
 
   __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
@@ -72,19 +74,25 @@ struct QuantizeBody {
       } else {
         float uni[VEC];
         philox_uniforms<VEC>(i0, seed, offset, uni);
-        params.template for_each<VEC>(pbase, col, valid, [&](int k, const IntQuantParam<acc_t>& p) {
-          codes[k] = VQ::stochastic_code(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, zero_fp8(p), uni[k]);
-        });
+        for_each_column_param<VEC, IntQuantParam<acc_t>>(
+            lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+            [&](i64 index) { return param(index); },
+            [&](int k, const IntQuantParam<acc_t>& p) {
+              codes[k] = VQ::stochastic_code(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, zero_fp8(p), uni[k]);
+            });
       }
     } else if (lay.cs == 0) {
       VQ::codes(xv[u], row_param, lay.q_min, lay.q_max, zero_fp8(row_param), codes);
     } else if ((lay.gc & (VEC - 1)) == 0) {  // groups are whole vectors: one parameter per vector
-      const IntQuantParam<acc_t> p = params.column(pbase, col);
+      const IntQuantParam<acc_t> p = param(pbase + (i64)column_group(lay, col) * lay.cs);
       VQ::codes(xv[u], p, lay.q_min, lay.q_max, zero_fp8(p), codes);
     } else {
-      params.template for_each<VEC>(pbase, col, valid, [&](int k, const IntQuantParam<acc_t>& p) {
-        codes[k] = VQ::code(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, zero_fp8(p));
-      });
+      for_each_column_param<VEC, IntQuantParam<acc_t>>(
+          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return param(index); },
+          [&](int k, const IntQuantParam<acc_t>& p) {
+            codes[k] = VQ::code(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max, zero_fp8(p));
+          });
     }
     if constexpr (VQ::packed) {
       VQ::template store<VECTOR_IO>(q + row * ((lay.L + 1) / 2) + col / 2, valid, codes);
@@ -111,8 +119,10 @@ struct QuantizeBackwardBody {
   ElementVector<in_t, VEC> xv[kQuantizeUnroll];
   ElementVector<in_t, VEC> gv[kQuantizeUnroll];
 
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const { return params(index); }
+
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
-    if (lay.cs == 0) row_param = params(pbase);
+    if (lay.cs == 0) row_param = param(pbase);
   }
 
   __device__ __forceinline__ void load(int u, i64 row, i64, int col, int valid) {
@@ -129,16 +139,19 @@ struct QuantizeBackwardBody {
   __device__ __forceinline__ void finish(int u, i64 row, i64 pbase, int col, int valid) {
     acc_t vals[VEC];
     if (lay.cs == 0 || (lay.gc & (VEC - 1)) == 0) {  // one parameter for the whole vector
-      const IntQuantParam<acc_t> p = lay.cs == 0 ? row_param : params.column(pbase, col);
+      const IntQuantParam<acc_t> p = lay.cs == 0 ? row_param : param(pbase + (i64)column_group(lay, col) * lay.cs);
       bool mask[VEC];
       VQ::inside_mask(xv[u], p, lay.q_min, lay.q_max, mask);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) vals[k] = gradient(mask[k], FE::to_acc(gv[u].v[k]), p.scale);
     } else {
-      params.template for_each<VEC>(pbase, col, valid, [&](int k, const IntQuantParam<acc_t>& p) {
-        const bool inside = VQ::inside(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max);
-        vals[k] = gradient(inside, FE::to_acc(gv[u].v[k]), p.scale);
-      });
+      for_each_column_param<VEC, IntQuantParam<acc_t>>(
+          lay, pbase, col, valid, column_group(lay, col), param(pbase + (i64)column_group(lay, col) * lay.cs),
+          [&](i64 index) { return param(index); },
+          [&](int k, const IntQuantParam<acc_t>& p) {
+            const bool inside = VQ::inside(FE::to_acc(xv[u].v[k]), p, lay.q_min, lay.q_max);
+            vals[k] = gradient(inside, FE::to_acc(gv[u].v[k]), p.scale);
+          });
     }
     vector_from_acc<In, VEC>(vals).template store<true>(dx + row * lay.L + col, valid);
   }
@@ -169,7 +182,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
                        typename qp::FloatElement<In>::storage* dx,
                        const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
                        typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay) {
-  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, {scale_ptr, zp_ptr, scale_value, zp_value, lay}, lay};
+  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, {scale_ptr, zp_ptr, scale_value, zp_value}, lay};
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }
 
