@@ -116,21 +116,8 @@ __device__ __forceinline__ int quantize_int_code_fast(float x, const IntQuantPar
   return min(max(unclamped_code_fast(x, p, ok), q_min), q_max);
 }
 
-// The result of the division-free path fast(ok) where it holds (float data, a `fast` parameter,
-// and fast leaves `ok` set), else of exact(): the exact path, a call of an out-of-line
-// function (it is rare in float data, and inlining it at every element would multiply the
-// kernel's code size: instruction-cache misses). f64 data always takes exact() (fast is
-// generic, so it is not instantiated for double).
-template <class Acc, class Fast, class Exact>
-__device__ __forceinline__ auto fast_or_exact(const IntQuantParam<Acc>& p, Fast fast, Exact exact) {
-  if constexpr (sizeof(Acc) == 4) {
-    bool ok = p.fast;
-    const auto result = fast(ok);
-    if (ok) return result;
-  }
-  return exact();
-}
-
+// The exact path, kept out of line: it is rare in float data, and inlining it at every element
+// would multiply the kernel's code size (instruction-cache misses).
 template <class Acc>
 __device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, int q_min, int q_max) {
   return clamp_rounded_code(acc_div(x, scale), zp, q_min, q_max);
@@ -138,9 +125,12 @@ __device__ __noinline__ int quantize_int_code_exact(Acc x, Acc scale, int zp, in
 
 template <class Acc>
 __device__ __forceinline__ int quantize_int_code(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_int_code_fast(x, p, q_min, q_max, ok); },
-      [&] { return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const int code = quantize_int_code_fast(x, p, q_min, q_max, ok);
+    if (ok) return code;
+  }
+  return quantize_int_code_exact(x, p.scale, p.zp, q_min, q_max);
 }
 
 // ---- fp8 from the accumulator: a double is rounded once, straight from its bits (no detour
@@ -163,9 +153,12 @@ __device__ __noinline__ u8 quantize_fp8_code_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ u8 quantize_fp8_code(Acc x, const IntQuantParam<Acc>& p) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_fp8_code_fast<Fp8>(x, p, ok); },
-      [&] { return quantize_fp8_code_exact<Fp8>(x, p.scale); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const u8 code = quantize_fp8_code_fast<Fp8>(x, p, ok);
+    if (ok) return code;
+  }
+  return quantize_fp8_code_exact<Fp8>(x, p.scale);
 }
 
 // ---- stochastic rounding (SPEC section 4) ----
@@ -231,9 +224,12 @@ __device__ __noinline__ bool quantize_int_inside_exact(Acc x, Acc scale, int zp,
 
 template <class Acc>
 __device__ __forceinline__ bool quantize_int_inside(Acc x, const IntQuantParam<Acc>& p, int q_min, int q_max) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_int_inside_fast(x, p, q_min, q_max, ok); },
-      [&] { return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const bool inside = quantize_int_inside_fast(x, p, q_min, q_max, ok);
+    if (ok) return inside;
+  }
+  return quantize_int_inside_exact(x, p.scale, p.zp, q_min, q_max);
 }
 
 template <class Fp8>
@@ -248,9 +244,12 @@ __device__ __noinline__ bool quantize_fp8_inside_exact(Acc x, Acc scale) {
 
 template <class Fp8, class Acc>
 __device__ __forceinline__ bool quantize_fp8_inside(Acc x, const IntQuantParam<Acc>& p) {
-  return fast_or_exact(
-      p, [&](auto& ok) { return quantize_fp8_inside_fast<Fp8>(x, p, ok); },
-      [&] { return quantize_fp8_inside_exact<Fp8>(x, p.scale); });
+  if constexpr (sizeof(Acc) == 4) {
+    bool ok = p.fast;
+    const bool inside = quantize_fp8_inside_fast<Fp8>(x, p, ok);
+    if (ok) return inside;
+  }
+  return quantize_fp8_inside_exact<Fp8>(x, p.scale);
 }
 
 // ---- dequantize: (q - zp) as an exact float without the conversion pipe ----
