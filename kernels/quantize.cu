@@ -113,13 +113,20 @@ struct QuantizeBackwardBody {
   const in_t* x;
   const in_t* dq;
   in_t* dx;
-  AffineParamSource<IntQuantParam<acc_t>, acc_t> params;
+  const acc_t* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  acc_t scale_value;
+  int zp_value;
   const RowLayout& lay;
   IntQuantParam<acc_t> row_param;
   ElementVector<in_t, VEC> xv[kQuantizeUnroll];
   ElementVector<in_t, VEC> gv[kQuantizeUnroll];
 
-  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const { return params(index); }
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
+    IntQuantParam<acc_t> p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -182,7 +189,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
                        typename qp::FloatElement<In>::storage* dx,
                        const typename qp::FloatElement<In>::acc* __restrict__ scale_ptr, const int* __restrict__ zp_ptr,
                        typename qp::FloatElement<In>::acc scale_value, int zp_value, const qp::RowLayout lay) {
-  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, {scale_ptr, zp_ptr, scale_value, zp_value}, lay};
+  qp::QuantizeBackwardBody<In, Code, VEC> body{x, dq, dx, scale_ptr, zp_ptr, scale_value, zp_value, lay};
   qp::for_each_row_vector<VEC, qp::kQuantizeUnroll>(lay, body);
 }
 
