@@ -52,28 +52,25 @@ deepspeed_quantize_elements(const typename qp::FloatElement<In>::storage* __rest
 template <class Code, class Err, int VEC, bool VECTOR_IO>
 __global__ void __launch_bounds__(QP_QGZ_SEGMENT_BOUND)
 deepspeed_reduce_segments(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay) {
-  typedef qp::PeerSumSource<Code, Err, VEC, VECTOR_IO, true, qp::DeepSpeedPeerDecode> Source;
-  const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
   const qp::DeepSpeedCodeSink<qp::f32, Code, Err, VEC, VECTOR_IO> sink{out};
-  qp::qgz_fused_segments<qp::f32, VEC>(src, sink, qp::SameGroups(), lay);
+  qp::qgz_fused_segments<qp::f32, VEC>(qp::DeepSpeedReduceSource<Code, Err, VEC, VECTOR_IO>::make(in, out), sink,
+                                       qp::SameGroups(), lay);
 }
 
 template <class Code, class Err>
 __global__ void __launch_bounds__(1024)
 deepspeed_reduce_group_params(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay) {
-  typedef qp::PeerSumSource<Code, Err, 1, false, true, qp::DeepSpeedPeerDecode> Source;
-  const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
   const qp::DeepSpeedCodeSink<qp::f32, Code, Err, 1, false> sink{out};
-  qp::qgz_group_params<qp::f32>(src, sink, qp::SameGroups(), lay);
+  qp::qgz_group_params<qp::f32>(qp::DeepSpeedReduceSource<Code, Err, 1, false>::make(in, out), sink, qp::SameGroups(),
+                                lay);
 }
 
 template <class Code, class Err>
 __global__ void __launch_bounds__(256)
 deepspeed_reduce_elements(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs out, const qp::SegmentLayout lay) {
-  typedef qp::PeerSumSource<Code, Err, 1, false, true, qp::DeepSpeedPeerDecode> Source;
-  const Source src{in, reinterpret_cast<const typename Source::err_t*>(out.error)};
   const qp::DeepSpeedCodeSink<qp::f32, Code, Err, 1, false> sink{out};
-  qp::qgz_elements<qp::f32, qp::QuantElement<Code>::kind == 1>(src, sink, qp::SameGroups(), lay);
+  qp::qgz_elements<qp::f32, qp::QuantElement<Code>::kind == 1>(
+      qp::DeepSpeedReduceSource<Code, Err, 1, false>::make(in, out), sink, qp::SameGroups(), lay);
 }
 
 // n codes -> floats, VEC per step (VEC divides the group size): one peer of the reduction's source.
@@ -134,14 +131,9 @@ deepspeed_quantize_dense(const typename qp::FloatElement<In>::storage* __restric
                                                 absmax, bad, ASYM);
       return;
     }
-    if (lane == 0) qp::store_group_params(out.params, og, p.inv, p.offset, ASYM);
-#pragma unroll
-    for (int w = 0; w < NV; ++w) {
-      const int col = (lane + w * team) * 8;
-      int c[8];
+    qp::deepspeed_dense_store<Code, ASYM, NV>(qs, out.params, og, lane, team, p, [&](int w, int(&c)[8]) {
       qp::deepspeed_dense_codes<In, ASYM, bits>(v[w], p, c);
-      qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
-    }
+    });
   });
 }
 
@@ -269,15 +261,10 @@ deepspeed_reduce_dense(const qp::PeerSumArgs in, const qp::DeepSpeedOutputArgs o
       }
       return;
     }
-    if (lane == 0) qp::store_group_params(out.params, seg, p.inv, p.offset, ASYM);
-#pragma unroll
-    for (int w = 0; w < NV; ++w) {
-      const int col = (lane + w * team) * 8;
-      int c[8];
+    qp::deepspeed_dense_store<Code, ASYM, NV>(qs, out.params, seg, lane, team, p, [&](int w, int(&c)[8]) {
 #pragma unroll
       for (int k = 0; k < 8; ++k) c[k] = qp::deepspeed_dense_code<ASYM, bits>(s[w][k], p);
-      qp::qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
-    }
+    });
   });
 }
 

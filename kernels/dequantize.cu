@@ -32,23 +32,16 @@ struct DequantizeBody {
 
   const u8* __restrict__ q;
   out_t* __restrict__ y;
-  const acc_t* __restrict__ scale_ptr;
-  const int* __restrict__ zp_ptr;
-  acc_t scale_value;
-  int zp_value;
+  AffineParamSource<DequantParam<acc_t>, acc_t> params;
   const RowLayout& lay;
   DequantParam<acc_t> row_param;
   ElementVector<u8, in_bytes> qv[kDequantizeUnroll];
 
   __device__ __forceinline__ DequantizeBody(const u8* q_, out_t* y_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                             const RowLayout& l)
-      : q(q_), y(y_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l) {}
+      : q(q_), y(y_), params{sp, zp, sv, zv}, lay(l) {}
 
-  __device__ __forceinline__ DequantParam<acc_t> param(i64 index) const {
-    DequantParam<acc_t> p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
-    return p;
-  }
+  __device__ __forceinline__ DequantParam<acc_t> param(i64 index) const { return params(index); }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -208,44 +201,39 @@ dequantize_dense(const qp::u8* __restrict__ q, typename qp::FloatElement<Out>::s
   constexpr bool packed = kind == 1;
   constexpr int in_bytes = packed ? VEC / 2 : VEC;
   typedef typename qp::FloatElement<Out>::storage out_t;
-  static_assert(sizeof(out_t) == 2, "16-bit floats");
-  const int step = (int)blockDim.x * VEC;
-  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
-    const qp::u8* qr = q + row * (packed ? lay.L / 2 : lay.L);
-    out_t* yr = y + row * lay.L;
-    const qp::i64 pbase = row * lay.Co;
-    qp::ElementVector<qp::u8, in_bytes> qv[U];
-    float s[U];
-    int z[U];
-    qp::dense_vectors<U>(
-        col0, step, end,
-        [&](int u, int col) {
-          qv[u].load_dense(qr + (packed ? col / 2 : col));
-          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
-                                 s[u], z[u]);
-        },
-        [&](int u, int col) {
-          float vals[VEC];
-          if constexpr (kind == 2) {
+  const qp::DenseItem item = qp::dense_item<Out, VEC>(lay);
+  const qp::u8* qr = q + item.row * (packed ? lay.L / 2 : lay.L);
+  out_t* yr = y + item.row * lay.L;
+  qp::ElementVector<qp::u8, in_bytes> qv[U];
+  float s[U];
+  int z[U];
+  item.vectors<U>(
+      [&](int u, int col) {
+        qv[u].load_dense(qr + (packed ? col / 2 : col));
+        qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, item.pbase, col),
+                               s[u], z[u]);
+      },
+      [&](int u, int col) {
+        float vals[VEC];
+        if constexpr (kind == 2) {
 #pragma unroll
-            for (int k = 0; k < VEC; k += 2) {
-              qp::Fp8Pair<In>::to_f32((qp::u16)(qv[u].v[k] | (qv[u].v[k + 1] << 8)), vals[k], vals[k + 1]);
-              vals[k] *= s[u];
-              vals[k + 1] *= s[u];
-            }
-          } else {
-            qp::DequantParam<float> p;
-            p.set(s[u], z[u]);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-              const int code = packed ? qp::unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1)
-                                      : (is_signed ? (int)(qp::i8)qv[u].v[k] : (int)qv[u].v[k]);
-              vals[k] = qp::centered_code(code, p) * p.scale;
-            }
+          for (int k = 0; k < VEC; k += 2) {
+            qp::Fp8Pair<In>::to_f32((qp::u16)(qv[u].v[k] | (qv[u].v[k + 1] << 8)), vals[k], vals[k + 1]);
+            vals[k] *= s[u];
+            vals[k + 1] *= s[u];
           }
-          qp::vector_from_acc<Out, VEC>(vals).store_dense(yr + col);
-        });
-  });
+        } else {
+          qp::DequantParam<float> p;
+          p.set(s[u], z[u]);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const int code = packed ? qp::unpack_nibble<HIGH_FIRST, is_signed>(qv[u].v[k / 2], k & 1)
+                                    : (is_signed ? (int)(qp::i8)qv[u].v[k] : (int)qv[u].v[k]);
+            vals[k] = qp::centered_code(code, p) * p.scale;
+          }
+        }
+        qp::vector_from_acc<Out, VEC>(vals).store_dense(yr + col);
+      });
 }
 
 template <class Out, int VEC>
@@ -255,24 +243,19 @@ dequantize_backward_dense(const typename qp::FloatElement<Out>::storage* dy, typ
   constexpr int U = qp::kDenseDequantizeBackwardUnroll;
   typedef qp::FloatElement<Out> FE;
   typedef typename FE::storage out_t;
-  static_assert(sizeof(out_t) == 2, "16-bit floats");
-  const int step = (int)blockDim.x * VEC;
-  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
-    const qp::i64 base = row * lay.L;
-    const qp::i64 pbase = row * lay.Co;
-    qp::ElementVector<out_t, VEC> gv[U];
-    float s[U];
-    qp::dense_vectors<U>(
-        col0, step, end,
-        [&](int u, int col) {
-          gv[u].load_dense(dy + base + col);
-          s[u] = scale_ptr ? scale_ptr[qp::dense_param_index(lay, pbase, col)] : scale_value;
-        },
-        [&](int u, int col) {
-          float vals[VEC];
+  const qp::DenseItem item = qp::dense_item<Out, VEC>(lay);
+  const qp::i64 base = item.row * lay.L;
+  qp::ElementVector<out_t, VEC> gv[U];
+  float s[U];
+  item.vectors<U>(
+      [&](int u, int col) {
+        gv[u].load_dense(dy + base + col);
+        s[u] = scale_ptr ? scale_ptr[qp::dense_param_index(lay, item.pbase, col)] : scale_value;
+      },
+      [&](int u, int col) {
+        float vals[VEC];
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s[u];
-          qp::vector_from_acc<Out, VEC>(vals).store_dense(dq + base + col);
-        });
-  });
+        for (int k = 0; k < VEC; ++k) vals[k] = FE::to_acc(gv[u].v[k]) * s[u];
+        qp::vector_from_acc<Out, VEC>(vals).store_dense(dq + base + col);
+      });
 }

@@ -273,6 +273,16 @@ struct DeepSpeedPeerDecode {
   }
 };
 
+// The source of the DeepSpeed-format reduction: the peers' codes of `in` decoded with their
+// stored rows (DeepSpeedPeerDecode) and summed, plus the LoCo buffer of `out` (Err).
+template <class Code, class Err, int VEC, bool VECTOR_IO>
+struct DeepSpeedReduceSource {
+  typedef PeerSumSource<Code, Err, VEC, VECTOR_IO, true, DeepSpeedPeerDecode> type;
+  static __device__ __forceinline__ type make(const PeerSumArgs& in, const DeepSpeedOutputArgs& out) {
+    return type{in, reinterpret_cast<const typename type::err_t*>(out.error)};
+  }
+};
+
 // ---- the dense passes: DeepSpeed's formulas on the hot layout ----
 // deepspeed_quantize_dense / moq_fake_quantize_dense (deepspeed_format.cu): the fused pass
 // specialised for 16-bit input in groups of exactly team * 8 * NV elements (team a power of
@@ -476,6 +486,23 @@ __device__ __forceinline__ void deepspeed_dense_codes(const uint4& v, const Deep
     ds_pair<In>(words[k], e[0], e[1]);
     c[2 * k] = deepspeed_dense_code<ASYM, BITS>(e[0], p);
     c[2 * k + 1] = deepspeed_dense_code<ASYM, BITS>(e[1], p);
+  }
+}
+
+// A dense group on the division-free path: lane 0 stores the group's parameters (row g), then
+// each of the thread's NV vectors of 8 (columns (lane + w * team) * 8 of the group, whose codes
+// start at qs) is coded by codes(w, c) and stored.
+template <class Code, bool ASYM, int NV, class Index, class Codes>
+__device__ __forceinline__ void deepspeed_dense_store(u8* qs, float* params, Index g, int lane, int team,
+                                                      const DeepSpeedDenseParam& p, Codes codes) {
+  constexpr bool packed = QuantElement<Code>::kind == 1;
+  if (lane == 0) store_group_params(params, g, p.inv, p.offset, ASYM);
+#pragma unroll
+  for (int w = 0; w < NV; ++w) {
+    const int col = (lane + w * team) * 8;
+    int c[8];
+    codes(w, c);
+    qgz_dense_store_codes<Code, true, 8>(qs + (packed ? col / 2 : col), c);
   }
 }
 

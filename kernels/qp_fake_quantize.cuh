@@ -21,15 +21,6 @@
 
 namespace qp {
 
-__device__ __forceinline__ float acc_rcp(float v) { return __frcp_rn(v); }
-__device__ __forceinline__ double acc_rcp(double v) { return __drcp_rn(v); }
-__device__ __forceinline__ float acc_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double acc_mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float acc_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double acc_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float acc_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double acc_sub(double a, double b) { return __dsub_rn(a, b); }
-
 // rne(t) without the conversion pipe (FRND runs at a quarter of the FMA rate): below 2^23 in
 // magnitude, t +- 2^23 lands where the float spacing is 1, so the addition rounds half to even
 // and the subtraction is exact; from 2^23 up (Inf included) t is already an integer, and NaN

@@ -12,10 +12,19 @@
 
 namespace qp {
 
+// The accumulator type's arithmetic, each operation correctly rounded (no FMA contraction).
 __device__ __forceinline__ float acc_rint(float v) { return rintf(v); }
 __device__ __forceinline__ double acc_rint(double v) { return rint(v); }
+__device__ __forceinline__ float acc_rcp(float v) { return __frcp_rn(v); }
+__device__ __forceinline__ double acc_rcp(double v) { return __drcp_rn(v); }
 __device__ __forceinline__ float acc_div(float a, float b) { return __fdiv_rn(a, b); }
 __device__ __forceinline__ double acc_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float acc_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double acc_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float acc_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double acc_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float acc_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double acc_sub(double a, double b) { return __dsub_rn(a, b); }
 __device__ __forceinline__ float acc_from_i64_up(i64 v, float) { return __ll2float_ru(v); }
 __device__ __forceinline__ float acc_from_i64_down(i64 v, float) { return __ll2float_rd(v); }
 __device__ __forceinline__ double acc_from_i64_up(i64 v, double) { return __ll2double_ru(v); }

@@ -94,18 +94,60 @@ __device__ __forceinline__ void for_each_column_param(const RowLayout& lay, i64 
   }
 }
 
+// The affine parameters (scale, zero point) of a row layout's segments, as the row kernels'
+// bodies read them: from the device arrays, or the scalar values where an array is null, in the
+// form Param that the body computes with (Param::set(scale, zp)).
+template <class Param, class Acc>
+struct AffineParamSource {
+  const Acc* __restrict__ scale_ptr;
+  const int* __restrict__ zp_ptr;
+  Acc scale_value;
+  int zp_value;
+
+  __device__ __forceinline__ Param operator()(i64 index) const {
+    Param p;
+    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
+    return p;
+  }
+};
+
 // ---- dense rows: the hot layouts, specialised (quantize_dense, dequantize_dense, ...) ----
 // Contiguous rows of L elements whose parameter index is row * Co + (col / gc) * cs (Co: the
 // row coefficient; cs == 0: one parameter per row), with L % VEC == 0, every operand aligned for
 // VEC-element vectors, and cs == 0 or gc % VEC == 0 (a vector never straddles a group);
-// quantplan/_layout.py (dense_row_layout) decides when a layout qualifies and fills Co. Block b
-// takes item b, the (row, chunk) pair b = row * chunks_per_row + chunk, of chunk_cols =
-// blockDim.x * VEC * UNROLL columns (the grid is exactly `items` blocks, below 2^31): fn(row, col,
-// end) with the thread's first column col = chunk start + threadIdx.x * VEC; its vectors are col,
-// col + blockDim.x * VEC, ... below end. No loop state and no 64-bit arithmetic per element: one
-// row base per block, 32-bit columns.
-template <class Fn>
-__device__ __forceinline__ void dense_item(const RowLayout& lay, int vec, Fn fn) {
+// quantplan/_layout.py (dense_row_layout) decides when a layout qualifies and fills Co. The
+// dense kernels take 16-bit floats. Block b takes item b, the (row, chunk) pair b = row *
+// chunks_per_row + chunk, of chunk_cols = blockDim.x * VEC * UNROLL columns (the grid is exactly
+// `items` blocks, below 2^31): DenseItem holds the row, its parameter index base pbase = row * Co,
+// and the thread's vectors: the first at col0 = chunk start + threadIdx.x * VEC, then every
+// step = blockDim.x * VEC columns below end. No loop state and no 64-bit arithmetic per element:
+// one row base per block, 32-bit columns.
+struct DenseItem {
+  i64 row, pbase;
+  int col0, step, end;
+
+  // The thread's U vectors, in two unrolled passes: load(u, col) issues every load (data and
+  // parameters) first, so that their latencies overlap; then finish(u, col) computes and stores
+  // each vector.
+  template <int U, class Load, class Finish>
+  __device__ __forceinline__ void vectors(Load load, Finish finish) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) load(u, col);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = col0 + u * step;
+      if (col < end) finish(u, col);
+    }
+  }
+};
+
+template <class F, int VEC>
+__device__ __forceinline__ DenseItem dense_item(const RowLayout& lay) {
+  static_assert(sizeof(typename FloatElement<F>::storage) == 2, "16-bit floats");
+  const int step = (int)blockDim.x * VEC;
   const u32 item = blockIdx.x;
   u32 row = item, chunk = 0;
   if (lay.chunks_per_row != 1) {
@@ -113,7 +155,8 @@ __device__ __forceinline__ void dense_item(const RowLayout& lay, int vec, Fn fn)
     chunk = item - row * (u32)lay.chunks_per_row;
   }
   const int start = (int)chunk * lay.chunk_cols;
-  fn((i64)row, start + (int)threadIdx.x * vec, start + min(lay.chunk_cols, lay.L - start));
+  return DenseItem{(i64)row, (i64)row * lay.Co, start + (int)threadIdx.x * VEC, step,
+                   start + min(lay.chunk_cols, lay.L - start)};
 }
 
 // The parameter index of the vector at column `col` of a dense row whose index base is `pbase`.
@@ -127,23 +170,6 @@ __device__ __forceinline__ void dense_affine_param(const float* scale_ptr, const
                                                    int zp_value, i64 pi, float& s, int& z) {
   s = scale_ptr ? scale_ptr[pi] : scale_value;
   z = zp_ptr ? zp_ptr[pi] : zp_value;
-}
-
-// A dense item's U vectors of this thread, at columns col0 + u * step below end, in two unrolled
-// passes: load(u, col) issues every load (data and parameters) first, so that their latencies
-// overlap; then finish(u, col) computes and stores each vector.
-template <int U, class Load, class Finish>
-__device__ __forceinline__ void dense_vectors(int col0, int step, int end, Load load, Finish finish) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int col = col0 + u * step;
-    if (col < end) load(u, col);
-  }
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int col = col0 + u * step;
-    if (col < end) finish(u, col);
-  }
 }
 
 }  // namespace qp

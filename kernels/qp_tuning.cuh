@@ -2,6 +2,9 @@
 // blocks per SM). They are defines from one Python table, quantplan/_tuning.py (Tuning), which the
 // launch geometry reads too; the compile layer passes them (-DQP_<NAME>=<value>). No default here:
 // a compile without them stops.
+// The #ifndef lines below are guards, not tuning macros: none holds a value, so the Python table
+// is the only source of every value (a standalone compile passes the table's defines too). The
+// guard list names exactly the table's fields (tests/test_tuning.py checks it).
 #pragma once
 
 #ifndef QP_ROW_UNROLL

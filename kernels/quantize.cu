@@ -40,10 +40,7 @@ struct QuantizeBody {
 
   const in_t* __restrict__ x;
   u8* __restrict__ q;
-  const acc_t* __restrict__ scale_ptr;
-  const int* __restrict__ zp_ptr;
-  acc_t scale_value;
-  int zp_value;
+  AffineParamSource<IntQuantParam<acc_t>, acc_t> params;
   const RowLayout& lay;
   u64 seed, offset;
   IntQuantParam<acc_t> row_param;
@@ -51,13 +48,9 @@ struct QuantizeBody {
 
   __device__ __forceinline__ QuantizeBody(const in_t* x_, u8* q_, const acc_t* sp, const int* zp, acc_t sv, int zv,
                                           const RowLayout& l, u64 seed_, u64 offset_)
-      : x(x_), q(q_), scale_ptr(sp), zp_ptr(zp), scale_value(sv), zp_value(zv), lay(l), seed(seed_), offset(offset_) {}
+      : x(x_), q(q_), params{sp, zp, sv, zv}, lay(l), seed(seed_), offset(offset_) {}
 
-  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const {
-    IntQuantParam<acc_t> p;
-    p.set(scale_ptr ? scale_ptr[index] : scale_value, zp_ptr ? zp_ptr[index] : zp_value);
-    return p;
-  }
+  __device__ __forceinline__ IntQuantParam<acc_t> param(i64 index) const { return params(index); }
 
   __device__ __forceinline__ void begin_item(i64, i64 pbase) {
     if (lay.cs == 0) row_param = param(pbase);
@@ -356,35 +349,30 @@ quantize_dense(const typename qp::FloatElement<In>::storage* __restrict__ x, qp:
   constexpr int U = qp::kDenseQuantizeUnroll;
   typedef qp::VectorQuantizer<In, Out, VEC, HIGH_FIRST> VQ;
   typedef typename VQ::in_t in_t;
-  static_assert(sizeof(in_t) == 2, "16-bit floats");
-  const int step = (int)blockDim.x * VEC;
-  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
-    const in_t* xr = x + row * lay.L;
-    qp::u8* qr = q + row * (VQ::packed ? lay.L / 2 : lay.L);
-    const qp::i64 pbase = row * lay.Co;
-    typename VQ::vector_t xv[U];
-    float s[U];
-    int z[U];
-    qp::dense_vectors<U>(
-        col0, step, end,
-        [&](int u, int col) {
-          xv[u].load_dense(xr + col);
-          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
-                                 s[u], z[u]);
-        },
-        [&](int u, int col) {
-          const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
-          int codes[VEC];
-          qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
-          if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
-            VQ::template store<true>(qs, VEC, codes);
-          } else {
-            const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
-            qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max,
-                                                                zero_fp8);
-          }
-        });
-  });
+  const qp::DenseItem item = qp::dense_item<In, VEC>(lay);
+  const in_t* xr = x + item.row * lay.L;
+  qp::u8* qr = q + item.row * (VQ::packed ? lay.L / 2 : lay.L);
+  typename VQ::vector_t xv[U];
+  float s[U];
+  int z[U];
+  item.vectors<U>(
+      [&](int u, int col) {
+        xv[u].load_dense(xr + col);
+        qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, item.pbase, col),
+                               s[u], z[u]);
+      },
+      [&](int u, int col) {
+        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+        int codes[VEC];
+        qp::u8* qs = qr + (VQ::packed ? col / 2 : col);
+        if (VQ::fast_codes(xv[u], p, lay.q_min, lay.q_max, codes)) {
+          VQ::template store<true>(qs, VEC, codes);
+        } else {
+          const bool zero_fp8 = (lay.flags & 1) && s[u] != s[u];
+          qp::quantize_vector_exact<In, Out, VEC, HIGH_FIRST>(xr + col, qs, s[u], z[u], lay.q_min, lay.q_max,
+                                                              zero_fp8);
+        }
+      });
 }
 
 template <class In, class Code, int VEC>
@@ -395,41 +383,36 @@ quantize_backward_dense(const typename qp::FloatElement<In>::storage* x, const t
   constexpr int U = qp::kDenseQuantizeBackwardUnroll;
   typedef qp::FloatElement<In> FE;
   typedef typename FE::storage in_t;
-  static_assert(sizeof(in_t) == 2, "16-bit floats");
-  const int step = (int)blockDim.x * VEC;
-  qp::dense_item(lay, VEC, [&](qp::i64 row, int col0, int end) {
-    const qp::i64 base = row * lay.L;
-    const qp::i64 pbase = row * lay.Co;
-    qp::ElementVector<in_t, VEC> xv[U], gv[U];
-    float s[U];
-    int z[U];
-    qp::dense_vectors<U>(
-        col0, step, end,
-        [&](int u, int col) {
-          xv[u].load_dense(x + base + col);
-          gv[u].load_dense(dq + base + col);
-          qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, pbase, col),
-                                 s[u], z[u]);
-        },
-        [&](int u, int col) {
-          const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
-          const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
-          bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
-          if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
-          float vals[VEC];
+  const qp::DenseItem item = qp::dense_item<In, VEC>(lay);
+  const qp::i64 base = item.row * lay.L;
+  qp::ElementVector<in_t, VEC> xv[U], gv[U];
+  float s[U];
+  int z[U];
+  item.vectors<U>(
+      [&](int u, int col) {
+        xv[u].load_dense(x + base + col);
+        gv[u].load_dense(dq + base + col);
+        qp::dense_affine_param(scale_ptr, zp_ptr, scale_value, zp_value, qp::dense_param_index(lay, item.pbase, col),
+                               s[u], z[u]);
+      },
+      [&](int u, int col) {
+        const qp::IntQuantParam<float> p = qp::dense_param(s[u], z[u]);
+        const qp::DenseMaskBounds b = qp::dense_mask_bounds<Code>(lay.q_min, lay.q_max, z[u]);
+        bool ok = p.fast && b.ok && s[u] <= 3.777893186295716e+22f;  // 2^75
+        if constexpr (!qp::IsHalf<In>::value) ok = ok & qp::bf16_gradient_in_range<VEC>(gv[u]);
+        float vals[VEC];
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
-            const float g = FE::to_acc(gv[u].v[k]);
-            const float d = qp::quotient_fast(g, p, ok);
-            vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
-          }
-          if (ok) {
-            qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
-          } else {
-            qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
-                                                              z[u], lay.q_min, lay.q_max);
-          }
-        });
-  });
+        for (int k = 0; k < VEC; ++k) {
+          const float qx = qp::quotient_fast(FE::to_acc(xv[u].v[k]), p, ok);
+          const float g = FE::to_acc(gv[u].v[k]);
+          const float d = qp::quotient_fast(g, p, ok);
+          vals[k] = (qx >= b.lo && qx <= b.hi) ? d : 0.0f;
+        }
+        if (ok) {
+          qp::vector_from_acc<In, VEC>(vals).store_dense(dx + base + col);
+        } else {
+          qp::quantize_backward_vector_exact<In, Code, VEC>(x + base + col, dq + base + col, dx + base + col, s[u],
+                                                            z[u], lay.q_min, lay.q_max);
+        }
+      });
 }
