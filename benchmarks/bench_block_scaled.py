@@ -10,7 +10,7 @@ rceil / floor, MXFP4), torchao's Triton FP8 1x128 kernel, its 128x128 weight ker
 kernels (``act_quant_lhs`` + ``act_quant_transposed_lhs``) back to back.
 Each row: median kernel µs (CUDA events, harness.time_gpu), a copy of the same bytes read plus
 written, % of copy, the peer's µs and the ratio peer / ours, and whether our bytes equal the
-reference's (``quantplan.reference_block_scaled``).
+reference's (``quantplan.reference.block_scaled``).
 
     python3 benchmarks/bench_block_scaled.py [--out PATH] [--no-peers] [--no-check]
 """
@@ -44,7 +44,7 @@ def _ours(x: Any, **kw: Any) -> Any:
     import cupy
     import torch
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     dtype = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
@@ -59,7 +59,7 @@ def _check(x: Any, fn: Any, kind: str, **kw: Any) -> str:
     import numpy as np
     import torch
 
-    import quantplan.reference_block_scaled as rbs
+    import quantplan.reference.block_scaled as rbs
 
     codes, scales = fn()
     torch.cuda.synchronize()
@@ -95,7 +95,7 @@ def _ours_tiles(x: Any, fused: bool, **kw: Any) -> Any:
     import cupy
     import torch
 
-    from quantplan._block_scaled_tile_kernels import quantize_block_scaled_2d, quantize_transpose_block_scaled
+    from quantplan.runtime._block_scaled_tile_kernels import quantize_block_scaled_2d, quantize_transpose_block_scaled
 
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     dtype = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
@@ -109,7 +109,7 @@ def _check_tiles(x: Any, out: Any, fused: bool, **kw: Any) -> str:
     import numpy as np
     import torch
 
-    import quantplan.reference_block_scaled as rbs
+    import quantplan.reference.block_scaled as rbs
 
     torch.cuda.synchronize()
     host = x.float().cpu().numpy()

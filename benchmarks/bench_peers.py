@@ -1530,7 +1530,7 @@ BLOCK_AMAX = 24.0
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """One block-scaled workload: a :data:`quantplan.formats.FORMATS` row and its options.
+    """One block-scaled workload: a :data:`quantplan.vocabulary.formats.FORMATS` row and its options.
 
     ``fused``: rowwise and columnwise copies from one read (``block`` 32: MXFP8; 128: FP8 1x128);
     ``amax``: NVFP4's tensor amax, ``given`` (:data:`BLOCK_AMAX`) or ``computed``; ``peer``: the
@@ -1773,8 +1773,8 @@ def _block_reference(spec: BlockSpec, xh: Any, mode: str | None = None) -> list[
     codes, the layout's scale buffer[, S_dec]; fused: rowwise then columnwise codes and scales."""
     import numpy as np
 
-    import quantplan.reference_block_scaled as rb
-    from quantplan.block_scaled import reference_quantize
+    import quantplan.reference.block_scaled as rb
+    from quantplan.ops.block_scaled import reference_quantize
 
     if spec.fused:
         if spec.family == "mx":
@@ -1793,7 +1793,7 @@ def _mx_edge_blocks(xh: Any, element: str, rule: str) -> Any:
     rceil with fl(amax / max) 1-2 ulps above a power of two or below 2^-126; any rule with scale byte 0."""
     import numpy as np
 
-    import quantplan.reference_block_scaled as rb
+    import quantplan.reference.block_scaled as rb
 
     x = np.asarray(xh, np.float32).reshape(xh.shape[0], -1, 32)
     amax = np.where(np.isfinite(x), np.abs(x), 0).max(axis=-1).astype(np.float32)
@@ -1885,7 +1885,7 @@ def _peer_outputs(spec: BlockSpec, got: Any) -> list[Any]:
 
 def _compare_peer(spec: BlockSpec, got: list[Any], ours: list[Any], xh: Any, p: Any) -> str:
     """torchao's outputs against ours (bit for bit where the rule is the same; counts otherwise)."""
-    from quantplan.block_scaled import compact_scales
+    from quantplan.ops.block_scaled import compact_scales
 
     if spec.peer == "to_mx":
         if spec.layout == "blocked":
@@ -2199,7 +2199,7 @@ BLOCK_NOTES = [
     "problem on CUDA yet, with the plan's reason); `torch.compile µs`: `benchmarks/block_math.py` (the same format in",
     "plain PyTorch) compiled, where torchao lacks the format or layout; `peer`: torchao 0.18 on the same input",
     "(`torch.compile(to_mx)`, `torch.compile(NVFP4Tensor.to_nvfp4)`, its Triton FP8 block kernels). `ours vs reference`:",
-    "codes and scales against `quantplan.reference_block_scaled`, byte for byte. `peer vs ours`: bit for bit where the",
+    "codes and scales against `quantplan.reference.block_scaled`, byte for byte. `peer vs ours`: bit for bit where the",
     "rule is the same; MX blocks where torchao 0.18's known defects apply (rceil 1-2 ulps above a power of two, scale",
     "byte 0; MICROSCALING.md §2.6) are counted apart; where the rules differ (NVFP4 te vs torchao, FP8 div vs enc) the",
     "share of differing bytes, and NVFP4's peer against the reference's `scale_mode='torchao'`.",

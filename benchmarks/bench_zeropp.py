@@ -187,7 +187,7 @@ def bench_row(case: ZeroppCase, timing: Timing, use_compile: bool) -> Row:
     params = n // GROUP
     inputs: list[tuple[Any, ...]] = []
     if case.op.startswith("ds_"):
-        from quantplan.compat import _deepspeed_plans as dsp
+        from quantplan.ops import deepspeed_format as dsp
 
         bits = 4 if packed else 8
         if case.op == "ds_swizzle":

@@ -6,7 +6,7 @@ Each follows the project's MICROSCALING.md in plain tensor ops, so ``torch.compi
 MXFP6 e2m3 and MXINT8 included), FP8 1x128 blocks (``div`` f32 scales, UE8M0 scales), and the scale
 layouts the GEMMs read (cuBLAS / CUTLASS 128x4 ``blocked``, DeepGEMM column-major TMA-aligned and
 packed UE8M0 int32). ``tests/test_bench_block_math.py`` checks their bytes against
-``quantplan.reference_block_scaled`` on the CPU.
+``quantplan.reference.block_scaled`` on the CPU.
 
 Arithmetic (§1.1): inputs upcast to f32; every rounding step is one f32 operation. Constants that
 divide are passed in as tensors (``limit``), because inductor rewrites a division by a constant

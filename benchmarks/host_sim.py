@@ -93,7 +93,7 @@ def gpu_patches(
     import cupy
     from cupy.cuda import driver, runtime
 
-    import quantplan.compiler as compiler
+    import quantplan.runtime.compiler as compiler
 
     null = cupy.cuda.Stream.null
 
@@ -134,7 +134,7 @@ def simulate_gpu() -> None:
     import cupy
     from cupy.cuda import memory
 
-    import quantplan._device as device
+    import quantplan.runtime._device as device
 
     for owner, name, value in gpu_patches():
         setattr(owner, name, value)

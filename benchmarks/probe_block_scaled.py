@@ -30,8 +30,8 @@ for _p in (str(_HERE), str(_HERE.parent)):
 
 import harness  # noqa: E402
 
-from quantplan import _block_scaled_kernels as bk  # noqa: E402
-from quantplan._block_scaled_kernels import Schedule, kernel_name  # noqa: E402
+from quantplan.runtime import _block_scaled_kernels as bk  # noqa: E402
+from quantplan.runtime._block_scaled_kernels import Schedule, kernel_name  # noqa: E402
 
 SCHEDULES = [
     Schedule(v, u, m, p)
@@ -65,9 +65,9 @@ def _schedules(block: int) -> list[Schedule]:
 
 
 def _compile(name: str) -> str:
-    from quantplan._tuning import kernel_options
-    from quantplan.compiler import compile_instantiations
-    from quantplan.types import ArchSku
+    from quantplan.runtime._tuning import kernel_options
+    from quantplan.runtime.compiler import compile_instantiations
+    from quantplan.vocabulary.types import ArchSku
 
     compile_instantiations("block_scaled", [name], ArchSku.parse("sm_90"), kernel_options())
     return name
@@ -84,8 +84,8 @@ def _transpose_probe(only: str | None) -> None:
     import numpy as np
     import torch
 
-    import quantplan.reference_block_scaled as rbs
-    from quantplan._block_scaled_tile_kernels import (
+    import quantplan.reference.block_scaled as rbs
+    from quantplan.runtime._block_scaled_tile_kernels import (
         TRANSPOSE_SCHEDULES,
         TransposeSchedule,
         quantize_transpose_block_scaled,
@@ -143,7 +143,7 @@ def stochastic(precompile: bool) -> None:
     import cupy
     import torch
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     shape = (8192, 8192)
@@ -210,7 +210,7 @@ def main() -> None:
     import cupy
     import torch
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     for shape in ((8192, 8192), (16, 8192)):

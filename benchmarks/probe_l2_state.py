@@ -12,7 +12,7 @@ two thirds of them dirty output. This script times, on the bench's own rows and 
 
 for the plan, the ``torch.compile``d math, the pure load/store floor kernel of the same bytes, and
 variants of the plan's dense kernel (vectors per thread, block size, resident blocks) selected
-through the tuning table (``quantplan._tuning.TUNING``, as ``QUANTPLAN_NVRTC_OPTIONS`` overrides it) and
+through the tuning table (``quantplan.runtime._tuning.TUNING``, as ``QUANTPLAN_NVRTC_OPTIONS`` overrides it) and
 the layout module's constants. Each variant's output is
 compared with the plan's bit for bit. ``--ncu-target ROW`` runs each contender a few times for an
 Nsight Compute run (``--cache-control none`` keeps the previous call's L2 state).
@@ -131,7 +131,7 @@ def _resolve(path: str) -> tuple[Any, str, Any]:
     attr, _, key_text = rest.partition("[")
     key: Any = eval(key_text[:-1])  # a literal of this file's tables
     if isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], str):
-        from quantplan.types import ElementKind
+        from quantplan.vocabulary.types import ElementKind
 
         key = (key[0], ElementKind[key[1]])
     return getattr(module, attr), key, True
@@ -140,9 +140,9 @@ def _resolve(path: str) -> tuple[Any, str, Any]:
 @contextmanager
 def applied(variant: Variant | None) -> Iterator[None]:
     """``variant``'s constants and NVRTC options in force inside the block (restored after): its
-    defines override the tuning table (``quantplan._tuning.TUNING``) the kernels compile with; the
+    defines override the tuning table (``quantplan.runtime._tuning.TUNING``) the kernels compile with; the
     Python constants its patches name are set beside them."""
-    from quantplan import _tuning
+    from quantplan.runtime import _tuning
 
     undo: list[Callable[[], None]] = []
     old_env = os.environ.get("QUANTPLAN_NVRTC_OPTIONS")
@@ -173,8 +173,8 @@ def applied(variant: Variant | None) -> Iterator[None]:
 
 
 def _unit_of(unit: str) -> tuple[str, list[str]]:
-    from quantplan import _families as fam
-    from quantplan.types import ElementKind, Rounding
+    from quantplan.runtime import _families as fam
+    from quantplan.vocabulary.types import ElementKind, Rounding
 
     family, *kinds = unit.split(":")
     k = [ElementKind[x] for x in kinds]
@@ -187,9 +187,9 @@ def _unit_of(unit: str) -> tuple[str, list[str]]:
 
 def _prefill(unit: str, variant: Variant, arch: str) -> str:
     """Compile ``variant``'s unit into the on-disk cache (a worker process: NVRTC only)."""
-    from quantplan._tuning import kernel_options
-    from quantplan.compiler import compile_instantiations
-    from quantplan.types import ArchSku
+    from quantplan.runtime._tuning import kernel_options
+    from quantplan.runtime.compiler import compile_instantiations
+    from quantplan.vocabulary.types import ArchSku
 
     with applied(variant):
         family, names = _unit_of(unit)

@@ -8,7 +8,7 @@ kernel before and after::
     python benchmarks/sass_diff.py record after.json       # with the change
     python benchmarks/sass_diff.py compare before.json after.json
 
-The set: per family of :data:`quantplan._families.FAMILIES`, a greedy cover of its compile units
+The set: per family of :data:`quantplan.runtime._families.FAMILIES`, a greedy cover of its compile units
 such that every kernel template appears with every element tag and every template argument value
 it takes in the table (so every template, every element kind and every tuning shape is compiled
 at least once). Units are compiled with NVRTC exactly as the plans compile them (the same options,
@@ -36,15 +36,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quantplan import compiler  # noqa: E402
-from quantplan._families import FAMILIES  # noqa: E402
-from quantplan.types import ArchSku  # noqa: E402
+from quantplan.runtime import compiler  # noqa: E402
+from quantplan.runtime._families import FAMILIES  # noqa: E402
+from quantplan.vocabulary.types import ArchSku  # noqa: E402
 
 
 def _kernel_options() -> tuple[str, ...]:
     """The options plans compile with (the tuning defines when the project has a tuning table)."""
     try:
-        from quantplan import _tuning
+        from quantplan.runtime import _tuning
     except ImportError:
         return compiler.compile_options()
     return tuple(_tuning.kernel_options())

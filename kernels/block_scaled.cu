@@ -5,7 +5,7 @@
 // over |x| keys (NaN and Inf order above every finite value, so a key at or above Inf's flags a
 // non-finite block); the team's first thread stores the scale. Teams cover the tensor in a
 // grid-stride loop, UNROLL independent slots per thread; blocks of at most 256 threads, MIN_BLOCKS
-// of them resident per multiprocessor (the tuning table, quantplan._block_scaled_kernels).
+// of them resident per multiprocessor (the tuning table, quantplan.runtime._block_scaled_kernels).
 // Epilogue: the format's scale rule and element encoder (qp_block_scaled.cuh). NVFP4 reads its
 // tensor amax from device memory (tensor_amax; null for one level), so a captured graph replays
 // with a new amax and no host sync is needed.

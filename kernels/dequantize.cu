@@ -161,7 +161,7 @@ dequantize_backward_rows(const typename qp::FloatElement<Out>::storage* dy, type
 
 namespace qp {
 
-// Vectors per thread of dequantize_dense / dequantize_backward_dense (quantplan/_layout.py
+// Vectors per thread of dequantize_dense / dequantize_backward_dense (quantplan/runtime/_layout.py
 // DENSE_ROW_SHAPES mirrors them).
 static const int kDenseDequantizeUnroll = QP_DENSE_DEQUANTIZE_UNROLL;
 static const int kDenseDequantizeBackwardUnroll = QP_DENSE_DEQUANTIZE_BACKWARD_UNROLL;

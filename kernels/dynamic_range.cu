@@ -621,7 +621,7 @@ dynamic_quantize_lanes(const typename qp::FloatElement<In>::storage* __restrict_
   const u32 teams = blockDim.x / LANES;
   const u32 first = blockIdx.x * (teams * U) + threadIdx.x / LANES;
   const u32 segments = (u32)lay.segments;
-  // inv_d = rn(1 / divisor) from the host (quantplan/_segments.py divisor_inverse), a constant
+  // inv_d = rn(1 / divisor) from the host (quantplan/runtime/_segments.py divisor_inverse), a constant
   // operand: no reciprocal on the chain.
   const float d = divisor, inv_d = divisor_inverse;
   uint4 v[U][NV];

@@ -140,7 +140,7 @@ __device__ __forceinline__ u64 rng_word(const i64* ptr, u64 value) { return ptr 
 // Geometry of the learnable backward: `segments` contiguous segments of S elements, cut into
 // chunks of `chunk` elements (chunks_per_segment of them; chunk = team * VEC * kFakeUnroll);
 // item = (segment, chunk), one team of 1 << team_log2 threads per item. Mirrored by
-// LsqLayoutArgs in quantplan/fake_quantize.py.
+// LsqLayoutArgs in quantplan/ops/fake_quantize.py.
 struct LsqLayout {
   i64 segments, items;
   int S, chunk, chunks_per_segment, team_log2, q_min, q_max, zp_source, pad;
@@ -187,7 +187,7 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 // The row kernels specialised for contiguous rows of L elements (L % VEC == 0, 16-byte vectors,
 // aligned operands) whose parameter index is row * lay.Co + (col / gc) * cs, with cs == 0 (one
 // parameter per row: per-token, a leading channel axis) or gc % VEC == 0 (a vector never
-// straddles a group). quantplan/_fake_rows.py (dense_row_layout) decides when a layout
+// straddles a group). quantplan/runtime/_fake_rows.py (dense_row_layout) decides when a layout
 // qualifies and fills lay.Co with the row coefficient; lay.M, A, Ca, Cm, g_rows and seg_log2 are
 // not read. One (row, chunk) item per block at a time (chunk_cols = blockDim.x * VEC * unroll
 // columns, unroll <= fake_dense_unroll<OP>(); vector u of thread t at chunk * chunk_cols +
@@ -205,7 +205,7 @@ fake_quantize_stochastic_rows(const typename qp::FloatElement<In>::storage* x, t
 
 namespace qp {
 
-// Vectors per thread and item of op OP (at most; dense_unroll in quantplan/_fake_rows.py mirrors
+// Vectors per thread and item of op OP (at most; dense_unroll in quantplan/runtime/_fake_rows.py mirrors
 // it): the op's bytes of each input (above), at least one vector; four vectors spill.
 template <class T, int VEC, int OP> __host__ __device__ constexpr int fake_dense_unroll() {
   constexpr int bytes = OP == kFakeSte          ? QP_FAKE_DENSE_STE_THREAD_BYTES

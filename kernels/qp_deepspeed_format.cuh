@@ -1,6 +1,6 @@
 // qp_deepspeed_format.cuh: DeepSpeed's quantizer formulas as sinks and a peer decoding for the
-// qgZ loops of qp_qgz.cuh (kernels/deepspeed_format.cu; quantplan/compat/_deepspeed_plans.py).
-// Facts: DEEPSPEED_FORMAT.md; the NumPy twin is quantplan/compat/_deepspeed_reference.py.
+// qgZ loops of qp_qgz.cuh (kernels/deepspeed_format.cu; quantplan/ops/deepspeed_format.py).
+// Facts: DEEPSPEED_FORMAT.md; the NumPy twin is quantplan/reference/deepspeed_format.py.
 //
 //   DeepSpeedCodeSink   quantize / swizzle_quant / quantized_reduction (+ LoCo): per group,
 //                       SYMMETRIC  mult = 2^(b-1) / absmax (absmax 0 -> 1), q = clamp(rne(v * mult))
@@ -25,7 +25,7 @@
 
 namespace qp {
 
-// Mirrored by DeepSpeedOutputArgs in quantplan/compat/_deepspeed_plans.py.
+// Mirrored by DeepSpeedOutputArgs in quantplan/ops/deepspeed_format.py.
 struct DeepSpeedOutputArgs {
   u8* q;                 // codes (int8 / packed signed nibbles); MoQ: the float output
   float* params;         // rows of 1 (SYMMETRIC) or 2 (ASYMMETRIC) floats; null for MoQ

@@ -3,7 +3,7 @@
 //
 //   key = (seed low 32, seed high 32), counter = (j low 32, j high 32, offset low 32, offset high 32),
 //   j = i / 4 for flat element index i, word i % 4, u = (word >> 8) * 2^-24.
-// quantplan/philox.py is the NumPy twin (tests compare the two bit for bit).
+// quantplan/vocabulary/philox.py is the NumPy twin (tests compare the two bit for bit).
 #pragma once
 #include "qp_elements.cuh"
 

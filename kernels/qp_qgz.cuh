@@ -154,7 +154,7 @@ __device__ __forceinline__ float dequantized_code(int code, const DequantParam<f
   return __fmul_rn(centered_code(code, p), p.scale);
 }
 
-// Mirrored by PeerSumArgs in quantplan/dequant_reduce.py.
+// Mirrored by PeerSumArgs in quantplan/ops/dequant_reduce.py.
 struct PeerSumArgs {
   const u8* q;             // peer j's codes at q + j * peer_bytes
   const float* scale;      // peer j's parameters at j * peer_params

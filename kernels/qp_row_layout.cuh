@@ -17,13 +17,13 @@
 namespace qp {
 
 // Passed to the kernel by value (no dependent load before the first data load). Mirrored field
-// for field, in this order, by RowLayoutArgs in quantplan/_layout.py (keep in sync).
+// for field, in this order, by RowLayoutArgs in quantplan/runtime/_layout.py (keep in sync).
 struct RowLayout {
   i64 rows, items, chunks_per_row, M, A, Co, Ca, Cm;
   int L, chunk_cols, seg_log2, g_rows, gc, cs, q_min, q_max;
   int flags;  // family-specific options (quantize.cu: bit 0, NaN scale -> FP8 code 0)
   // n / chunks_per_row and n / gc for 0 <= n < 2^31 without a division: (umulhi(n, magic) >> shift)
-  // (divisors above 1; quantplan/_layout.py division_magic). Read by the dense kernels.
+  // (divisors above 1; quantplan/runtime/_layout.py division_magic). Read by the dense kernels.
   u32 chunk_magic, chunk_shift, gc_magic, gc_shift;
 
   __device__ __forceinline__ i64 row_param_base(i64 row) const {
@@ -115,7 +115,7 @@ struct AffineParamSource {
 // Contiguous rows of L elements whose parameter index is row * Co + (col / gc) * cs (Co: the
 // row coefficient; cs == 0: one parameter per row), with L % VEC == 0, every operand aligned for
 // VEC-element vectors, and cs == 0 or gc % VEC == 0 (a vector never straddles a group);
-// quantplan/_layout.py (dense_row_layout) decides when a layout qualifies and fills Co. The
+// quantplan/runtime/_layout.py (dense_row_layout) decides when a layout qualifies and fills Co. The
 // dense kernels take 16-bit floats. Block b takes item b, the (row, chunk) pair b = row *
 // chunks_per_row + chunk, of chunk_cols = blockDim.x * VEC * UNROLL columns (the grid is exactly
 // `items` blocks, below 2^31): DenseItem holds the row, its parameter index base pbase = row * Co,

@@ -197,7 +197,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 // quantize_dense: quantize_rows's codes (nearest rounding, 16-bit floats) on a dense row layout
 // (qp_row_layout.cuh, dense_item): one (row, chunk) item per block, VEC-element vectors (16:
 // two 16-byte loads of floats, a 16-byte store of 8-bit codes or an 8-byte store of 4-bit codes,
-// small problems too: quantplan/_layout.py DENSE_SMALL_VEC), kDenseQuantizeUnroll per thread. The parameter of every vector is loaded
+// small problems too: quantplan/runtime/_layout.py DENSE_SMALL_VEC), kDenseQuantizeUnroll per thread. The parameter of every vector is loaded
 // beside its data (the latencies overlap) and prepared once per vector (dense_param: the
 // reciprocal without its out-of-line slow path); the division-free codes of the whole vector are
 // checked once; a vector they do not cover (a quotient of 2^21 or more, NaN, Inf, a scale outside
@@ -206,7 +206,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 // seed and offset are not read). 256-thread blocks at most, 32 registers, no stack.
 //
 // quantize_backward_dense: quantize_backward_rows on a dense layout (VEC 8: one 16-byte vector of
-// each input per thread; 4 on small problems; bf16 16: quantplan/_layout.py). The mask and
+// each input per thread; 4 on small problems; bf16 16: quantplan/runtime/_layout.py). The mask and
 // the gradient take the division-free quotient of qp_rounding.cuh (exact: Markstein's
 // correction, inv = rn(1 / scale), scale in [2^-60, 2^100], |x| and |quotient| >= 2^-100 or
 // x = 0, quotient below 2^21):
@@ -222,7 +222,7 @@ quantize_backward_rows(const typename qp::FloatElement<In>::storage* x, const ty
 
 namespace qp {
 
-// Vectors per thread of quantize_dense / quantize_backward_dense (quantplan/_layout.py
+// Vectors per thread of quantize_dense / quantize_backward_dense (quantplan/runtime/_layout.py
 // DENSE_ROW_SHAPES mirrors them).
 static const int kDenseQuantizeUnroll = QP_DENSE_QUANTIZE_UNROLL;
 static const int kDenseQuantizeBackwardUnroll = QP_DENSE_QUANTIZE_BACKWARD_UNROLL;

@@ -18,12 +18,10 @@ Plans run the CUDA kernels of ``kernels/`` when a GPU is present and the NumPy r
 
 from __future__ import annotations
 
-from ._device import cuda_available
-
 # The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
-from ._frontend import clear_plan_cache  # noqa: E402
-from ._version import __version__
-from .block_scaled import (
+from quantplan._frontend import clear_plan_cache  # noqa: E402
+from quantplan.functional import BlockQuantizedTensor, QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
+from quantplan.ops.block_scaled import (
     BlockScaledDequantizeArgs,
     BlockScaledDequantizeDescriptor,
     BlockScaledDequantizePlan,
@@ -31,14 +29,46 @@ from .block_scaled import (
     BlockScaledQuantizeDescriptor,
     BlockScaledQuantizePlan,
 )
-from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
-from .dynamic_fake_quantize import (
+from quantplan.ops.dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
+from quantplan.ops.dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
     DynamicRangeFakeQuantizePlan,
 )
-from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
-from .errors import (
+from quantplan.ops.dynamic_range import (
+    DynamicRangeQuantizeArgs,
+    DynamicRangeQuantizeDescriptor,
+    DynamicRangeQuantizePlan,
+)
+from quantplan.ops.fake_quantize import (
+    FakeQuantizeArgs,
+    FakeQuantizeBackwardArgs,
+    FakeQuantizeBackwardDescriptor,
+    FakeQuantizeBackwardPlan,
+    FakeQuantizeDescriptor,
+    FakeQuantizePlan,
+)
+from quantplan.ops.quantize_backward import (
+    DequantizeBackwardArgs,
+    DequantizeBackwardDescriptor,
+    DequantizeBackwardPlan,
+    QuantizeBackwardArgs,
+    QuantizeBackwardDescriptor,
+    QuantizeBackwardPlan,
+)
+from quantplan.ops.static_quantize import (
+    DequantizeArgs,
+    DequantizeDescriptor,
+    DequantizePlan,
+    QuantizeArgs,
+    QuantizeDescriptor,
+    QuantizePlan,
+)
+from quantplan.ops.swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
+from quantplan.runtime._device import cuda_available
+from quantplan.runtime.workspace import Workspace
+from quantplan.vocabulary._version import __version__
+from quantplan.vocabulary.errors import (
     InvalidArgumentType,
     InvalidProblem,
     KernelCompileError,
@@ -47,33 +77,7 @@ from .errors import (
     Unsupported,
     WorkspaceTooSmall,
 )
-from .fake_quantize import (
-    FakeQuantizeArgs,
-    FakeQuantizeBackwardArgs,
-    FakeQuantizeBackwardDescriptor,
-    FakeQuantizeBackwardPlan,
-    FakeQuantizeDescriptor,
-    FakeQuantizePlan,
-)
-from .functional import BlockQuantizedTensor, QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
-from .quantize_backward import (
-    DequantizeBackwardArgs,
-    DequantizeBackwardDescriptor,
-    DequantizeBackwardPlan,
-    QuantizeBackwardArgs,
-    QuantizeBackwardDescriptor,
-    QuantizeBackwardPlan,
-)
-from .static_quantize import (
-    DequantizeArgs,
-    DequantizeDescriptor,
-    DequantizePlan,
-    QuantizeArgs,
-    QuantizeDescriptor,
-    QuantizePlan,
-)
-from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
-from .types import (
+from quantplan.vocabulary.types import (
     HOST_ARCH,
     ArchSku,
     BackendKind,
@@ -93,7 +97,6 @@ from .types import (
     TensorScope,
     TokenScope,
 )
-from .workspace import Workspace
 
 __all__ = [
     "BlockScaledDequantizeArgs",

@@ -16,13 +16,13 @@ import sys
 import time
 from typing import Any
 
-from . import compiler
-from ._device import cuda_available, device_info
-from ._families import FAMILIES
-from ._precompile import INSTALL_HINT, check_nvrtc, precompile
-from ._version import __version__
-from .errors import KernelCompileError, QuantPlanError
-from .types import ArchSku
+from quantplan.runtime import compiler
+from quantplan.runtime._device import cuda_available, device_info
+from quantplan.runtime._families import FAMILIES
+from quantplan.runtime._precompile import INSTALL_HINT, check_nvrtc, precompile
+from quantplan.vocabulary._version import __version__
+from quantplan.vocabulary.errors import KernelCompileError, QuantPlanError
+from quantplan.vocabulary.types import ArchSku
 
 
 def _parser() -> argparse.ArgumentParser:

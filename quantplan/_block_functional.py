@@ -14,9 +14,9 @@ are allocated by x's library on x's device, and the plan runs on that library's 
 
 Where the arrays live: NumPy arrays and PyTorch CPU tensors run on the reference backend; CuPy
 arrays and PyTorch CUDA tensors on the CUDA kernels where they serve the problem
-(:func:`~quantplan.block_scaled.cuda_refusal`: MX 1x32, NVFP4 1x16 ``te`` and FP8 1x128 blocks
+(:func:`~quantplan.ops.block_scaled.cuda_refusal`: MX 1x32, NVFP4 1x16 ``te`` and FP8 1x128 blocks
 along the last axis, MXFP8 32x32 and FP8 128x128 tiles, nearest rounding, and NVFP4 1x16 with
-stochastic rounding too; dequantize: :func:`~quantplan.block_scaled.dequantize_refusal`, compact
+stochastic rounding too; dequantize: :func:`~quantplan.ops.block_scaled.dequantize_refusal`, compact
 scales along the last axis except FP8 128x128). The other calls on device arrays (MX stochastic
 rounding, other axes, NVFP4 ``torchao`` and 16x16, ...) run the reference on a host copy and
 return device arrays: the same bytes, at host speed (``qt.backend`` says which ran).
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ._frontend import NUMPY, TORCH, Target, dtype_name, remember_replay, replay
-from .block_scaled import (
+from quantplan._frontend import NUMPY, TORCH, Target, dtype_name, remember_replay, replay
+from quantplan.ops.block_scaled import (
     BlockScaledDequantizeArgs,
     BlockScaledDequantizeDescriptor,
     BlockScaledDequantizePlan,
@@ -50,11 +50,11 @@ from .block_scaled import (
     cuda_refusal,
     dequantize_refusal,
 )
-from .elements import ELEMENTS
-from .errors import InvalidArgumentType, InvalidProblem
-from .types import BackendKind, ElementKind, PlanPreference, Rounding
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.errors import InvalidArgumentType, InvalidProblem
+from quantplan.vocabulary.types import BackendKind, ElementKind, PlanPreference, Rounding
 
-#: One-liner names of the block-scaled formats -> :data:`quantplan.formats.FORMATS` rows (f32 scales
+#: One-liner names of the block-scaled formats -> :data:`quantplan.vocabulary.formats.FORMATS` rows (f32 scales
 #: for the FP8 blocks; ``scale_format="ue8m0"`` picks the UE8M0 row).
 BLOCK_NAMES: dict[str, str] = {
     "mxfp8": "mxfp8_e4m3",
@@ -231,7 +231,7 @@ class BlockQuantizedTensor:
 
     @property
     def format(self) -> str:
-        """The :data:`quantplan.formats.FORMATS` row (``mxfp8_e4m3``, ``nvfp4``, ``fp8_block_e4m3_ue8m0``, ...)."""
+        """The :data:`quantplan.vocabulary.formats.FORMATS` row (``mxfp8_e4m3``, ``nvfp4``, ``fp8_block_e4m3_ue8m0``, ...)."""
         return self.descriptor.format
 
     @property

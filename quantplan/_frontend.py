@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ._fast_check import _args_fields, pointer_launcher
-from ._launch import make_context_current
-from ._operands import _READERS, _cupy_operand_direct
-from ._operands import dtype_name as _dtype_name
-from .errors import InvalidArgumentType, InvalidProblem, Unsupported
-from .types import BackendKind, PlanPreference
-from .workspace import Workspace
+from quantplan.runtime._fast_check import _args_fields, pointer_launcher
+from quantplan.runtime._launch import make_context_current
+from quantplan.runtime._operands import _READERS, _cupy_operand_direct
+from quantplan.runtime._operands import dtype_name as _dtype_name
+from quantplan.runtime.workspace import Workspace
+from quantplan.vocabulary.errors import InvalidArgumentType, InvalidProblem, Unsupported
+from quantplan.vocabulary.types import BackendKind, PlanPreference
 
 #: Plans one thread keeps (least recently used dropped first).
 PLAN_CACHE_SIZE = 256
@@ -512,7 +512,7 @@ def replay(
     ``outputs`` ((shape, NumPy-style dtype) each, the remaining array fields of ``args``, in
     order) on it, and the plan's workspace where it needs one (a fresh buffer per call, as the
     full path's), launches ``plan`` on the library's current stream through
-    :func:`quantplan._fast_check.pointer_launcher`, and returns ``finish(*arrays, *outputs)``. It returns
+    :func:`quantplan.runtime._fast_check.pointer_launcher`, and returns ``finish(*arrays, *outputs)``. It returns
     None when a check fails or the launch is refused (nothing launched: the caller takes its full
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidProblem
-from .types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope
+from quantplan.vocabulary.errors import InvalidProblem
+from quantplan.vocabulary.types import ChannelScope, ElementKind, GroupScope, Scope, TensorScope, TokenScope
 
 #: The ``quantplan`` operator namespace (every front-end defines its operators in it).
 LIBRARY = torch.library.Library("quantplan", "FRAGMENT")

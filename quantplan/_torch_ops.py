@@ -42,10 +42,8 @@ from typing import Any
 
 import torch
 
-from ._affine import storage_shape
-from ._frontend import Target, remember_replay, replay, replay_of
-from ._layout import param_shape
-from ._torch_library import (
+from quantplan._frontend import Target, remember_replay, replay, replay_of
+from quantplan._torch_library import (
     _KIND_INDEX,
     _KINDS,
     LIBRARY,
@@ -57,11 +55,13 @@ from ._torch_library import (
     signed_seed,
     unsigned_seed,
 )
-from .dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
-from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
-from .errors import InvalidProblem
-from .formats import affine_scale_dtype
-from .static_quantize import (
+from quantplan.ops.dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
+from quantplan.ops.dynamic_range import (
+    DynamicRangeQuantizeArgs,
+    DynamicRangeQuantizeDescriptor,
+    DynamicRangeQuantizePlan,
+)
+from quantplan.ops.static_quantize import (
     DequantizeArgs,
     DequantizeDescriptor,
     DequantizePlan,
@@ -69,8 +69,12 @@ from .static_quantize import (
     QuantizeDescriptor,
     QuantizePlan,
 )
-from .swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
-from .types import (
+from quantplan.ops.swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
+from quantplan.runtime._affine import storage_shape
+from quantplan.runtime._layout import param_shape
+from quantplan.vocabulary.errors import InvalidProblem
+from quantplan.vocabulary.formats import affine_scale_dtype
+from quantplan.vocabulary.types import (
     ElementKind,
     NibbleOrder,
     QuantMode,
@@ -79,7 +83,7 @@ from .types import (
 )
 
 #: The parameters' dtype for each float data element: the affine formats' scale element
-#: (:mod:`quantplan.formats`), never inferred from the arithmetic precision.
+#: (:mod:`quantplan.vocabulary.formats`), never inferred from the arithmetic precision.
 _PARAM_DTYPES: dict[ElementKind, Any] = {
     kind: getattr(torch, affine_scale_dtype(kind).name)
     for kind in (ElementKind.F16, ElementKind.BF16, ElementKind.F32, ElementKind.F64)

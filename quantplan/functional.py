@@ -46,15 +46,22 @@ from typing import Any
 
 import numpy as np
 
-from ._block_functional import BLOCK_NAMES, BLOCK_OPTIONS, BlockQuantizedTensor, dequantize_block, quantize_block
-from ._frontend import _LOCAL as _THREAD
-from ._frontend import TORCH, Target, dtype_name, remember_replay, replay
-from .dynamic_range import DynamicRangeQuantizeArgs, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
-from .elements import ELEMENTS
-from .errors import InvalidArgumentType, InvalidProblem
-from .fake_quantize import FakeQuantizeArgs, FakeQuantizeDescriptor, FakeQuantizePlan
-from .formats import FORMATS
-from .static_quantize import (
+from quantplan._block_functional import (
+    BLOCK_NAMES,
+    BLOCK_OPTIONS,
+    BlockQuantizedTensor,
+    dequantize_block,
+    quantize_block,
+)
+from quantplan._frontend import _LOCAL as _THREAD
+from quantplan._frontend import TORCH, Target, dtype_name, remember_replay, replay
+from quantplan.ops.dynamic_range import (
+    DynamicRangeQuantizeArgs,
+    DynamicRangeQuantizeDescriptor,
+    DynamicRangeQuantizePlan,
+)
+from quantplan.ops.fake_quantize import FakeQuantizeArgs, FakeQuantizeDescriptor, FakeQuantizePlan
+from quantplan.ops.static_quantize import (
     DequantizeArgs,
     DequantizeDescriptor,
     DequantizePlan,
@@ -62,7 +69,10 @@ from .static_quantize import (
     QuantizeDescriptor,
     QuantizePlan,
 )
-from .types import (
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.errors import InvalidArgumentType, InvalidProblem
+from quantplan.vocabulary.formats import FORMATS
+from quantplan.vocabulary.types import (
     ChannelScope,
     ElementKind,
     GroupScope,
@@ -357,7 +367,7 @@ def quantize(
     ``seed`` and ``offset``); deterministic.
     """
     if _traced(x):  # torch.compile: through the torch.library operators
-        from . import _torch_ops
+        from quantplan import _torch_ops
 
         code = _kind(dtype, CODE_NAMES, "dtype")
         given = (scope, group_size, axis, asymmetric, scale, zero_point, q_min, q_max, rounding, seed, offset)
@@ -537,7 +547,7 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     ElementKind). The output is a new array of the codes' library and device.
     """
     if type(qt) is QuantizedTensor and _traced(qt.codes):  # torch.compile: through the torch.library operator
-        from . import _torch_ops
+        from quantplan import _torch_ops
 
         out_kind = qt.descriptor.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
         return _torch_ops.dequantize(qt, out_kind)
@@ -630,7 +640,7 @@ def fake_quantize(
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
     if _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
-        from . import pytorch
+        from quantplan import pytorch
 
         return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
     # A call like an earlier one: replayed (allocate, launch) without this layer. Python scalars

@@ -52,7 +52,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without PyTorch
     raise ImportError("quantplan.pytorch needs PyTorch: pip install torch") from exc
 
-from ._frontend import (
+from quantplan._frontend import (
     PLAN_CACHE_SIZE,
     PhiloxCounter,
     Target,
@@ -65,17 +65,14 @@ from ._frontend import (
     replay_of,
     shaped,
 )
-from ._layout import normalize_axis, param_shape
-from ._operands import scalar_scale
-from ._torch_library import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
-from .dynamic_fake_quantize import (
+from quantplan._torch_library import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
+from quantplan.ops.dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
     DynamicRangeFakeQuantizePlan,
     dynamic_fake_quantize_range,
 )
-from .errors import InvalidProblem
-from .fake_quantize import (
+from quantplan.ops.fake_quantize import (
     FakeQuantizeArgs,
     FakeQuantizeBackwardArgs,
     FakeQuantizeBackwardDescriptor,
@@ -84,8 +81,20 @@ from .fake_quantize import (
     FakeQuantizePlan,
     lsq_geometry,
 )
-from .formats import affine_scale_dtype
-from .types import ChannelScope, ElementKind, GroupScope, QuantMode, Rounding, Scope, TensorScope, TokenScope
+from quantplan.runtime._layout import normalize_axis, param_shape
+from quantplan.runtime._operands import scalar_scale
+from quantplan.vocabulary.errors import InvalidProblem
+from quantplan.vocabulary.formats import affine_scale_dtype
+from quantplan.vocabulary.types import (
+    ChannelScope,
+    ElementKind,
+    GroupScope,
+    QuantMode,
+    Rounding,
+    Scope,
+    TensorScope,
+    TokenScope,
+)
 
 _ELEMENTS: dict[Any, ElementKind] = {
     torch.float16: ElementKind.F16,
@@ -94,7 +103,7 @@ _ELEMENTS: dict[Any, ElementKind] = {
     torch.float64: ElementKind.F64,
 }
 #: The parameters' dtype for each data element: the affine formats' scale element
-#: (:mod:`quantplan.formats`: float32, float64 for float64 data).
+#: (:mod:`quantplan.vocabulary.formats`: float32, float64 for float64 data).
 _PARAM_DTYPES: dict[ElementKind, Any] = {
     kind: getattr(torch, affine_scale_dtype(kind).name) for kind in _ELEMENTS.values()
 }

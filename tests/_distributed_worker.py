@@ -33,9 +33,9 @@ if __package__ in (None, ""):  # run as a script under torchrun: make the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quantplan import reference  # noqa: E402
-from quantplan.elements import ELEMENTS  # noqa: E402
-from quantplan.errors import Unsupported  # noqa: E402
-from quantplan.types import ElementKind, GroupScope, MathPrecision, QuantMode  # noqa: E402
+from quantplan.vocabulary.elements import ELEMENTS  # noqa: E402
+from quantplan.vocabulary.errors import Unsupported  # noqa: E402
+from quantplan.vocabulary.types import ElementKind, GroupScope, MathPrecision, QuantMode  # noqa: E402
 
 F32 = MathPrecision.F32
 #: Half a unit in the last place, relative, of each output dtype (round to nearest).

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_bad_inputs as table  # noqa: E402
 
 import quantplan as qp  # noqa: E402
-from quantplan.errors import QuantPlanError  # noqa: E402
+from quantplan.vocabulary.errors import QuantPlanError  # noqa: E402
 
 F16, BF16 = qp.ElementKind.F16, qp.ElementKind.BF16
 G128 = qp.GroupScope(axis=-1, group_size=128)
@@ -213,7 +213,7 @@ def _host(a: Any) -> np.ndarray:
 def _retyped(setup: Any) -> Any:
     """``setup`` with its float32 data arrays (the problem's shape) in the descriptor's float
     element (the table's setups make float32 data; the extras ask for 16-bit kinds)."""
-    from quantplan.elements import ELEMENTS
+    from quantplan.vocabulary.elements import ELEMENTS
 
     d = setup.desc
     kinds = [getattr(d, name, None) for name in ("element", "input_element", "output_element", "error_element")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 import quantplan as qp
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind
 
 REFERENCE = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
 
@@ -70,7 +70,7 @@ def random_zero_point(rng: np.random.Generator, shape: tuple[int, ...], kind: El
 
 def random_codes(rng: np.random.Generator, shape: tuple[int, ...], kind: ElementKind) -> np.ndarray:
     """Random storage bytes for codes of ``kind`` with logical ``shape`` (FP8: every byte, NaNs included)."""
-    from quantplan._affine import storage_shape
+    from quantplan.runtime._affine import storage_shape
 
     sshape = storage_shape(shape, kind)
     info = ELEMENTS[kind]

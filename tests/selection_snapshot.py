@@ -1,6 +1,6 @@
 """What every affine plan selects by default, on simulated A100 and H100 GPUs (CPU).
 
-:func:`snapshot` selects the plans whose kernel schedule ``quantplan._selection`` chooses
+:func:`snapshot` selects the plans whose kernel schedule ``quantplan.runtime._selection`` chooses
 (dynamic-range quantize, dynamic-range fake quantize, static quantize / dequantize, fake
 quantize, swizzled quantize, the DeepSpeed-format passes) over a grid of problems, element kinds
 and scopes on simulated sm_80 / 108-SM and sm_90 / 132-SM GPUs (``benchmarks/host_sim.py``:
@@ -33,10 +33,10 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))
 import host_sim  # noqa: E402
 
 import quantplan as qp  # noqa: E402
-from quantplan import _device  # noqa: E402
-from quantplan._launch import LaunchPair, PreparedLaunch  # noqa: E402
-from quantplan.compat import _deepspeed_plans as ds  # noqa: E402
-from quantplan.types import ElementKind as EK  # noqa: E402
+from quantplan.ops import deepspeed_format as ds  # noqa: E402
+from quantplan.runtime import _device  # noqa: E402
+from quantplan.runtime._launch import LaunchPair, PreparedLaunch  # noqa: E402
+from quantplan.vocabulary.types import ElementKind as EK  # noqa: E402
 
 #: (major, minor, multiprocessors): an A100 and an H100.
 GPUS = ((8, 0, 108), (9, 0, 132))

@@ -38,7 +38,7 @@ import pytest
 from helpers import random_codes, random_floats, random_scale
 
 import quantplan as qp
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 ASYM = qp.QuantMode.ASYMMETRIC
 STOCHASTIC = qp.Rounding.STOCHASTIC

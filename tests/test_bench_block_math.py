@@ -1,5 +1,5 @@
 """CPU: the plain PyTorch block-scaled formats of ``benchmarks/block_math.py`` (the ``torch.compile``
-column of bench_peers' block-scaled rows) give the bytes of ``quantplan.reference_block_scaled``.
+column of bench_peers' block-scaled rows) give the bytes of ``quantplan.reference.block_scaled``.
 
 Eager PyTorch on the CPU, fresh random data of ragged shapes (partial blocks), with the special
 values of MICROSCALING.md §1.4 planted: zero blocks, NaN and ±Inf blocks, subnormal amax, values
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import block_math  # noqa: E402
 
-import quantplan.reference_block_scaled as rb  # noqa: E402
+import quantplan.reference.block_scaled as rb  # noqa: E402
 
 DTYPES = {"float32": (torch.float32, np.float32), "bfloat16": (torch.bfloat16, ml_dtypes.bfloat16)}
 

@@ -16,7 +16,7 @@ from helpers import to_device
 
 pytestmark = pytest.mark.gpu
 
-rbs = pytest.importorskip("quantplan.reference_block_scaled")
+rbs = pytest.importorskip("quantplan.reference.block_scaled")
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32]
 MX_ELEMENTS = ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8"]
@@ -50,7 +50,7 @@ def _data(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, block: 
 def _run(x: np.ndarray, misaligned: bool = False, **kw):  # noqa: ANN202
     import cupy
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     dtype = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
     xd = to_device(x)
@@ -133,7 +133,7 @@ def test_large_tensor_past_2_31_elements() -> None:
     """More than 2**31 elements: 64-bit indexing (the last rows hold a distinctive block)."""
     import cupy
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     rows, cols = 2**16 + 3, 2**15  # 2**31 + 3 * 2**15 float16 elements
     try:
@@ -170,7 +170,7 @@ def test_nvfp4_te_matches_reference(rng: np.random.Generator, dtype: type, amax_
         np.testing.assert_array_equal(codes.reshape(ref.codes.shape), ref.codes, err_msg=f"codes {shape}")
         np.testing.assert_array_equal(scales.reshape(ref.scales.shape), ref.scales, err_msg=f"scales {shape}")
         if amax_mode == "compute":
-            from quantplan._block_scaled_kernels import tensor_amax_of
+            from quantplan.runtime._block_scaled_kernels import tensor_amax_of
 
             dname = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
             got = tensor_amax_of(to_device(x), dname, cupy.cuda.get_current_stream()).get()[0]
@@ -196,7 +196,7 @@ def test_nvfp4_misaligned_and_blocked_layout(rng: np.random.Generator, dtype: ty
 def test_dequantize_matches_reference(rng: np.random.Generator, out_dtype: str, fmt: str) -> None:
     import cupy
 
-    from quantplan._block_scaled_kernels import dequantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import dequantize_block_scaled
 
     out_np = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[out_dtype]
     for shape in [(4, 64), (3, 100), (2, 5, 48), (1, 15), (130, 257)]:

@@ -1,7 +1,7 @@
 """Block-scaled plans and one-liners on the reference backend (CPU).
 
 * descriptors: every bad combination raises a QuantPlanError before anything runs, outputs untouched;
-* ``BlockScaledQuantizePlan`` equals :mod:`quantplan.reference_block_scaled` byte for byte on fresh
+* ``BlockScaledQuantizePlan`` equals :mod:`quantplan.reference.block_scaled` byte for byte on fresh
   ragged random data, for every format, scale mode, block geometry, axis and scale layout (the
   expected layouts built here from the reference's own layout helpers);
 * ``BlockScaledDequantizePlan`` equals the reference dequantization of the same codes;
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan import reference_block_scaled as rb
-from quantplan.block_scaled import BLOCK_FORMATS, SCALE_LAYOUTS, compact_scales, layout_scales, resolve
-from quantplan.types import ElementKind as EK
+from quantplan.ops.block_scaled import BLOCK_FORMATS, SCALE_LAYOUTS, compact_scales, layout_scales, resolve
+from quantplan.reference import block_scaled as rb
+from quantplan.vocabulary.types import ElementKind as EK
 
 REF = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
 DTYPES = {EK.F16: np.float16, EK.BF16: ml_dtypes.bfloat16, EK.F32: np.float32}

@@ -34,7 +34,7 @@ import pytest
 from helpers import to_device
 
 import quantplan as qp
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
@@ -584,7 +584,7 @@ S_DEC_AMAXES = [0.0, 2.0**-149, 1e-40, 2.0**-126, 1e-30, 0.1, 3.0, 2688.0, 6e4, 
 
 @pytest.mark.parametrize("source", ["number", "device", "computed"])
 def test_the_kernel_writes_the_reference_s_dec(rng: np.random.Generator, source: str) -> None:
-    from quantplan import reference_block_scaled as rb
+    from quantplan.reference import block_scaled as rb
 
     amaxes = [*S_DEC_AMAXES, 1e39] if source == "number" else S_DEC_AMAXES
     for stochastic in (False, True):
@@ -615,8 +615,8 @@ def test_the_kernel_writes_the_reference_s_dec(rng: np.random.Generator, source:
 
 
 def test_the_launcher_writes_s_dec(rng: np.random.Generator) -> None:
-    from quantplan import reference_block_scaled as rb
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.reference import block_scaled as rb
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     x = (rng.standard_normal((5, 70)) * 3).astype(np.float32)
     xd = cupy.asarray(x)

@@ -18,7 +18,7 @@ the reference backend.
 ``benchmarks/host_sim.py`` simulates the GPU: nothing compiles, each kernel is a stand-in, the
 driver's launch and the runtime's copies are recorded.
 
-Also: the block-scaled kernel's schedule table and launch geometry (quantplan._block_scaled_kernels).
+Also: the block-scaled kernel's schedule table and launch geometry (quantplan.runtime._block_scaled_kernels).
 
 The kernel's slot arithmetic (a team of threads per block, or whole blocks per thread) must match
 what Python launches: too few threads would leave blocks unquantized, and a schedule holding two
@@ -37,12 +37,12 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan import _block_scaled_kernels as bk
-from quantplan import _block_scaled_tile_kernels as tk
-from quantplan import _device, _launch
-from quantplan import block_scaled as bs
-from quantplan import reference_block_scaled as rb
-from quantplan.types import ElementKind as EK
+from quantplan.ops import block_scaled as bs
+from quantplan.reference import block_scaled as rb
+from quantplan.runtime import _block_scaled_kernels as bk
+from quantplan.runtime import _block_scaled_tile_kernels as tk
+from quantplan.runtime import _device, _launch
+from quantplan.vocabulary.types import ElementKind as EK
 
 # ---- plans -----------------------------------------------------------------------------------------
 

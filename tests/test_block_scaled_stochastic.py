@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from quantplan import _block_scaled_kernels as bk
-from quantplan.errors import InvalidProblem, Unsupported
-from quantplan.reference_block_scaled import encode_elements_stochastic
+from quantplan.reference.block_scaled import encode_elements_stochastic
+from quantplan.runtime import _block_scaled_kernels as bk
+from quantplan.vocabulary.errors import InvalidProblem, Unsupported
 
 
 def _f(bits: np.ndarray) -> np.ndarray:

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from helpers import to_device
 
-from quantplan.philox import uniform_for_elements
+from quantplan.vocabulary.philox import uniform_for_elements
 
 pytestmark = pytest.mark.gpu
 
-rbs = pytest.importorskip("quantplan.reference_block_scaled")
+rbs = pytest.importorskip("quantplan.reference.block_scaled")
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32]
 SHAPES = [(4, 64), (3, 100), (2, 5, 48), (1, 15), (130, 33), (7, 4099), (64, 4096)]
@@ -49,7 +49,7 @@ def _data(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.n
 def _run(x: np.ndarray, misaligned: bool = False, **kw):  # noqa: ANN202
     import cupy
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     dtype = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
     xd = to_device(x)
@@ -99,7 +99,7 @@ def test_every_schedule_and_misaligned(rng: np.random.Generator, dtype: type, se
     """Each schedule row of blocks of 16 and each stochastic candidate schedule (one, two or four
     whole blocks per thread, a persistent grid) forced on the same data, and the general schedule
     on misaligned operands."""
-    from quantplan import _block_scaled_kernels as bk
+    from quantplan.runtime import _block_scaled_kernels as bk
 
     seed, offset = seed_offset
     shape = (48, 1024)
@@ -145,7 +145,7 @@ def test_large_tensor_past_2_31_elements() -> None:
     """More than 2**31 elements: the words of the last row come from flat indices past 2**31."""
     import cupy
 
-    from quantplan._block_scaled_kernels import quantize_block_scaled
+    from quantplan.runtime._block_scaled_kernels import quantize_block_scaled
 
     rows, cols = 2**16 + 3, 2**15
     try:

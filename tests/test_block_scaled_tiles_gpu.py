@@ -20,7 +20,7 @@ from helpers import to_device
 
 pytestmark = pytest.mark.gpu
 
-rbs = pytest.importorskip("quantplan.reference_block_scaled")
+rbs = pytest.importorskip("quantplan.reference.block_scaled")
 
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32]
 MX_ELEMENTS = ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8"]
@@ -61,7 +61,7 @@ def _dtype_name(x: np.ndarray) -> str:
 def _tiles(x: np.ndarray, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
     import cupy
 
-    from quantplan._block_scaled_tile_kernels import quantize_block_scaled_2d
+    from quantplan.runtime._block_scaled_tile_kernels import quantize_block_scaled_2d
 
     codes, scales = quantize_block_scaled_2d(to_device(x), input_dtype=_dtype_name(x), **kw)
     cupy.cuda.get_current_stream().synchronize()
@@ -71,7 +71,7 @@ def _tiles(x: np.ndarray, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
 def _transpose(x: np.ndarray, **kw: Any) -> tuple[np.ndarray, ...]:
     import cupy
 
-    from quantplan._block_scaled_tile_kernels import quantize_transpose_block_scaled
+    from quantplan.runtime._block_scaled_tile_kernels import quantize_transpose_block_scaled
 
     out = quantize_transpose_block_scaled(to_device(x), input_dtype=_dtype_name(x), **kw)
     cupy.cuda.get_current_stream().synchronize()
@@ -209,8 +209,8 @@ def test_mxfp8_te_layout_matches_reference(rng: np.random.Generator, dtype: type
 def test_bad_requests_raise_before_launch() -> None:
     import cupy
 
-    from quantplan._block_scaled_tile_kernels import quantize_block_scaled_2d, quantize_transpose_block_scaled
-    from quantplan.errors import InvalidProblem, Unsupported
+    from quantplan.runtime._block_scaled_tile_kernels import quantize_block_scaled_2d, quantize_transpose_block_scaled
+    from quantplan.vocabulary.errors import InvalidProblem, Unsupported
 
     x = cupy.zeros((64, 64), cupy.float16)
     with pytest.raises(Unsupported):
@@ -273,7 +273,7 @@ def test_transpose_schedules_match_reference(rng: np.random.Generator, dtype: ty
     """Every OPT choice of the fused kernel (rule-specialised tile code or not, the one-step
     division or not) gives the reference's bytes: MXFP8 rceil / floor, FP8 1x128 div / enc /
     mul_rcp with and without an amax floor, full and partial tiles."""
-    from quantplan._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
+    from quantplan.runtime._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
 
     sched = TransposeSchedule(TRANSPOSE_SCHEDULES[_dtype_name(np.zeros(1, dtype))].min_blocks, opt)
     for shape in [(256, 384), (129, 257), (160, 48)]:
@@ -319,7 +319,7 @@ def test_fp8_div_near_ties_16bit(rng: np.random.Generator, dtype: type, element:
     """The ``div`` rule on 16-bit inputs (one correction step, OPT bit 1) is correctly rounded on and
     around every rounding tie, in the rowwise and columnwise copies, with the amax floor binding on
     some blocks (their division takes the general sequence)."""
-    from quantplan._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
+    from quantplan.runtime._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
 
     sched = TransposeSchedule(TRANSPOSE_SCHEDULES["float16"].min_blocks, opt)
     x = _near_fp8_ties_16bit(rng, 256, 384, element, dtype)

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from quantplan._block_scaled_kernels import VECTOR_ELEMENTS, ScaleGeometry, scale_geometry
-from quantplan._block_scaled_tile_kernels import (
+from quantplan.runtime._block_scaled_kernels import VECTOR_ELEMENTS, ScaleGeometry, scale_geometry
+from quantplan.runtime._block_scaled_tile_kernels import (
     MAX_GRID_Y,
     THREADS,
     TILE_SCHEDULES,
@@ -239,7 +239,7 @@ def simulated_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import host_sim
 
-    from quantplan import _device
+    from quantplan.runtime import _device
 
     for owner, name, value in host_sim.gpu_patches(compile_kernels=False):
         monkeypatch.setattr(owner, name, value)
@@ -314,7 +314,7 @@ def test_plan_tile_launches_write_inside_their_buffers(
     simulated_gpu: Any, fmt: str, block: tuple[int, int], layouts: tuple[str, ...], kind: str
 ) -> None:
     import quantplan as qp
-    from quantplan.types import ElementKind
+    from quantplan.vocabulary.types import ElementKind
 
     dtype = {"BF16": "bfloat16", "F32": "float32"}[kind]
     cuda = qp.PlanPreference(backend=qp.BackendKind.CUDA)

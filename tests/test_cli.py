@@ -55,7 +55,7 @@ _SLOW_MAIN = textwrap.dedent(
     """
     import sys
 
-    import quantplan._precompile as pre
+    import quantplan.runtime._precompile as pre
     import slow_unit
 
     pre.check_nvrtc = lambda: None

@@ -8,10 +8,10 @@ import pytest
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.compat import _deepspeed_reference as dsref
 from quantplan.compat import deepspeed as ds
-from quantplan.philox import uniform_for_elements
-from quantplan.types import NibbleOrder, QuantMode
+from quantplan.reference import deepspeed_format as dsref
+from quantplan.vocabulary.philox import uniform_for_elements
+from quantplan.vocabulary.types import NibbleOrder, QuantMode
 
 pytestmark = pytest.mark.filterwarnings("error")
 

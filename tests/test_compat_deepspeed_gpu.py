@@ -45,10 +45,10 @@ import pytest
 from helpers import first_mismatch, float_bits_equal, random_floats
 
 import quantplan as qp
-from quantplan.compat import _deepspeed_reference as dsref
 from quantplan.compat import deepspeed as ds
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.reference import deepspeed_format as dsref
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 
@@ -369,7 +369,7 @@ def test_dense_quantize_variants(
     numel: int, groups: int, split: tuple[int, int, int], variant: str, bits: int, quant_type: int
 ) -> None:
     # The pass each shape selects: the lanes pass only for 16 lanes x 1 vector under the identity map.
-    from quantplan.compat._deepspeed_plans import DeepSpeedQuantizeDescriptor, DeepSpeedQuantizePlan
+    from quantplan.ops.deepspeed_format import DeepSpeedQuantizeDescriptor, DeepSpeedQuantizePlan
 
     nodes, dpn, pipeline = split
     mode = qp.QuantMode.ASYMMETRIC if quant_type == ASYM else qp.QuantMode.SYMMETRIC
@@ -805,7 +805,7 @@ def test_replayed_swizzle_reduction_and_moq_match_numpy(rng: np.random.Generator
 
 # ---- every forced schedule of the DeepSpeed-format plans, on ragged group counts ---------------
 
-#: Group sizes each schedule serves (``quantplan._selection``); a test draws one and a group count.
+#: Group sizes each schedule serves (``quantplan.runtime._selection``); a test draws one and a group count.
 FORCED_GROUP_SIZES = {
     "cluster": (2048, 4096, 16384),
     "lanes": (128,),
@@ -819,7 +819,7 @@ FORCED_GROUP_SIZES = {
 def _plan_both(plan_cls: Any, desc: Any, make_args: Any, schedule: str) -> None:
     """Run ``desc`` on the reference and, forced into ``schedule``, on the device; the outputs
     (``make_args(device)`` builds the Args and names the outputs) must match bit for bit."""
-    from quantplan._device import device_info
+    from quantplan.runtime._device import device_info
 
     if schedule == "cluster" and device_info(0).arch.major < 9:
         pytest.skip("thread-block clusters need sm_90")
@@ -841,7 +841,7 @@ def test_every_forced_quantize_schedule_matches_reference(
 ) -> None:
     import cupy
 
-    from quantplan.compat._deepspeed_plans import (
+    from quantplan.ops.deepspeed_format import (
         DeepSpeedQuantizeArgs,
         DeepSpeedQuantizeDescriptor,
         DeepSpeedQuantizePlan,
@@ -868,7 +868,7 @@ def test_every_forced_quantize_schedule_matches_reference(
 def test_every_forced_moq_schedule_matches_reference(rng: np.random.Generator, schedule: str, kind: EK) -> None:
     import cupy
 
-    from quantplan.compat._deepspeed_plans import MoQFakeQuantizeArgs, MoQFakeQuantizeDescriptor, MoQFakeQuantizePlan
+    from quantplan.ops.deepspeed_format import MoQFakeQuantizeArgs, MoQFakeQuantizeDescriptor, MoQFakeQuantizePlan
 
     groups, size = int(rng.integers(5, 40)), int(rng.choice(FORCED_GROUP_SIZES[schedule]))
     fast = schedule in ("cluster", "dense")  # SYMMETRIC nearest rounding only

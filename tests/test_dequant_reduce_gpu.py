@@ -17,8 +17,8 @@ from helpers import REFERENCE, first_mismatch, float_bits_equal, random_codes, r
 from test_swizzled_quantize_gpu import device_view
 
 import quantplan as qp
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 

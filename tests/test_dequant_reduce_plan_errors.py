@@ -7,7 +7,7 @@ import pytest
 from helpers import REFERENCE
 
 import quantplan as qp
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 ASYM = qp.QuantMode.ASYMMETRIC
 

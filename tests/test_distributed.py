@@ -29,9 +29,9 @@ import _distributed_worker as worker  # noqa: E402  (tests/ is on sys.path under
 
 import quantplan.distributed as qpd  # noqa: E402
 import quantplan.distributed._comm as qpd_comm  # noqa: E402
-from quantplan.elements import ELEMENTS  # noqa: E402
-from quantplan.errors import InvalidProblem, Unsupported  # noqa: E402
-from quantplan.types import ElementKind, QuantMode  # noqa: E402
+from quantplan.vocabulary.elements import ELEMENTS  # noqa: E402
+from quantplan.vocabulary.errors import InvalidProblem, Unsupported  # noqa: E402
+from quantplan.vocabulary.types import ElementKind, QuantMode  # noqa: E402
 
 S4, U4, S8, U8 = ElementKind.S4, ElementKind.U4, ElementKind.S8, ElementKind.U8
 SYM, ASYM = QuantMode.SYMMETRIC, QuantMode.ASYMMETRIC

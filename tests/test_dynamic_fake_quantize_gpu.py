@@ -14,8 +14,8 @@ import pytest
 from helpers import FLOATS, REFERENCE, SCOPES, first_mismatch, float_bits_equal, random_floats, to_device
 
 import quantplan as qp
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 
@@ -366,7 +366,7 @@ def test_row_shares_kernel_in_place(rng, mode, kind) -> None:
     with ``check=False``, after out-of-place calls taught its fast path."""
     import cupy
 
-    from quantplan._launch import launch_on
+    from quantplan.runtime._launch import launch_on
 
     shape = (16, 8192)
     desc = qp.DynamicRangeFakeQuantizeDescriptor(shape=shape, scope=qp.TokenScope(), mode=mode, element=kind, bits=8)

@@ -22,8 +22,8 @@ from helpers import (
 )
 
 import quantplan as qp
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 

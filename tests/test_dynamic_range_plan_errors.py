@@ -8,7 +8,7 @@ from helpers import REFERENCE
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 
 def desc(**kw: object) -> qp.DynamicRangeQuantizeDescriptor:

@@ -7,18 +7,18 @@ from dataclasses import replace
 import pytest
 
 import quantplan as qp
-from quantplan._affine import quantize_problem
-from quantplan._device import DeviceInfo
-from quantplan._families import (
+from quantplan.runtime._affine import quantize_problem
+from quantplan.runtime._device import DeviceInfo
+from quantplan.runtime._families import (
     CLUSTER_BLOCKS,
     LANES_SHAPES,
     SHARES_BLOCKS,
     dynamic_fake_quantize_unit,
     dynamic_segments_unit,
 )
-from quantplan._selection import cluster_geometry, fused_geometries, lanes_geometry, shares_geometry
-from quantplan.types import ArchSku, Rounding
-from quantplan.types import ElementKind as EK
+from quantplan.runtime._selection import cluster_geometry, fused_geometries, lanes_geometry, shares_geometry
+from quantplan.vocabulary.types import ArchSku, Rounding
+from quantplan.vocabulary.types import ElementKind as EK
 
 H200 = DeviceInfo(0, ArchSku(9, 0), 132)
 A100 = DeviceInfo(0, ArchSku(8, 0), 108)

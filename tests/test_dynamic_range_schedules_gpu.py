@@ -1,7 +1,7 @@
 """GPU: every schedule of the dynamic-range plans equals the reference bit for bit.
 
 The forced-schedule tests run each schedule of ``DynamicRangeQuantizePlan`` and
-``DynamicRangeFakeQuantizePlan`` (``PlanPreference(schedule=...)``, ``quantplan._selection``) on
+``DynamicRangeFakeQuantizePlan`` (``PlanPreference(schedule=...)``, ``quantplan.runtime._selection``) on
 ragged shapes: random row counts at the segment lengths the schedule serves, whatever the
 device's size would pick. The sections after them keep the edges each specialised kernel has
 been checked at, reached by the default selection (the variant asserts which kernel ran):
@@ -30,10 +30,10 @@ from test_dynamic_range_gpu import assert_same, data_with_special_segments, run_
 from test_fake_quantize_schedules_gpu import _dynamic
 
 import quantplan as qp
-from quantplan._device import device_info
-from quantplan._selection import SCHEDULES
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.runtime._device import device_info
+from quantplan.runtime._selection import SCHEDULES
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +43,7 @@ FLOATS16 = [EK.F16, EK.BF16]
 
 # ---- every forced schedule on ragged shapes ----------------------------------------------------
 
-#: Segment lengths each schedule serves (``quantplan._selection``); a test draws one and a random
+#: Segment lengths each schedule serves (``quantplan.runtime._selection``); a test draws one and a random
 #: row count, so every schedule runs on shapes its default choice would not give it.
 FORCED_LENGTHS = {
     "row-shares": (4096, 8192, 16384),

@@ -18,9 +18,9 @@ from helpers import FLOATS, REFERENCE, SCOPES, first_mismatch, float_bits_equal,
 
 import quantplan as qp
 from quantplan import reference
-from quantplan._layout import expand_params
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.runtime._layout import expand_params
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 

@@ -16,8 +16,8 @@ import pytest
 from helpers import REFERENCE, first_mismatch, float_bits_equal, random_floats, to_device
 
 import quantplan as qp
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""The fast path of ``Plan.run`` (``quantplan._fast_check``) never changes a verdict.
+"""The fast path of ``Plan.run`` (``quantplan.runtime._fast_check``) never changes a verdict.
 
 CPU only: CUDA plans are built without kernels (their launch captures the operand record), the
 arrays are fakes that expose what CuPy arrays / PyTorch tensors expose (dtype, shape, contiguity,
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan import _fast_check, _operands, _plan
-from quantplan._launch import stream_handle
-from quantplan._operands import Operand
-from quantplan.errors import QuantPlanError
+from quantplan.runtime import _fast_check, _operands, _plan
+from quantplan.runtime._launch import stream_handle
+from quantplan.runtime._operands import Operand
+from quantplan.vocabulary.errors import QuantPlanError
 
 F16, F32, I8, I32, I64, U8 = (np.dtype(n) for n in ("float16", "float32", "int8", "int32", "int64", "uint8"))
 
@@ -94,7 +94,7 @@ def _outcome(call: Any) -> tuple[Any, ...]:
 
 
 def _dynamic_plan(mode: qp.QuantMode, rounding: qp.Rounding = qp.Rounding.NEAREST_EVEN) -> Any:
-    from quantplan.dynamic_range import DynamicRangeQuantizePlan
+    from quantplan.ops.dynamic_range import DynamicRangeQuantizePlan
 
     desc = qp.DynamicRangeQuantizeDescriptor(
         shape=(4, 64), scope=qp.TokenScope(), mode=mode, input_element=qp.ElementKind.F16,
@@ -105,7 +105,7 @@ def _dynamic_plan(mode: qp.QuantMode, rounding: qp.Rounding = qp.Rounding.NEARES
 
 
 def _fake_plan() -> Any:
-    from quantplan.fake_quantize import FakeQuantizePlan
+    from quantplan.ops.fake_quantize import FakeQuantizePlan
 
     desc = qp.FakeQuantizeDescriptor(
         shape=(4, 64),

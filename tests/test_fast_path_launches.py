@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan import _device, _fast_check, _launch
+from quantplan.runtime import _device, _fast_check, _launch
 
 pytest.importorskip("cupy")
 
@@ -347,7 +347,7 @@ def test_generic_tail_makes_traced_functions_store_their_constants_again(
     bytes the checks and ``_launch`` alone launch."""
     from cupy.cuda import runtime
 
-    from quantplan.fake_quantize import FakeQuantizePlan
+    from quantplan.ops.fake_quantize import FakeQuantizePlan
 
     memsets: list[tuple[int, ...]] = []
     monkeypatch.setattr(runtime, "memsetAsync", lambda *args: memsets.append(args))

@@ -1,4 +1,4 @@
-"""CPU: the format table (quantplan.formats) against independent facts.
+"""CPU: the format table (quantplan.vocabulary.formats) against independent facts.
 
 Element facts are the literals of MICROSCALING.md section 1.2 and SPEC.md section 3, the values
 ml_dtypes decodes for every code, and max finite recomputed here from the bit fields; the scale
@@ -16,10 +16,11 @@ import pytest
 from helpers import REFERENCE, random_floats
 
 import quantplan as qp
-from quantplan import _families, formats
-from quantplan.elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS
-from quantplan.formats import ELEMENT_FORMATS, FORMATS, BlockKind, Encoding, ZeroPoint, format_of
-from quantplan.types import ElementKind as EK
+from quantplan.runtime import _families
+from quantplan.vocabulary import formats
+from quantplan.vocabulary.elements import CODE_KINDS, ELEMENTS, FLOAT_KINDS
+from quantplan.vocabulary.formats import ELEMENT_FORMATS, FORMATS, BlockKind, Encoding, ZeroPoint, format_of
+from quantplan.vocabulary.types import ElementKind as EK
 
 # name: (bits, exponent bits, mantissa bits, bias, max finite, max code, emax_elem, min subnormal)
 SECTION_1_2 = {

@@ -15,8 +15,8 @@ import pytest
 from helpers import REFERENCE, random_floats
 
 import quantplan as qp
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 try:
     import torch

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 import quantplan as qp
-from quantplan import _device, _fast_check, _frontend, _launch
+from quantplan import _frontend
+from quantplan.runtime import _device, _fast_check, _launch
 
 pytest.importorskip("cupy")
 

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 import quantplan as qp
-from quantplan import _device, _families
-from quantplan.compat import _deepspeed_plans as ds
-from quantplan.types import ElementKind as EK
+from quantplan.ops import deepspeed_format as ds
+from quantplan.runtime import _device, _families
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytest.importorskip("cupy")
 
@@ -164,7 +164,7 @@ def _deepspeed() -> Iterator[Select]:
 
 
 def _block_scaled() -> Iterator[Select]:
-    from quantplan.block_scaled import (
+    from quantplan.ops.block_scaled import (
         BLOCK_FORMATS,
         COLUMNWISE,
         BlockScaledDequantizeDescriptor,
@@ -201,7 +201,7 @@ def block_scaled_launcher_names() -> set[str]:
     of the elements whose formats have no 2-D geometry (MXFP6, MXFP4, MXINT8;
     ``quantize_block_scaled_2d`` serves any MX element). (NVFP4 with stochastic rounding is the
     plans' now: the grid selects its twins.)"""
-    from quantplan import _block_scaled_tile_kernels as tk
+    from quantplan.runtime import _block_scaled_tile_kernels as tk
 
     names = set()
     for (block, dtype), sched in tk.TILE_SCHEDULES.items():
@@ -214,7 +214,7 @@ def block_scaled_launcher_names() -> set[str]:
 def test_block_scaled_plans_select_every_stochastic_nvfp4_twin(selections: _Recorder) -> None:
     """The stochastic NVFP4 instantiations (every input dtype and schedule row of blocks of 16) are
     selected by the plans themselves, not only by the launcher."""
-    from quantplan import _block_scaled_kernels as bk
+    from quantplan.runtime import _block_scaled_kernels as bk
 
     twins = {name for name in bk.instantiations() if "nv_e2m1_sr" in name}
     assert len(twins) == len(bk.INPUT_TAGS) * sum(block == 16 for _, block, _ in bk.SCHEDULES)

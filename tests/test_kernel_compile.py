@@ -1,6 +1,6 @@
 """CPU: NVRTC compiles the kernel instantiations for sm_80 and sm_90 (no GPU needed).
 
-Runs through the same compile layer the plans use (``quantplan.compiler``), bypassing the disk
+Runs through the same compile layer the plans use (``quantplan.runtime.compiler``), bypassing the disk
 cache so the compiler really runs. In CI (``CI`` set) a missing CuPy / NVRTC is a failure, not a skip.
 
 The default run compiles a *sample* of every family to cubins for sm_80 and sm_90: the fewest
@@ -16,10 +16,10 @@ import os
 
 import pytest
 
-from quantplan import _families, compiler
-from quantplan._precompile import SWEEP_FAST_COMPILE, sweep, sweep_options, sweep_programs
-from quantplan._tuning import kernel_options
-from quantplan.types import ArchSku
+from quantplan.runtime import _families, compiler
+from quantplan.runtime._precompile import SWEEP_FAST_COMPILE, sweep, sweep_options, sweep_programs
+from quantplan.runtime._tuning import kernel_options
+from quantplan.vocabulary.types import ArchSku
 
 
 def _nvrtc_or_skip() -> None:
@@ -92,8 +92,8 @@ SWEEP_TARGETS = [(ArchSku(9, 0), False), (ArchSku(8, 0), False)]
 def test_every_instantiation_compiles(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """Every instantiation of every family (``_families``: what the plans can select, checked by
     ``tests/test_instantiations.py``) compiles once per target of :data:`SWEEP_TARGETS`, in
-    programs of consecutive units (:func:`quantplan._precompile.sweep_programs`), on every core,
-    with :func:`quantplan._precompile.sweep_options`."""
+    programs of consecutive units (:func:`quantplan.runtime._precompile.sweep_programs`), on every core,
+    with :func:`quantplan.runtime._precompile.sweep_options`."""
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     programs = sweep_programs(SWEEP_TARGETS)
@@ -133,7 +133,7 @@ def test_the_sweep_options_compile_a_program_for_both_architectures() -> None:
 def test_compile_errors_carry_the_nvrtc_log(monkeypatch, tmp_path) -> None:  # noqa: ANN001
     _nvrtc_or_skip()
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
-    from quantplan.errors import KernelCompileError
+    from quantplan.vocabulary.errors import KernelCompileError
 
     with pytest.raises(KernelCompileError) as info:
         compiler.compile_instantiations(
@@ -149,7 +149,7 @@ def test_kernel_source_inlines_headers_once() -> None:
 
 
 def test_compile_units_cover_the_dtype_table() -> None:
-    from quantplan.elements import CODE_KINDS, FLOAT_KINDS
+    from quantplan.vocabulary.elements import CODE_KINDS, FLOAT_KINDS
 
     units = _families.compile_units("quantize")
     # packed kinds: two nibble orders; every combination with and without stochastic rounding

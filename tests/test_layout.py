@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan._layout import (
+from quantplan.runtime._layout import (
     DENSE_MAX_THREADS,
     DENSE_ROW_SHAPES,
     DENSE_SMALL_VEC,
@@ -25,7 +25,7 @@ from quantplan._layout import (
     param_shape,
     row_layout,
 )
-from quantplan.types import ElementKind
+from quantplan.vocabulary.types import ElementKind
 
 # ---- row layouts -----------------------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ def test_short_rows_merge_and_long_rows_split() -> None:
 @pytest.mark.parametrize(("shape", "scope"), CASES)
 def test_contiguous_segments_match_parameter_order(shape, scope) -> None:  # noqa: ANN001
     """Where contiguous_segment_length gives S, element i's parameter (by broadcasting) is i // S."""
-    from quantplan._layout import contiguous_segment_length
+    from quantplan.runtime._layout import contiguous_segment_length
 
     pshape = param_shape(shape, scope)
     index = np.arange(int(np.prod(pshape)), dtype=np.int64).reshape(pshape)
@@ -91,9 +91,9 @@ def test_fused_segment_geometry() -> None:
     """Teams: smallest power of two holding a segment, widened for small problems; None past the limit."""
     from dataclasses import replace
 
-    from quantplan._affine import resolve_affine_problem
-    from quantplan._selection import segment_geometry
-    from quantplan.types import ElementKind as EK
+    from quantplan.runtime._affine import resolve_affine_problem
+    from quantplan.runtime._selection import segment_geometry
+    from quantplan.vocabulary.types import ElementKind as EK
 
     def geometry(shape, scope, code=EK.S8, float_kind=EK.BF16, vec_max=8):  # noqa: ANN001, ANN202
         problem = resolve_affine_problem(
@@ -121,7 +121,7 @@ def test_fused_segment_geometry() -> None:
 
 
 def test_flat_fake_quantize_geometry_fills_the_gpu() -> None:
-    from quantplan._fake_rows import flat_geometry
+    from quantplan.runtime._fake_rows import flat_geometry
 
     assert flat_geometry(8192 * 8192 // 8, 132) == (256, 4)  # large: 256 threads x 4 vectors
     for n_vectors in (1, 3, 1000, 16384, 70000, 10**6):
@@ -184,7 +184,7 @@ def test_dense_layout_selection(kernel: str) -> None:
 def test_dense_row_threads() -> None:
     """Per-kernel block widths (DENSE_ROW_THREADS, empty by default: every kernel takes
     DENSE_MAX_THREADS); an entry narrows that kernel's blocks alone."""
-    import quantplan._layout as lay
+    import quantplan.runtime._layout as lay
 
     assert all(dense_row_threads(k) == DENSE_MAX_THREADS for k in DENSE_ROW_SHAPES)
     lay.DENSE_ROW_THREADS["dequantize_dense"] = 128
@@ -218,8 +218,8 @@ def test_fake_dense_rows_shape_per_op() -> None:
     """Fake quantization's dense rows (16-bit data): the forwards take two 16-byte vectors per
     thread, the straight-through backward one vector of each input, in blocks of 256; small
     problems take fewer vectors per thread."""
-    from quantplan._fake_rows import FakeOp, dense_block, dense_rows, dense_unroll
-    from quantplan._layout import row_layout
+    from quantplan.runtime._fake_rows import FakeOp, dense_block, dense_rows, dense_unroll
+    from quantplan.runtime._layout import row_layout
 
     layout = row_layout((8192, 8192), qp.ChannelScope(axis=0), 8, False, 132 * 2048)
     expect = {FakeOp.NEAREST: (256, 2, 2), FakeOp.STE: (256, 1, 4), FakeOp.STOCHASTIC: (256, 2, 2)}

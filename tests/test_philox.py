@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantplan import philox
-from quantplan.philox import philox4x32_10, uniform_for_elements
+from quantplan.vocabulary import philox
+from quantplan.vocabulary.philox import philox4x32_10, uniform_for_elements
 
 # Random123 tests/kat_vectors (D. E. Shaw Research; as copied into Random123-Boost
 # libs/random/test/test_philox.cpp): counter[4] key[2] -> output[4], hex uint32 words.

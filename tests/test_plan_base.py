@@ -1,4 +1,4 @@
-"""CPU: every plan derives from the one base (``quantplan._plan.Plan``) and ``run(..., check=False)``
+"""CPU: every plan derives from the one base (``quantplan.runtime._plan.Plan``) and ``run(..., check=False)``
 gives the checked run's results bit for bit (reference backend), with a one-line repr and no
 prepared launches on the reference backend."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan._plan import Plan
-from quantplan.compat import _deepspeed_plans as dsp
+from quantplan.ops import deepspeed_format as dsp
+from quantplan.runtime._plan import Plan
 
 EK = qp.ElementKind
 R = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)

@@ -24,9 +24,9 @@ torch = pytest.importorskip("torch")
 import quantplan as qp  # noqa: E402
 import quantplan.pytorch as qpt  # noqa: E402
 from quantplan import reference  # noqa: E402
-from quantplan._layout import expand_params  # noqa: E402
-from quantplan.elements import ELEMENTS  # noqa: E402
-from quantplan.types import ElementKind as EK  # noqa: E402
+from quantplan.runtime._layout import expand_params  # noqa: E402
+from quantplan.vocabulary.elements import ELEMENTS  # noqa: E402
+from quantplan.vocabulary.types import ElementKind as EK  # noqa: E402
 
 REFERENCE = qp.PlanPreference(backend=qp.BackendKind.REFERENCE)
 TORCH_DTYPES = {EK.F16: torch.float16, EK.BF16: torch.bfloat16, EK.F32: torch.float32, EK.F64: torch.float64}
@@ -451,7 +451,7 @@ def _dynamic_plan_output(
     offset: int | None = None,
 ) -> Any:
     """The plan run directly (REFERENCE for CPU tensors, CUDA for CUDA tensors)."""
-    from quantplan.dynamic_fake_quantize import (
+    from quantplan.ops.dynamic_fake_quantize import (
         DynamicRangeFakeQuantizeArgs,
         DynamicRangeFakeQuantizeDescriptor,
         DynamicRangeFakeQuantizePlan,

@@ -18,8 +18,8 @@ from helpers import CODES, FLOATS, REFERENCE, first_mismatch, float_bits_equal, 
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 
@@ -449,7 +449,7 @@ def test_chain_equals_fake_quantize_ste_for_power_of_two_scales(rng, float_kind,
 
 
 def _expand(params: np.ndarray, shape: tuple[int, ...], scope: qp.Scope) -> np.ndarray:
-    from quantplan._layout import expand_params
+    from quantplan.runtime._layout import expand_params
 
     return expand_params(params, shape, scope)
 

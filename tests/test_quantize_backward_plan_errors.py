@@ -14,7 +14,7 @@ import pytest
 from helpers import REFERENCE
 
 import quantplan as qp
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 SENTINEL = 77.0
 SHAPE = (4, 12)

@@ -15,9 +15,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from quantplan import reference_block_scaled as rb
-from quantplan.errors import InvalidProblem, Unsupported
-from quantplan.philox import uniform_for_elements
+from quantplan.reference import block_scaled as rb
+from quantplan.vocabulary.errors import InvalidProblem, Unsupported
+from quantplan.vocabulary.philox import uniform_for_elements
 
 pytestmark = pytest.mark.filterwarnings("error")
 

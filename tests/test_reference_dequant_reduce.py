@@ -8,9 +8,9 @@ from helpers import REFERENCE, random_floats
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
-from quantplan.types import GroupScope, MathPrecision, NibbleOrder, QuantMode
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
+from quantplan.vocabulary.types import GroupScope, MathPrecision, NibbleOrder, QuantMode
 
 pytestmark = pytest.mark.filterwarnings("error")
 

@@ -8,9 +8,9 @@ from helpers import REFERENCE, random_floats
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.dynamic_fake_quantize import dynamic_fake_quantize_range
-from quantplan.types import ElementKind as EK
-from quantplan.types import MathPrecision
+from quantplan.ops.dynamic_fake_quantize import dynamic_fake_quantize_range
+from quantplan.vocabulary.types import ElementKind as EK
+from quantplan.vocabulary.types import MathPrecision
 
 SYM, ASYM = qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC
 F32 = MathPrecision.F32
@@ -89,7 +89,7 @@ def test_equals_fake_quantize_with_its_parameters(rng) -> None:
     scope = qp.GroupScope(axis=-1, group_size=32)
     y, s, z = reference.dynamic_fake_quantize(x, scope, ASYM, 0, 15, F32)
     assert z is not None
-    from quantplan._layout import expand_params
+    from quantplan.runtime._layout import expand_params
 
     expected = reference.fake_quantize(
         x, expand_params(s, x.shape, scope), expand_params(z, x.shape, scope), 0, 15, F32
@@ -117,7 +117,7 @@ def test_reference_plan_runs_in_place_and_matches_the_function(rng, rounding) ->
     plan.run(None, None, qp.DynamicRangeFakeQuantizeArgs(buf, buf, s, z, **kw))
     uniform = None
     if kw:
-        from quantplan._operands import reference_uniform
+        from quantplan.runtime._operands import reference_uniform
 
         uniform = reference_uniform(shape, 9, 2)
     y, s_ref, z_ref = reference.dynamic_fake_quantize(x, scope, ASYM, 0, 31, F32, uniform)

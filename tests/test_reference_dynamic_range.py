@@ -7,10 +7,10 @@ import pytest
 from helpers import random_floats
 
 from quantplan import reference
-from quantplan._layout import expand_params, param_shape
-from quantplan.elements import ELEMENTS
-from quantplan.philox import uniform_for_elements
-from quantplan.types import (
+from quantplan.runtime._layout import expand_params, param_shape
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.philox import uniform_for_elements
+from quantplan.vocabulary.types import (
     ChannelScope,
     GroupScope,
     MathPrecision,
@@ -20,7 +20,7 @@ from quantplan.types import (
     TensorScope,
     TokenScope,
 )
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.filterwarnings("error")  # no RuntimeWarning (0/0, overflow, invalid) anywhere
 

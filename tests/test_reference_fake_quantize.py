@@ -15,10 +15,10 @@ from helpers import FLOATS, REFERENCE, SCOPES, first_mismatch, float_bits_equal,
 
 import quantplan as qp
 from quantplan import reference
-from quantplan._layout import expand_params, param_shape
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
-from quantplan.types import MathPrecision
+from quantplan.runtime._layout import expand_params, param_shape
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
+from quantplan.vocabulary.types import MathPrecision
 
 F32, F64 = MathPrecision.F32, MathPrecision.F64
 _KIND_OF = {np.dtype(np.float16): EK.F16, np.dtype(ml_dtypes.bfloat16): EK.BF16}

@@ -17,8 +17,8 @@ from helpers import REFERENCE, random_floats
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 SYM, ASYM = qp.QuantMode.SYMMETRIC, qp.QuantMode.ASYMMETRIC
 F32 = np.float32

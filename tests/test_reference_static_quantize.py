@@ -8,9 +8,9 @@ from helpers import REFERENCE
 
 import quantplan as qp
 from quantplan import reference
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
-from quantplan.types import MathPrecision, NibbleOrder
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
+from quantplan.vocabulary.types import MathPrecision, NibbleOrder
 
 
 def quantize(x, scale, zp=None, out=EK.S8, scope=None, **kw) -> np.ndarray:  # noqa: ANN001

@@ -1,7 +1,7 @@
 """Selection in one module changed no default choice (CPU, simulated A100 and H100).
 
 ``tests/data/selection_snapshot.json`` was recorded from the code before the affine plans'
-schedule choice moved to :mod:`quantplan._selection` (``tests/selection_snapshot.py``): per
+schedule choice moved to :mod:`quantplan.runtime._selection` (``tests/selection_snapshot.py``): per
 bucket of problems, a digest of each plan's variant, workspace, kernels (name expression, grid,
 block, argument bytes at ``select``) and run-time alignments. The current code must select the
 same, bucket for bucket.
@@ -33,7 +33,7 @@ def test_default_selection_is_unchanged() -> None:
     assert not changed, f"{len(changed)} buckets select differently, e.g. {changed[:5]}"
 
 
-#: The name of each plan's op in ``quantplan._selection.SCHEDULES``.
+#: The name of each plan's op in ``quantplan.runtime._selection.SCHEDULES``.
 OPS = {
     "DynamicRangeQuantizePlan": "dynamic_quantize",
     "DynamicRangeFakeQuantizePlan": "dynamic_fake_quantize",
@@ -54,7 +54,7 @@ def test_forcing_a_schedule_selects_it_and_the_default_is_one_of_them() -> None:
     cluster schedules on sm_90 only); and forcing some schedule reproduces the default
     selection record for record (kernels, grids, argument bytes, alignments)."""
     import quantplan as qp
-    from quantplan._selection import SCHEDULES
+    from quantplan.runtime._selection import SCHEDULES
 
     stride = 17
     default = selection_snapshot.snapshot(stride=stride)

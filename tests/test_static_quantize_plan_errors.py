@@ -10,8 +10,8 @@ import pytest
 from helpers import REFERENCE
 
 import quantplan as qp
-from quantplan.types import ElementKind as EK
-from quantplan.workspace import check_workspace
+from quantplan.runtime.workspace import check_workspace
+from quantplan.vocabulary.types import ElementKind as EK
 
 SENTINEL = 77
 

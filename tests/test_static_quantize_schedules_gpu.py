@@ -2,7 +2,7 @@
 ``dequantize_backward_dense``) equal the reference backend bit for bit.
 
 The static plans take these kernels for 16-bit floats on the hot layouts (contiguous rows, the
-row's length a multiple of the vector, groups of whole vectors; ``quantplan._layout.dense_row_layout``).
+row's length a multiple of the vector, groups of whole vectors; ``quantplan.runtime._layout.dense_row_layout``).
 The shapes here select them (the variant says ``dense``) and sit at their edges: one block per row,
 several chunks per row with a partial last one, short merged rows, a row shorter than a block, a
 small problem spread over small blocks, channel(axis 0) rows, groups of 16 / 48 / 128; data with
@@ -20,9 +20,9 @@ import pytest
 from helpers import CODES, REFERENCE, first_mismatch, float_bits_equal, random_codes, random_floats, to_device
 
 import quantplan as qp
-from quantplan._selection import SCHEDULES
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.runtime._selection import SCHEDULES
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 pytestmark = pytest.mark.gpu
 
@@ -134,7 +134,7 @@ def test_dense_backward_plans_match_reference(rng, float_kind, code_kind, case, 
 #: (scope, shape): the fp16 gradients' full vectors of 8 (problems past sm_count blocks of 256
 #: such vectors) on rows of 16 k + 8 elements and groups of 24 (not dense for a 16-element
 #: vector), a partial last chunk (513 vectors per row). bf16's quantize backward keeps vectors
-#: of 16 (quantplan._layout.DENSE_ROW_SHAPES_BY_FLOAT; the CASES above).
+#: of 16 (quantplan.runtime._layout.DENSE_ROW_SHAPES_BY_FLOAT; the CASES above).
 BACKWARD_EDGES = [
     (qp.TokenScope(), (140, 2056)),
     (qp.GroupScope(axis=-1, group_size=24), (150, 2040)),

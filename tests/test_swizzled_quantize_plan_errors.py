@@ -8,8 +8,8 @@ from helpers import REFERENCE
 from test_dequant_reduce_plan_errors import dr_desc
 
 import quantplan as qp
-import quantplan._affine
-from quantplan.types import ElementKind as EK
+import quantplan.runtime._affine
+from quantplan.vocabulary.types import ElementKind as EK
 
 ASYM = qp.QuantMode.ASYMMETRIC
 
@@ -70,13 +70,13 @@ def test_descriptors_are_frozen_hashable_and_forbid_extras() -> None:
 
 
 def test_reference_preference_is_honoured_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quantplan._plan, "cuda_available", lambda: True)
+    monkeypatch.setattr(quantplan.runtime._plan, "cuda_available", lambda: True)
     assert qp.SwizzledQuantizePlan.select(None, sq_desc(), REFERENCE).backend is qp.BackendKind.REFERENCE
     assert qp.DequantReducePlan.select(None, dr_desc(), REFERENCE).backend is qp.BackendKind.REFERENCE
 
 
 def test_default_preference_without_gpu_is_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quantplan._plan, "cuda_available", lambda: False)
+    monkeypatch.setattr(quantplan.runtime._plan, "cuda_available", lambda: False)
     plan = qp.SwizzledQuantizePlan.select(None, sq_desc())
     assert plan.backend is qp.BackendKind.REFERENCE and plan.workspace_size() == 0
     sku = plan.sku()

@@ -23,10 +23,10 @@ import pytest
 from helpers import REFERENCE, random_floats
 
 import quantplan as qp
-from quantplan import _device
-from quantplan import swizzled_quantize as sq
-from quantplan.elements import ELEMENTS
-from quantplan.types import ElementKind as EK
+from quantplan.ops import swizzled_quantize as sq
+from quantplan.runtime import _device
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.types import ElementKind as EK
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 

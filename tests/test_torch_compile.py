@@ -24,7 +24,7 @@ import quantplan as qp  # noqa: E402
 import quantplan.distributed  # noqa: E402, F401  (its operators are the _torch_ops ones)
 import quantplan.pytorch as qpt  # noqa: E402
 from quantplan import _torch_ops as ops  # noqa: E402
-from quantplan.types import ElementKind as EK  # noqa: E402
+from quantplan.vocabulary.types import ElementKind as EK  # noqa: E402
 
 
 def gpu(fn: Callable[..., Any]) -> Callable[..., Any]:

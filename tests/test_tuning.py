@@ -1,4 +1,4 @@
-"""CPU: the tuning table (``quantplan._tuning``) is the one source of the kernels' tuning values.
+"""CPU: the tuning table (``quantplan.runtime._tuning``) is the one source of the kernels' tuning values.
 
 The kernels take every value as a define the table generates, with no default of their own
 (``kernels/qp_tuning.cuh`` stops a compile without them); Python's launch geometry reads the same
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from test_kernel_compile import _nvrtc_or_skip
 
-from quantplan import _tuning, compiler
-from quantplan.errors import KernelCompileError, Unsupported
-from quantplan.types import ArchSku
+from quantplan.runtime import _tuning, compiler
+from quantplan.vocabulary.errors import KernelCompileError, Unsupported
+from quantplan.vocabulary.types import ArchSku
 
 KERNELS = Path(compiler.kernel_dir())
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def test_kernel_options_carry_every_define_once() -> None:
 
 def test_an_environment_override_moves_kernels_and_python_together() -> None:
     code = (
-        "import json; from quantplan import _families, _layout, _tuning; "
+        "import json; from quantplan.runtime import _families, _layout, _tuning; "
         "print(json.dumps([_tuning.TUNING.rows_block, _families.ROWS_BLOCK, "
         "_layout.DENSE_ROW_SHAPES['dequantize_dense'][1], list(_tuning.kernel_options())]))"
     )
@@ -97,7 +97,7 @@ def test_a_compile_without_the_table_stops(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setenv("QUANTPLAN_CACHE_DIR", str(tmp_path))
     with pytest.raises(KernelCompileError) as info:
         compiler.compile_instantiations("swizzled_quantize", [], ArchSku(9, 0), use_cache=False)
-    assert "is not defined: compile with quantplan._tuning.kernel_options()" in info.value.log
+    assert "is not defined: compile with quantplan.runtime._tuning.kernel_options()" in info.value.log
 
 
 #: A comment line stating a timing: a number with a time or bandwidth unit, a share of a copy,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan.types import ElementKind as EK
+from quantplan.vocabulary.types import ElementKind as EK
 
 ASYM = qp.QuantMode.ASYMMETRIC
 TOKEN = qp.TokenScope()

@@ -8,6 +8,6 @@
 
 from __future__ import annotations
 
-from . import deepspeed
+from quantplan.compat import deepspeed
 
 __all__ = ["deepspeed"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._frontend import PLAN_CACHE_SIZE, DeviceStream, Target, clear_plan_cache, dtype_name
+from quantplan._frontend import PLAN_CACHE_SIZE, DeviceStream, Target, clear_plan_cache, dtype_name
 
 
 def target(array: Any, *more: Any, names: tuple[str, ...] = ()) -> Target:

@@ -23,7 +23,7 @@ Functions: :func:`quantize`, :func:`dequantize`, :func:`dequantize_fp32`, :func:
 the MoQ fake quantizers ``ds_quantize_fp16`` / ``_fp32``, ``ds_sr_quantize_fp16`` / ``_fp32``,
 ``ds_quantize_asym_fp16`` / ``_fp32``, ``ds_sr_quantize_asym_fp16`` / ``_fp32``; the quantization
 type as :class:`QuantizationType` (``Symmetric`` / ``Asymmetric``, also module attributes).
-Each function builds a plan (:mod:`quantplan.compat._deepspeed_plans`, or
+Each function builds a plan (:mod:`quantplan.ops.deepspeed_format`, or
 :class:`~quantplan.DequantizePlan` for symmetric dequantization) and runs it where its arrays
 live (:mod:`quantplan.compat._arrays`).
 
@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from .._frontend import (
+from quantplan._frontend import (
     PhiloxCounter,
     Target,
     array_signature,
@@ -87,11 +87,8 @@ from .._frontend import (
     replayed,
     shaped,
 )
-from ..errors import InvalidProblem, MisalignedOperand, Unsupported
-from ..static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
-from ..types import ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding
-from ._arrays import clear_plan_cache, target
-from ._deepspeed_plans import (
+from quantplan.compat._arrays import clear_plan_cache, target
+from quantplan.ops.deepspeed_format import (
     DeepSpeedDequantizeArgs,
     DeepSpeedDequantizeDescriptor,
     DeepSpeedDequantizePlan,
@@ -105,6 +102,9 @@ from ._deepspeed_plans import (
     MoQFakeQuantizeDescriptor,
     MoQFakeQuantizePlan,
 )
+from quantplan.ops.static_quantize import DequantizeArgs, DequantizeDescriptor, DequantizePlan
+from quantplan.vocabulary.errors import InvalidProblem, MisalignedOperand, Unsupported
+from quantplan.vocabulary.types import ElementKind, GroupScope, NibbleOrder, QuantMode, Rounding
 
 
 class QuantizationType(enum.IntEnum):

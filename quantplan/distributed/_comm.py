@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._frontend import Target
-from ..errors import InvalidProblem, Unsupported
+from quantplan._frontend import Target
+from quantplan.vocabulary.errors import InvalidProblem, Unsupported
 
 
 class _Comm:

@@ -10,8 +10,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import torch
 
-from .._frontend import Target
-from .._torch_ops import (
+from quantplan._frontend import Target
+from quantplan._torch_ops import (
     dequant_reduce_out_op,
     dequantize_out_op,
     dynamic_quantize_out_op,
@@ -19,13 +19,13 @@ from .._torch_ops import (
     scope_ints,
     swizzled_quantize_out_op,
 )
-from ..dequant_reduce import DequantReduceDescriptor, DequantReducePlan
-from ..dynamic_range import DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
-from ..elements import ELEMENTS
-from ..errors import InvalidProblem, Unsupported
-from ..static_quantize import DequantizeDescriptor, DequantizePlan
-from ..swizzled_quantize import SwizzledQuantizeDescriptor, SwizzledQuantizePlan
-from ..types import ElementKind, GroupScope, QuantMode
+from quantplan.ops.dequant_reduce import DequantReduceDescriptor, DequantReducePlan
+from quantplan.ops.dynamic_range import DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
+from quantplan.ops.static_quantize import DequantizeDescriptor, DequantizePlan
+from quantplan.ops.swizzled_quantize import SwizzledQuantizeDescriptor, SwizzledQuantizePlan
+from quantplan.vocabulary.elements import ELEMENTS
+from quantplan.vocabulary.errors import InvalidProblem, Unsupported
+from quantplan.vocabulary.types import ElementKind, GroupScope, QuantMode
 
 Implementation = Literal["auto", "plans", "composed"]
 
