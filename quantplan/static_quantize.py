@@ -1,0 +1,9 @@
+"""Compatibility alias of :mod:`quantplan.ops.static_quantize` (the module moved to its layer's folder; see
+ARCHITECTURE.md, "Folders"). New code imports ``quantplan.ops.static_quantize``."""
+
+# quantplan compatibility alias (tools/relayer.py)
+import sys
+
+from quantplan.ops.static_quantize import *  # noqa: F403
+
+sys.modules[__name__] = sys.modules["quantplan.ops.static_quantize"]  # the same module object
