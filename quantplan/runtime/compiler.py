@@ -48,10 +48,11 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 def kernel_dir() -> Path:
     """Folder holding ``*.cu`` / ``*.cuh``: inside the installed package, else the repository's."""
-    packaged = Path(__file__).resolve().parent / "kernels"
+    package = Path(__file__).resolve().parent.parent  # quantplan/ (this module is quantplan/runtime/compiler.py)
+    packaged = package / "kernels"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "kernels"
+    return package.parent / "kernels"
 
 
 @cache
