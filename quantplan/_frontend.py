@@ -31,8 +31,8 @@ import numpy as np
 
 from quantplan.runtime._fast_check import _args_fields, pointer_launcher
 from quantplan.runtime._launch import make_context_current
-from quantplan.runtime._operands import _READERS, _cupy_operand_direct
-from quantplan.runtime._operands import dtype_name as _dtype_name
+from quantplan.runtime._readers import _READERS, _cupy_operand_direct
+from quantplan.runtime._readers import dtype_name as _dtype_name
 from quantplan.runtime.workspace import Workspace
 from quantplan.vocabulary.errors import InvalidArgumentType, InvalidProblem, Unsupported
 from quantplan.vocabulary.types import BackendKind, PlanPreference

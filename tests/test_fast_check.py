@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import quantplan as qp
-from quantplan.runtime import _fast_check, _operands, _plan
+from quantplan.runtime import _fast_check, _plan, _readers
 from quantplan.runtime._launch import stream_handle
 from quantplan.runtime._operands import Operand
 from quantplan.vocabulary.errors import QuantPlanError
@@ -63,10 +63,10 @@ class FakeTorch:
 
 @pytest.fixture(autouse=True)
 def _fakes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(_operands._READERS, FakeCupy, _operands._cupy_operand_direct)
-    monkeypatch.setitem(_operands._READERS, FakeTorch, _operands._torch_operand)
-    monkeypatch.setitem(_operands._POINTERS, FakeCupy, _operands._cupy_pointer)
-    monkeypatch.setitem(_operands._POINTERS, FakeTorch, _operands._torch_pointer)
+    monkeypatch.setitem(_readers._READERS, FakeCupy, _readers._cupy_operand_direct)
+    monkeypatch.setitem(_readers._READERS, FakeTorch, _readers._torch_operand)
+    monkeypatch.setitem(_readers._POINTERS, FakeCupy, _readers._cupy_pointer)
+    monkeypatch.setitem(_readers._POINTERS, FakeTorch, _readers._torch_pointer)
     monkeypatch.setattr(_fast_check, "current_device", lambda: 0)
     monkeypatch.setattr(_plan, "device_info", lambda device_id: SimpleNamespace(arch=SimpleNamespace(name="sm_90")))
 

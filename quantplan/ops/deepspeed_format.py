@@ -31,7 +31,7 @@ from pydantic import ConfigDict
 
 from quantplan.reference import deepspeed_format as dsref
 from quantplan.runtime._device import DeviceInfo, device_info, stream_device_id
-from quantplan.runtime._families import (
+from quantplan.runtime._kernel_names import (
     QGZ_WIDTHS,
     deepspeed_cluster_name,
     deepspeed_code_kind,

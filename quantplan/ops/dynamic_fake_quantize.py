@@ -31,7 +31,7 @@ from quantplan import reference
 from quantplan.runtime._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from quantplan.runtime._device import device_info, stream_device_id
 from quantplan.runtime._fake_rows import ZP_INT32, ZP_VALUE, FakeOp, FakeRowLaunches, prepare_fake_rows
-from quantplan.runtime._families import dynamic_fake_quantize_unit
+from quantplan.runtime._kernel_names import dynamic_fake_quantize_unit
 from quantplan.runtime._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from quantplan.runtime._layout import param_shape
 from quantplan.runtime._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform

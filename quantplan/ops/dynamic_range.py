@@ -29,7 +29,7 @@ import numpy as np
 from quantplan import reference
 from quantplan.runtime._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
 from quantplan.runtime._device import device_info, stream_device_id
-from quantplan.runtime._families import dynamic_segments_unit, row_kernel_name
+from quantplan.runtime._kernel_names import dynamic_segments_unit, row_kernel_name
 from quantplan.runtime._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
 from quantplan.runtime._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from quantplan.runtime._plan import REFERENCE_VARIANT, Plan, choose_backend

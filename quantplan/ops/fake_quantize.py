@@ -40,7 +40,7 @@ from quantplan.runtime._fake_rows import (
     FakeRowLaunches,
     prepare_fake_rows,
 )
-from quantplan.runtime._families import fake_quantize_unit
+from quantplan.runtime._kernel_names import fake_quantize_unit
 from quantplan.runtime._launch import LaunchPair, PreparedLaunch, fields, launch_on, occupancy_grid, params_struct
 from quantplan.runtime._layout import BLOCK_THREADS, UNROLL, contiguous_segment_length, param_shape
 from quantplan.runtime._operands import (

@@ -42,7 +42,7 @@ from quantplan.runtime._affine import (
     quantize_problem,
 )
 from quantplan.runtime._device import device_info, stream_device_id
-from quantplan.runtime._families import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit
+from quantplan.runtime._kernel_names import ROW_DENSE_FLOAT_KINDS, dense_row_kernel_name, dequantize_unit, quantize_unit
 from quantplan.runtime._launch import LaunchPair, PreparedLaunch, device_arg, launch_on, occupancy_grid, params_struct
 from quantplan.runtime._layout import BLOCK_THREADS, RowLayout, RowLayoutArgs, dense_row_layout, row_layout
 from quantplan.runtime._operands import Operand, OperandChecks, check_outputs, check_param_values

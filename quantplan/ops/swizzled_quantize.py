@@ -26,7 +26,7 @@ from pydantic import ConfigDict
 from quantplan import reference
 from quantplan.runtime._affine import ResolvedCodeRange
 from quantplan.runtime._device import device_info, stream_device_id
-from quantplan.runtime._families import (
+from quantplan.runtime._kernel_names import (
     QGZ_WIDTHS,
     error_tag,
     swizzled_dense_name,

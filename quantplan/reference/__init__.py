@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantplan.runtime._layout import expand_params, normalize_axis, param_shape
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.formats import element_format, format_of, is_served_code
 from quantplan.vocabulary.types import (
@@ -23,6 +22,9 @@ from quantplan.vocabulary.types import (
     Scope,
     TensorScope,
     TokenScope,
+    expand_params,
+    normalize_axis,
+    param_shape,
 )
 
 #: Byte written for any NaN by FP8 quantization (both formats): sign 0, all exponent and mantissa bits 1.

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
+from quantplan.runtime._cuda import cuda_available
 from quantplan.vocabulary.types import ArchSku
-
-
-@lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount()) > 0
-    except Exception:  # no CuPy, no driver, no device: all mean "no GPU"
-        return False
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ from typing import Any
 
 from quantplan.runtime import _launch
 from quantplan.runtime._launch import PreparedLaunch, stream_handle
-from quantplan.runtime._operands import _READERS, Operand, _cupy_operand, _cupy_operand_direct, _torch_operand, operand
+from quantplan.runtime._operand import Operand
+from quantplan.runtime._readers import _READERS, _cupy_operand, _cupy_operand_direct, _torch_operand, operand
 
 #: Signatures kept per mode (checked / unchecked).
 KEEP = 4

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quantplan.runtime._layout import dense_row_widths
-from quantplan.runtime._tuning import TUNING
+from quantplan.runtime._tuning import TUNING, dense_row_widths
 from quantplan.runtime.compiler import template_name
 from quantplan.vocabulary.elements import ELEMENTS, FLOAT_KINDS, acc_cpp
 from quantplan.vocabulary.formats import SERVED_CODE_KINDS as CODE_KINDS
@@ -135,7 +134,7 @@ def dense_row_kernel_name(
 
 
 def dense_row_kernel_names(kernel: str, float_kind: ElementKind, code_kind: ElementKind, high_first: bool) -> Unit:
-    """``kernel`` at each of its vector widths on ``float_kind`` (:func:`quantplan.runtime._layout.dense_row_shape`)."""
+    """``kernel`` at each of its vector widths on ``float_kind`` (:func:`quantplan.runtime._tuning.dense_row_shape`)."""
     widths = dense_row_widths(kernel, float_kind)
     return [dense_row_kernel_name(kernel, float_kind, code_kind, high_first, v) for v in widths]
 

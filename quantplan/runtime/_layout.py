@@ -1,5 +1,9 @@
 """Scopes -> parameter shapes and the canonical (rows x L) launch layout.
 
+(``param_shape`` is the vocabulary's, :mod:`quantplan.vocabulary.types`; the dense row kernels'
+shapes and ``BLOCK_THREADS`` are the tuning table's, :mod:`quantplan.runtime._tuning`: both are
+re-exported here.)
+
 Every elementwise plan runs on a contiguous tensor viewed as ``rows`` rows of ``L`` elements;
 ``kernels/qp_row_layout.cuh`` documents how (row, col) maps to a parameter index. This module
 derives those coefficients from a scope, merges short rows where the mapping allows it, picks
@@ -13,9 +17,20 @@ import ctypes
 import math
 from dataclasses import dataclass, replace
 
-from quantplan.runtime._tuning import TUNING
+from quantplan.runtime._tuning import (
+    BLOCK_THREADS,
+    DENSE_MAX_THREADS,
+    DENSE_ROW_SHAPES,
+    DENSE_ROW_SHAPES_BY_FLOAT,
+    DENSE_ROW_THREADS,
+    DENSE_SMALL_VEC,
+    TUNING,
+    dense_row_shape,
+    dense_row_threads,
+    dense_row_widths,
+)
 from quantplan.vocabulary._kinds import FakeOp
-from quantplan.vocabulary.errors import InvalidProblem, Unsupported
+from quantplan.vocabulary.errors import Unsupported
 from quantplan.vocabulary.types import (
     ChannelScope,
     ElementKind,
@@ -25,37 +40,14 @@ from quantplan.vocabulary.types import (
     TokenScope,
     expand_params,
     normalize_axis,
+    param_shape,
 )
 
-#: Threads per block of the row kernels; must match __launch_bounds__ in the .cu files.
-BLOCK_THREADS = 256
 #: Vectors each thread handles per (row, chunk) item (kQuantizeUnroll / kDequantizeUnroll).
 UNROLL = TUNING.row_unroll
 #: Rows shorter than this are merged with their neighbours where the scope allows.
 MERGE_BELOW = 2048
 _MAX_ROW = 2**31 - 1
-
-
-def param_shape(shape: tuple[int, ...], scope: Scope) -> tuple[int, ...]:
-    """Shape of the scale / zero-point tensor of ``scope`` on ``shape`` (SPEC section 3)."""
-    rank = len(shape)
-    if isinstance(scope, TensorScope):
-        return (1,) * rank
-    if rank == 0:
-        raise InvalidProblem(f"{scope.kind} scope needs a tensor of rank >= 1, got shape ()")
-    if isinstance(scope, TokenScope):
-        return (*shape[:-1], 1)
-    if isinstance(scope, ChannelScope):
-        axis = normalize_axis(scope.axis, rank, "channel scope")
-        return tuple(e if i == axis else 1 for i, e in enumerate(shape))
-    axis = normalize_axis(scope.axis, rank, "group scope")
-    g = scope.group_size
-    if shape[axis] % g != 0:
-        raise InvalidProblem(
-            f"group_size {g} does not divide the extent {shape[axis]} of axis {scope.axis} in shape {shape}; "
-            f"choose a group size that divides it (or pad the tensor)"
-        )
-    return tuple(e // g if i == axis else e for i, e in enumerate(shape))
 
 
 class RowLayoutArgs(ctypes.Structure):
@@ -248,57 +240,12 @@ def row_layout(shape: tuple[int, ...], scope: Scope, vec_max: int, packed: bool,
     )
 
 
-#: (elements per vector, vectors per thread) of each dense row kernel; the vectors per thread are
-#: the tuning table's (the kernels' kDense*Unroll).
-DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
-    "quantize_dense": (16, TUNING.dense_quantize_unroll),
-    "quantize_backward_dense": (8, TUNING.dense_quantize_backward_unroll),
-    "dequantize_dense": (8, TUNING.dense_dequantize_unroll),
-    "dequantize_backward_dense": (8, TUNING.dense_dequantize_backward_unroll),
-}
-#: Exceptions to DENSE_ROW_SHAPES for one float kind: the bf16 quantize backward keeps vectors of
-#: 16 (docs/performance.md, "What was tried").
-DENSE_ROW_SHAPES_BY_FLOAT: dict[tuple[str, ElementKind], tuple[int, int]] = {
-    ("quantize_backward_dense", ElementKind.BF16): (16, 1),
-}
-#: Elements per vector of each dense kernel on small problems (fewer elements than one 256-thread
-#: block of full vectors per SM; launch- and latency-bound): quantize and dequantize keep their full
-#: vectors, the gradients, which read two operands, take 4.
-DENSE_SMALL_VEC: dict[str, int] = {
-    "quantize_dense": 16,
-    "quantize_backward_dense": 4,
-    "dequantize_dense": 8,
-    "dequantize_backward_dense": 4,
-}
-#: Most threads of a dense block (``__launch_bounds__`` of the dense kernels: the tuning table's).
-DENSE_MAX_THREADS = TUNING.dense_rows_block
-#: Kernels whose blocks hold fewer threads than DENSE_MAX_THREADS on large problems (none by
-#: default; an experiment sets one here, e.g. ``benchmarks/probe_l2_state.py``).
-DENSE_ROW_THREADS: dict[str, int] = {}
 #: Fewest threads of a dense block (small problems take smaller blocks so that more SMs share them).
 _DENSE_MIN_THREADS = 64
 #: A small problem's block narrows while its grid holds fewer blocks than 1 / _DENSE_SM_SHARE of
 #: the SMs: fewer, wider blocks win on small problems (a block launched is a cost of its own when
 #: the whole problem is latency), down to about a quarter of the SMs.
 _DENSE_SM_SHARE = 4
-
-
-def dense_row_shape(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, int]:
-    """``(elements per vector, vectors per thread)`` of ``kernel`` on ``float_kind`` data."""
-    if float_kind is None:
-        return DENSE_ROW_SHAPES[kernel]
-    return DENSE_ROW_SHAPES_BY_FLOAT.get((kernel, float_kind), DENSE_ROW_SHAPES[kernel])
-
-
-def dense_row_threads(kernel: str) -> int:
-    """Most threads of a block of ``kernel`` (DENSE_ROW_THREADS, else DENSE_MAX_THREADS)."""
-    return DENSE_ROW_THREADS.get(kernel, DENSE_MAX_THREADS)
-
-
-def dense_row_widths(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, ...]:
-    """The vector widths ``kernel`` is instantiated at for ``float_kind``: its own, and the small
-    problems' one."""
-    return tuple(dict.fromkeys((dense_row_shape(kernel, float_kind)[0], DENSE_SMALL_VEC[kernel])))
 
 
 def dense_row_layout(

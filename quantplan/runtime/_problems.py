@@ -10,10 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantplan.runtime._layout import param_shape
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.formats import Format, affine_scale_element, format_of
-from quantplan.vocabulary.types import ElementKind, MathPrecision, NibbleOrder, QuantMode, Rounding, Scope
+from quantplan.vocabulary.types import ElementKind, MathPrecision, NibbleOrder, QuantMode, Rounding, Scope, param_shape
 
 
 def storage_shape(shape: tuple[int, ...], kind: ElementKind) -> tuple[int, ...]:

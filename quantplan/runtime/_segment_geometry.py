@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from quantplan.runtime._layout import BLOCK_THREADS
+from quantplan.runtime._tuning import BLOCK_THREADS
 from quantplan.vocabulary.types import ElementKind, QuantMode
 
 #: Largest team of the fused pass (threads holding one segment; __launch_bounds__ of the kernels).

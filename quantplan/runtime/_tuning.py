@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from quantplan.vocabulary._nvrtc_env import compile_options
+from quantplan.vocabulary.elements import ElementKind
 from quantplan.vocabulary.errors import Unsupported
 
 
@@ -168,6 +169,58 @@ def _table() -> Tuning:
 TUNING: Tuning = _table()
 
 
+# ---- block shapes of the row kernels (the launch layout and the kernel names both read them) -----
+
+#: Threads per block of the row kernels; must match __launch_bounds__ in the .cu files.
+BLOCK_THREADS = 256
+
+#: (elements per vector, vectors per thread) of each dense row kernel; the vectors per thread are
+#: the tuning table's (the kernels' kDense*Unroll).
+DENSE_ROW_SHAPES: dict[str, tuple[int, int]] = {
+    "quantize_dense": (16, TUNING.dense_quantize_unroll),
+    "quantize_backward_dense": (8, TUNING.dense_quantize_backward_unroll),
+    "dequantize_dense": (8, TUNING.dense_dequantize_unroll),
+    "dequantize_backward_dense": (8, TUNING.dense_dequantize_backward_unroll),
+}
+#: Exceptions to DENSE_ROW_SHAPES for one float kind: the bf16 quantize backward keeps vectors of
+#: 16 (docs/performance.md, "What was tried").
+DENSE_ROW_SHAPES_BY_FLOAT: dict[tuple[str, ElementKind], tuple[int, int]] = {
+    ("quantize_backward_dense", ElementKind.BF16): (16, 1),
+}
+#: Elements per vector of each dense kernel on small problems (fewer elements than one 256-thread
+#: block of full vectors per SM; launch- and latency-bound): quantize and dequantize keep their full
+#: vectors, the gradients, which read two operands, take 4.
+DENSE_SMALL_VEC: dict[str, int] = {
+    "quantize_dense": 16,
+    "quantize_backward_dense": 4,
+    "dequantize_dense": 8,
+    "dequantize_backward_dense": 4,
+}
+#: Most threads of a dense block (``__launch_bounds__`` of the dense kernels: the tuning table's).
+DENSE_MAX_THREADS = TUNING.dense_rows_block
+#: Kernels whose blocks hold fewer threads than DENSE_MAX_THREADS on large problems (none by
+#: default; an experiment sets one here, e.g. ``benchmarks/probe_l2_state.py``).
+DENSE_ROW_THREADS: dict[str, int] = {}
+
+
+def dense_row_shape(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, int]:
+    """``(elements per vector, vectors per thread)`` of ``kernel`` on ``float_kind`` data."""
+    if float_kind is None:
+        return DENSE_ROW_SHAPES[kernel]
+    return DENSE_ROW_SHAPES_BY_FLOAT.get((kernel, float_kind), DENSE_ROW_SHAPES[kernel])
+
+
+def dense_row_threads(kernel: str) -> int:
+    """Most threads of a block of ``kernel`` (DENSE_ROW_THREADS, else DENSE_MAX_THREADS)."""
+    return DENSE_ROW_THREADS.get(kernel, DENSE_MAX_THREADS)
+
+
+def dense_row_widths(kernel: str, float_kind: ElementKind | None = None) -> tuple[int, ...]:
+    """The vector widths ``kernel`` is instantiated at for ``float_kind``: its own, and the small
+    problems' one."""
+    return tuple(dict.fromkeys((dense_row_shape(kernel, float_kind)[0], DENSE_SMALL_VEC[kernel])))
+
+
 @cache
 def _defines(table: Tuning) -> tuple[str, ...]:
     return table.defines()
@@ -189,4 +242,18 @@ def kernel_options() -> tuple[str, ...]:
     return (*_defines(TUNING), *rest)
 
 
-__all__ = ["TUNING", "Tuning", "kernel_options", "macro"]
+__all__ = [
+    "BLOCK_THREADS",
+    "DENSE_MAX_THREADS",
+    "DENSE_ROW_SHAPES",
+    "DENSE_ROW_SHAPES_BY_FLOAT",
+    "DENSE_ROW_THREADS",
+    "DENSE_SMALL_VEC",
+    "TUNING",
+    "Tuning",
+    "dense_row_shape",
+    "dense_row_threads",
+    "dense_row_widths",
+    "kernel_options",
+    "macro",
+]

@@ -28,11 +28,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from quantplan.vocabulary._nvrtc_env import compile_options
 from quantplan.vocabulary.errors import KernelCompileError, Unsupported
-from quantplan.vocabulary.types import ArchSku
+
+
+class Arch(Protocol):
+    """What the compile layer reads of an architecture (:class:`~quantplan.ArchSku`): the compile
+    layer is a leaf over the vocabulary's lowest modules, so it takes any object with these."""
+
+    @property
+    def major(self) -> int: ...
+
+    @property
+    def minor(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def nvrtc_arch(self) -> str: ...
+
 
 #: ``logging.getLogger("quantplan")``: one INFO line per NVRTC compile (family, arch, kernels, where
 #: it is cached), so a first ``select`` that waits for the compiler says so
@@ -102,7 +119,7 @@ class CompiledModule:
 
 
 def compile_instantiations(
-    family: str, names: Sequence[str], arch: ArchSku, options: Sequence[str] = (), use_cache: bool = True
+    family: str, names: Sequence[str], arch: Arch, options: Sequence[str] = (), use_cache: bool = True
 ) -> CompiledModule:
     """Compile ``names`` of ``family`` for ``arch`` with NVRTC; no GPU needed.
 
@@ -164,7 +181,7 @@ def _nvrtc_compile(
 
 
 def check_instantiations(
-    family: str, names: Sequence[str], arch: ArchSku, options: Sequence[str] = (), *, ptx: bool = False
+    family: str, names: Sequence[str], arch: Arch, options: Sequence[str] = (), *, ptx: bool = False
 ) -> dict[str, str]:
     """Compile ``names`` of ``family`` for ``arch`` with NVRTC, without the cache, and return each
     name expression's lowered name (the NVRTC sweep). ``ptx``: compile for the virtual architecture
@@ -198,7 +215,7 @@ _modules_lock = threading.Lock()
 
 
 def load_kernels(
-    family: str, names: Sequence[str], arch: ArchSku, device_id: int, options: Sequence[str] = ()
+    family: str, names: Sequence[str], arch: Arch, device_id: int, options: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Compile (or fetch from cache) and load ``names``; returns name expression -> ``cupy`` Function.
 

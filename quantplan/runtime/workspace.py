@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from quantplan.runtime._device import cuda_available
+from quantplan.runtime._cuda import cuda_available
 from quantplan.vocabulary.errors import InvalidArgumentType, InvalidProblem, WorkspaceTooSmall
 
 

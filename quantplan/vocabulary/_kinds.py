@@ -1,41 +1,12 @@
-"""The enums of the vocabulary (element kinds, modes, rounding, nibble order, backends, precision,
-op categories), apart from the validated models of :mod:`quantplan.vocabulary.types`, which re-exports them:
-they import nothing, so the dtype table (:mod:`quantplan.vocabulary.elements`) reads them without the
-descriptors' pydantic machinery and error family."""
+"""The enums of the vocabulary (modes, rounding, nibble order, backends, op categories), apart from
+the validated models of :mod:`quantplan.vocabulary.types`, which re-exports them: they import
+nothing, so the format table (:mod:`quantplan.vocabulary.formats`) reads them without the
+descriptors' pydantic machinery and error family. The element kinds and the arithmetic precision
+are defined beside their dtype table, in :mod:`quantplan.vocabulary.elements`."""
 
 from __future__ import annotations
 
 import enum
-
-
-class ElementKind(str, enum.Enum):
-    """Element types of inputs, outputs and parameters.
-
-    Floats: F16, BF16, F32, F64. Quantized codes: S8, U8, S4 and U4 (the 4-bit kinds are packed
-    two per byte along the last axis, see :class:`NibbleOrder`), FP8_E4M3 (OCP e4m3fn, largest
-    finite 448, no infinities) and FP8_E5M2 (largest finite 57344). I32 is the zero-point type.
-
-    Data only, for the block-scaled formats (:mod:`quantplan.vocabulary.formats`; no plan accepts them yet,
-    every plan raises :class:`~quantplan.Unsupported`): FP6_E2M3 (max 7.5) and FP6_E3M2 (max 28),
-    one code per byte in bits 0-5; FP4_E2M1 (max 6), packed two per byte, element 2i in bits 0-3;
-    E8M0, the MX scale byte ``2**(s - 127)`` (0xFF NaN).
-    """
-
-    F16 = "f16"
-    BF16 = "bf16"
-    F32 = "f32"
-    F64 = "f64"
-    S8 = "s8"
-    U8 = "u8"
-    S4 = "s4"
-    U4 = "u4"
-    FP8_E4M3 = "fp8_e4m3"
-    FP8_E5M2 = "fp8_e5m2"
-    I32 = "i32"
-    FP6_E2M3 = "fp6_e2m3"
-    FP6_E3M2 = "fp6_e3m2"
-    FP4_E2M1 = "fp4_e2m1"
-    E8M0 = "e8m0"
 
 
 class QuantMode(str, enum.Enum):
@@ -68,13 +39,6 @@ class BackendKind(str, enum.Enum):
 
     CUDA = "cuda"
     REFERENCE = "reference"
-
-
-class MathPrecision(str, enum.Enum):
-    """Arithmetic type a plan computes in: F32 for F16/BF16/F32 data, F64 for F64 data."""
-
-    F32 = "f32"
-    F64 = "f64"
 
 
 class OpCategory(str, enum.Enum):
@@ -110,8 +74,6 @@ class FakeOp(enum.IntEnum):
 __all__ = [
     "FakeOp",
     "BackendKind",
-    "ElementKind",
-    "MathPrecision",
     "NibbleOrder",
     "OpCategory",
     "QuantMode",

@@ -1,4 +1,4 @@
-"""The one dtype table: everything quantplan knows about each :class:`ElementKind`.
+"""The element kinds, and the one dtype table: everything quantplan knows about each :class:`ElementKind`.
 
 Kernel template instantiations, operand dtype checks, NumPy storage types and default code
 ranges are all read from :data:`ELEMENTS`. Adding an element kind means adding one row here
@@ -10,13 +10,49 @@ these rows.
 from __future__ import annotations
 
 import ctypes
+import enum
 from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from quantplan.vocabulary._kinds import ElementKind, MathPrecision
+
+class ElementKind(str, enum.Enum):
+    """Element types of inputs, outputs and parameters.
+
+    Floats: F16, BF16, F32, F64. Quantized codes: S8, U8, S4 and U4 (the 4-bit kinds are packed
+    two per byte along the last axis, see :class:`~quantplan.NibbleOrder`), FP8_E4M3 (OCP e4m3fn, largest
+    finite 448, no infinities) and FP8_E5M2 (largest finite 57344). I32 is the zero-point type.
+
+    Data only, for the block-scaled formats (:mod:`quantplan.vocabulary.formats`; no plan accepts them yet,
+    every plan raises :class:`~quantplan.Unsupported`): FP6_E2M3 (max 7.5) and FP6_E3M2 (max 28),
+    one code per byte in bits 0-5; FP4_E2M1 (max 6), packed two per byte, element 2i in bits 0-3;
+    E8M0, the MX scale byte ``2**(s - 127)`` (0xFF NaN).
+    """
+
+    F16 = "f16"
+    BF16 = "bf16"
+    F32 = "f32"
+    F64 = "f64"
+    S8 = "s8"
+    U8 = "u8"
+    S4 = "s4"
+    U4 = "u4"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    I32 = "i32"
+    FP6_E2M3 = "fp6_e2m3"
+    FP6_E3M2 = "fp6_e3m2"
+    FP4_E2M1 = "fp4_e2m1"
+    E8M0 = "e8m0"
+
+
+class MathPrecision(str, enum.Enum):
+    """Arithmetic type a plan computes in: F32 for F16/BF16/F32 data, F64 for F64 data."""
+
+    F32 = "f32"
+    F64 = "f64"
 
 
 @dataclass(frozen=True)
@@ -149,6 +185,8 @@ __all__ = [
     "ELEMENTS",
     "FLOAT_KINDS",
     "ElementInfo",
+    "ElementKind",
+    "MathPrecision",
     "acc_cpp",
     "acc_ctype",
     "acc_element",

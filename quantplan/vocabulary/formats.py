@@ -31,21 +31,13 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from quantplan.vocabulary.elements import ELEMENTS, ElementInfo
+from quantplan.vocabulary._kinds import NibbleOrder, QuantMode
+from quantplan.vocabulary.elements import ELEMENTS, ElementInfo, ElementKind
 from quantplan.vocabulary.errors import Unsupported
-from quantplan.vocabulary.types import (
-    ChannelScope,
-    ElementKind,
-    GroupScope,
-    NibbleOrder,
-    QuantMode,
-    Scope,
-    TensorScope,
-    TokenScope,
-)
 
 
 class Encoding(str, enum.Enum):
@@ -300,17 +292,22 @@ NVFP4_TILE = BlockGeometry(BlockKind.TILE, 16, 16)
 FP8_BLOCK = BlockGeometry(BlockKind.BLOCK, 1, 128)
 FP8_TILE = BlockGeometry(BlockKind.TILE, 128, 128)
 
-_SCOPE_GEOMETRY: dict[type, BlockGeometry] = {
-    TensorScope: TENSOR,
-    ChannelScope: CHANNEL,
-    TokenScope: TOKEN,
-    GroupScope: GROUP,
-}
+
+class _Scoped(Protocol):
+    """A scope of :mod:`quantplan.vocabulary.types` (``TensorScope`` ...), read by its ``kind`` tag only:
+    the formats sit below the validated models."""
+
+    @property
+    def kind(self) -> str: ...
 
 
-def geometry_of(scope: Scope) -> BlockGeometry:
+#: A scope's ``kind`` tag -> its geometry.
+_SCOPE_GEOMETRY: dict[str, BlockGeometry] = {"tensor": TENSOR, "channel": CHANNEL, "token": TOKEN, "group": GROUP}
+
+
+def geometry_of(scope: _Scoped) -> BlockGeometry:
     """The block geometry of a scope (its axis and group size stay on the scope)."""
-    return _SCOPE_GEOMETRY[type(scope)]
+    return _SCOPE_GEOMETRY[scope.kind]
 
 
 # ---- zero point, formats -------------------------------------------------------------------------

@@ -16,14 +16,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from quantplan.vocabulary._kinds import (
     BackendKind,
-    ElementKind,
-    MathPrecision,
     NibbleOrder,
     OpCategory,
     QuantizeKind,
     QuantMode,
     Rounding,
 )
+from quantplan.vocabulary.elements import ElementKind, MathPrecision
 from quantplan.vocabulary.errors import InvalidProblem
 
 # ---------------------------------------------------------------------------------------------
@@ -175,6 +174,28 @@ def expand_params(params: np.ndarray, shape: tuple[int, ...], scope: Scope) -> n
     return params
 
 
+def param_shape(shape: tuple[int, ...], scope: Scope) -> tuple[int, ...]:
+    """Shape of the scale / zero-point tensor of ``scope`` on ``shape`` (SPEC section 3)."""
+    rank = len(shape)
+    if isinstance(scope, TensorScope):
+        return (1,) * rank
+    if rank == 0:
+        raise InvalidProblem(f"{scope.kind} scope needs a tensor of rank >= 1, got shape ()")
+    if isinstance(scope, TokenScope):
+        return (*shape[:-1], 1)
+    if isinstance(scope, ChannelScope):
+        axis = normalize_axis(scope.axis, rank, "channel scope")
+        return tuple(e if i == axis else 1 for i, e in enumerate(shape))
+    axis = normalize_axis(scope.axis, rank, "group scope")
+    g = scope.group_size
+    if shape[axis] % g != 0:
+        raise InvalidProblem(
+            f"group_size {g} does not divide the extent {shape[axis]} of axis {scope.axis} in shape {shape}; "
+            f"choose a group size that divides it (or pad the tensor)"
+        )
+    return tuple(e // g if i == axis else e for i, e in enumerate(shape))
+
+
 @dataclass(frozen=True)
 class ArchSku:
     """A GPU architecture by compute capability (``ArchSku(9, 0)`` is sm_90), or ``HOST``."""
@@ -302,6 +323,7 @@ class PlanPreference(Model):
 
 
 __all__ = [
+    "param_shape",
     "expand_params",
     "normalize_axis",
     "HOST_ARCH",
