@@ -24,8 +24,8 @@ raw handle, the element-wise steps as PyTorch ops, the CuPy NCCL calls on it; ``
 NCCL collectives are ordered with the current stream by PyTorch itself.
 
 Layout: communicators in ``_comm``, the qgZ / qwZ steps (checks, staging buffers, swizzle and
-dequantize-reduce, plans or composed) in ``_steps``, the collective classes in ``_collectives``,
-and the function wrappers with their per-process cache here.
+dequantize-reduce, plans or composed) in ``_steps``, and here the collective classes and the
+function wrappers with their per-process cache.
 
 Implementations (``implementation=``): ``"plans"`` runs :class:`~quantplan.SwizzledQuantizePlan`
 and :class:`~quantplan.DequantReducePlan`; ``"composed"`` runs the same math as
