@@ -38,10 +38,12 @@ from quantplan.vocabulary.types import (
     Scope,
     TensorScope,
     TokenScope,
-    expand_params,
     normalize_axis,
-    param_shape,
 )
+
+# Re-exported: the scopes' parameter shapes were this module's before they moved to the vocabulary.
+from quantplan.vocabulary.types import expand_params as expand_params
+from quantplan.vocabulary.types import param_shape as param_shape
 
 #: Vectors each thread handles per (row, chunk) item (kQuantizeUnroll / kDequantizeUnroll).
 UNROLL = TUNING.row_unroll
