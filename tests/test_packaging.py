@@ -1,4 +1,5 @@
-"""CPU: the wheel ships every kernel source (kernels/*.cu and *.cuh) and py.typed."""
+"""CPU: the wheel ships every kernel source (kernels/*.cu and *.cuh), every module of every layer folder,
+and py.typed."""
 
 from __future__ import annotations
 
@@ -32,3 +33,7 @@ def test_wheel_contains_every_kernel_source(tmp_path: Path) -> None:
     for name in sources:
         assert f"quantplan/kernels/{name}" in names, f"{name} missing from the wheel"
     assert "quantplan/py.typed" in names
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "quantplan").rglob("*.py"))
+    assert any(m.startswith("quantplan/runtime/") for m in modules), "no layer folder found"
+    missing = [m for m in modules if m not in names]
+    assert not missing, f"modules missing from the wheel: {missing}"
