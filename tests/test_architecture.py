@@ -134,6 +134,18 @@ def test_aliases_are_thin_and_unused() -> None:
     assert not users, f"modules importing a compatibility alias instead of the module: {users}"
 
 
+@pytest.mark.parametrize("alias", ALIASES)
+def test_an_alias_is_the_moved_module(alias: str) -> None:
+    """``import quantplan.<old>`` gives the moved module itself (one module object, so a patch or an
+    ``isinstance`` through either path sees the same thing), with its public names."""
+    import importlib
+
+    (target,) = [t for t, _ in GRAPH[alias]]
+    old = importlib.import_module(f"quantplan.{alias}")
+    assert old is importlib.import_module(f"quantplan.{target}")
+    assert old.__name__ == f"quantplan.{target}"
+
+
 @pytest.mark.parametrize("module", sorted(KNOWN))
 def test_no_import_runs_upward_or_sideways(module: str) -> None:
     mine = layer_of(module)
