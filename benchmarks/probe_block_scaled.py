@@ -64,13 +64,17 @@ def _schedules(block: int) -> list[Schedule]:
     return SCHEDULES + (SCHEDULES_16 if block == 16 else [])
 
 
-def _compile(name: str) -> str:
+def _compile(name: str, family: str = "block_scaled") -> str:
     from quantplan.runtime._tuning import kernel_options
     from quantplan.runtime.compiler import compile_instantiations
     from quantplan.vocabulary.types import ArchSku
 
-    compile_instantiations("block_scaled", [name], ArchSku.parse("sm_90"), kernel_options())
+    compile_instantiations(family, [name], ArchSku.parse("sm_90"), kernel_options())
     return name
+
+
+def _compile_tiles(name: str) -> str:
+    return _compile(name, "block_scaled_tiles")
 
 
 #: (label, block, rule) of the fused transpose probe; OPT choices of TransposeSchedule.
@@ -89,8 +93,19 @@ def _transpose_probe(only: str | None) -> None:
         TRANSPOSE_SCHEDULES,
         TransposeSchedule,
         quantize_transpose_block_scaled,
+        transpose_kernel_name,
     )
 
+    names = [
+        transpose_kernel_name(d, "e4m3", blk, False, rule == "div", True, TransposeSchedule(s.min_blocks, opt))
+        for d, s in TRANSPOSE_SCHEDULES.items()
+        if d != "float32"
+        for label, blk, rule in TRANSPOSE_CASES
+        if not only or only in label
+        for opt in TRANSPOSE_OPTS
+    ]
+    with ProcessPoolExecutor(16) as ex:  # every OPT choice compiled side by side, not one by one
+        list(ex.map(_compile_tiles, names))
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     for tdt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
         x = torch.randn((8192, 8192), device="cuda").mul_(4).to(tdt)
