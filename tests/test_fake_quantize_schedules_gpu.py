@@ -64,7 +64,8 @@ def _dynamic(
     yd = xd if in_place else cupy.full_like(xd, 0x3C)
     sd = cupy.full(desc.param_shape, 7.0, np.float32)
     zd = cupy.full(desc.param_shape, 99, np.int32) if desc.mode is ASYM else None
-    plan.run(None, None, qp.DynamicRangeFakeQuantizeArgs(xd, yd, sd, zd, **kw))
+    ws = qp.Workspace.allocate(plan.workspace_size())  # None when 0; multi-pass needs scratch
+    plan.run(None, ws, qp.DynamicRangeFakeQuantizeArgs(xd, yd, sd, zd, **kw))
     y = yd.get().view(x.dtype)
     assert float_bits_equal(y, y_ref), first_mismatch(y.view(np.uint16), y_ref.view(np.uint16))
     assert float_bits_equal(sd.get(), s_ref)
