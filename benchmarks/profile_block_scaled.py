@@ -2,7 +2,7 @@
 
     ncu --nvtx --nvtx-include "bs/" --set full -o OUT python3 benchmarks/profile_block_scaled.py [LABEL ...]
 
-Labels (8192 x 8192 bf16 unless the label says fp16): ``nvfp4``, ``nvfp4-fp16``, ``mxfp4``,
+Labels (8192 x 8192 bf16 unless the label says fp16): ``nvfp4``, ``nvfp4-fp16``, ``nvfp4-sr`` (stochastic), ``mxfp4``,
 ``fp8-128x128-div``, ``mxfp8-fused``, ``fp8-1x128-fused-div``, ``fp8-1x128-fused-enc``, ``mxfp8``.
 Each workload is launched once untimed (compile, warm-up) and once inside the NVTX range ``bs``, in the order
 named (the report lists them in that order).
@@ -25,6 +25,19 @@ WORKLOADS: dict[str, tuple[str, bool | None, dict[str, Any]]] = {
     # label: (dtype, fused (None: the 1-D kernel), kwargs)
     "nvfp4": ("bf16", None, {"element": "nvfp4", "block": 16, "rule": "te", "tensor_amax": "given"}),
     "nvfp4-fp16": ("fp16", None, {"element": "nvfp4", "block": 16, "rule": "te", "tensor_amax": "given"}),
+    "nvfp4-sr": (
+        "bf16",
+        None,
+        {
+            "element": "nvfp4",
+            "block": 16,
+            "rule": "te",
+            "tensor_amax": "given",
+            "rounding": "stochastic",
+            "seed": 7,
+            "offset": 3,
+        },
+    ),
     "mxfp4": ("bf16", None, {"element": "e2m1", "block": 32, "rule": "rceil"}),
     "mxfp8": ("bf16", None, {"element": "e4m3", "block": 32, "rule": "rceil"}),
     "fp8-128x128-div": ("bf16", False, {"block": (128, 128), "rule": "div"}),
