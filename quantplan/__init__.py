@@ -98,6 +98,45 @@ from quantplan.vocabulary.types import (
     TokenScope,
 )
 
+#: The public modules that moved into a layer folder, by their old top-level name (ARCHITECTURE.md,
+#: "Public import paths"). They are registered here, at import: ``import quantplan.types`` then
+#: finds the moved module loaded, so the import system binds no package attribute over a public
+#: function of the same name (``quantplan.fake_quantize`` stays the one-liner), and
+#: ``quantplan.types`` answers as it did before the move. The alias files at the old paths serve
+#: static tools (mypy, IDEs).
+_MOVED_PUBLIC = {
+    "types": "vocabulary.types",
+    "errors": "vocabulary.errors",
+    "elements": "vocabulary.elements",
+    "formats": "vocabulary.formats",
+    "philox": "vocabulary.philox",
+    "workspace": "runtime.workspace",
+    "compiler": "runtime.compiler",
+    "reference_block_scaled": "reference.block_scaled",
+    "static_quantize": "ops.static_quantize",
+    "quantize_backward": "ops.quantize_backward",
+    "dynamic_range": "ops.dynamic_range",
+    "fake_quantize": "ops.fake_quantize",
+    "dynamic_fake_quantize": "ops.dynamic_fake_quantize",
+    "swizzled_quantize": "ops.swizzled_quantize",
+    "dequant_reduce": "ops.dequant_reduce",
+    "block_scaled": "ops.block_scaled",
+}
+
+
+def _register_moved_public() -> None:
+    import importlib
+    import sys
+
+    names = globals()
+    for old, new in _MOVED_PUBLIC.items():
+        module = importlib.import_module(f"quantplan.{new}")
+        sys.modules.setdefault(f"quantplan.{old}", module)
+        names.setdefault(old, module)  # a public function of that name keeps it
+
+
+_register_moved_public()
+
 __all__ = [
     "BlockScaledDequantizeArgs",
     "BlockScaledDequantizeDescriptor",

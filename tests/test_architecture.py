@@ -146,6 +146,29 @@ def test_an_alias_is_the_moved_module(alias: str) -> None:
     assert old.__name__ == f"quantplan.{target}"
 
 
+def test_importing_an_old_path_keeps_the_package_names() -> None:
+    """Importing every old path (in a fresh interpreter) leaves the package's public names as they
+    were: ``quantplan.fake_quantize`` stays the one-liner, not the module of the same old name, and
+    each other old name answers with its moved module; the alias table of ``quantplan/__init__.py``
+    and the alias files agree."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, quantplan as qp\n"
+        f"aliases = {sorted(ALIASES)!r}\n"
+        "before = {n: getattr(qp, n) for n in qp.__all__}\n"
+        "mods = [importlib.import_module('quantplan.' + a) for a in aliases]\n"
+        "assert set(aliases) == set(qp._MOVED_PUBLIC), sorted(set(aliases) ^ set(qp._MOVED_PUBLIC))\n"
+        "assert {n: getattr(qp, n) for n in qp.__all__} == before\n"
+        "assert callable(qp.fake_quantize) and not isinstance(qp.fake_quantize, type(qp))\n"
+        "for a, m in zip(aliases, mods):\n"
+        "    assert a == 'fake_quantize' or getattr(qp, a) is m, a\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert run.returncode == 0, run.stderr
+
+
 @pytest.mark.parametrize("module", sorted(KNOWN))
 def test_no_import_runs_upward_or_sideways(module: str) -> None:
     mine = layer_of(module)
