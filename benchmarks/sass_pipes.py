@@ -1,25 +1,29 @@
 """Count a kernel's SASS instructions by issue pipe and weight them by the pipe's rate.
 
-The NVFP4 stochastic kernel is bound by instruction issue on the 16-lane pipes, not by memory:
-on sm_90 a warp instruction on a 32-lane pipe (FP32 add / multiply / FMA) takes one issue cycle
-of its SM sub-partition and one on a 16-lane pipe (the integer ALU: logic, shifts, adds,
-compares, min / max, PRMT, SEL; the integer multiplier: IMAD, IMAD.WIDE, IMAD.HI) takes two.
+On sm_90 a warp instruction on a 32-lane pipe (f32 add / multiply / fma, f16x2 arithmetic) takes
+one cycle of its SM sub-partition, one on a 16-lane pipe two: the integer logic unit (logic,
+shifts, adds, compares, min / max, ``PRMT``, ``SEL``, ``FMNMX``) and the integer multiplier
+(``IMAD``, ``IMAD.HI``, ``IMAD.WIDE``). The weighted count FULL + 2 * HALF (+ 4 * XU: conversions,
+``MUFU``) per element is the issue time of a warp's 32 elements; the NVFP4 stochastic kernel's
+time follows it (docs/performance.md: logic unit and multiplier add up, they do not overlap).
+
 This script compiles instantiations of a kernel family with NVRTC for sm_90 (no GPU needed),
 disassembles them (``$CUOBJDUMP`` / ``$NVDISASM`` or on ``PATH``, as ``sass_diff.py``), and
-prints per kernel: the instruction count of each class, per element of the kernel's main loop
-when ``--elements`` gives the elements one loop trip handles, and the weighted issue cycles per
-32 elements (a warp's worth), FULL * 1 + HALF * 2 (+ XU * 4: conversions and MUFU)::
+prints per kernel the count of each class and of each opcode, per element when ``--elements``
+gives the elements one loop trip handles, and the weighted cycles::
 
-    python benchmarks/sass_pipes.py block_scaled "block_scaled_quantize<...>" --elements 32 [--loop]
+    python benchmarks/sass_pipes.py block_scaled "block_scaled_quantize<...>" --elements 32 --loop --until STG.E.128
 
 ``--loop`` counts only the instructions between the first and the last backward branch target
 of the function's largest loop (the grid-stride loop), so setup code does not dilute the count;
-without it the whole function is counted. ``--dump FILE`` writes the SASS.
+``--until OPCODE`` stops at the last instruction of that opcode (the code store: the scale
+layouts' branches after it are cold); without them the whole function is counted. ``--dump
+FILE`` writes the SASS.
 
 Classes (sm_90; Nsight Compute's pipes ``fma``/``fmaheavy``, ``alu``, ``xu``, ``lsu``):
 FULL: FADD FMUL FFMA HADD2 HMUL2 HFMA2 (and FMUL32I / FFMA32I / FADD32I); HALF_ALU: LOP3 SHF
 IADD3 ISETP VIMNMX IMNMX PRMT SEL LEA FSEL FSETP FMNMX HMNMX2 VHMNMX FLO POPC BMSK LOP PLOP3
-P2R R2P F2FP I2FP F2IP; HALF_MUL: IMAD (all forms); XU: F2I I2F F2F MUFU; MEM and the rest
+P2R R2P F2FP I2FP F2IP VIMNMX3 VIADD; HALF_MUL: IMAD (all forms); XU: F2I I2F F2F MUFU; MEM and the rest
 (branches, moves, uniform-datapath U* instructions, S2R, shuffles) are listed but not weighted.
 ``MOV`` is counted apart (the compiler places it on either pipe).
 """
@@ -41,7 +45,7 @@ from quantplan.runtime._tuning import kernel_options  # noqa: E402
 
 FULL = {"FADD", "FMUL", "FFMA", "HADD2", "HMUL2", "HFMA2", "FMUL32I", "FFMA32I", "FADD32I"}
 HALF_ALU = {
-    "LOP3", "SHF", "IADD3", "ISETP", "VIMNMX", "IMNMX", "PRMT", "SEL", "LEA", "FSEL", "FSETP", "FMNMX",
+    "LOP3", "SHF", "IADD3", "ISETP", "VIMNMX", "VIMNMX3", "IMNMX", "PRMT", "SEL", "LEA", "FSEL", "FSETP", "FMNMX",
     "HMNMX2", "VHMNMX", "FLO", "POPC", "BMSK", "LOP", "PLOP3", "P2R", "R2P", "F2FP", "I2FP", "F2IP", "IABS",
     "LEA.HI", "IADD", "VIADD", "VIADDMNMX",
 }  # fmt: skip
@@ -127,7 +131,7 @@ def report(name: str, ops: list[str], elements: int) -> dict[str, float]:
     alu_cycles = 2 * classes["alu"] / per
     mul_cycles = 2 * (classes["imad"] + classes["imad_hi"] + classes["imad_wide"]) / per
     print(
-        f"  weighted issue cycles per warp of 32 elements (FULL + 2 * HALF + 4 * XU): {weighted:.1f};"
+        f"  weighted cycles per element (FULL + 2 * HALF + 4 * XU): {weighted:.1f};"
         f" ALU pipe alone {alu_cycles:.1f}, multiplier alone {mul_cycles:.1f}"
     )
     return {"weighted": weighted, **counts}
