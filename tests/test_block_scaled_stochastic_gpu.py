@@ -96,9 +96,9 @@ def test_nvfp4_stochastic_matches_reference(rng: np.random.Generator, dtype: typ
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("seed_offset", RNG_PAIRS, ids=str)
 def test_every_schedule_and_misaligned(rng: np.random.Generator, dtype: type, seed_offset: tuple[int, int]) -> None:
-    """Each schedule row of blocks of 16 and each stochastic candidate schedule (one, two or four
-    whole blocks per thread, a persistent grid) forced on the same data, and the general schedule
-    on misaligned operands."""
+    """Each schedule row of blocks of 16 and each stochastic candidate schedule (two or four whole
+    blocks per thread on a persistent grid) forced on the same data, and the general schedule on
+    misaligned operands."""
     from quantplan.runtime import _block_scaled_kernels as bk
 
     seed, offset = seed_offset

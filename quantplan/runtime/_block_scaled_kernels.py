@@ -106,23 +106,21 @@ SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
     (False, 32, False): Schedule(vecs=1, unroll=1, min_blocks=1),
     (False, 128, False): Schedule(vecs=1, unroll=1, min_blocks=1),
 }
-#: The schedules NVFP4 with stochastic rounding takes instead (its Philox words need registers
-#: that a second slot in flight would spill).
+#: The schedules NVFP4 with stochastic rounding takes instead: four vectors per thread at four
+#: resident blocks (its Philox words need registers that a second slot in flight would spill) on a
+#: persistent grid (the resident blocks stride over the tensor; the fastest of the schedules timed,
+#: docs/performance.md).
 STOCHASTIC_SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
-    (True, 16, False): Schedule(vecs=4, unroll=1, min_blocks=4),
+    (True, 16, False): Schedule(vecs=4, unroll=1, min_blocks=4, persistent=True),
 }
 #: Schedules of the stochastic kernel that ``benchmarks/probe_block_scaled.py --stochastic`` times
-#: side by side with a copy (the row above first): two, four or eight vectors per thread (one, two
-#: or four blocks; 4, 8 or 16 Philox draws per slot), at resident blocks each fits without
-#: spilling on sm_90 (4 vectors: 63 registers at 4 blocks, 80 at 3; 8 vectors: 80 at 3, 128 at 2;
-#: 8 vectors at 4 blocks and 2 vectors at 6 spill), and a persistent grid. Every one is bit-exact (``tests/test_block_scaled_stochastic_gpu.py``).
+#: side by side with a copy: the default above, and eight vectors per thread (four blocks, 16
+#: Philox draws per slot; 80 registers at 3 resident blocks, no spill on sm_90) on a persistent
+#: grid, the fewest instructions per element. Every one is bit-exact
+#: (``tests/test_block_scaled_stochastic_gpu.py``).
 STOCHASTIC_CANDIDATES: tuple[Schedule, ...] = (
-    Schedule(vecs=4, unroll=1, min_blocks=4),
-    Schedule(vecs=4, unroll=1, min_blocks=3),
-    Schedule(vecs=8, unroll=1, min_blocks=3),
-    Schedule(vecs=8, unroll=1, min_blocks=2),
-    Schedule(vecs=2, unroll=1, min_blocks=4),
     Schedule(vecs=4, unroll=1, min_blocks=4, persistent=True),
+    Schedule(vecs=8, unroll=1, min_blocks=3, persistent=True),
 )
 SMALL_BLOCKS_PER_SM = 4
 #: Elements of one 16-byte vector, by input dtype.
