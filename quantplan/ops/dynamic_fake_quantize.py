@@ -359,5 +359,4 @@ __all__ = [
     "DynamicRangeFakeQuantizeArgs",
     "DynamicRangeFakeQuantizeDescriptor",
     "DynamicRangeFakeQuantizePlan",
-    "dynamic_fake_quantize_range",
 ]
