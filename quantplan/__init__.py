@@ -21,6 +21,13 @@ from __future__ import annotations
 # The functional layer last: it builds on the plans above (qp.quantize is the function, not a module).
 from quantplan._frontend import clear_plan_cache  # noqa: E402
 from quantplan.functional import BlockQuantizedTensor, QuantizedTensor, dequantize, fake_quantize, quantize  # noqa: E402
+from quantplan.ops import dequant_reduce as _dequant_reduce
+from quantplan.ops import dynamic_fake_quantize as _dynamic_fake_quantize
+from quantplan.ops import dynamic_range as _dynamic_range
+from quantplan.ops import fake_quantize as _fake_quantize
+from quantplan.ops import quantize_backward as _quantize_backward
+from quantplan.ops import static_quantize as _static_quantize
+from quantplan.ops import swizzled_quantize as _swizzled_quantize
 from quantplan.ops.block_scaled import (
     BlockScaledDequantizeArgs,
     BlockScaledDequantizeDescriptor,
@@ -29,42 +36,13 @@ from quantplan.ops.block_scaled import (
     BlockScaledQuantizeDescriptor,
     BlockScaledQuantizePlan,
 )
-from quantplan.ops.dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
-from quantplan.ops.dynamic_fake_quantize import (
-    DynamicRangeFakeQuantizeArgs,
-    DynamicRangeFakeQuantizeDescriptor,
-    DynamicRangeFakeQuantizePlan,
-)
-from quantplan.ops.dynamic_range import (
-    DynamicRangeQuantizeArgs,
-    DynamicRangeQuantizeDescriptor,
-    DynamicRangeQuantizePlan,
-)
-from quantplan.ops.fake_quantize import (
-    FakeQuantizeArgs,
-    FakeQuantizeBackwardArgs,
-    FakeQuantizeBackwardDescriptor,
-    FakeQuantizeBackwardPlan,
-    FakeQuantizeDescriptor,
-    FakeQuantizePlan,
-)
-from quantplan.ops.quantize_backward import (
-    DequantizeBackwardArgs,
-    DequantizeBackwardDescriptor,
-    DequantizeBackwardPlan,
-    QuantizeBackwardArgs,
-    QuantizeBackwardDescriptor,
-    QuantizeBackwardPlan,
-)
-from quantplan.ops.static_quantize import (
-    DequantizeArgs,
-    DequantizeDescriptor,
-    DequantizePlan,
-    QuantizeArgs,
-    QuantizeDescriptor,
-    QuantizePlan,
-)
-from quantplan.ops.swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
+from quantplan.ops.dequant_reduce import *  # noqa: F403
+from quantplan.ops.dynamic_fake_quantize import *  # noqa: F403
+from quantplan.ops.dynamic_range import *  # noqa: F403
+from quantplan.ops.fake_quantize import *  # noqa: F403
+from quantplan.ops.quantize_backward import *  # noqa: F403
+from quantplan.ops.static_quantize import *  # noqa: F403
+from quantplan.ops.swizzled_quantize import *  # noqa: F403
 from quantplan.runtime._device import cuda_available
 from quantplan.runtime.workspace import Workspace
 from quantplan.vocabulary._version import __version__
@@ -138,38 +116,18 @@ def _register_moved_public() -> None:
 _register_moved_public()
 
 __all__ = [
+    "HOST_ARCH",
+    "ArchSku",
+    "BackendKind",
+    "BlockQuantizedTensor",
     "BlockScaledDequantizeArgs",
     "BlockScaledDequantizeDescriptor",
     "BlockScaledDequantizePlan",
     "BlockScaledQuantizeArgs",
     "BlockScaledQuantizeDescriptor",
     "BlockScaledQuantizePlan",
-    "DynamicRangeQuantizeArgs",
-    "DynamicRangeQuantizeDescriptor",
-    "DynamicRangeQuantizePlan",
-    "HOST_ARCH",
-    "ArchSku",
-    "BackendKind",
     "ChannelScope",
-    "DequantReduceArgs",
-    "DequantReduceDescriptor",
-    "DequantReducePlan",
-    "DequantizeArgs",
-    "DequantizeBackwardArgs",
-    "DequantizeBackwardDescriptor",
-    "DequantizeBackwardPlan",
-    "DequantizeDescriptor",
-    "DequantizePlan",
     "ElementKind",
-    "DynamicRangeFakeQuantizeArgs",
-    "DynamicRangeFakeQuantizeDescriptor",
-    "DynamicRangeFakeQuantizePlan",
-    "FakeQuantizeArgs",
-    "FakeQuantizeBackwardArgs",
-    "FakeQuantizeBackwardDescriptor",
-    "FakeQuantizeBackwardPlan",
-    "FakeQuantizeDescriptor",
-    "FakeQuantizePlan",
     "GroupScope",
     "InvalidArgumentType",
     "InvalidProblem",
@@ -183,29 +141,27 @@ __all__ = [
     "PrecisionGuarantee",
     "QuantMode",
     "QuantPlanError",
-    "QuantizeArgs",
-    "QuantizeBackwardArgs",
-    "QuantizeBackwardDescriptor",
-    "QuantizeBackwardPlan",
-    "QuantizeDescriptor",
     "QuantizeKind",
-    "QuantizePlan",
+    "QuantizedTensor",
     "Rounding",
     "Scope",
-    "SwizzledQuantizeArgs",
-    "SwizzledQuantizeDescriptor",
-    "SwizzledQuantizePlan",
     "TensorScope",
     "TokenScope",
     "Unsupported",
     "Workspace",
     "WorkspaceTooSmall",
-    "QuantizedTensor",
-    "BlockQuantizedTensor",
+    "__version__",
     "clear_plan_cache",
     "cuda_available",
     "dequantize",
     "fake_quantize",
     "quantize",
-    "__version__",
 ]
+# Each op module's ``__all__`` is exactly the names quantplan re-exports from it.
+__all__ += _dequant_reduce.__all__
+__all__ += _dynamic_fake_quantize.__all__
+__all__ += _dynamic_range.__all__
+__all__ += _fake_quantize.__all__
+__all__ += _quantize_backward.__all__
+__all__ += _static_quantize.__all__
+__all__ += _swizzled_quantize.__all__

@@ -55,20 +55,14 @@ from quantplan._torch_library import (
     signed_seed,
     unsigned_seed,
 )
+from quantplan.ops import static_quantize as _static_quantize
 from quantplan.ops.dequant_reduce import DequantReduceArgs, DequantReduceDescriptor, DequantReducePlan
 from quantplan.ops.dynamic_range import (
     DynamicRangeQuantizeArgs,
     DynamicRangeQuantizeDescriptor,
     DynamicRangeQuantizePlan,
 )
-from quantplan.ops.static_quantize import (
-    DequantizeArgs,
-    DequantizeDescriptor,
-    DequantizePlan,
-    QuantizeArgs,
-    QuantizeDescriptor,
-    QuantizePlan,
-)
+from quantplan.ops.static_quantize import DequantizeArgs, DequantizePlan, QuantizeArgs
 from quantplan.ops.swizzled_quantize import SwizzledQuantizeArgs, SwizzledQuantizeDescriptor, SwizzledQuantizePlan
 from quantplan.runtime._affine import storage_shape
 from quantplan.runtime._layout import param_shape
@@ -156,7 +150,7 @@ def _quantize_layout(
 def _concrete_layout(
     shape: tuple[int, ...], scope: tuple[int, ...], asymmetric: bool, float_kind: int, code: int, nibble: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    desc = QuantizeDescriptor(
+    desc = _static_quantize.QuantizeDescriptor(
         shape=shape,
         scope=scope_of(scope),
         mode=_MODES[asymmetric],
@@ -203,7 +197,7 @@ def _prepare(x: Any) -> tuple[Target, Any, ElementKind]:
 
 #: The quantize operators' (plan, descriptor) classes: the same descriptor fields.
 _DYNAMIC = (DynamicRangeQuantizePlan, DynamicRangeQuantizeDescriptor)
-_STATIC = (QuantizePlan, QuantizeDescriptor)
+_STATIC = (_static_quantize.QuantizePlan, _static_quantize.QuantizeDescriptor)
 
 
 def _code_plan(
@@ -406,8 +400,8 @@ torch.library.register_autograd(
 @lru_cache(maxsize=256)
 def _dequantize_descriptor(
     shape: tuple[int, ...], scope: tuple[int, ...], asymmetric: bool, code: int, output: int, nibble: int
-) -> DequantizeDescriptor:
-    return DequantizeDescriptor(
+) -> _static_quantize.DequantizeDescriptor:
+    return _static_quantize.DequantizeDescriptor(
         shape=shape,
         scope=scope_of(scope),
         mode=_MODES[asymmetric],
@@ -470,7 +464,7 @@ torch.library.register_autograd(
 
 #: Descriptors of the QuantizedTensors that traced quantize calls return, by problem (the fake
 #: implementations store them, see :func:`_traced_descriptor`).
-_DESCRIPTORS: dict[tuple[Any, ...], DequantizeDescriptor] = {}
+_DESCRIPTORS: dict[tuple[Any, ...], _static_quantize.DequantizeDescriptor] = {}
 
 
 def _store_descriptor(
@@ -481,7 +475,7 @@ def _store_descriptor(
         _DESCRIPTORS[key] = _dequantize_descriptor(*key)
 
 
-def _traced_descriptor(key: tuple[Any, ...]) -> DequantizeDescriptor:
+def _traced_descriptor(key: tuple[Any, ...]) -> _static_quantize.DequantizeDescriptor:
     """The QuantizedTensor's descriptor in a traced call. torch.compile cannot trace a pydantic
     model's construction, so the descriptor is made outside the trace: the quantize operators'
     fake implementations (which torch.compile runs as plain Python while it traces the call)

@@ -55,20 +55,13 @@ from quantplan._block_functional import (
 )
 from quantplan._frontend import _LOCAL as _THREAD
 from quantplan._frontend import TORCH, Target, dtype_name, remember_replay, replay
+from quantplan.ops import static_quantize as _static_quantize
 from quantplan.ops.dynamic_range import (
     DynamicRangeQuantizeArgs,
     DynamicRangeQuantizeDescriptor,
     DynamicRangeQuantizePlan,
 )
 from quantplan.ops.fake_quantize import FakeQuantizeArgs, FakeQuantizeDescriptor, FakeQuantizePlan
-from quantplan.ops.static_quantize import (
-    DequantizeArgs,
-    DequantizeDescriptor,
-    DequantizePlan,
-    QuantizeArgs,
-    QuantizeDescriptor,
-    QuantizePlan,
-)
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.errors import InvalidArgumentType, InvalidProblem
 from quantplan.vocabulary.formats import FORMATS
@@ -228,7 +221,7 @@ class _Quantizer:
     codes_dtype: str
     param_shape: tuple[int, ...]
     param_dtype: str
-    dequantize: DequantizeDescriptor
+    dequantize: _static_quantize.DequantizeDescriptor
 
 
 def _quantizer(
@@ -242,7 +235,9 @@ def _quantizer(
         param_dtype = _SCALE_DTYPES[desc.output_element, desc.input_element]
         # The dequantize problem of the codes: the shared fields copied, the two elements swapped.
         shared = {name: getattr(desc, name) for name in ("shape", "scope", "mode", "nibble_order")}
-        deq = DequantizeDescriptor(input_element=desc.output_element, output_element=desc.input_element, **shared)
+        deq = _static_quantize.DequantizeDescriptor(
+            input_element=desc.output_element, output_element=desc.input_element, **shared
+        )
 
         return _Quantizer(plan, desc.output_shape, codes_dtype, desc.param_shape, param_dtype, deq)
 
@@ -267,7 +262,7 @@ class QuantizedTensor:
     codes: Any
     scale: Any
     zero_point: Any
-    descriptor: DequantizeDescriptor
+    descriptor: _static_quantize.DequantizeDescriptor
 
     def dequantize(self, dtype: ElementKind | str | None = None) -> Any:
         """``(codes - zero_point) * scale`` as a new array of the original float dtype (or ``dtype``)."""
@@ -482,13 +477,13 @@ def quantize(
             remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish))
         result = QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
         return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2)
-    job = _quantizer(target, key, QuantizeDescriptor, QuantizePlan, fields)
+    job = _quantizer(target, key, _static_quantize.QuantizeDescriptor, _static_quantize.QuantizePlan, fields)
     if not isinstance(scale, (int, float)):
         scale_dtype = dtype_name(scale)
         if scale_dtype != job.param_dtype and scale_dtype in _FLOAT_SCALE_DTYPES:
             scale = _as_dtype(target, scale, job.param_dtype)  # rounded to the parameters' precision
     codes = target.empty(job.codes_shape, job.codes_dtype)
-    args = QuantizeArgs(arg(x), arg(codes), arg(scale), arg(zero_point), rng_seed, rng_offset)
+    args = _static_quantize.QuantizeArgs(arg(x), arg(codes), arg(scale), arg(zero_point), rng_seed, rng_offset)
     target.run_with_workspace(job.plan, args)
     result = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zero_point, job.dequantize)
     return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2, given=True)
@@ -584,11 +579,11 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
-    key = (DequantizePlan, desc, out_kind)
+    key = (_static_quantize.DequantizePlan, desc, out_kind)
 
     def build() -> Any:
         d = desc if out_kind is desc.output_element else desc.model_copy(update={"output_element": out_kind})
-        return target.select(DequantizePlan, d)
+        return target.select(_static_quantize.DequantizePlan, d)
 
     plan = target.cached(key, build)
     out_dtype = (
@@ -603,7 +598,9 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     codes = qt.codes
     if ELEMENTS[desc.input_element].is_fp8 and target.library == TORCH:
         codes = target.view(codes, "uint8")  # a CPU float8 tensor has no NumPy view
-    args = DequantizeArgs(target.arg(codes), target.arg(y), target.arg(scale), target.arg(qt.zero_point))
+    args = _static_quantize.DequantizeArgs(
+        target.arg(codes), target.arg(y), target.arg(scale), target.arg(qt.zero_point)
+    )
     target.run(plan, args)
     if replay_key is not None and codes is qt.codes and scale is qt.scale and 0 not in desc.shape:
 

@@ -66,6 +66,7 @@ from quantplan._frontend import (
     shaped,
 )
 from quantplan._torch_library import LIBRARY, define, fresh_like, scope_ints, scope_of, signed_seed, unsigned_seed
+from quantplan.ops import fake_quantize as _fake_op
 from quantplan.ops.dynamic_fake_quantize import (
     DynamicRangeFakeQuantizeArgs,
     DynamicRangeFakeQuantizeDescriptor,
@@ -77,8 +78,6 @@ from quantplan.ops.fake_quantize import (
     FakeQuantizeBackwardArgs,
     FakeQuantizeBackwardDescriptor,
     FakeQuantizeBackwardPlan,
-    FakeQuantizeDescriptor,
-    FakeQuantizePlan,
     lsq_geometry,
 )
 from quantplan.runtime._layout import normalize_axis, param_shape
@@ -240,8 +239,10 @@ def _static(
                 f"scope={scope!r} must be TensorScope(), ChannelScope(axis), TokenScope() or GroupScope(axis, group_size)"
             )
         pshape = param_shape(key[0], scope)
-        desc = FakeQuantizeDescriptor(shape=key[0], scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max)
-        return _Static(key, target.select(FakeQuantizePlan, desc), pshape)
+        desc = _fake_op.FakeQuantizeDescriptor(
+            shape=key[0], scope=scope, mode=mode, element=kind, q_min=q_min, q_max=q_max
+        )
+        return _Static(key, target.select(_fake_op.FakeQuantizePlan, desc), pshape)
 
     return target.cached((_Static, xc.shape, xc.dtype, _scope_key(scope), mode, q_min, q_max), build)  # type: ignore[no-any-return]
 

@@ -60,33 +60,9 @@ import torch
 
 from quantplan._frontend import Target
 from quantplan._torch_ops import dequantize_out_op, dynamic_quantize_out_op, kind_index, scope_ints
-from quantplan.distributed._comm import (
-    _HIERARCHY,
-    _HIERARCHY_LOCK,
-    _communicator,
-    _hierarchy,
-    _LocalComm,
-    _resolve_group,
-    nccl_communicator,
-)
-from quantplan.distributed._steps import (
-    Implementation,
-    _auto,
-    _Buffers,
-    _check_pair,
-    _code_kind,
-    _device,
-    _float_kind,
-    _mode,
-    _positive_int,
-    _ReduceComposed,
-    _ReducePlanStep,
-    _ReduceStep,
-    _SwizzleComposed,
-    _SwizzlePlanStep,
-    _SwizzleStep,
-    plan_label,
-)
+from quantplan.distributed import _comm, _steps
+from quantplan.distributed._comm import _resolve_group, nccl_communicator
+from quantplan.distributed._steps import Implementation, _check_pair, plan_label
 from quantplan.ops.dequant_reduce import DequantReduceDescriptor
 from quantplan.ops.dynamic_range import DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan
 from quantplan.ops.static_quantize import DequantizeDescriptor, DequantizePlan
@@ -196,15 +172,15 @@ class QuantizedReduceScatter:
             raise InvalidProblem(f"implementation={implementation!r} must be 'auto', 'plans' or 'composed'")
         self.numel = int(numel)
         self.dtype = dtype
-        self.float_kind = _float_kind(dtype, "dtype")
-        self.nodes = _positive_int("nodes", nodes)
-        self.group_size = _positive_int("group_size", group_size)
-        self.code = _code_kind(code)
-        self.mode = _mode(mode, self.code)
+        self.float_kind = _steps._float_kind(dtype, "dtype")
+        self.nodes = _steps._positive_int("nodes", nodes)
+        self.group_size = _steps._positive_int("group_size", group_size)
+        self.code = _steps._code_kind(code)
+        self.mode = _steps._mode(mode, self.code)
         self.average = bool(average)
-        self.device = _device(device)
+        self.device = _steps._device(device)
         target = self._target = Target.of_torch_device(self.device)
-        comm = _communicator(group, self.device)
+        comm = _comm._communicator(group, self.device)
         self.world = comm.size
         self.rank = comm.rank
         if self.world % self.nodes:
@@ -234,8 +210,11 @@ class QuantizedReduceScatter:
         except Unsupported:  # pragma: no cover - the reference backend serves every valid problem
             pass
         self.shard = self.numel // self.world
-        self._swizzle: _SwizzleStep = _auto(
-            implementation, target, lambda: _SwizzlePlanStep(target, sdesc), lambda: _SwizzleComposed(target, sdesc)
+        self._swizzle: _steps._SwizzleStep = _steps._auto(
+            implementation,
+            target,
+            lambda: _steps._SwizzlePlanStep(target, sdesc),
+            lambda: _steps._SwizzleComposed(target, sdesc),
         )
 
         def reduce_desc(peers: int, chunk: int, out: ElementKind) -> DequantReduceDescriptor:
@@ -251,25 +230,30 @@ class QuantizedReduceScatter:
                 average=self.average,
             )
 
-        def reduce_step(desc: DequantReduceDescriptor) -> _ReduceStep:
-            return _auto(
-                implementation, target, lambda: _ReducePlanStep(target, desc), lambda: _ReduceComposed(target, desc)
+        def reduce_step(desc: DequantReduceDescriptor) -> _steps._ReduceStep:
+            return _steps._auto(
+                implementation,
+                target,
+                lambda: _steps._ReducePlanStep(target, desc),
+                lambda: _steps._ReduceComposed(target, desc),
             )
 
         width = self.nodes * self.shard
-        self._send = _Buffers.empty(target, dpn, width, self.group_size, self.code, self.mode)
-        self._recv = _Buffers.empty(target, dpn, width, self.group_size, self.code, self.mode)
-        self._mid: _Buffers | None = None
-        self._recv2: _Buffers | None = None
+        self._send = _steps._Buffers.empty(target, dpn, width, self.group_size, self.code, self.mode)
+        self._recv = _steps._Buffers.empty(target, dpn, width, self.group_size, self.code, self.mode)
+        self._mid: _steps._Buffers | None = None
+        self._recv2: _steps._Buffers | None = None
         if self.nodes > 1:
             self._reduce_intra = reduce_step(reduce_desc(dpn, width, self.code))
-            self._reduce_inter: _ReduceStep | None = reduce_step(reduce_desc(self.nodes, self.shard, self.float_kind))
-            self._mid = _Buffers.empty(target, self.nodes, self.shard, self.group_size, self.code, self.mode)
-            self._recv2 = _Buffers.empty(target, self.nodes, self.shard, self.group_size, self.code, self.mode)
+            self._reduce_inter: _steps._ReduceStep | None = reduce_step(
+                reduce_desc(self.nodes, self.shard, self.float_kind)
+            )
+            self._mid = _steps._Buffers.empty(target, self.nodes, self.shard, self.group_size, self.code, self.mode)
+            self._recv2 = _steps._Buffers.empty(target, self.nodes, self.shard, self.group_size, self.code, self.mode)
         else:
             self._reduce_intra = reduce_step(reduce_desc(dpn, width, self.float_kind))
             self._reduce_inter = None
-        self._intra, self._inter = _hierarchy(comm, self.nodes) if self.numel else (comm, _LocalComm())
+        self._intra, self._inter = _comm._hierarchy(comm, self.nodes) if self.numel else (comm, _comm._LocalComm())
         inter_bytes = 0 if self._mid is None else (self.nodes - 1) * self._mid.row_bytes()
         self.bytes_sent = CommBytes(intra=(dpn - 1) * self._send.row_bytes(), inter=inter_bytes)
 
@@ -371,11 +355,11 @@ class QuantizedAllGather:
             raise InvalidProblem(f"shard_numel={shard_numel!r} must be an integer >= 0")
         self.shard = int(shard_numel)
         self.dtype = dtype
-        self.float_kind = _float_kind(dtype, "dtype")
-        self.group_size = _positive_int("group_size", group_size)
-        self.code = _code_kind(code)
-        self.mode = _mode(mode, self.code)
-        self.device = _device(device)
+        self.float_kind = _steps._float_kind(dtype, "dtype")
+        self.group_size = _steps._positive_int("group_size", group_size)
+        self.code = _steps._code_kind(code)
+        self.mode = _steps._mode(mode, self.code)
+        self.device = _steps._device(device)
         target = self._target = Target.of_torch_device(self.device)
         if self.shard % self.group_size:
             valid = -(-self.shard // self.group_size) * self.group_size
@@ -389,7 +373,7 @@ class QuantizedAllGather:
                 f"{self.code.name} codes pack two per byte, so each shard must hold an even number of elements, "
                 f"got {self.shard}; pad every shard to {self.shard + self.group_size} elements or use an even group_size"
             )
-        comm = self._comm = _communicator(group, self.device)
+        comm = self._comm = _comm._communicator(group, self.device)
         self.world = comm.size
         self.rank = comm.rank
         scope = self._scope = GroupScope(axis=-1, group_size=self.group_size)
@@ -413,8 +397,8 @@ class QuantizedAllGather:
                 output_element=self.float_kind,
             ),
         )
-        self._send = _Buffers.empty(target, 1, self.shard, self.group_size, self.code, self.mode)
-        self._recv = _Buffers.empty(target, self.world, self.shard, self.group_size, self.code, self.mode)
+        self._send = _steps._Buffers.empty(target, 1, self.shard, self.group_size, self.code, self.mode)
+        self._recv = _steps._Buffers.empty(target, self.world, self.shard, self.group_size, self.code, self.mode)
         self.bytes_sent = CommBytes(intra=(self.world - 1) * self._send.row_bytes(), inter=0)
 
     def describe(self) -> dict[str, str]:
@@ -486,8 +470,8 @@ def clear_cache() -> None:
     """
     with _CACHE_LOCK:
         _CACHE.clear()
-    with _HIERARCHY_LOCK:
-        _HIERARCHY.clear()
+    with _comm._HIERARCHY_LOCK:
+        _comm._HIERARCHY.clear()
 
 
 atexit.register(clear_cache)

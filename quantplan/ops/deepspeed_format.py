@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import ConfigDict
 
 from quantplan.reference import deepspeed_format as dsref
+from quantplan.runtime import _qgz_launch
 from quantplan.runtime._device import DeviceInfo, device_info, stream_device_id
 from quantplan.runtime._kernel_names import (
     QGZ_WIDTHS,
@@ -57,25 +58,7 @@ from quantplan.runtime._operands import (
     write_back,
 )
 from quantplan.runtime._plan import Plan, choose_backend, snapshot
-from quantplan.runtime._qgz_launch import (
-    DenseLaunch,
-    PeerSumArgs,
-    QgzChecks,
-    QgzKernels,
-    QgzLaunches,
-    QgzOperands,
-    SwizzleMapArgs,
-    beta_pair,
-    check_error_kind,
-    check_float_kind,
-    error_view,
-    log2_or_minus_one,
-    prepare_float_values,
-    prepare_qgz_launches,
-    qgz_geometry,
-    widest_dividing,
-    write_reference_outputs,
-)
+from quantplan.runtime._qgz_launch import QgzOperands, beta_pair
 from quantplan.runtime._segments import SegmentGeometry, SegmentLayoutArgs, segment_layout
 from quantplan.runtime._selection import DS_CLUSTER_BLOCKS as CLUSTER_BLOCKS
 from quantplan.runtime._selection import (
@@ -89,18 +72,10 @@ from quantplan.runtime._selection import (
 from quantplan.runtime._tuning import kernel_options
 from quantplan.runtime.compiler import load_kernels, template_name
 from quantplan.runtime.workspace import Workspace
+from quantplan.vocabulary import types
 from quantplan.vocabulary.elements import ELEMENTS, ElementInfo
 from quantplan.vocabulary.errors import InvalidProblem
-from quantplan.vocabulary.types import (
-    BackendKind,
-    ElementKind,
-    Model,
-    OpCategory,
-    PlanPreference,
-    QuantizeKind,
-    QuantMode,
-    Rounding,
-)
+from quantplan.vocabulary.types import ElementKind, Model, QuantMode, Rounding
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 #: DeepSpeed's code storage: int8 tensors (4-bit: two signed nibbles per byte); uint8 views accepted.
@@ -135,27 +110,35 @@ class DeepSpeedOutputArgs(ctypes.Structure):
 
 _QUANTIZE_PARAMS = params_struct(
     "DeepSpeedQuantizeParams",
-    [("x", ctypes.c_uint64), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs), ("map", SwizzleMapArgs)],
+    [
+        ("x", ctypes.c_uint64),
+        ("out", DeepSpeedOutputArgs),
+        ("layout", SegmentLayoutArgs),
+        ("map", _qgz_launch.SwizzleMapArgs),
+    ],
 )
 _REDUCE_PARAMS = params_struct(
-    "DeepSpeedReduceParams", [("input", PeerSumArgs), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)]
+    "DeepSpeedReduceParams",
+    [("input", _qgz_launch.PeerSumArgs), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)],
 )
 _DEQUANTIZE_PARAMS = params_struct(
-    "DeepSpeedDequantizeParams", [("input", PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
+    "DeepSpeedDequantizeParams", [("input", _qgz_launch.PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
 )
 _MOQ_PARAMS = params_struct(
     "MoQFakeQuantizeParams", [("x", ctypes.c_uint64), ("out", DeepSpeedOutputArgs), ("layout", SegmentLayoutArgs)]
 )
 
 
-def _backend(stream: Any, pref: PlanPreference | None, op: str | None = None) -> tuple[BackendKind, int | None]:
+def _backend(
+    stream: Any, pref: types.PlanPreference | None, op: str | None = None
+) -> tuple[types.BackendKind, int | None]:
     """The backend and device of a plan of ``op`` (its forced schedule's name is checked here;
     None: a plan of one schedule)."""
     backend = choose_backend(pref, stream, SCHEDULES[op] if op else ())
-    return backend, (None if backend is BackendKind.REFERENCE else stream_device_id(stream))
+    return backend, (None if backend is types.BackendKind.REFERENCE else stream_device_id(stream))
 
 
-def _forced(pref: PlanPreference | None) -> str | None:
+def _forced(pref: types.PlanPreference | None) -> str | None:
     return None if pref is None else pref.schedule
 
 
@@ -200,11 +183,11 @@ class _GroupedCodes:
         return (self.groups, dsref.params_per_group(self.mode))
 
 
-class _DeepSpeedPlan(QgzChecks, Plan[Any, QgzOperands]):
+class _DeepSpeedPlan(_qgz_launch.QgzChecks, Plan[Any, QgzOperands]):
     """What the DeepSpeed-format plans share: identity, flat code operands, the per-call writes of
     the qgZ launches (:meth:`_fields`) and the two-pass workspace (``out.work``)."""
 
-    _op = QuantizeKind.DYNAMIC_RANGE
+    _op = types.QuantizeKind.DYNAMIC_RANGE
     _extract_fields = ("input", "params", "zero_point", "output", "params_out", "zero_point_out", "error_feedback")
     #: The launches' argument block has a ``DeepSpeedOutputArgs`` field ``out``.
     _has_out: ClassVar[bool] = True
@@ -212,12 +195,12 @@ class _DeepSpeedPlan(QgzChecks, Plan[Any, QgzOperands]):
     def __init__(
         self,
         desc: Any,
-        backend: BackendKind,
+        backend: types.BackendKind,
         element: ElementKind,
         aux_element: ElementKind,
         numel: int,
         device_id: int | None = None,
-        launches: QgzLaunches | None = None,
+        launches: _qgz_launch.QgzLaunches | None = None,
         groups: int = 0,
     ) -> None:
         two_pass = launches is not None and launches.fused is None and bool(launches.two_pass)
@@ -299,7 +282,7 @@ def _bytes(op: Operand) -> np.ndarray:
 class _Dense:
     """A dense or cluster pass (``kernels/qp_deepspeed_format.cuh``) and its launch shape."""
 
-    launch: DenseLaunch
+    launch: _qgz_launch.DenseLaunch
     block: int
     grid: int
     cluster: bool = False
@@ -326,24 +309,30 @@ def _dense_pass(
     team, nv = choice.team, choice.nv
     if choice.schedule == "cluster":
         tag = f"cluster[{CLUSTER_BLOCKS}x{team}t-per-group,1vec8-per-thread]"
-        return _Dense(DenseLaunch(functions[cluster_name], team, 8, tag), team, groups * CLUSTER_BLOCKS, cluster=True)
+        return _Dense(
+            _qgz_launch.DenseLaunch(functions[cluster_name], team, 8, tag), team, groups * CLUSTER_BLOCKS, cluster=True
+        )
     if choice.schedule == "lanes":
         assert lanes_name is not None
-        launch = DenseLaunch(functions[lanes_name(team)], team, 8, f"lanes[{team}t-per-group,1vec8-per-thread]")
+        launch = _qgz_launch.DenseLaunch(
+            functions[lanes_name(team)], team, 8, f"lanes[{team}t-per-group,1vec8-per-thread]"
+        )
         return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
     if choice.schedule == "dense":
-        launch = DenseLaunch(functions[dense_name(nv)], team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+        launch = _qgz_launch.DenseLaunch(
+            functions[dense_name(nv)], team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]"
+        )
         return _Dense(launch, DS_DENSE_BLOCK, -(-groups // (DS_DENSE_BLOCK // team)))
     return None
 
 
 def _with_dense(
-    launches: QgzLaunches,
+    launches: _qgz_launch.QgzLaunches,
     dense: _Dense | None,
-    kernels: QgzKernels,
+    kernels: _qgz_launch.QgzKernels,
     layout: SegmentLayoutArgs | None,
     bits: list[int],
-) -> QgzLaunches:
+) -> _qgz_launch.QgzLaunches:
     """``launches`` with the dense or cluster launch at its own block and grid. A dense pass came
     from ``prepare_qgz_launches(dense=dense.launch)``; a cluster pass (the fused pass and its
     element-I/O twin came from ``prepare_qgz_launches``) is prepared here, without an occupancy
@@ -358,14 +347,14 @@ def _with_dense(
             dense.launch.function, dense.grid, dense.block, kernels.params_type, layout=layout, **kernels.fixed
         )
         aligns = tuple(vector_alignment(dense.launch.vec, b) for b in bits)
-        return QgzLaunches(launch, launches.fused_fallback, (), aligns, dense.launch.describe)
+        return _qgz_launch.QgzLaunches(launch, launches.fused_fallback, (), aligns, dense.launch.describe)
     assert launches.fused is not None
     launches.fused.block, launches.fused.grid = dense.block, dense.grid
     return launches
 
 
 def _group_launches(
-    kernels: QgzKernels,
+    kernels: _qgz_launch.QgzKernels,
     schedule: str,
     dense: _Dense | None,
     groups: int,
@@ -376,13 +365,13 @@ def _group_launches(
     mode: QuantMode,
     bits: list[int],
     info: DeviceInfo,
-) -> QgzLaunches:
+) -> _qgz_launch.QgzLaunches:
     """The launches of a plan that quantizes its own ``groups`` groups of ``group_size`` elements
     (quantize, MoQ): the fused pass or two passes over the groups (``packed``: 4-bit codes, two
     per work item of the element pass), or ``dense`` (:func:`_dense_pass`) in its place;
     ``schedule``: the chosen schedule (``fused-element-io``: the element-I/O twin for every
     operand; ``two-pass``: no fused pass)."""
-    launches = prepare_qgz_launches(
+    launches = _qgz_launch.prepare_qgz_launches(
         kernels,
         _fused_geometry(schedule, groups, group_size, packed, QGZ_WIDTHS[0], info),
         groups,
@@ -408,7 +397,7 @@ def _fused_geometry(
     twin twice for ``fused-element-io``."""
     if schedule == "two-pass":
         return None
-    geometry = qgz_geometry(groups, group_size, packed, vec_max, info)
+    geometry = _qgz_launch.qgz_geometry(groups, group_size, packed, vec_max, info)
     assert geometry is not None
     return (geometry[1], geometry[1]) if schedule == "fused-element-io" else geometry
 
@@ -463,7 +452,7 @@ def _quantize_groups(desc: DeepSpeedQuantizeDescriptor) -> GroupProblem:
     return GroupProblem(desc.groups, group_size, desc.input_element, packed, desc.error_element is None, identity)
 
 
-def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int, forced: str | None) -> QgzLaunches:
+def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int, forced: str | None) -> _qgz_launch.QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id`` (``forced``: the
     schedule ``PlanPreference`` forces)."""
     info = device_info(device_id)
@@ -473,12 +462,14 @@ def _prepare_quantize(desc: DeepSpeedQuantizeDescriptor, device_id: int, forced:
     tags = (ELEMENTS[desc.input_element].cpp_tag, error_tag(desc.error_element), code.cpp_tag)
     slices = desc.nodes * desc.devices_per_node * desc.pipeline
     group_size = desc.numel // desc.groups
-    kernels = QgzKernels(
+    kernels = _qgz_launch.QgzKernels(
         lambda vec, vector_io: functions[template_name("deepspeed_quantize_segments", *tags, vec, vector_io)],
         functions[template_name("deepspeed_quantize_group_params", tags[0], tags[1])],
         functions[template_name("deepspeed_quantize_elements", *tags)],
         _QUANTIZE_PARAMS,
-        dict(map=SwizzleMapArgs(desc.groups // slices, desc.nodes, desc.devices_per_node, desc.pipeline, 0)),
+        dict(
+            map=_qgz_launch.SwizzleMapArgs(desc.groups // slices, desc.nodes, desc.devices_per_node, desc.pipeline, 0)
+        ),
     )
     bits = [ELEMENTS[desc.input_element].storage_bits, code.storage_bits]
     if desc.error_element is not None:
@@ -534,18 +525,18 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
     """
 
     _args_type = DeepSpeedQuantizeArgs
-    _category = OpCategory.QUANTIZE
+    _category = types.OpCategory.QUANTIZE
 
     @classmethod
     def select(
-        cls, stream: Any, desc: DeepSpeedQuantizeDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: DeepSpeedQuantizeDescriptor, pref: types.PlanPreference | None = None
     ) -> DeepSpeedQuantizePlan:
         """Validate ``desc`` (InvalidProblem / Unsupported), pick the backend, compile and prepare the
         kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, (4, 8))
-        check_float_kind(desc.input_element, "input_element")
-        check_error_kind(desc.error_element)
+        _qgz_launch.check_float_kind(desc.input_element, "input_element")
+        _qgz_launch.check_error_kind(desc.error_element)
         for name in ("nodes", "devices_per_node", "pipeline"):
             check_positive(name, getattr(desc, name))
         slices = desc.nodes * desc.devices_per_node * desc.pipeline
@@ -588,10 +579,10 @@ class DeepSpeedQuantizePlan(_DeepSpeedPlan):
             d.nodes,
             d.devices_per_node,
             d.pipeline,
-            error_view(a.err, d.error_element),
+            _qgz_launch.error_view(a.err, d.error_element),
             a.beta,
         )
-        write_reference_outputs(a, _DS_CODES, q, params, None, new_err, d.error_element)
+        _qgz_launch.write_reference_outputs(a, _DS_CODES, q, params, None, new_err, d.error_element)
 
 
 # ---- dequantize (asymmetric; symmetric runs on DequantizePlan) ---------------------------------
@@ -623,20 +614,20 @@ class DeepSpeedDequantizeArgs:
     output: Any
 
 
-def _peer_input(peers: int, peer_bytes: int, peer_groups: int, in_group: int) -> PeerSumArgs:
+def _peer_input(peers: int, peer_bytes: int, peer_groups: int, in_group: int) -> _qgz_launch.PeerSumArgs:
     """``PeerSumArgs`` of DeepSpeed-format peers (pointers set per call): summed, not averaged."""
-    return PeerSumArgs(
+    return _qgz_launch.PeerSumArgs(
         peer_bytes=peer_bytes,
         peer_params=peer_groups,
         in_group=in_group,
         peers=peers,
         average=0,
         peers_f=float(np.float32(peers)),
-        in_group_shift=log2_or_minus_one(in_group),
+        in_group_shift=_qgz_launch.log2_or_minus_one(in_group),
     )
 
 
-def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> QgzLaunches:
+def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> _qgz_launch.QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``: one peer's
     float values (``kernels/deepspeed_format.cu``: ``deepspeed_dequantize``)."""
     info = device_info(device_id)
@@ -645,12 +636,12 @@ def _prepare_dequantize(desc: DeepSpeedDequantizeDescriptor, device_id: int) -> 
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tags = (ELEMENTS[code_kind].cpp_tag, ELEMENTS[desc.output_element].cpp_tag)
     group_size = desc.numel // desc.groups
-    return prepare_float_values(
+    return _qgz_launch.prepare_float_values(
         lambda v, vector_io: functions[template_name("deepspeed_dequantize", *tags, v, vector_io)],
         _DEQUANTIZE_PARAMS,
         _peer_input(1, desc.input_bytes, desc.groups, group_size),
         desc.numel,
-        widest_dividing(group_size, QGZ_WIDTHS[0]),
+        _qgz_launch.widest_dividing(group_size, QGZ_WIDTHS[0]),
         code_kind,
         desc.output_element,
         info,
@@ -677,18 +668,18 @@ class DeepSpeedDequantizePlan(_DeepSpeedPlan):
     """
 
     _args_type = DeepSpeedDequantizeArgs
-    _category = OpCategory.DEQUANTIZE
-    _op = QuantizeKind.STATIC
+    _category = types.OpCategory.DEQUANTIZE
+    _op = types.QuantizeKind.STATIC
     _has_out = False
 
     @classmethod
     def select(
-        cls, stream: Any, desc: DeepSpeedDequantizeDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: DeepSpeedDequantizeDescriptor, pref: types.PlanPreference | None = None
     ) -> DeepSpeedDequantizePlan:
         """Validate ``desc``, pick the backend, compile and prepare the kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, (4, 8))
-        check_float_kind(desc.output_element, "output_element")
+        _qgz_launch.check_float_kind(desc.output_element, "output_element")
         if desc.num_bits == 4 and desc.numel % 2:
             raise InvalidProblem(f"4-bit codes pack two per byte: numel must be even, got {desc.numel}")
         backend, device_id = _backend(stream, pref)
@@ -777,7 +768,7 @@ class DeepSpeedReduceArgs:
     error_beta: Any = None
 
 
-def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int, forced: str | None) -> QgzLaunches:
+def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int, forced: str | None) -> _qgz_launch.QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id`` (``forced``: the
     schedule ``PlanPreference`` forces)."""
     info = device_info(device_id)
@@ -788,7 +779,7 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int, forced: str
     chunk = desc.chunk_elements
     peer_groups = desc.in_groups // desc.devices_per_node
     in_group = chunk // peer_groups
-    kernels = QgzKernels(
+    kernels = _qgz_launch.QgzKernels(
         lambda vec, vector_io: functions[template_name("deepspeed_reduce_segments", *tags, vec, vector_io)],
         functions[template_name("deepspeed_reduce_group_params", *tags)],
         functions[template_name("deepspeed_reduce_elements", *tags)],
@@ -800,12 +791,12 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int, forced: str
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
     # A vector of codes never crosses an input group: its width divides the input group size.
-    vec_in = widest_dividing(in_group, QGZ_WIDTHS[0])
+    vec_in = _qgz_launch.widest_dividing(in_group, QGZ_WIDTHS[0])
     out_group = chunk // desc.out_groups
     geometry = (
         None
         if code.is_packed and vec_in < 2
-        else qgz_geometry(desc.out_groups, out_group, code.is_packed, vec_in, info)
+        else _qgz_launch.qgz_geometry(desc.out_groups, out_group, code.is_packed, vec_in, info)
     )
     q_min, q_max = dsref.code_bounds(desc.num_bits)
     # Without LoCo, input groups of whole vectors of 8 and output groups of team * 8 * nv: the dense pass.
@@ -825,8 +816,8 @@ def _prepare_reduce(desc: DeepSpeedReduceDescriptor, device_id: int, forced: str
         block = DS_DENSE_BLOCK
         while block > max(64, team) and -(-desc.out_groups // (block // team)) < 2 * info.sm_count:
             block //= 2
-        dense = _Dense(DenseLaunch(fn, team, 8, tag), block, -(-desc.out_groups // (block // team)))
-    launches = prepare_qgz_launches(
+        dense = _Dense(_qgz_launch.DenseLaunch(fn, team, 8, tag), block, -(-desc.out_groups // (block // team)))
+    launches = _qgz_launch.prepare_qgz_launches(
         kernels,
         geometry,
         desc.out_groups,
@@ -872,18 +863,18 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
     """
 
     _args_type = DeepSpeedReduceArgs
-    _category = OpCategory.COLLECTIVE
+    _category = types.OpCategory.COLLECTIVE
 
     @classmethod
     def select(
-        cls, stream: Any, desc: DeepSpeedReduceDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: DeepSpeedReduceDescriptor, pref: types.PlanPreference | None = None
     ) -> DeepSpeedReducePlan:
         """Validate ``desc``, pick the backend, compile and prepare the kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.in_groups)
         _check_bits(desc.num_bits, (4, 8))
         check_positive("devices_per_node", desc.devices_per_node)
         check_positive("out_groups", desc.out_groups)
-        check_error_kind(desc.error_element)
+        _qgz_launch.check_error_kind(desc.error_element)
         if desc.in_groups % desc.devices_per_node:
             raise InvalidProblem(
                 f"in_groups={desc.in_groups} must be a multiple of devices_per_node={desc.devices_per_node} "
@@ -931,10 +922,10 @@ class DeepSpeedReducePlan(_DeepSpeedPlan):
             d.num_bits,
             d.mode,
             d.devices_per_node,
-            error_view(a.err, d.error_element),
+            _qgz_launch.error_view(a.err, d.error_element),
             a.beta,
         )
-        write_reference_outputs(a, _DS_CODES, codes, params, None, new_err, d.error_element)
+        _qgz_launch.write_reference_outputs(a, _DS_CODES, codes, params, None, new_err, d.error_element)
 
 
 # ---- MoQ fake quantization -----------------------------------------------------------------------
@@ -976,7 +967,7 @@ def _moq_groups(desc: MoQFakeQuantizeDescriptor) -> GroupProblem:
     return GroupProblem(desc.groups, desc.numel // desc.groups, desc.element, False, fast)
 
 
-def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int, forced: str | None) -> QgzLaunches:
+def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int, forced: str | None) -> _qgz_launch.QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id`` (``forced``: the
     schedule ``PlanPreference`` forces)."""
     info = device_info(device_id)
@@ -984,7 +975,7 @@ def _prepare_moq(desc: MoQFakeQuantizeDescriptor, device_id: int, forced: str | 
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     tag = ELEMENTS[desc.element].cpp_tag
     group_size = desc.numel // desc.groups
-    kernels = QgzKernels(
+    kernels = _qgz_launch.QgzKernels(
         lambda vec, vector_io: functions[
             template_name("moq_fake_quantize_segments", tag, desc.stochastic, vec, vector_io)
         ],
@@ -1030,16 +1021,16 @@ class MoQFakeQuantizePlan(_DeepSpeedPlan):
     """
 
     _args_type = MoQFakeQuantizeArgs
-    _category = OpCategory.FAKE_QUANTIZE
+    _category = types.OpCategory.FAKE_QUANTIZE
 
     @classmethod
     def select(
-        cls, stream: Any, desc: MoQFakeQuantizeDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: MoQFakeQuantizeDescriptor, pref: types.PlanPreference | None = None
     ) -> MoQFakeQuantizePlan:
         """Validate ``desc``, pick the backend, compile and prepare the kernels (CUDA, first use)."""
         _check_groups(desc.numel, desc.groups)
         _check_bits(desc.num_bits, tuple(range(1, 9)))
-        check_float_kind(desc.element, "element")
+        _qgz_launch.check_float_kind(desc.element, "element")
         backend, device_id = _backend(stream, pref, "moq_fake_quantize")
         choose_groups("moq_fake_quantize", _moq_groups(desc), None, _forced(pref))  # a forced misfit raises
         launches = None if device_id is None or desc.numel == 0 else _prepare_moq(desc, device_id, _forced(pref))

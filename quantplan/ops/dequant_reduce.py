@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import ConfigDict
 
 from quantplan import reference
+from quantplan.runtime import _qgz_launch
 from quantplan.runtime._affine import ResolvedCodeRange
 from quantplan.runtime._device import device_info, stream_device_id
 from quantplan.runtime._kernel_names import (
@@ -42,47 +43,15 @@ from quantplan.runtime._operands import (
     host_view,
 )
 from quantplan.runtime._plan import Plan, check_descriptor, choose_backend, preferred, snapshot
-from quantplan.runtime._qgz_launch import (
-    DENSE_BLOCK,
-    DENSE_MAX_ELEMENTS,
-    DenseLaunch,
-    PeerSumArgs,
-    QgzChecks,
-    QgzKernels,
-    QgzLaunches,
-    QgzOperands,
-    QgzOutputArgs,
-    beta_pair,
-    check_code_kind,
-    check_error_kind,
-    check_float_kind,
-    dynamic_code_range,
-    error_view,
-    log2_or_minus_one,
-    prepare_float_values,
-    prepare_qgz_launches,
-    qgz_geometry,
-    set_output_args,
-    widest_dividing,
-    write_reference_outputs,
-)
+from quantplan.runtime._qgz_launch import QgzOperands, beta_pair, set_output_args
 from quantplan.runtime._segments import SegmentLayoutArgs, range_divisor_of
 from quantplan.runtime._tuning import TUNING, kernel_options
 from quantplan.runtime.compiler import load_kernels, template_name
 from quantplan.runtime.workspace import Workspace
+from quantplan.vocabulary import types
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.errors import InvalidProblem
-from quantplan.vocabulary.types import (
-    HOST_ARCH,
-    BackendKind,
-    ElementKind,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    QuantizeKind,
-    QuantMode,
-    check_element_count,
-)
+from quantplan.vocabulary.types import HOST_ARCH, ElementKind, NibbleOrder, QuantMode, check_element_count
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _F32, _I32 = ELEMENTS[ElementKind.F32], ELEMENTS[ElementKind.I32]
@@ -179,14 +148,21 @@ class DequantReduceArgs:
 _FAMILY = "dequant_reduce"
 _REDUCE_PARAMS = params_struct(
     "DequantReduceParams",
-    [("input", PeerSumArgs), ("out", QgzOutputArgs), ("layout", SegmentLayoutArgs), ("divisor", ctypes.c_float)],
+    [
+        ("input", _qgz_launch.PeerSumArgs),
+        ("out", _qgz_launch.QgzOutputArgs),
+        ("layout", SegmentLayoutArgs),
+        ("divisor", ctypes.c_float),
+    ],
 )
 _FLOATS_PARAMS = params_struct(
-    "DequantReduceFloatsParams", [("input", PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
+    "DequantReduceFloatsParams", [("input", _qgz_launch.PeerSumArgs), ("y", ctypes.c_uint64), ("n", ctypes.c_int64)]
 )
 
 
-def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int, device_id: int) -> QgzLaunches:
+def prepare_dequant_reduce(
+    desc: DequantReduceDescriptor, q_min: int, q_max: int, device_id: int
+) -> _qgz_launch.QgzLaunches:
     """Compile (first use) and prepare the launches of ``desc`` on ``device_id``."""
     info = device_info(device_id)
     code, out = ELEMENTS[desc.input_element], ELEMENTS[desc.output_element]
@@ -194,20 +170,20 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     unit = dequant_reduce_unit(desc.input_element, desc.error_element, desc.output_element, high_first)
     functions = load_kernels(_FAMILY, unit, info.arch, device_id, kernel_options())
     chunk = desc.chunk_elements
-    peer_input = PeerSumArgs(
+    peer_input = _qgz_launch.PeerSumArgs(
         peer_bytes=_storage(chunk, desc.input_element),
         peer_params=chunk // desc.input_group_size,
         in_group=desc.input_group_size,
         peers=desc.peers,
         average=int(desc.average),
         peers_f=float(np.float32(desc.peers)),
-        in_group_shift=log2_or_minus_one(desc.input_group_size),
+        in_group_shift=_qgz_launch.log2_or_minus_one(desc.input_group_size),
     )
     # A vector of codes never crosses an input group: its width divides the input group size.
-    vec_in = widest_dividing(desc.input_group_size, QGZ_WIDTHS[0])
+    vec_in = _qgz_launch.widest_dividing(desc.input_group_size, QGZ_WIDTHS[0])
     if out.is_float:
         tags: tuple[str, ...] = (code.cpp_tag, out.cpp_tag)
-        return prepare_float_values(
+        return _qgz_launch.prepare_float_values(
             lambda v, vector_io: functions[template_name("dequant_reduce_floats", *tags, v, vector_io, high_first)],
             _FLOATS_PARAMS,
             peer_input,
@@ -223,7 +199,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     groups = chunk // size
     fixed = dict(input=peer_input, divisor=range_divisor_of(desc.mode, q_min, q_max))
     packed = code.is_packed or out.is_packed
-    kernels = QgzKernels(
+    kernels = _qgz_launch.QgzKernels(
         lambda vec, vector_io: functions[template_name("dequant_reduce_segments", *tags, vec, vector_io, high_first)],
         functions[template_name("dequant_reduce_group_params", tags[0], tags[1], high_first)],
         functions[template_name("dequant_reduce_elements", *tags, high_first)],
@@ -234,7 +210,7 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
     bits = [code.storage_bits, code.storage_bits, out.storage_bits]
     if desc.error_element is not None:
         bits.append(ELEMENTS[desc.error_element].storage_bits)
-    geometry = None if packed and vec_in < 2 else qgz_geometry(groups, size, packed, vec_in, info)
+    geometry = None if packed and vec_in < 2 else _qgz_launch.qgz_geometry(groups, size, packed, vec_in, info)
     dense = None
     shape = dense_reduce_geometry(desc, info.sm_count)
     if shape is not None and geometry is not None:
@@ -245,8 +221,8 @@ def prepare_dequant_reduce(desc: DequantReduceDescriptor, q_min: int, q_max: int
         # Teams of up to a warp: every warp its own unit of work, interleaved over the blocks (the
         # kernel's DenseSchedule), so every resident block launches; wider teams: the fewest
         # blocks that take the same number of passes.
-        dense = DenseLaunch(fn, team, ept, describe, block, even_passes=team > 32)
-    return prepare_qgz_launches(
+        dense = _qgz_launch.DenseLaunch(fn, team, ept, describe, block, even_passes=team > 32)
+    return _qgz_launch.prepare_qgz_launches(
         kernels,
         geometry,
         groups,
@@ -281,18 +257,18 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
         or desc.error_element is not None
         or desc.float_output
         or size is None
-        or desc.chunk_elements >= DENSE_MAX_ELEMENTS
+        or desc.chunk_elements >= _qgz_launch.DENSE_MAX_ELEMENTS
     ):
         return None
     fitting = []
     for ept in DENSE_REDUCE_EPT:
         team, rem = divmod(size, ept)
-        if not (rem or desc.input_group_size % ept or team > DENSE_BLOCK or team & (team - 1)):
+        if not (rem or desc.input_group_size % ept or team > _qgz_launch.DENSE_BLOCK or team & (team - 1)):
             fitting.append((ept, team))
     if not fitting:
         return None
     ept, team = fitting[0]
-    if desc.chunk_elements // ept < DENSE_BLOCK * sm_count:
+    if desc.chunk_elements // ept < _qgz_launch.DENSE_BLOCK * sm_count:
         ept, team = fitting[-1]  # a small chunk: more threads, each with less work
     threads = desc.chunk_elements // ept
     block = max(DENSE_REDUCE_BLOCK, team)
@@ -302,7 +278,7 @@ def dense_reduce_geometry(desc: DequantReduceDescriptor, sm_count: int) -> tuple
     return ept, team, block, peers
 
 
-class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
+class DequantReducePlan(_qgz_launch.QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     """Dequantize N peers' chunks, sum them in float32, re-quantize with fresh per-group parameters.
 
     Formulas (SPEC section 4, float32; rne = round half to even):
@@ -354,17 +330,17 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
     """
 
     _args_type = DequantReduceArgs
-    _category = OpCategory.COLLECTIVE
-    _op = QuantizeKind.DYNAMIC_RANGE
+    _category = types.OpCategory.COLLECTIVE
+    _op = types.QuantizeKind.DYNAMIC_RANGE
 
     def __init__(
         self,
         desc: DequantReduceDescriptor,
         q_min: int,
         q_max: int,
-        backend: BackendKind,
+        backend: types.BackendKind,
         device_id: int | None = None,
-        launches: QgzLaunches | None = None,
+        launches: _qgz_launch.QgzLaunches | None = None,
     ) -> None:
         kinds, empty = (desc.input_element, desc.output_element), desc.chunk_elements == 0
         if launches is None:  # the reference backend, or an empty chunk on the GPU
@@ -383,7 +359,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
 
     @classmethod
     def select(
-        cls, stream: Any, desc: DequantReduceDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: DequantReduceDescriptor, pref: types.PlanPreference | None = None
     ) -> DequantReducePlan:
         """Validate ``desc``, pick the backend, and compile and prepare the kernels (CUDA, first use).
 
@@ -396,9 +372,9 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
         if isinstance(desc.chunk_elements, bool) or desc.chunk_elements < 0:
             raise InvalidProblem(f"chunk_elements={desc.chunk_elements!r} must be >= 0")
         check_element_count(desc.peers * desc.chunk_elements, f"input of {desc.peers} x {desc.chunk_elements}")
-        check_code_kind(desc.input_element, "input_element")
+        _qgz_launch.check_code_kind(desc.input_element, "input_element")
         if ELEMENTS[desc.output_element].is_float:
-            check_float_kind(desc.output_element, "output_element")
+            _qgz_launch.check_float_kind(desc.output_element, "output_element")
             if desc.error_element is not None:
                 raise InvalidProblem(
                     "error_element applies to code outputs only: a float output is not re-quantized, so there is "
@@ -409,11 +385,11 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
             sizes: tuple[str, ...] = ("input_group_size",)
             q_min, q_max = 0, 0
         else:
-            check_code_kind(desc.output_element, "output_element")
+            _qgz_launch.check_code_kind(desc.output_element, "output_element")
             if desc.output_group_size is None:
                 raise InvalidProblem("output_group_size is required for a code output (the re-quantization groups)")
-            check_error_kind(desc.error_element)
-            q_min, q_max = dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
+            _qgz_launch.check_error_kind(desc.error_element)
+            q_min, q_max = _qgz_launch.dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
             sizes = ("input_group_size", "output_group_size")
         for name in sizes:
             size = getattr(desc, name)
@@ -430,7 +406,7 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
                     f"{desc.chunk_elements}"
                 )
         backend = choose_backend(pref, stream)
-        if backend is BackendKind.REFERENCE:
+        if backend is types.BackendKind.REFERENCE:
             return preferred(cls(desc, q_min, q_max, backend), pref)
         device_id = stream_device_id(stream)
         if desc.chunk_elements == 0:
@@ -509,10 +485,10 @@ class DequantReducePlan(QgzChecks, Plan[DequantReduceArgs, QgzOperands]):
             self.q_max,
             d.nibble_order,
             d.average,
-            error_view(a.err, d.error_element),
+            _qgz_launch.error_view(a.err, d.error_element),
             a.beta if a.err is not None else 0.0,
         )
-        write_reference_outputs(a, self._output_info, q_new, s_new, z_new, new_err, d.error_element)
+        _qgz_launch.write_reference_outputs(a, self._output_info, q_new, s_new, z_new, new_err, d.error_element)
 
 
 __all__ = ["DequantReduceArgs", "DequantReduceDescriptor", "DequantReducePlan"]

@@ -40,19 +40,10 @@ from quantplan.runtime._segments import RangePasses, SegmentGeometry, prepare_se
 from quantplan.runtime._selection import SCHEDULES, SegmentChoice, choose_fake_rows, choose_segments
 from quantplan.runtime.compiler import template_name
 from quantplan.runtime.workspace import Workspace
+from quantplan.vocabulary import types
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.errors import InvalidProblem
-from quantplan.vocabulary.types import (
-    BackendKind,
-    ElementKind,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    QuantizeKind,
-    QuantMode,
-    Rounding,
-    TensorScope,
-)
+from quantplan.vocabulary.types import ElementKind, NibbleOrder, QuantMode, Rounding, TensorScope
 
 #: The op's name in :data:`quantplan.runtime._selection.SCHEDULES`.
 _OP = "dynamic_fake_quantize"
@@ -221,8 +212,8 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
     """
 
     _args_type = DynamicRangeFakeQuantizeArgs
-    _category = OpCategory.FAKE_QUANTIZE
-    _op = QuantizeKind.DYNAMIC_RANGE
+    _category = types.OpCategory.FAKE_QUANTIZE
+    _op = types.QuantizeKind.DYNAMIC_RANGE
     _checked = AffineOperands
     _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
 
@@ -270,7 +261,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
 
     @classmethod
     def select(
-        cls, stream: Any, desc: DynamicRangeFakeQuantizeDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: DynamicRangeFakeQuantizeDescriptor, pref: types.PlanPreference | None = None
     ) -> DynamicRangeFakeQuantizePlan:
         """Validate ``desc``, pick the backend and the kernel path, compile on first use.
 
@@ -278,7 +269,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         a group size that does not divide its axis, ...).
         """
         problem = dynamic_fake_quantize_problem(desc)
-        if choose_backend(pref, stream, SCHEDULES[_OP]) is BackendKind.REFERENCE:
+        if choose_backend(pref, stream, SCHEDULES[_OP]) is types.BackendKind.REFERENCE:
             return cls(desc, problem)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
@@ -368,5 +359,4 @@ __all__ = [
     "DynamicRangeFakeQuantizeArgs",
     "DynamicRangeFakeQuantizeDescriptor",
     "DynamicRangeFakeQuantizePlan",
-    "dynamic_fake_quantize_range",
 ]

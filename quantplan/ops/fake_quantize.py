@@ -707,5 +707,4 @@ __all__ = [
     "FakeQuantizeBackwardPlan",
     "FakeQuantizeDescriptor",
     "FakeQuantizePlan",
-    "lsq_geometry",
 ]

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ConfigDict
 
 from quantplan import reference
+from quantplan.runtime import _qgz_launch
 from quantplan.runtime._affine import ResolvedCodeRange
 from quantplan.runtime._device import device_info, stream_device_id
 from quantplan.runtime._kernel_names import (
@@ -35,43 +36,17 @@ from quantplan.runtime._kernel_names import (
 from quantplan.runtime._launch import launch_on
 from quantplan.runtime._operands import TensorArgs, check_disjoint, check_positive, check_writeable, host_view
 from quantplan.runtime._plan import Plan, check_descriptor, choose_backend, snapshot
-from quantplan.runtime._qgz_launch import (
-    DenseLaunch,
-    QgzChecks,
-    QgzKernels,
-    QgzLaunches,
-    QgzOperands,
-    QgzOutputArgs,
-    SwizzleMapArgs,
-    beta_pair,
-    check_code_kind,
-    check_error_kind,
-    check_float_kind,
-    dynamic_code_range,
-    error_view,
-    prepare_qgz_launches,
-    qgz_geometry,
-    set_output_args,
-    write_reference_outputs,
-)
+from quantplan.runtime._qgz_launch import QgzOperands, beta_pair, set_output_args
 from quantplan.runtime._segments import SegmentLayoutArgs, range_divisor_of
 from quantplan.runtime._selection import SCHEDULES as SELECTION_SCHEDULES
 from quantplan.runtime._selection import GroupProblem, choose_groups, dense_quantize_geometry, group_misfit
 from quantplan.runtime._tuning import kernel_options
 from quantplan.runtime.compiler import load_kernels, template_name
 from quantplan.runtime.workspace import Workspace
+from quantplan.vocabulary import types
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.errors import InvalidProblem
-from quantplan.vocabulary.types import (
-    BackendKind,
-    ElementKind,
-    NibbleOrder,
-    OpCategory,
-    PlanPreference,
-    QuantizeKind,
-    QuantMode,
-    Shape,
-)
+from quantplan.vocabulary.types import ElementKind, NibbleOrder, QuantMode, Shape
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _FAMILY = "swizzled_quantize"
@@ -81,10 +56,10 @@ _SWIZZLE_PARAMS = type(
     {
         "_fields_": [
             ("x", ctypes.c_uint64),
-            ("out", QgzOutputArgs),
+            ("out", _qgz_launch.QgzOutputArgs),
             ("layout", SegmentLayoutArgs),
             ("divisor", ctypes.c_float),
-            ("map", SwizzleMapArgs),
+            ("map", _qgz_launch.SwizzleMapArgs),
         ]
     },
 )
@@ -140,7 +115,7 @@ def choose_schedule(flat: SwizzledQuantizeDescriptor, forced: str | None = None)
 
 def prepare_swizzled_quantize(
     flat: SwizzledQuantizeDescriptor, q_min: int, q_max: int, device_id: int, schedule: str
-) -> QgzLaunches:
+) -> _qgz_launch.QgzLaunches:
     """Compile (first use) and prepare the launches of the flat problem ``flat`` (:func:`flat_view`)
     on ``device_id`` in ``schedule`` (:func:`choose_schedule`). ``dense`` and ``fused`` keep the
     fused pass's element-I/O twin for operands not aligned to their vectors."""
@@ -153,9 +128,9 @@ def prepare_swizzled_quantize(
     tags = (ELEMENTS[flat.input_element].cpp_tag, error_tag(flat.error_element), code.cpp_tag)
     fixed = dict(
         divisor=range_divisor_of(flat.mode, q_min, q_max),
-        map=SwizzleMapArgs(flat.slice_groups, flat.nodes, flat.devices_per_node, flat.pipeline, 0),
+        map=_qgz_launch.SwizzleMapArgs(flat.slice_groups, flat.nodes, flat.devices_per_node, flat.pipeline, 0),
     )
-    kernels = QgzKernels(
+    kernels = _qgz_launch.QgzKernels(
         lambda vec, vector_io: functions[
             template_name("swizzled_quantize_segments", *tags, vec, vector_io, high_first)
         ],
@@ -169,7 +144,7 @@ def prepare_swizzled_quantize(
         bits.append(ELEMENTS[flat.error_element].storage_bits)
     geometry = None
     if schedule != "two-pass":
-        geometry = qgz_geometry(flat.groups, flat.group_size, code.is_packed, QGZ_WIDTHS[0], info)
+        geometry = _qgz_launch.qgz_geometry(flat.groups, flat.group_size, code.is_packed, QGZ_WIDTHS[0], info)
         assert geometry is not None
         if schedule == "fused-element-io":
             geometry = (geometry[1], geometry[1])
@@ -179,8 +154,8 @@ def prepare_swizzled_quantize(
         assert shape is not None
         team, nv = shape
         fn = functions[swizzled_dense_name(flat.input_element, flat.output_element, high_first, nv)]
-        dense = DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
-    return prepare_qgz_launches(
+        dense = _qgz_launch.DenseLaunch(fn, team, 8, f"dense[{team}t-per-group,{nv}vec8-per-thread]")
+    return _qgz_launch.prepare_qgz_launches(
         kernels,
         geometry,
         flat.groups,
@@ -287,7 +262,7 @@ class SwizzledQuantizeArgs(TensorArgs):
     error_beta: Any = None
 
 
-class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
+class SwizzledQuantizePlan(_qgz_launch.QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     """Group quantization of a flat tensor, written in the swizzled order of a hierarchical all-to-all.
 
     Formulas (SPEC section 4, float32; rne = round half to even), per group of ``E =
@@ -346,8 +321,8 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
     """
 
     _args_type = SwizzledQuantizeArgs
-    _category = OpCategory.QUANTIZE
-    _op = QuantizeKind.DYNAMIC_RANGE
+    _category = types.OpCategory.QUANTIZE
+    _op = types.QuantizeKind.DYNAMIC_RANGE
 
     def __init__(
         self,
@@ -355,7 +330,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         q_min: int,
         q_max: int,
         device_id: int | None = None,
-        launches: QgzLaunches | None = None,
+        launches: _qgz_launch.QgzLaunches | None = None,
     ) -> None:
         kinds = desc.input_element, desc.output_element
         if launches is None:
@@ -371,7 +346,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
 
     @classmethod
     def select(
-        cls, stream: Any, desc: SwizzledQuantizeDescriptor, pref: PlanPreference | None = None
+        cls, stream: Any, desc: SwizzledQuantizeDescriptor, pref: types.PlanPreference | None = None
     ) -> SwizzledQuantizePlan:
         """Validate ``desc``, pick the backend, and compile and prepare the kernels (CUDA, first use).
 
@@ -382,10 +357,10 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         check_descriptor(desc, SwizzledQuantizeDescriptor)
         for name in ("group_size", "nodes", "devices_per_node", "pipeline"):
             check_positive(name, getattr(desc, name))
-        check_float_kind(desc.input_element, "input_element")
-        check_code_kind(desc.output_element, "output_element")
-        check_error_kind(desc.error_element)
-        q_min, q_max = dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
+        _qgz_launch.check_float_kind(desc.input_element, "input_element")
+        _qgz_launch.check_code_kind(desc.output_element, "output_element")
+        _qgz_launch.check_error_kind(desc.error_element)
+        q_min, q_max = _qgz_launch.dynamic_code_range(desc.mode, desc.output_element, desc.q_min, desc.q_max)
         unit = desc.slices * desc.group_size
         if desc.numel % unit:
             raise InvalidProblem(
@@ -402,7 +377,7 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
         backend = choose_backend(pref, stream, SCHEDULES)
         flat = flat_view(desc)
         schedule = choose_schedule(flat, None if pref is None else pref.schedule)
-        if backend is BackendKind.REFERENCE:
+        if backend is types.BackendKind.REFERENCE:
             return cls(desc, q_min, q_max)
         device_id = stream_device_id(stream)
         launches = prepare_swizzled_quantize(flat, q_min, q_max, device_id, schedule)
@@ -450,10 +425,10 @@ class SwizzledQuantizePlan(QgzChecks, Plan[SwizzledQuantizeArgs, QgzOperands]):
             self.q_min,
             self.q_max,
             d.nibble_order,
-            error_view(a.err, d.error_element),
+            _qgz_launch.error_view(a.err, d.error_element),
             a.beta if a.err is not None else 0.0,
         )
-        write_reference_outputs(a, self._output_info, q, s, z, new_err, d.error_element)
+        _qgz_launch.write_reference_outputs(a, self._output_info, q, s, z, new_err, d.error_element)
 
 
 __all__ = ["SwizzledQuantizeArgs", "SwizzledQuantizeDescriptor", "SwizzledQuantizePlan"]
