@@ -91,7 +91,12 @@ PUBLIC = frozenset(
 )
 #: The other public attributes of a fresh ``import quantplan``: the ``__future__`` import and the
 #: subpackages its imports load.
-OTHER_ATTRIBUTES = frozenset({"annotations", "functional", "ops", "reference", "runtime", "vocabulary"})
+#: The layer packages, the functional module, and the moved public modules under their old names
+#: (``quantplan._MOVED_PUBLIC``: ``quantplan.types`` and so on answer as before the move; the name
+#: ``fake_quantize`` stays the one-liner).
+OTHER_ATTRIBUTES = frozenset({"annotations", "functional", "ops", "reference", "runtime", "vocabulary"}) | frozenset(
+    qp._MOVED_PUBLIC
+)
 OP_MODULES = (
     "dequant_reduce",
     "dynamic_fake_quantize",
