@@ -449,10 +449,10 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 
 }  // namespace qp
 
-// OPT (a tuning choice; the default serves every launch): bit 0, the kernel dispatches the
-// default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) to tile code with the rule fixed at
-// compile time; bit 1, the `div` rule of 16-bit inputs divides with divide_rn1.
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int OPT = 3>
+// The default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) run tile code with the rule fixed at
+// compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
+// divide_rn1.
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -460,32 +460,25 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
                            qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
                            qp::i64 pad_cols_c) {
   using namespace qp;
-  constexpr bool SPEC = (OPT & 1) != 0;
-  constexpr bool SHORT = (OPT & 2) != 0 && DIVIDE && InputWords<In>::bytes == 2;
+  constexpr bool SHORT = DIVIDE && InputWords<In>::bytes == 2;
   extern __shared__ uint4 smem_vectors[];
   u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [128][words per row]
   // [4][128] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
   // all ones for a non-finite block).
   u32* colkey = tile + 128 * (128 * InputWords<In>::bytes / 4);
   const i64 r0 = (row_tile_base + blockIdx.y) * 128;
-#define QP_TRANSPOSE_TILE(RULE_, SHORT_)                                                                            \
-  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT_>(x_ptr, codes_r, scales_r, codes_c, scales_c, \
-                                                                      rows, cols, r0, rule, amax_floor,           \
-                                                                      enc_overflow, layout, dim_r, dim_c, tile, colkey)
+#define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT>(x_ptr, codes_r, scales_r, codes_c, scales_c, \
+                                                                     rows, cols, r0, rule, amax_floor,           \
+                                                                     enc_overflow, layout, dim_r, dim_c, tile, colkey)
   if constexpr (DIVIDE) {
-    QP_TRANSPOSE_TILE(SPEC ? (int)kBlockF32Div : -1, SHORT);
-  } else if constexpr (SPEC && BLOCK == 32) {
-    if (rule == kMxRceil)
-      QP_TRANSPOSE_TILE((int)kMxRceil, false);
-    else
-      QP_TRANSPOSE_TILE(-1, false);
-  } else if constexpr (SPEC && BLOCK == 128) {
-    if (rule == kBlockF32Enc)
-      QP_TRANSPOSE_TILE((int)kBlockF32Enc, false);
-    else
-      QP_TRANSPOSE_TILE(-1, false);
+    QP_TRANSPOSE_TILE((int)kBlockF32Div);
   } else {
-    QP_TRANSPOSE_TILE(-1, false);
+    constexpr int DEFAULT_RULE = BLOCK == 32 ? (int)kMxRceil : (int)kBlockF32Enc;
+    if (rule == DEFAULT_RULE)
+      QP_TRANSPOSE_TILE(DEFAULT_RULE);
+    else
+      QP_TRANSPOSE_TILE(-1);
   }
 #undef QP_TRANSPOSE_TILE
 

@@ -268,23 +268,19 @@ def test_fp8_div_near_ties(rng: np.random.Generator, element: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("opt", [0, 1, 2])
-def test_transpose_schedules_match_reference(rng: np.random.Generator, dtype: type, opt: int) -> None:
-    """Every OPT choice of the fused kernel (rule-specialised tile code or not, the one-step
-    division or not) gives the reference's bytes: MXFP8 rceil / floor, FP8 1x128 div / enc /
-    mul_rcp with and without an amax floor, full and partial tiles."""
-    from quantplan.runtime._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
-
-    sched = TransposeSchedule(TRANSPOSE_SCHEDULES[_dtype_name(np.zeros(1, dtype))].min_blocks, opt)
+def test_transpose_schedules_match_reference(rng: np.random.Generator, dtype: type) -> None:
+    """The fused kernel's rule-specialised tile code (MX ``rceil``, FP8 ``div`` and ``enc``) and its
+    run-time rule code (the other rules) give the reference's bytes: MXFP8 rceil / floor, FP8 1x128
+    div / enc / mul_rcp with and without an amax floor, full and partial tiles."""
     for shape in [(256, 384), (129, 257), (160, 48)]:
         x = _data(rng, shape, dtype, (32, 32))
         for rule in ("rceil", "floor"):
             pair = rbs.quantize_transpose(x, "mx", scale_mode=rule)
-            _check_pair(_transpose(x, block=32, rule=rule, schedule=sched), pair, shape)
+            _check_pair(_transpose(x, block=32, rule=rule), pair, shape)
         x = _data(rng, shape, dtype, (128, 128))
         for rule, floor in (("div", 0.0), ("div", 1e-4), ("enc", 0.0), ("enc", 1e-10), ("mul_rcp", 0.0)):
             pair = rbs.quantize_transpose(x, "fp8_block", block=(1, 128), amax_floor=floor, **_fp8_kw(rule))
-            got = _transpose(x, block=128, rule=rule, amax_floor=floor, schedule=sched)
+            got = _transpose(x, block=128, rule=rule, amax_floor=floor)
             _check_pair(got, pair, shape)
 
 
@@ -314,19 +310,15 @@ def _near_fp8_ties_16bit(rng: np.random.Generator, rows: int, cols: int, element
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("element", ["e4m3", "e5m2"])
-@pytest.mark.parametrize("opt", [3, 1])
-def test_fp8_div_near_ties_16bit(rng: np.random.Generator, dtype: type, element: str, opt: int) -> None:
-    """The ``div`` rule on 16-bit inputs (one correction step, OPT bit 1) is correctly rounded on and
+def test_fp8_div_near_ties_16bit(rng: np.random.Generator, dtype: type, element: str) -> None:
+    """The ``div`` rule on 16-bit inputs (one correction step, divide_rn1) is correctly rounded on and
     around every rounding tie, in the rowwise and columnwise copies, with the amax floor binding on
     some blocks (their division takes the general sequence)."""
-    from quantplan.runtime._block_scaled_tile_kernels import TRANSPOSE_SCHEDULES, TransposeSchedule
-
-    sched = TransposeSchedule(TRANSPOSE_SCHEDULES["float16"].min_blocks, opt)
     x = _near_fp8_ties_16bit(rng, 256, 384, element, dtype)
     for floor in (0.0, 1e-4):
         for data in (x, np.ascontiguousarray(x.T)):
             pair = rbs.quantize_transpose(
                 data, "fp8_block", block=(1, 128), element=element, amax_floor=floor, **_fp8_kw("div")
             )
-            got = _transpose(data, element=element, block=128, rule="div", amax_floor=floor, schedule=sched)
+            got = _transpose(data, element=element, block=128, rule="div", amax_floor=floor)
             _check_pair(got, pair, data.shape)
