@@ -80,9 +80,11 @@ class TileSchedule:
 class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
-    for 128-row blocks)."""
+    for 128-row blocks). ``prefetch`` > 0 (a candidate, aligned launches): each CTA prefetches into
+    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
+    prefetch: int = 0
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -101,9 +103,16 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
     "float32": TransposeSchedule(2),
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
-#: tests cover (the tuning table's first).
+#: tests cover (the tuning table's first). ``m5``: 5 resident CTAs (48 registers); ``pf2`` / ``pf4``:
+#: L2 prefetch of the tile half / one wave ahead.
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
-    dtype: {"default": sched} for dtype, sched in TRANSPOSE_SCHEDULES.items()
+    dtype: {
+        "default": sched,
+        **({"m5": TransposeSchedule(5)} if dtype != "float32" else {}),
+        "pf2": TransposeSchedule(sched.min_blocks, prefetch=2),
+        "pf4": TransposeSchedule(sched.min_blocks, prefetch=4),
+    }
+    for dtype, sched in TRANSPOSE_SCHEDULES.items()
 }
 #: Elements of each 2-D block; rules and elements of the fused transpose.
 TILE_ELEMENTS = {(128, 128): ("e4m3", "e5m2"), (32, 32): ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")}
@@ -143,6 +152,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
+        *((sched.prefetch,) if sched.prefetch else ()),
     )
 
 
