@@ -5,7 +5,7 @@ table's space timed on the same input in one run, with a copy of the same bytes.
     python3 benchmarks/probe_block_scaled.py --stochastic [--precompile]
     python3 benchmarks/probe_block_scaled.py --transpose   # the fused rowwise + columnwise kernel
 
-``--transpose``: every OPT choice of ``block_scaled_transpose`` (``TransposeSchedule.opt``) for MXFP8
+``--transpose``: ``block_scaled_transpose`` (every schedule of ``TRANSPOSE_CANDIDATES``) for MXFP8
 rceil and FP8 1x128 div / enc, 8192 x 8192 bf16 and fp16, timed side by side with a copy of the
 bytes moved (x read, both code copies and both scale matrices written), each checked against the
 reference.
@@ -77,9 +77,8 @@ def _compile_tiles(name: str) -> str:
     return _compile(name, "block_scaled_tiles")
 
 
-#: (label, block, rule) of the fused transpose probe; OPT choices of TransposeSchedule.
+#: (label, block, rule) of the fused transpose probe.
 TRANSPOSE_CASES = [("MXFP8 rceil", 32, "rceil"), ("FP8 1x128 enc", 128, "enc"), ("FP8 1x128 div", 128, "div")]
-TRANSPOSE_OPTS = (3, 1, 2, 0)
 
 
 def _transpose_probe(only: str | None) -> None:
@@ -90,21 +89,20 @@ def _transpose_probe(only: str | None) -> None:
 
     import quantplan.reference.block_scaled as rbs
     from quantplan.runtime._block_scaled_tile_kernels import (
-        TRANSPOSE_SCHEDULES,
+        TRANSPOSE_CANDIDATES,
         TransposeSchedule,
         quantize_transpose_block_scaled,
         transpose_kernel_name,
     )
 
     names = [
-        transpose_kernel_name(d, "e4m3", blk, False, rule == "div", True, TransposeSchedule(s.min_blocks, opt))
-        for d, s in TRANSPOSE_SCHEDULES.items()
-        if d != "float32"
+        transpose_kernel_name(d, "e4m3", blk, False, rule == "div", True, sched)
+        for d in ("bfloat16", "float16")
         for label, blk, rule in TRANSPOSE_CASES
         if not only or only in label
-        for opt in TRANSPOSE_OPTS
+        for sched in TRANSPOSE_CANDIDATES[d].values()
     ]
-    with ProcessPoolExecutor(16) as ex:  # every OPT choice compiled side by side, not one by one
+    with ProcessPoolExecutor(16) as ex:  # every candidate compiled side by side, not one by one
         list(ex.map(_compile_tiles, names))
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     for tdt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
@@ -124,8 +122,7 @@ def _transpose_probe(only: str | None) -> None:
                 pair = rbs.quantize_transpose(host, "fp8_block", block=(1, 128), scale_format="f32", elem_op=rule)
             want = [pair.rowwise.codes, pair.rowwise.scales, pair.columnwise.codes, pair.columnwise.scales]
             cells = []
-            for opt in TRANSPOSE_OPTS:
-                sched = TransposeSchedule(TRANSPOSE_SCHEDULES[name].min_blocks, opt)
+            for tag, sched in TRANSPOSE_CANDIDATES[name].items():
 
                 def fn(
                     xi: Any, sched: TransposeSchedule = sched, blk: int = blk, rule: str = rule, dt: str = name
@@ -141,7 +138,7 @@ def _transpose_probe(only: str | None) -> None:
                 )
                 fns = [lambda xi=xi, f=fn: f(xi) for xi in xs]
                 us = harness.time_gpu(fns[0], rotate=fns[1:])
-                cells.append(f"opt{opt} {us:.2f} ({100 * copy_us / us:.1f}%){'' if same else ' != reference'}")
+                cells.append(f"{tag} {us:.2f} ({100 * copy_us / us:.1f}%){'' if same else ' != reference'}")
             print(f"{label} {name} 8192x8192: copy {copy_us:.2f} | " + " | ".join(cells), flush=True)
 
 
@@ -202,7 +199,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--precompile", action="store_true")
     p.add_argument("--only", metavar="TEXT", help="cases whose label contains TEXT")
-    p.add_argument("--transpose", action="store_true", help="the fused transpose's OPT choices instead")
+    p.add_argument("--transpose", action="store_true", help="the fused transpose's candidate schedules instead")
     p.add_argument("--stochastic", action="store_true", help="NVFP4 stochastic rounding's candidate schedules")
     args = p.parse_args()
     if args.transpose:

@@ -225,13 +225,33 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
 
 namespace qp {
 
+// Prefetch into L2 the 128 x 128 tile `ahead` CTAs after this one in launch order (blockIdx.x
+// fastest), when it is a whole tile (r0: this CTA's first row): thread t takes 128-byte lines t, t + 256, ... of its rows. The
+// CTA that takes over a slot later finds its tile in L2, and DRAM keeps reading while the resident
+// CTAs compute.
+template <class In>
+__device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 cols, i64 r0, u32 ahead) {
+  constexpr int LINES = 128 * InputWords<In>::bytes / 128;  // 128-byte lines of one tile row
+  const u32 n = blockIdx.y * gridDim.x + blockIdx.x + ahead;
+  if (n >= gridDim.x * gridDim.y) return;
+  const i64 r = r0 + ((i64)(n / gridDim.x) - blockIdx.y) * 128, c = (i64)(n % gridDim.x) * 128;
+  if (r + 128 > rows || c + 128 > cols) return;
+#pragma unroll
+  for (int k = 0; k < LINES / 2; ++k) {
+    const int i = threadIdx.x + 256 * k;
+    const u8* line = static_cast<const u8*>(x_ptr) + ((r + i / LINES) * cols + c) * InputWords<In>::bytes + (i % LINES) * 128;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+}
+
 // One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
-// or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule.
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT>
+// or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH: after
+// its own loads, the CTA prefetches the tile `ahead` CTAs ahead (prefetch_tile).
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH>
 __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
                                                void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
                                                float amax_floor, float enc_overflow, int layout, i64 dim_r,
-                                               i64 dim_c, u32* tile, u32* colkey) {
+                                               i64 dim_c, u32* tile, u32* colkey, u32 ahead) {
   typedef InputWords<In> W;
   typedef BlockElement<Elem> E;
   constexpr int T = 128;                 // tile edge
@@ -282,6 +302,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       }
     }
   }
+  if constexpr (PREFETCH) prefetch_tile<In>(x_ptr, rows, cols, r0, ahead);
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
@@ -449,10 +470,11 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 
 }  // namespace qp
 
-// OPT (a tuning choice; the default serves every launch): bit 0, the kernel dispatches the
-// default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) to tile code with the rule fixed at
-// compile time; bit 1, the `div` rule of 16-bit inputs divides with divide_rn1.
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int OPT = 3>
+// The default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) run tile code with the rule fixed at
+// compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
+// divide_rn1. PREFETCH > 0 (aligned launches): each CTA prefetches into L2 the tile PREFETCH / 4
+// waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile).
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -460,32 +482,31 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
                            qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
                            qp::i64 pad_cols_c) {
   using namespace qp;
-  constexpr bool SPEC = (OPT & 1) != 0;
-  constexpr bool SHORT = (OPT & 2) != 0 && DIVIDE && InputWords<In>::bytes == 2;
+  constexpr bool SHORT = DIVIDE && InputWords<In>::bytes == 2;
   extern __shared__ uint4 smem_vectors[];
   u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [128][words per row]
   // [4][128] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
   // all ones for a non-finite block).
   u32* colkey = tile + 128 * (128 * InputWords<In>::bytes / 4);
   const i64 r0 = (row_tile_base + blockIdx.y) * 128;
-#define QP_TRANSPOSE_TILE(RULE_, SHORT_)                                                                            \
-  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT_>(x_ptr, codes_r, scales_r, codes_c, scales_c, \
-                                                                      rows, cols, r0, rule, amax_floor,           \
-                                                                      enc_overflow, layout, dim_r, dim_c, tile, colkey)
+  constexpr bool PF = PREFETCH > 0 && ALIGNED;
+  u32 ahead = 0;
+  if constexpr (PF) {
+    asm("mov.u32 %0, %%nsmid;" : "=r"(ahead));
+    ahead = PREFETCH * MIN_BLOCKS * ahead / 4;
+  }
+#define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF>(                                        \
+      x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, rule, amax_floor, enc_overflow, layout, dim_r, dim_c, \
+      tile, colkey, ahead)
   if constexpr (DIVIDE) {
-    QP_TRANSPOSE_TILE(SPEC ? (int)kBlockF32Div : -1, SHORT);
-  } else if constexpr (SPEC && BLOCK == 32) {
-    if (rule == kMxRceil)
-      QP_TRANSPOSE_TILE((int)kMxRceil, false);
-    else
-      QP_TRANSPOSE_TILE(-1, false);
-  } else if constexpr (SPEC && BLOCK == 128) {
-    if (rule == kBlockF32Enc)
-      QP_TRANSPOSE_TILE((int)kBlockF32Enc, false);
-    else
-      QP_TRANSPOSE_TILE(-1, false);
+    QP_TRANSPOSE_TILE((int)kBlockF32Div);
   } else {
-    QP_TRANSPOSE_TILE(-1, false);
+    constexpr int DEFAULT_RULE = BLOCK == 32 ? (int)kMxRceil : (int)kBlockF32Enc;
+    if (rule == DEFAULT_RULE)
+      QP_TRANSPOSE_TILE(DEFAULT_RULE);
+    else
+      QP_TRANSPOSE_TILE(-1);
   }
 #undef QP_TRANSPOSE_TILE
 

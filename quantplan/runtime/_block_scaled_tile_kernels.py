@@ -80,12 +80,11 @@ class TileSchedule:
 class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
-    for 128-row blocks). ``opt`` (the kernel's OPT bits, every choice bit-exact): 1, the default
-    rules (MX ``rceil``, FP8 ``div`` and ``enc``) run tile code with the rule fixed at compile time;
-    2, FP8 ``div`` of 16-bit inputs divides by one correction step over the reciprocal."""
+    for 128-row blocks). ``prefetch`` > 0 (a candidate, aligned launches): each CTA prefetches into
+    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
-    opt: int = 3
+    prefetch: int = 0
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -102,6 +101,18 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
     "bfloat16": TransposeSchedule(4),
     "float16": TransposeSchedule(4),
     "float32": TransposeSchedule(2),
+}
+#: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
+#: tests cover (the tuning table's first). ``m5``: 5 resident CTAs (48 registers); ``pf2`` / ``pf4``:
+#: L2 prefetch of the tile half / one wave ahead.
+TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
+    dtype: {
+        "default": sched,
+        **({"m5": TransposeSchedule(5)} if dtype != "float32" else {}),
+        "pf2": TransposeSchedule(sched.min_blocks, prefetch=2),
+        "pf4": TransposeSchedule(sched.min_blocks, prefetch=4),
+    }
+    for dtype, sched in TRANSPOSE_SCHEDULES.items()
 }
 #: Elements of each 2-D block; rules and elements of the fused transpose.
 TILE_ELEMENTS = {(128, 128): ("e4m3", "e5m2"), (32, 32): ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "int8")}
@@ -141,7 +152,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        *(() if sched.opt == 3 else (sched.opt,)),
+        *((sched.prefetch,) if sched.prefetch else ()),
     )
 
 
@@ -407,6 +418,7 @@ __all__ = [
     "MAX_GRID_Y",
     "THREADS",
     "TILE_SCHEDULES",
+    "TRANSPOSE_CANDIDATES",
     "TRANSPOSE_SCHEDULES",
     "TRANSPOSE_TILE",
     "TileSchedule",
