@@ -98,16 +98,18 @@ TILE_SCHEDULES: dict[tuple[tuple[int, int], str], TileSchedule] = {
 }
 #: input dtype -> TransposeSchedule.
 TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
-    "bfloat16": TransposeSchedule(4),
-    "float16": TransposeSchedule(4),
+    "bfloat16": TransposeSchedule(4, prefetch=2),
+    "float16": TransposeSchedule(4, prefetch=2),
     "float32": TransposeSchedule(2),
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
-#: tests cover (the tuning table's first). ``m5``: 5 resident CTAs (48 registers); ``pf2`` / ``pf4``:
-#: L2 prefetch of the tile half / one wave ahead.
+#: tests cover (the tuning table's first; duplicates of it are timed once). ``pf0``: no L2 prefetch;
+#: ``m5``: 5 resident CTAs (48 registers); ``pf2`` / ``pf4``: L2 prefetch of the tile half / one
+#: wave ahead.
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
     dtype: {
         "default": sched,
+        "pf0": TransposeSchedule(sched.min_blocks),
         **({"m5": TransposeSchedule(5)} if dtype != "float32" else {}),
         "pf2": TransposeSchedule(sched.min_blocks, prefetch=2),
         "pf4": TransposeSchedule(sched.min_blocks, prefetch=4),
