@@ -80,7 +80,7 @@ class TileSchedule:
 class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
-    for 128-row blocks). ``prefetch`` > 0 (a candidate, aligned launches): each CTA prefetches into
+    for 128-row blocks). ``prefetch`` > 0 (aligned launches; 2 is the 16-bit default): each CTA prefetches into
     L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
@@ -103,16 +103,17 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
     "float32": TransposeSchedule(2),
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
-#: tests cover (the tuning table's first; duplicates of it are timed once). ``pf0``: no L2 prefetch;
-#: ``m5``: 5 resident CTAs (48 registers); ``pf2`` / ``pf4``: L2 prefetch of the tile half / one
-#: wave ahead.
+#: tests cover (the tuning table's first). ``pf0``: no L2 prefetch; ``pf2``: L2 prefetch of the
+#: tile half a wave ahead (the 16-bit default).
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
-    dtype: {
-        "default": sched,
-        "pf0": TransposeSchedule(sched.min_blocks),
-        **({"m5": TransposeSchedule(5)} if dtype != "float32" else {}),
-        "pf2": TransposeSchedule(sched.min_blocks, prefetch=2),
-        "pf4": TransposeSchedule(sched.min_blocks, prefetch=4),
+    dtype: {"default": sched}
+    | {
+        tag: other
+        for tag, other in (
+            ("pf0", TransposeSchedule(sched.min_blocks)),
+            ("pf2", TransposeSchedule(sched.min_blocks, 2)),
+        )
+        if other != sched
     }
     for dtype, sched in TRANSPOSE_SCHEDULES.items()
 }
