@@ -103,13 +103,16 @@ def sass_by_function(cubin: Path) -> dict[str, str]:
 
 
 def normalize(sass: str, mangled: str) -> str:
-    """The function's SASS with its own (mangled) name blanked, labels renumbered, blank lines dropped."""
+    """The function's SASS with its own (mangled) name blanked, labels renumbered, runs of white
+    space collapsed to one blank (nvdisasm pads its columns to the longest name, so a renamed
+    template would change every line), blank lines dropped. Recordings made before this collapsing
+    do not compare with later ones."""
     labels: dict[str, str] = {}
 
     def local(match: re.Match[str]) -> str:
         return labels.setdefault(match.group(0), f".L_x_{len(labels)}")
 
-    lines = (_LABEL.sub(local, line.replace(mangled, "<self>")).rstrip() for line in sass.splitlines())
+    lines = (" ".join(_LABEL.sub(local, line.replace(mangled, "<self>")).split()) for line in sass.splitlines())
     return "\n".join(line for line in lines if line.strip())
 
 
