@@ -25,8 +25,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from quantplan import reference
 from quantplan.runtime._affine import AffineOperands, AffineProblem, ScopedDescriptor
 from quantplan.runtime._device import device_info, stream_device_id
@@ -36,14 +34,14 @@ from quantplan.runtime._launch import LaunchPair, PreparedLaunch, launch_on, set
 from quantplan.runtime._layout import param_shape
 from quantplan.runtime._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from quantplan.runtime._plan import REFERENCE_VARIANT, Plan, check_descriptor, choose_backend
-from quantplan.runtime._segments import RangePasses, SegmentGeometry, prepare_segments
+from quantplan.runtime._segments import RangePasses, RangePlanState, SegmentGeometry, prepare_segments
 from quantplan.runtime._selection import SCHEDULES, SegmentChoice, choose_fake_rows, choose_segments
 from quantplan.runtime.compiler import template_name
 from quantplan.runtime.workspace import Workspace
 from quantplan.vocabulary import types
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.errors import InvalidProblem
-from quantplan.vocabulary.types import ElementKind, NibbleOrder, QuantMode, Rounding, TensorScope
+from quantplan.vocabulary.types import ElementKind, NibbleOrder, QuantMode, Rounding
 
 #: The op's name in :data:`quantplan.runtime._selection.SCHEDULES`.
 _OP = "dynamic_fake_quantize"
@@ -157,7 +155,11 @@ def _resident_grid(launch: PreparedLaunch, device_id: int) -> int:
     return max(1, min(launch.grid, max(1, per_sm) * device_info(device_id).sm_count))
 
 
-class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeArgs, AffineOperands]):
+class DynamicRangeFakeQuantizePlan(
+    RangePlanState[DynamicRangeFakeQuantizeDescriptor, FakeRowLaunches],
+    OperandChecks,
+    Plan[DynamicRangeFakeQuantizeArgs, AffineOperands],
+):
     """Fake quantization with per-segment parameters from the data, in one pass where it can.
 
     Formulas (SPEC section 4; float32 arithmetic, float64 for F64; each operation rounded once):
@@ -215,47 +217,22 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
     _category = types.OpCategory.FAKE_QUANTIZE
     _op = types.QuantizeKind.DYNAMIC_RANGE
     _checked = AffineOperands
-    _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
+    #: Where the multi-pass path keeps the scales and zero points in the workspace (0: no such path).
+    _scale_offset = _zp_offset = 0
 
-    def __init__(
-        self,
-        desc: DynamicRangeFakeQuantizeDescriptor,
-        problem: AffineProblem,
-        device_id: int | None = None,
-        variant: str = REFERENCE_VARIANT,
-        fused: LaunchPair | None = None,
-        passes: RangePasses | None = None,
-        rows: FakeRowLaunches | None = None,
-        in_place: LaunchPair | None = None,
-    ) -> None:
-        """``in_place``: the fused pass for calls whose output is the input, where ``fused`` must
-        not run in place (row shares); None: ``fused`` serves both."""
+    def _output_kind(self, problem: AffineProblem) -> ElementKind:
+        return problem.float_kind
+
+    def _multi_pass_workspace(self, problem: AffineProblem, stats_bytes: int) -> int:
+        """The range statistics, then the scales and (ASYMMETRIC) the int32 zero points."""
         count = math.prod(problem.param_shape) if problem.param_shape else 1
-        param_dtype = problem.scale_dtype
-        asym = problem.mode is QuantMode.ASYMMETRIC
-        scale_offset = zp_offset = workspace = 0
-        prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()
-        if in_place is not None:
-            prepared += in_place.launches
-        if passes is not None and rows is not None:
-            scale_offset = _align(passes.stats_bytes)
-            zp_offset = scale_offset + _align(count * param_dtype.itemsize)
-            workspace = zp_offset + (_align(count * 4) if asym else 0)
-            prepared = (*passes.launches, *rows.launches)
-        kinds = problem.float_kind, problem.float_kind
-        super().__init__(problem, device_id, *kinds, variant, workspace_bytes=workspace, prepared=prepared)
-        self.descriptor = desc
-        self._fused, self._passes, self._rows = fused, passes, rows
-        self._in_place = in_place
-        self._scale_offset, self._zp_offset = scale_offset, zp_offset
-        self._stochastic = problem.stochastic
-        self._asymmetric = asym
-        self._zp_source = ZP_INT32 if asym else ZP_VALUE
-        self._param_shape = problem.param_shape
-        self._tensor_scope = isinstance(problem.scope, TensorScope)
+        self._scale_offset = _align(stats_bytes)
+        self._zp_offset = self._scale_offset + _align(count * problem.scale_dtype.itemsize)
+        return self._zp_offset + (_align(count * 4) if problem.mode is QuantMode.ASYMMETRIC else 0)
+
+    def _setup(self, problem: AffineProblem) -> None:
+        self._zp_source = ZP_INT32 if self._asymmetric else ZP_VALUE
         self._info = ELEMENTS[problem.float_kind]
-        self._param_dtype = param_dtype
-        self._int32 = np.dtype(np.int32)
 
     # ---- selection ----------------------------------------------------------------------------
 
@@ -270,7 +247,7 @@ class DynamicRangeFakeQuantizePlan(OperandChecks, Plan[DynamicRangeFakeQuantizeA
         """
         problem = dynamic_fake_quantize_problem(desc)
         if choose_backend(pref, stream, SCHEDULES[_OP]) is types.BackendKind.REFERENCE:
-            return cls(desc, problem)
+            return cls(desc, problem, None, REFERENCE_VARIANT)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
         choice = choose_segments(_OP, problem, info, None if pref is None else pref.schedule)

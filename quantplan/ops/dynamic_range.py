@@ -24,21 +24,26 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from quantplan import reference
 from quantplan.runtime._affine import AffineOperands, AffineProblem, AffineRows, QuantizeDescriptor, quantize_problem
 from quantplan.runtime._device import device_info, stream_device_id
 from quantplan.runtime._kernel_names import dynamic_segments_unit, row_kernel_name
-from quantplan.runtime._launch import LaunchPair, PreparedLaunch, launch_on, set_rng
+from quantplan.runtime._launch import LaunchPair, launch_on, set_rng
 from quantplan.runtime._operands import Operand, OperandChecks, TensorArgs, check_outputs, reference_uniform
 from quantplan.runtime._plan import REFERENCE_VARIANT, Plan, choose_backend
-from quantplan.runtime._segments import RangePasses, SegmentGeometry, prepare_segments
+from quantplan.runtime._segments import RangePasses, RangePlanState, SegmentGeometry, prepare_segments
 from quantplan.runtime._selection import SCHEDULES, SegmentChoice, choose_rows, choose_segments
 from quantplan.runtime.workspace import Workspace
 from quantplan.vocabulary.elements import ELEMENTS
 from quantplan.vocabulary.errors import InvalidProblem
-from quantplan.vocabulary.types import BackendKind, OpCategory, PlanPreference, QuantizeKind, QuantMode, TensorScope
+from quantplan.vocabulary.types import (
+    BackendKind,
+    ElementKind,
+    OpCategory,
+    PlanPreference,
+    QuantizeKind,
+    QuantMode,
+)
 
 
 class DynamicRangeQuantizeDescriptor(QuantizeDescriptor):
@@ -67,7 +72,11 @@ class DynamicRangeQuantizeArgs(TensorArgs):
     rng_offset: Any = None
 
 
-class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, AffineOperands]):
+class DynamicRangeQuantizePlan(
+    RangePlanState[DynamicRangeQuantizeDescriptor, AffineRows],
+    OperandChecks,
+    Plan[DynamicRangeQuantizeArgs, AffineOperands],
+):
     """Quantization with parameters computed from the tensor's runtime range, per segment of ``scope``.
 
     Formulas (SPEC section 4; arithmetic in float32, float64 for F64 input):
@@ -120,33 +129,12 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
     _category = OpCategory.QUANTIZE
     _op = QuantizeKind.DYNAMIC_RANGE
     _checked = AffineOperands
-    _extract_fields = ("input", "output", "scale_out", "zero_point_out", "rng_seed", "rng_offset")
 
-    def __init__(
-        self,
-        desc: DynamicRangeQuantizeDescriptor,
-        problem: AffineProblem,
-        device_id: int | None = None,
-        variant: str = REFERENCE_VARIANT,
-        fused: LaunchPair | None = None,
-        passes: RangePasses | None = None,
-        rows: AffineRows | None = None,
-    ) -> None:
-        prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()
-        workspace = 0
-        if passes is not None and rows is not None:
-            prepared, workspace = (*passes.launches, *rows.pair.launches), passes.stats_bytes
-        kinds = problem.float_kind, problem.code_kind
-        super().__init__(problem, device_id, *kinds, variant, workspace_bytes=workspace, prepared=prepared)
-        self.descriptor = desc
-        self._fused, self._passes, self._rows = fused, passes, rows
-        self._param_shape = problem.param_shape
-        self._tensor_scope = isinstance(problem.scope, TensorScope)
-        self._param_dtype = problem.scale_dtype
-        self._int32 = np.dtype(np.int32)
+    def _output_kind(self, problem: AffineProblem) -> ElementKind:
+        return problem.code_kind
+
+    def _setup(self, problem: AffineProblem) -> None:
         self._float_info, self._code_info = ELEMENTS[problem.float_kind], ELEMENTS[problem.code_kind]
-        self._stochastic = problem.stochastic
-        self._asymmetric = problem.mode is QuantMode.ASYMMETRIC
         self._code_shape = problem.code_shape
 
     # ---- selection ------------------------------------------------------------------------
@@ -171,7 +159,7 @@ class DynamicRangeQuantizePlan(OperandChecks, Plan[DynamicRangeQuantizeArgs, Aff
                     f"ASYMMETRIC dynamic range needs q_min < q_max, got q_min={problem.q_min}, q_max={problem.q_max}"
                 )
         if choose_backend(pref, stream, SCHEDULES[_OP]) is BackendKind.REFERENCE:
-            return cls(desc, problem)
+            return cls(desc, problem, None, REFERENCE_VARIANT)
         device_id = stream_device_id(stream)
         info = device_info(device_id)
         prefix = f"{problem.scope.kind}/{problem.mode.value}/"

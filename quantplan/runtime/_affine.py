@@ -321,6 +321,10 @@ class AffineRows:
     def __init__(self, pair: LaunchPair, layout: RowLayout, device_id: int, stochastic: bool) -> None:
         self.pair, self.layout, self.device_id, self.stochastic = pair, layout, device_id, stochastic
 
+    @property
+    def launches(self) -> tuple[PreparedLaunch, ...]:
+        return self.pair.launches
+
     @classmethod
     def prepare(
         cls, problem: AffineProblem, float_to_code: bool, device_id: int, dense: RowLayout | None

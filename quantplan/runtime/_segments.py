@@ -7,7 +7,8 @@ parameters from the data (dynamic range, dynamic fake quantization, the qgZ and 
   ``SegmentLayout``;
 * the **multi-pass** range: statistics reset, per-segment range (lo, hi, non-finite flag) by
   order-independent integer atomics (or block-reduced for TensorScope), parameters
-  (:class:`RangePasses`, ``kernels/dynamic_range.cu``).
+  (:class:`RangePasses`, ``kernels/dynamic_range.cu``);
+* :class:`RangePlanState`: the constructor and the state the two dynamic-range plans share.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -43,7 +45,7 @@ from quantplan.runtime._segment_geometry import (
 from quantplan.runtime._tuning import kernel_options
 from quantplan.runtime.compiler import load_kernels, template_name
 from quantplan.vocabulary.elements import ELEMENTS, acc_cpp, acc_ctype
-from quantplan.vocabulary.types import MathPrecision, QuantMode, TensorScope
+from quantplan.vocabulary.types import ElementKind, MathPrecision, QuantMode, TensorScope
 
 
 def range_divisor(problem: AffineProblem) -> float:
@@ -236,11 +238,86 @@ class RangePasses:
         launch_on(device_id, handle, self.init, stats, self.params)
 
 
+class _Launches(Protocol):
+    @property
+    def launches(self) -> tuple[PreparedLaunch, ...]: ...
+
+
+DescT = TypeVar("DescT")
+RowsT = TypeVar("RowsT", bound=_Launches)
+
+
+class RangePlanState(Generic[DescT, RowsT]):
+    """The constructor and the state DynamicRangeQuantizePlan and DynamicRangeFakeQuantizePlan
+    share: the fused single pass (``fused``; ``in_place`` its twin for calls whose output is the
+    input, where ``fused`` must not run in place), or the multi-pass path (``passes``, then the
+    elementwise ``rows``), and the fields their argument checks read.
+
+    Mixed in before :class:`~quantplan.runtime._plan.Plan` (this module sits below it), whose
+    constructor it calls with the prepared launches and the workspace. A plan says what differs:
+    ``_output_kind`` (the element its output holds), ``_multi_pass_workspace`` (the multi-pass
+    path's bytes, from the range statistics' ``stats_bytes``) and ``_setup`` (its own fields).
+    """
+
+    _extract_fields: ClassVar[tuple[str, ...]] = (
+        "input",
+        "output",
+        "scale_out",
+        "zero_point_out",
+        "rng_seed",
+        "rng_offset",
+    )
+
+    def __init__(
+        self,
+        desc: DescT,
+        problem: AffineProblem,
+        device_id: int | None,
+        variant: str,
+        fused: LaunchPair | None = None,
+        passes: RangePasses | None = None,
+        rows: RowsT | None = None,
+        in_place: LaunchPair | None = None,
+    ) -> None:
+        prepared: tuple[PreparedLaunch, ...] = fused.launches if fused is not None else ()
+        if in_place is not None:
+            prepared += in_place.launches
+        workspace = 0
+        if passes is not None and rows is not None:
+            prepared = (*passes.launches, *rows.launches)
+            workspace = self._multi_pass_workspace(problem, passes.stats_bytes)
+        plan_init: Callable[..., None] = super().__init__  # Plan's, next in the MRO
+        kinds = problem.float_kind, self._output_kind(problem)
+        plan_init(problem, device_id, *kinds, variant, workspace_bytes=workspace, prepared=prepared)
+        self.descriptor = desc
+        self._fused, self._passes, self._rows, self._in_place = fused, passes, rows, in_place
+        self._param_shape = problem.param_shape
+        self._tensor_scope = isinstance(problem.scope, TensorScope)
+        self._param_dtype = problem.scale_dtype
+        self._int32 = np.dtype(np.int32)
+        self._stochastic = problem.stochastic
+        self._asymmetric = problem.mode is QuantMode.ASYMMETRIC
+        self._setup(problem)
+
+    def _output_kind(self, problem: AffineProblem) -> ElementKind:
+        """The element the plan's output holds (codes, or the input's float)."""
+        raise NotImplementedError
+
+    def _multi_pass_workspace(self, problem: AffineProblem, stats_bytes: int) -> int:
+        """Workspace bytes of the multi-pass path: the range statistics (what more a plan keeps
+        there, it adds)."""
+        return stats_bytes
+
+    def _setup(self, problem: AffineProblem) -> None:
+        """The plan's own fields (after the shared ones)."""
+
+
 __all__ = [
     "divisor_inverse",
     "MAX_TEAM",
     "SEGMENT_PARAMS",
     "RangePasses",
+    "RangePlanState",
     "SegmentGeometry",
     "SegmentLayoutArgs",
     "fused_segment_geometry",
