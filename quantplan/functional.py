@@ -100,6 +100,9 @@ FLOAT_NAMES: dict[str, ElementKind] = {
     "double": ElementKind.F64,
 }
 _NEAREST = Rounding.NEAREST_EVEN
+#: Scope types (None's included) whose replay key is the type alone: TensorScope and TokenScope
+#: have one field, a constant. Any other scope is keyed by its type and field values.
+_PLAIN_SCOPES = frozenset({TensorScope, TokenScope, type(None)})
 _CODE_TYPE_NAMES = {ElementKind.FP8_E4M3: "float8_e4m3fn", ElementKind.FP8_E5M2: "float8_e5m2"}
 #: (code kind, float kind) -> dtype name of the scale tensor: the served formats' scale element.
 _SCALE_DTYPES: dict[tuple[ElementKind, ElementKind], str] = {
@@ -374,19 +377,13 @@ def quantize(
         # not hold the block-scaled options (block, layout, ...): a call that passes any is never
         # replayed, or it would meet the replay of the plain call of the same x and name.
         try:
-            scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
-            scope_key = (
-                scope_type
-                if scope_type is TokenScope or scope_type is TensorScope or scope is None
-                else (scope_type, *scope.__dict__.values())
-            )
             replay_key = (
                 quantize,
                 type(x),
                 x.dtype,
                 x.shape,
                 dtype,
-                scope_key,
+                scope_type if (scope_type := type(scope)) in _PLAIN_SCOPES else (scope_type, *scope.__dict__.values()),
                 group_size,
                 axis,
                 asymmetric,
@@ -645,12 +642,6 @@ def fake_quantize(
     replay_key: tuple[Any, ...] | None = None
     plain = type(scale) is float or type(scale) is int, zero_point is None or type(zero_point) is int
     try:
-        scope_type: Any = type(scope)  # TensorScope / TokenScope: their one field is a constant
-        scope_key = (
-            scope_type
-            if scope_type is TokenScope or scope_type is TensorScope or scope is None
-            else (scope_type, *scope.__dict__.values())
-        )
         replay_key = (
             fake_quantize,
             type(x),
@@ -660,7 +651,7 @@ def fake_quantize(
             scale if plain[0] else (scale.dtype, scale.shape),
             type(zero_point),
             zero_point if plain[1] else (zero_point.dtype, zero_point.shape),
-            scope_key,
+            scope_type if (scope_type := type(scope)) in _PLAIN_SCOPES else (scope_type, *scope.__dict__.values()),
             axis,
             q_min,
             q_max,
