@@ -53,10 +53,16 @@ _SLOW_UNIT = textwrap.dedent(
 
 _SLOW_MAIN = textwrap.dedent(
     """
+    import signal
     import sys
 
     import quantplan.runtime._precompile as pre
     import slow_unit
+
+    # A runner that starts the tests as a background job of a non-interactive shell hands them
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler: restore it, as a
+    # terminal's Ctrl-C would find it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     pre.check_nvrtc = lambda: None
     pre._compile_unit_job = slow_unit.slow_unit

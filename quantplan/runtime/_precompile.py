@@ -9,12 +9,10 @@ sweep of ``tests/test_kernel_compile.py``), at NVRTC's fast-compile level
 from __future__ import annotations
 
 import os
-import queue
 import resource
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from quantplan.runtime._families import FAMILIES, compile_units
 from quantplan.runtime._tuning import kernel_options
@@ -86,39 +84,13 @@ def precompile(
     check_nvrtc()
     chosen = list(families) if families else sorted(FAMILIES)
     work = [(f, unit, arch.nvrtc_arch, kernel_options(), not check) for f in chosen for unit in compile_units(f)]
-    processes = jobs or os.cpu_count() or 1
-    # At most two units per worker are queued at a time, fed from this thread as units finish: a
-    # pool fed the whole list at once has its task thread blocked on a full pipe, and terminate()
-    # then waits for that thread (Ctrl-C would hang on a loaded machine).
-    finished: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-    pending = iter(work)
-    in_flight = done = 0
-    pool = Pool(processes=processes, initializer=_worker_ignores_interrupt)
-
-    def submit() -> None:
-        nonlocal in_flight
-        job = next(pending, None)
-        if job is not None:
-            pool.apply_async(
-                _compile_unit_job,
-                (job,),
-                callback=lambda result: finished.put((True, result)),
-                error_callback=lambda exc: finished.put((False, exc)),
-            )
-            in_flight += 1
-
+    done = 0
+    pool = Pool(processes=jobs or os.cpu_count(), initializer=_worker_ignores_interrupt)
     try:
-        for _ in range(2 * processes):
-            submit()
-        while in_flight:
-            ok, value = finished.get()
-            in_flight -= 1
-            if not ok:
-                raise value
+        for _ in pool.imap_unordered(_compile_unit_job, work):
             done += 1
             if progress is not None:
                 progress(done, len(work))
-            submit()
         pool.close()
     except BaseException:
         pool.terminate()  # SIGTERM to every worker: NVRTC calls in flight stop now
