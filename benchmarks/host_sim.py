@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -263,23 +263,28 @@ def simulate_torch_cuda() -> None:
     torch.Tensor.get_device = torch._C.TensorBase.storage_offset  # type: ignore[method-assign]
 
 
-def torch_rows() -> list[tuple[str, Callable[[], Any]]]:
-    """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream (``--torch``)."""
+def _host_plans(make_array: Callable[[Any], Any]) -> Iterator[tuple[Any, Any, dict[str, Any], Any, Any]]:
+    """(spec, built, arrays, args, plan) of every fp16 host row of ``bench_peers.py``, its operands
+    made by ``make_array`` from the bench's tensors (the plan selected for the simulated GPU)."""
     import bench_peers as bp
 
-    import quantplan as qp
-
     bp._DEV = "cpu"
-    stream = _TorchStream()
-    out: list[tuple[str, Callable[[], Any]]] = []
     for spec in bp.specs():
         if not spec.host or spec.dtype == "bf16":
             continue
         built = bp.build(spec)
-        s = bp._new_set(built)
-        arrays = {k: torch_device_array(tuple(v.shape), v.dtype) for k, v in s.items()}
+        arrays = {k: make_array(v) for k, v in bp._new_set(built).items()}
         args = built.args(arrays)
-        plan = built.plan_cls.select(None, built.desc)
+        yield spec, built, arrays, args, built.plan_cls.select(None, built.desc)
+
+
+def torch_rows() -> list[tuple[str, Callable[[], Any]]]:
+    """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream (``--torch``)."""
+    import quantplan as qp
+
+    stream = _TorchStream()
+    out: list[tuple[str, Callable[[], Any]]] = []
+    for spec, _built, _arrays, args, plan in _host_plans(lambda v: torch_device_array(tuple(v.shape), v.dtype)):
         ws = None
         if plan.workspace_size():
             import torch
@@ -300,16 +305,9 @@ def rows() -> list[tuple[str, Callable[[], Any]]]:
     import quantplan as qp
     from quantplan.compat import deepspeed as compat
 
-    bp._DEV = "cpu"
     out: list[tuple[str, Callable[[], Any]]] = []
-    for spec in bp.specs():
-        if not spec.host or spec.dtype == "bf16":
-            continue
-        built = bp.build(spec)
-        s = bp._new_set(built)
-        arrays = {k: cupy.empty(tuple(v.shape), dtype=str(v.dtype).removeprefix("torch.")) for k, v in s.items()}
-        args = built.args(arrays)
-        plan = built.plan_cls.select(None, built.desc)
+    cupy_array = lambda v: cupy.empty(tuple(v.shape), dtype=str(v.dtype).removeprefix("torch."))  # noqa: E731
+    for spec, built, arrays, args, plan in _host_plans(cupy_array):
         ws = qp.Workspace.allocate(plan.workspace_size()) if plan.workspace_size() else None
         out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a)))
         out.append((f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a, check=False)))
