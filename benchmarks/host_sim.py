@@ -18,6 +18,10 @@ host memory) made to read as CUDA tensors of device 0 (``torch.Tensor.get_device
 a C method that returns 0 for them, of about the same cost), and a stand-in of
 ``torch.cuda.current_stream()`` (its ``cuda_stream``, a C getter of about the same cost).
 
+``--alternate``: the ``plan.run`` rows alternate between two sets of operands (and workspaces)
+of the same shapes, so that every call passes pointers other than the previous call's (a
+training loop that reuses its buffers passes the same pointers every time, the default rows).
+
 ``--instructions``: the same rows under valgrind's callgrind, in CPU instructions per call (a
 figure that does not move with the machine's load, unlike the wall clock): the script runs itself
 under ``valgrind --tool=callgrind --instr-atstart=no`` and counts only the timed loop of each row,
@@ -30,7 +34,7 @@ Each row also shows its bar as the package's own µs (issue 26: ``plan.run`` che
 
 Usage::
 
-    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions] [--torch]
+    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions] [--torch] [--alternate]
 """
 
 from __future__ import annotations
@@ -263,7 +267,13 @@ def simulate_torch_cuda() -> None:
     torch.Tensor.get_device = torch._C.TensorBase.storage_offset  # type: ignore[method-assign]
 
 
-def torch_rows() -> list[tuple[str, Callable[[], Any]]]:
+def _alternating(first: Callable[[], Any], second: Callable[[], Any]) -> Callable[[], Any]:
+    """A call that makes ``first()`` and ``second()`` in turn."""
+    calls = itertools.cycle((first, second))
+    return lambda: next(calls)()
+
+
+def torch_rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream (``--torch``)."""
     import bench_peers as bp
 
@@ -277,22 +287,24 @@ def torch_rows() -> list[tuple[str, Callable[[], Any]]]:
             continue
         built = bp.build(spec)
         s = bp._new_set(built)
-        arrays = {k: torch_device_array(tuple(v.shape), v.dtype) for k, v in s.items()}
-        args = built.args(arrays)
         plan = built.plan_cls.select(None, built.desc)
-        ws = None
-        if plan.workspace_size():
-            import torch
+        sets = []
+        for _ in range(2 if alternate else 1):
+            args = built.args({k: torch_device_array(tuple(v.shape), v.dtype) for k, v in s.items()})
+            ws = None
+            if plan.workspace_size():
+                import torch
 
-            ws = qp.Workspace(torch_device_array((plan.workspace_size(),), torch.uint8), plan.workspace_size())
-        out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(stream, w, a)))
-        out.append(
-            (f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(stream, w, a, check=False))
-        )
+                ws = qp.Workspace(torch_device_array((plan.workspace_size(),), torch.uint8), plan.workspace_size())
+            sets.append((args, ws))
+        checked = [lambda p=plan, w=w, a=a: p.run(stream, w, a) for a, w in sets]
+        unchecked = [lambda p=plan, w=w, a=a: p.run(stream, w, a, check=False) for a, w in sets]
+        for name, calls in (("checked", checked), ("check=False", unchecked)):
+            out.append((f"plan.run {name}: {spec.name}", _alternating(*calls) if alternate else calls[0]))
     return out
 
 
-def rows() -> list[tuple[str, Callable[[], Any]]]:
+def rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     """(name, call) of every host row."""
     import bench_peers as bp
     import cupy
@@ -311,8 +323,14 @@ def rows() -> list[tuple[str, Callable[[], Any]]]:
         args = built.args(arrays)
         plan = built.plan_cls.select(None, built.desc)
         ws = qp.Workspace.allocate(plan.workspace_size()) if plan.workspace_size() else None
-        out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a)))
-        out.append((f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a, check=False)))
+        sets = [(args, ws)]
+        if alternate:
+            other = {k: cupy.empty(tuple(v.shape), dtype=str(v.dtype).removeprefix("torch.")) for k, v in s.items()}
+            sets.append((built.args(other), qp.Workspace.allocate(plan.workspace_size()) if ws is not None else None))
+        checked = [lambda p=plan, w=w, a=a: p.run(None, w, a) for a, w in sets]
+        unchecked = [lambda p=plan, w=w, a=a: p.run(None, w, a, check=False) for a, w in sets]
+        for name, calls in (("checked", checked), ("check=False", unchecked)):
+            out.append((f"plan.run {name}: {spec.name}", _alternating(*calls) if alternate else calls[0]))
         if built.compat is not None:  # the compat call alone, as bench_peers times it
             try:
                 call = bp._library_call(partial(built.compat, None, arrays), [compat])
@@ -339,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="rows whose name contains this")
     parser.add_argument("--instructions", action="store_true", help="CPU instructions per call (callgrind)")
     parser.add_argument("--torch", action="store_true", help="plan.run rows on PyTorch operands and stream")
+    parser.add_argument("--alternate", action="store_true", help="plan.run rows alternate two operand sets")
     opt = parser.parse_args(argv)
     if opt.instructions and _ENV not in os.environ:
         passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--instructions"]
@@ -351,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate_gpu()
     if opt.torch:
         simulate_torch_cuda()
-    table = torch_rows() if opt.torch else rows()
+    table = torch_rows(opt.alternate) if opt.torch else rows(opt.alternate)
     if opt.only:
         table = [row for row in table if opt.only in row[0]]
     if opt.instructions:
