@@ -518,20 +518,20 @@ def _owned_stores(source: _Source, cell: str, constants: list[str], variable: li
     do not already hold them. ``Plan._tail_owner[0]`` is this function's token exactly while the
     blocks hold its last stores: every other writer (``_launch``, the generic tail, another
     signature's function, a front-end's launcher) sets the cell to None or to its own token first.
-    The token's list holds the pointers of those last stores: the pointer fields are stored again
+    The function's list holds the pointers of those last stores: the pointer fields are stored again
     only when one of them differs (a training loop reusing its buffers stores nothing)."""
     token = source.const(object())
-    last = source.const([None])
-    key = f"({', '.join(used)},)" if used else "()"
+    last = source.const([None] * len(used))
+    remember = [f"        {last}[{n}] = {name}" for n, name in enumerate(used)]
     source.lines.append(f"    if {cell}[0] is not {token}:")
     source.lines += ["    " + line for line in constants + variable]
     source.lines.append(f"        {cell}[0] = {token}")
     if not variable:
         return
-    source.lines.append(f"        {last}[0] = {key}")
-    source.lines.append(f"    elif (q := {key}) != {last}[0]:")
+    source.lines += remember
+    source.lines.append(f"    elif {' or '.join(f'{name} != {last}[{n}]' for n, name in enumerate(used))}:")
     source.lines += ["    " + line for line in variable]
-    source.lines.append(f"        {last}[0] = q")
+    source.lines += remember
 
 
 def _field_value(
