@@ -18,6 +18,10 @@ host memory) made to read as CUDA tensors of device 0 (``torch.Tensor.get_device
 a C method that returns 0 for them, of about the same cost), and a stand-in of
 ``torch.cuda.current_stream()`` (its ``cuda_stream``, a C getter of about the same cost).
 
+``--alternate``: the ``plan.run`` rows alternate between two sets of operands (and workspaces)
+of the same shapes, so that every call passes pointers other than the previous call's (a
+training loop that reuses its buffers passes the same pointers every time, the default rows).
+
 ``--instructions``: the same rows under valgrind's callgrind, in CPU instructions per call (a
 figure that does not move with the machine's load, unlike the wall clock): the script runs itself
 under ``valgrind --tool=callgrind --instr-atstart=no`` and counts only the timed loop of each row,
@@ -30,7 +34,7 @@ Each row also shows its bar as the package's own µs (issue 26: ``plan.run`` che
 
 Usage::
 
-    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions] [--torch]
+    python3 benchmarks/host_sim.py [--calls N] [--profile TEXT] [--only TEXT] [--instructions] [--torch] [--alternate]
 """
 
 from __future__ import annotations
@@ -263,6 +267,12 @@ def simulate_torch_cuda() -> None:
     torch.Tensor.get_device = torch._C.TensorBase.storage_offset  # type: ignore[method-assign]
 
 
+def _alternating(first: Callable[[], Any], second: Callable[[], Any]) -> Callable[[], Any]:
+    """A call that makes ``first()`` and ``second()`` in turn."""
+    calls = itertools.cycle((first, second))
+    return lambda: next(calls)()
+
+
 def _host_plans(make_array: Callable[[Any], Any]) -> Iterator[tuple[Any, Any, dict[str, Any], Any, Any]]:
     """(spec, built, arrays, args, plan) of every fp16 host row of ``bench_peers.py``, its operands
     made by ``make_array`` from the bench's tensors (the plan selected for the simulated GPU)."""
@@ -278,26 +288,39 @@ def _host_plans(make_array: Callable[[Any], Any]) -> Iterator[tuple[Any, Any, di
         yield spec, built, arrays, args, built.plan_cls.select(None, built.desc)
 
 
-def torch_rows() -> list[tuple[str, Callable[[], Any]]]:
+def _run_rows(
+    name: str, plan: Any, stream: Any, sets: list[tuple[Any, Any]], alternate: bool
+) -> list[tuple[str, Callable[[], Any]]]:
+    """The checked and unchecked ``plan.run`` rows over one operand set, or two in turn."""
+    checked = [lambda p=plan, w=w, a=a: p.run(stream, w, a) for a, w in sets]
+    unchecked = [lambda p=plan, w=w, a=a: p.run(stream, w, a, check=False) for a, w in sets]
+    return [
+        (f"plan.run {kind}: {name}", _alternating(*calls) if alternate else calls[0])
+        for kind, calls in (("checked", checked), ("check=False", unchecked))
+    ]
+
+
+def torch_rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream (``--torch``)."""
     import quantplan as qp
 
     stream = _TorchStream()
     out: list[tuple[str, Callable[[], Any]]] = []
-    for spec, _built, _arrays, args, plan in _host_plans(lambda v: torch_device_array(tuple(v.shape), v.dtype)):
-        ws = None
-        if plan.workspace_size():
-            import torch
+    make = lambda v: torch_device_array(tuple(v.shape), v.dtype)  # noqa: E731
+    for spec, built, arrays, args, plan in _host_plans(make):
+        sets = []
+        for operands in [args, built.args({k: make(v) for k, v in arrays.items()})][: 2 if alternate else 1]:
+            ws = None
+            if plan.workspace_size():
+                import torch
 
-            ws = qp.Workspace(torch_device_array((plan.workspace_size(),), torch.uint8), plan.workspace_size())
-        out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(stream, w, a)))
-        out.append(
-            (f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(stream, w, a, check=False))
-        )
+                ws = qp.Workspace(torch_device_array((plan.workspace_size(),), torch.uint8), plan.workspace_size())
+            sets.append((operands, ws))
+        out.extend(_run_rows(spec.name, plan, stream, sets, alternate))
     return out
 
 
-def rows() -> list[tuple[str, Callable[[], Any]]]:
+def rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     """(name, call) of every host row."""
     import bench_peers as bp
     import cupy
@@ -309,8 +332,11 @@ def rows() -> list[tuple[str, Callable[[], Any]]]:
     cupy_array = lambda v: cupy.empty(tuple(v.shape), dtype=str(v.dtype).removeprefix("torch."))  # noqa: E731
     for spec, built, arrays, args, plan in _host_plans(cupy_array):
         ws = qp.Workspace.allocate(plan.workspace_size()) if plan.workspace_size() else None
-        out.append((f"plan.run checked: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a)))
-        out.append((f"plan.run check=False: {spec.name}", lambda p=plan, w=ws, a=args: p.run(None, w, a, check=False)))
+        sets = [(args, ws)]
+        if alternate:
+            other = {k: cupy_array(v) for k, v in arrays.items()}
+            sets.append((built.args(other), qp.Workspace.allocate(plan.workspace_size()) if ws is not None else None))
+        out.extend(_run_rows(spec.name, plan, None, sets, alternate))
         if built.compat is not None:  # the compat call alone, as bench_peers times it
             try:
                 call = bp._library_call(partial(built.compat, None, arrays), [compat])
@@ -337,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="rows whose name contains this")
     parser.add_argument("--instructions", action="store_true", help="CPU instructions per call (callgrind)")
     parser.add_argument("--torch", action="store_true", help="plan.run rows on PyTorch operands and stream")
+    parser.add_argument("--alternate", action="store_true", help="plan.run rows alternate two operand sets")
     opt = parser.parse_args(argv)
     if opt.instructions and _ENV not in os.environ:
         passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--instructions"]
@@ -349,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     simulate_gpu()
     if opt.torch:
         simulate_torch_cuda()
-    table = torch_rows() if opt.torch else rows()
+    table = torch_rows(opt.alternate) if opt.torch else rows(opt.alternate)
     if opt.only:
         table = [row for row in table if opt.only in row[0]]
     if opt.instructions:

@@ -380,3 +380,56 @@ def test_generic_tail_makes_traced_functions_store_their_constants_again(
         assert fast_calls.events(start) == expected, args is in_place
     assert fast._fast[True][0].traced is False and fast._fast[True][1].traced is True
     assert len(memsets) == 6
+
+
+# ---- repeated pointers: stores skipped only while the argument blocks hold them ------------------------
+
+
+@pytest.mark.parametrize("base", sorted(_bases()) or ["(bad-input table not importable)"])
+def test_pointer_stores_skipped_only_while_the_blocks_hold_them(base: str, recorder: list[tuple[int, ...]]) -> None:
+    """A generated function skips its pointer stores when the call's pointers are those it stored
+    last and no other writer came since. Calls alternate between two buffer sets (and two
+    workspaces), between the fast path and the slow path (``_run_slow``: the checks and ``_launch``),
+    between checked and unchecked, and between two streams (two checked signatures sharing the
+    argument blocks), with runs of repeated calls between: every call launches the bytes the checks
+    and ``_launch`` alone launch."""
+    bases = _bases()
+    if base not in bases:
+        pytest.skip("the bad-input table is not importable")
+    import test_bad_inputs
+
+    setup = test_bad_inputs.make_setup(base, np.random.default_rng(0))
+    plan = setup.plan_cls.select(None, setup.desc)
+    slow = setup.plan_cls.select(None, setup.desc)
+    nbytes = plan.workspace_size()
+    sets = []
+    for n in range(2):
+        fields = {
+            name: host_sim.device_array((1 << 32) * (2 + 2 * i + n), value.shape, value.dtype)
+            if isinstance(value, np.ndarray)
+            else value
+            for i, (name, value) in enumerate(setup.host.items())
+        }
+        workspace = qp.Workspace(host_sim.device_array((1 << 32) * 90 + n * 4096, (nbytes,), "uint8"), nbytes)
+        sets.append((setup.args_cls(**fields), workspace if nbytes else None))
+    plan_calls, slow_calls = _Calls(plan, recorder), _Calls(slow, recorder)
+    rng = random.Random(zlib.crc32(base.encode()) + 1)
+    schedule = [(n % 2, "run", True, None) for n in range(6)] + [(0, "run", True, None)] * 3
+    schedule += [(n % 2, "run", False, None) for n in range(4)] + [(1, "run", False, None)] * 3
+    for _ in range(60):
+        schedule.append(
+            (rng.randrange(2), rng.choice(["run", "run", "slow"]), rng.random() < 0.6, rng.choice([None, 7]))
+        )
+        schedule += [schedule[-1]] * rng.choice([0, 0, 1, 2])
+    for which, path, check, stream in schedule:
+        args, workspace = sets[which]
+        start = len(recorder)
+        slow._launch(_launch.stream_handle(stream), workspace, slow._check_call(stream, workspace, args))
+        expected = slow_calls.events(start)
+        start = len(recorder)
+        if path == "run":
+            plan.run(stream, workspace, args, check=check)
+        else:
+            plan._run_slow(stream, workspace, args, check)
+        assert plan_calls.events(start) == expected, (base, which, path, check, stream)
+    assert "run" in plan.__dict__, "no dispatcher was made"

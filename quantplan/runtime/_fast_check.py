@@ -450,10 +450,14 @@ def _launch_tail(
     stored: dict[tuple[int, tuple[str, ...]], str] = {}
     views: dict[tuple[int, tuple[str, ...]], str] = {}
     launcher = source.const(_driver_launch())
-    #: Stores of constants, made only when another call wrote the blocks since (see ``Plan._tail_owner``),
-    #: where every kernel launches once; else every store is made every time.
+    #: Where every kernel launches once, the stores are made before the launches and only when needed:
+    #: the constants when another call wrote the blocks since (see ``Plan._tail_owner``), the pointer
+    #: fields also when a pointer differs from the last ones this function stored. Else every store is
+    #: made every time, in launch order.
     once = len({id(event[0]) for event in first}) == len(first)
     constants: list[str] = []
+    variable: list[str] = []
+    used: set[str] = set()
     body: list[str] = []
     for number, ((launch, call, one), (launch2, call2, two), (launch3, call3, three)) in enumerate(
         zip(first, second, third, strict=True)
@@ -488,19 +492,46 @@ def _launch_tail(
                     view = getattr(view, name)
                 target = views[key[:1] + (path[:-1],)] = source.const(view)
             store = f"    {target}.{path[-1]} = {expr}"
-            (constants if once and b1 == b3 else body).append(store)
+            if not once:
+                body.append(store)
+            elif b1 == b3:
+                constants.append(store)
+            else:
+                variable.append(store)
+                used.add(expr.split(" ", 1)[0])
         arguments = f"{fn}, {gx}, {gy}, {gz}, {bx}, {by}, {bz}, {smem}, {handle}, {launch._kernel_params}, {extra}"
         if number == 0:  # a thread without a context fails here, before anything is enqueued: slow path
             body += ["    try:", f"        {launcher}({arguments})", "    except Exception:", "        return False"]
         else:
             body.append(f"    {launcher}({arguments})")
-    if constants:
-        cell, token = source.const(plan._tail_owner), source.const(object())
-        source.lines.append(f"    if {cell}[0] is not {token}:")
-        source.lines += ["    " + line for line in constants]
-        source.lines.append(f"        {cell}[0] = {token}")
+    cell = source.const(plan._tail_owner)
+    if constants or variable:
+        _owned_stores(source, cell, constants, variable, sorted(used, key=lambda name: (len(name), name)))
+    elif body:  # stores in launch order: another function's stores (and their pointers) are gone
+        source.lines.append(f"    {cell}[0] = None")
     source.lines += body
     return True
+
+
+def _owned_stores(source: _Source, cell: str, constants: list[str], variable: list[str], used: list[str]) -> None:
+    """The stores of a function whose kernels each launch once, made only when the argument blocks
+    do not already hold them. ``Plan._tail_owner[0]`` is this function's token exactly while the
+    blocks hold its last stores: every other writer (``_launch``, the generic tail, another
+    signature's function, a front-end's launcher) sets the cell to None or to its own token first.
+    The function's list holds the pointers of those last stores: the pointer fields are stored again
+    only when one of them differs (a training loop reusing its buffers stores nothing)."""
+    token = source.const(object())
+    last = source.const([None] * len(used))
+    remember = [f"        {last}[{n}] = {name}" for n, name in enumerate(used)]
+    source.lines.append(f"    if {cell}[0] is not {token}:")
+    source.lines += ["    " + line for line in constants + variable]
+    source.lines.append(f"        {cell}[0] = {token}")
+    if not variable:
+        return
+    source.lines += remember
+    source.lines.append(f"    elif {' or '.join(f'{name} != {last}[{n}]' for n, name in enumerate(used))}:")
+    source.lines += ["    " + line for line in variable]
+    source.lines += remember
 
 
 def _field_value(
