@@ -7,8 +7,8 @@ kernel per dispatch key -- the same Python function for ``CPU`` (the NumPy refer
 implementation (output shapes and dtypes only; torch.compile traces with it, and meta tensors
 get shape inference) and an Autograd kernel: :mod:`quantplan.pytorch` registers its own for the
 differentiable fake-quantize operators (their backward is made of operators too); the
-quantize / dequantize operators here mark their outputs non-differentiable
-(``torch.library.register_autograd``). ``torch.compile(fullgraph=True)``
+quantize / dequantize operators here fall through their Autograd key, so their outputs require no
+gradient. ``torch.compile(fullgraph=True)``
 then traces a function that calls them: each call is one node of the graph, and the compiled
 code calls the operator, which runs the plan.
 
@@ -116,16 +116,12 @@ def _number_or_tensor(tensor: Any, value: Any) -> Any:
     return value if tensor is None else tensor
 
 
-def _non_differentiable(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    outputs = output if isinstance(output, tuple) else (output,)
-    ctx.mark_non_differentiable(*outputs)
-
-
-def _no_gradient(count: int) -> Callable[..., tuple[None, ...]]:
-    def backward(ctx: Any, *grads: Any) -> tuple[None, ...]:
-        return (None,) * count
-
-    return backward
+def _not_differentiable(name: str) -> None:
+    """Operator ``name``'s Autograd key falls through to its CPU / CUDA kernel (no Python on that
+    key): its outputs require no gradient, whatever its inputs, as in eager. A Python autograd
+    kernel (``torch.library.register_autograd``) cost every eager call as much as the operator's
+    own dispatch again (``benchmarks/host_torch_ops.py``)."""
+    LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
 
 
 # ---- the functional layer: quantize / dequantize ------------------------------------------------
@@ -333,9 +329,7 @@ quantize_dynamic_op = define(
     _quantize_dynamic_impl,
     _quantize_dynamic_fake,
 )
-torch.library.register_autograd(
-    "quantplan::quantize_dynamic", _no_gradient(10), setup_context=_non_differentiable, lib=LIBRARY
-)
+_not_differentiable("quantize_dynamic")
 
 
 def _quantize_static_impl(
@@ -392,9 +386,7 @@ quantize_static_op = define(
     _quantize_static_impl,
     _quantize_static_fake,
 )
-torch.library.register_autograd(
-    "quantplan::quantize_static", _no_gradient(13), setup_context=_non_differentiable, lib=LIBRARY
-)
+_not_differentiable("quantize_static")
 
 
 @lru_cache(maxsize=256)
@@ -457,33 +449,48 @@ dequantize_op = define(
     _dequantize_impl,
     _dequantize_fake,
 )
-torch.library.register_autograd(
-    "quantplan::dequantize", _no_gradient(10), setup_context=_non_differentiable, lib=LIBRARY
-)
+_not_differentiable("dequantize")
 
 
-#: Descriptors of the QuantizedTensors that traced quantize calls return, by problem (the fake
-#: implementations store them, see :func:`_traced_descriptor`).
-_DESCRIPTORS: dict[tuple[Any, ...], _static_quantize.DequantizeDescriptor] = {}
+class _RecordedDescriptors:
+    """The descriptors of the QuantizedTensors that traced quantize calls return, one attribute per
+    problem (:func:`_descriptor_name`); the fake implementations set them, see
+    :func:`_traced_descriptor`."""
+
+
+_DESCRIPTORS = _RecordedDescriptors()
+
+
+def _descriptor_name(key: tuple[Any, ...]) -> str:
+    """The attribute of :data:`_DESCRIPTORS` that holds problem ``key``'s descriptor."""
+    shape, scope, asymmetric, code, output, nibble = key
+    return f"d_{'_'.join(str(e) for e in shape)}__{'_'.join(str(e) for e in scope)}_{int(asymmetric)}_{code}_{output}_{nibble}".replace(
+        "-", "m"
+    )
 
 
 def _store_descriptor(
     shape: tuple[int, ...], scope: tuple[int, ...], asymmetric: bool, code: int, output: int, nibble: int
 ) -> None:
     key = (shape, scope, asymmetric, code, output, nibble)
-    if all(type(e) is int for e in shape) and key not in _DESCRIPTORS:  # not for symbolic sizes
-        _DESCRIPTORS[key] = _dequantize_descriptor(*key)
+    if all(type(e) is int for e in shape):  # not for symbolic sizes
+        name = _descriptor_name(key)
+        if not hasattr(_DESCRIPTORS, name):
+            setattr(_DESCRIPTORS, name, _dequantize_descriptor(*key))
 
 
 def _traced_descriptor(key: tuple[Any, ...]) -> _static_quantize.DequantizeDescriptor:
     """The QuantizedTensor's descriptor in a traced call. torch.compile cannot trace a pydantic
     model's construction, so the descriptor is made outside the trace: the quantize operators'
     fake implementations (which torch.compile runs as plain Python while it traces the call)
-    store it in ``_DESCRIPTORS``, and the trace reads it from there (a global: guarded like any)."""
-    found = _DESCRIPTORS.get(key)
+    store it in :data:`_DESCRIPTORS`, and the trace reads it from there. One attribute per
+    problem: torch.compile reads an attribute when the trace first asks for it, after the fake
+    implementation stored it, whereas it would keep the first view it took of a shared dict, from
+    before a later call of the same trace stored that call's descriptor."""
+    found = getattr(_DESCRIPTORS, _descriptor_name(key), None)
     if found is None:  # pragma: no cover - the fake implementation ran first
         raise InvalidProblem(f"no descriptor was recorded for the traced quantize problem {key}")
-    return found
+    return found  # type: ignore[no-any-return]
 
 
 def _is_number(value: Any) -> bool:

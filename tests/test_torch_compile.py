@@ -245,6 +245,32 @@ def test_quantize_dequantize_fullgraph_equals_eager(rng: np.random.Generator, ca
             _assert_bits(a, b, name)
 
 
+def test_quantize_operators_on_an_input_that_requires_grad(rng: np.random.Generator) -> None:
+    """The quantize / dequantize operators are not differentiable: on an input that requires a
+    gradient, eager and compiled, their outputs require none and hold the same bits as on a
+    detached input (their Autograd key falls through to the kernel)."""
+    torch._dynamo.reset()
+    x = _normal(rng, (7, 18), 2.0)
+    xg = x.clone().requires_grad_(True)
+
+    def f(t: Any) -> tuple[Any, ...]:
+        qt = qp.quantize(t, "int8", scope=_TOKEN)
+        qa = qp.quantize(t, "uint4", asymmetric=True, group_size=6)
+        return qt.codes, qt.scale, qt.dequantize(), qa.codes, qa.scale, qa.zero_point
+
+    plain = f(x)
+    for name, call in (("eager", f), ("compiled", torch.compile(f, fullgraph=True))):
+        outputs = call(xg)
+        for i, (a, b) in enumerate(zip(outputs, plain, strict=True)):
+            assert not a.requires_grad, f"{name} output {i} requires grad"
+            _assert_bits(a, b, f"{name} output {i}")
+    codes, scale, zp = ops.quantize_dynamic_op(
+        xg, ops._KIND_INDEX[EK.S8], [2, 0, 0], False, None, None, 0, False, None, 0
+    )
+    assert not (codes.requires_grad or scale.requires_grad or zp.requires_grad)
+    _assert_bits(codes, plain[0], "torch.ops codes")
+
+
 def test_quantized_tensor_returned_from_a_compiled_function(rng: np.random.Generator) -> None:
     torch._dynamo.reset()
     x = _normal(rng, (5, 24))
