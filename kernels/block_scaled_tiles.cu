@@ -13,10 +13,12 @@
 // read into registers and shared memory, the rowwise blocks encoded and stored from registers.
 // Phase B: two lanes take one 32-bit word column (two 16-bit columns, or one f32 column) of 32
 // consecutive rows from shared memory, 16 rows each; the column amax is their two maxima, and
-// each stores its 16 code bytes of a transposed row, the pair one whole 32-byte sector. Rows
-// 16-31 of every 32 sit in shared memory with their word index's bit 4 flipped (tile_word), so the
-// pair's reads fall in different banks. BLOCK = 128 (FP8 1x128 / 128x1) completes the column amax
-// across the tile's four row quarters through shared memory.
+// each stores its 16 code bytes of a transposed row. Four neighbouring pairs take the four row
+// quarters of one word column, so a warp's stores are whole 128-byte lines of the transposed
+// rows. Each 16-row group of the tile sits in shared memory with its word indices xor-ed by the
+// group number (tile_word), so the eight lanes reading one word column fall in different banks.
+// Byte scales of whole tiles are staged and stored four to a word. BLOCK = 128 (FP8 1x128 / 128x1)
+// completes the column amax across the tile's four row quarters through shared memory.
 //
 // TE: TE's MXFP8 layout of the columnwise copy (codes untransposed [rows, cols], scales
 // [ceil(rows / 32), cols]): phase B leaves each column block's factor in shared memory, phase C
@@ -100,10 +102,10 @@ __device__ __forceinline__ void store_scale(void* scales, bool f32_scale, i64 of
 
 __device__ __forceinline__ bool is_f32_rule(int rule) { return rule >= kBlockF32Div && rule <= kBlockF32Enc; }
 
-// Word `wc` of tile row `row` in shared memory (SW words a row): rows 16-31 of every 32 hold their
-// words with bit 4 of the index flipped (16-byte vectors stay whole), so the two lanes that read
-// one word column 16 rows apart fall in different banks.
-template <int SW> __device__ __forceinline__ int tile_word(int row, int wc) { return row * SW + (wc ^ (row & 16)); }
+// Word `wc` of tile row `row` in shared memory (SW words a row): bits 2-4 of the word index xor-ed
+// with the row's 16-row group (16-byte vectors stay whole), so eight lanes that read one word
+// column in eight different 16-row groups fall in different banks.
+template <int SW> __device__ __forceinline__ int tile_word(int row, int wc) { return row * SW + (wc ^ ((row >> 2) & 28)); }
 
 }  // namespace qp
 
@@ -281,6 +283,11 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   const bool col_in = ci * VEC < cols_left;
   const i64 row_blocks = (cols + BLOCK - 1) / BLOCK;  // rowwise scale columns
   const i64 col_blocks = (rows + BLOCK - 1) / BLOCK;  // columnwise scale columns
+  // Byte scales of a whole tile in the compact (with a multiple of 4 scale columns) or the 128x4
+  // blocked layout: a column's four scales of this tile are one aligned word. Phase B stages them
+  // in shared memory and 128 threads store one word each, instead of 512 single-byte stores.
+  const bool stage_c = BLOCK == 32 && !TE && !f32_scale && full && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
+                       (layout == kBlocked128x4 || (layout == kCompact && (col_blocks & 3) == 0));
 
   // Phase A: rows to registers and shared memory; the rowwise copy from registers.
   u32 raw[PASSES][4];
@@ -354,19 +361,22 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   }
   __syncthreads();
 
-  // Phase B: the columnwise copy. Task i: word column wc of row quarter mp_i, rows half * H ..
-  // + H of it; each lane of the pair computes the scale of one of the word's columns (h = half)
-  // and takes the other's factor from its partner.
-  const int half = t & 1, wc = (t >> 1) % SW;
+  // Phase B: the columnwise copy. Task g = t / 2 + 128 i: word column wc of row quarter mp, rows
+  // half * H .. + H of it; each lane of the pair computes the scale of one of the word's columns
+  // (h = half) and takes the other's factor from its partner. The transposed layouts give the four
+  // quarters of a word column to neighbouring pairs (mp = g % 4), so a column's eight 16-byte
+  // stores are one whole 128-byte line; TE's stores no codes here, its scales stay row-contiguous
+  // (mp = g / SW).
+  const int half = t & 1;
   const int h_own = CPW == 2 ? half : 0;
-  const int col_own = wc * CPW + h_own;
-  u8* const cdst = codes_c + (c0 + wc * CPW) * rows + r0 + half * H;
   u32 w[KEEP ? TASKS : 1][H];
   if constexpr (BLOCK == 128) {
     // The quarter keys of every column: the pair's maxima over its 32 rows, in colkey[mp][col].
 #pragma unroll
     for (int i = 0; i < TASKS; ++i) {
-      const int mp = ((t >> 1) + 128 * i) / SW;
+      const int g = (t >> 1) + 128 * i;
+      const int mp = TE ? g / SW : g & 3, wc = TE ? g % SW : g >> 2;
+      const int col_own = wc * CPW + h_own;
       u32* wi = w[KEEP ? i : 0];
 #pragma unroll
       for (int jj = 0; jj < H; ++jj) wi[jj] = tile[tile_word<SW>(mp * R + half * H + jj, wc)];
@@ -381,7 +391,10 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   }
 #pragma unroll
   for (int i = 0; i < TASKS; ++i) {
-    const int mp = ((t >> 1) + 128 * i) / SW;
+    const int g = (t >> 1) + 128 * i;
+    const int mp = TE ? g / SW : g & 3, wc = TE ? g % SW : g >> 2;
+    const int col_own = wc * CPW + h_own;
+    u8* const cdst = codes_c + (c0 + wc * CPW) * rows + r0 + half * H;
     u32* wi = w[KEEP ? i : 0];
     if (!KEEP) {
 #pragma unroll
@@ -410,9 +423,13 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       continue;
     }
     if ((CPW == 2 || half == 0) && col_own < cols_left && m_loc < rows_left && (BLOCK == 32 || mp == 0)) {
-      const i64 cb = (r0 + m_loc) / BLOCK;
-      const i64 off = layout == kCompact ? k_own * col_blocks + cb : scale_offset(layout, k_own, cb, col_blocks, dim_c);
-      store_scale(scales_c, f32_scale, off, s.stored);
+      if (BLOCK == 32 && stage_c) {
+        reinterpret_cast<u8*>(colkey)[col_own * 4 + mp] = (u8)s.stored;
+      } else {
+        const i64 cb = (r0 + m_loc) / BLOCK;
+        const i64 off = layout == kCompact ? k_own * col_blocks + cb : scale_offset(layout, k_own, cb, col_blocks, dim_c);
+        store_scale(scales_c, f32_scale, off, s.stored);
+      }
     }
     EncodeFactor ef_other = ef_own;
     if constexpr (CPW == 2) {
@@ -433,6 +450,17 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
           store_code_run<H>(dst, packed);
         else
           store_code_prefix<H>(dst, packed, rows_left - row0);
+      }
+    }
+  }
+
+  if constexpr (BLOCK == 32 && !TE) {
+    // The staged columnwise scales: each column's four bytes (its blocks in this tile) as one word.
+    if (stage_c) {
+      __syncthreads();
+      if (t < T) {
+        const i64 off = scale_offset(layout, c0 + t, r0 / BLOCK, col_blocks, dim_c);
+        *reinterpret_cast<u32*>(static_cast<u8*>(scales_c) + off) = colkey[t];
       }
     }
   }
@@ -485,8 +513,8 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   constexpr bool SHORT = DIVIDE && InputWords<In>::bytes == 2;
   extern __shared__ uint4 smem_vectors[];
   u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [128][words per row]
-  // [4][128] column keys of each quarter (BLOCK = 128), or the column factors of each quarter (TE;
-  // all ones for a non-finite block).
+  // [4][128] column keys of each quarter (BLOCK = 128), the column factors of each quarter (TE;
+  // all ones for a non-finite block), or the staged columnwise scales (BLOCK = 32: 4 bytes a column).
   u32* colkey = tile + 128 * (128 * InputWords<In>::bytes / 4);
   const i64 r0 = (row_tile_base + blockIdx.y) * 128;
   constexpr bool PF = PREFETCH > 0 && ALIGNED;

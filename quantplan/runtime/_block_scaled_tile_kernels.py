@@ -178,10 +178,11 @@ def instantiations() -> list[str]:
 
 
 def transpose_shared_bytes(input_dtype: str, block: int, te: bool = False) -> int:
-    """Dynamic shared memory of one fused-transpose CTA: the tile, and the column keys (block 128)
-    or column factors (TE layout) of its four row quarters."""
+    """Dynamic shared memory of one fused-transpose CTA: the tile, and the column keys (block 128),
+    the column factors (TE layout) or the staged columnwise byte scales (block 32) of its four row
+    quarters."""
     itemsize = 2 if input_dtype in ("float16", "bfloat16") else 4
-    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + (4 * TRANSPOSE_TILE * 4 if block == 128 or te else 0)
+    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + 4 * TRANSPOSE_TILE * 4
 
 
 def row_tile_slices(row_tiles: int) -> list[tuple[int, int]]:
