@@ -99,6 +99,32 @@ def _import_torch() -> Any:
     return torch
 
 
+# ---- packed outputs ------------------------------------------------------------------------------
+
+#: The alignment of every region of a packed allocation (:func:`packed_offsets`): CuPy's memory
+#: pool's own, so a packed output is as aligned as one allocated alone.
+PACKED_ALIGNMENT = 256
+
+
+def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
+    """The bytes of a C-contiguous array of ``shape`` and ``dtype``."""
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Where regions of ``sizes`` bytes lie in one allocation, in order: ``(offsets, total)``,
+    offset i = the end of region i-1 rounded up to :data:`PACKED_ALIGNMENT` (region 0 at 0), total =
+    the end of the last region. An empty region counts as one byte, so every region starts at
+    its own address."""
+    offsets: list[int] = []
+    end = 0
+    for size in sizes:
+        start = -(-end // PACKED_ALIGNMENT) * PACKED_ALIGNMENT
+        offsets.append(start)
+        end = start + max(int(size), 1)
+    return offsets, end
+
+
 # ---- targets -----------------------------------------------------------------------------------
 
 
@@ -244,6 +270,24 @@ class Target:
 
         with cupy.cuda.Device(self.index):
             return cupy.empty(shape, dtype)
+
+    def empty_many(self, specs: Sequence[tuple[tuple[int, ...], str]]) -> list[Any]:
+        """Uninitialized arrays of ``specs`` ((shape, NumPy-style dtype) each) on this target, in
+        order. CuPy: regions of ONE allocation from CuPy's current allocator, at the offsets of
+        :func:`packed_offsets` (256-byte aligned, disjoint); the arrays own it jointly (it is
+        freed when the last of them dies). PyTorch and NumPy: one :meth:`empty` each."""
+        if self.library != CUPY:
+            return [self.empty(shape, dtype) for shape, dtype in specs]
+        import cupy
+
+        dtypes = [np.dtype(dtype) for _, dtype in specs]
+        offsets, total = packed_offsets([nbytes_of(shape, d) for (shape, _), d in zip(specs, dtypes, strict=True)])
+        with cupy.cuda.Device(self.index):
+            memory = cupy.cuda.alloc(total)
+            return [
+                cupy.ndarray(shape, d, memory + offset)
+                for (shape, _), d, offset in zip(specs, dtypes, offsets, strict=True)
+            ]
 
     def arg(self, a: Any) -> Any:
         """What a plan takes for array ``a`` of this target: the array itself, or for a PyTorch
@@ -561,16 +605,26 @@ def replay(
             contiguous = f"{x}._c_contiguous" if direct else f"{x}.flags.c_contiguous"
             lines.append(f"    m{i} = {x}.data")
             lines.append(f"    if m{i}.device_id != index or not {contiguous}: return None")
+        # Every output and the workspace: regions of ONE allocation (Target.empty_many's layout).
         body = []
-        for n, (shape, dtype) in enumerate(outputs):
-            names[f"d{n}"] = np.dtype(dtype)
-            body.append(f"o{n} = new({tuple(shape)!r}, d{n})")
+        dtypes = [np.dtype(dtype) for _, dtype in outputs]
+        regions = [nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)]
+        offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
+        if offsets:
+            names["alloc"] = cupy.cuda.alloc  # CuPy's current allocator (set_allocator's, when set)
+            body += [f"mem = alloc({total})", "p = mem.ptr"]
+        at = [f"p + {offset}" if offset else "p" for offset in offsets]
+        for n, (shape, _) in enumerate(outputs):
+            names[f"d{n}"] = dtypes[n]
+            body.append(
+                f"o{n} = new({tuple(shape)!r}, d{n}, mem + {offsets[n]})"
+                if offsets[n]
+                else f"o{n} = new({tuple(shape)!r}, d{n}, mem)"
+            )
         arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
-        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else f"{name}.data.ptr" for name in arrays)
+        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else at[int(name[1:])] for name in arrays)
         if nbytes:
-            names["u8"] = np.dtype("uint8")
-            body.append(f"ws = new(({nbytes},), u8)")
-            pointers += ", ws.data.ptr"
+            pointers += f", {at[-1]}"
         body.append(f"if not launch(current().ptr, {pointers}): return None")
         lines.append("    if device() != index:  # outputs allocated and the plan launched on the arrays' device")
         lines.append("        with Device(index):")
@@ -655,6 +709,9 @@ def remember_replay(key: Hashable, make: Callable[[], Callable[..., Any] | None]
 
 __all__ = [
     "array_signature",
+    "nbytes_of",
+    "packed_offsets",
+    "PACKED_ALIGNMENT",
     "remember_replay",
     "replayed",
     "replay",

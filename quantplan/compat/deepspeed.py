@@ -236,8 +236,7 @@ def _run_coded(
     the plan checks (range, overlap with the input).
     """
     param_shape = (groups, _params_per_group(mode))
-    out = target.empty((nbytes,), "int8")
-    params = target.empty(param_shape, "float32")
+    out, params = target.empty_many([((nbytes,), "int8"), (param_shape, "float32")])  # CuPy: one allocation
     if numel == 0:
         params[...] = 0
         params[:, 0] = 1
