@@ -354,7 +354,7 @@ def quantize_block(
         outputs = [(p.codes_shape, job.codes_dtype), (p.scales_shape, job.scales_dtype)]
         if p.is_nvfp4:
             outputs.append(((1,), "float32"))
-        codes_t, scales_t, *tensor_scale = target.empty_many(outputs)  # CuPy: one allocation
+        (codes_t, scales_t, *tensor_scale), ws = target.empty_many(outputs, job.plan.workspace_size())
         ts_t = tensor_scale[0] if tensor_scale else None
         arg = target.arg
         amax = global_amax if global_amax is None or isinstance(global_amax, (int, float)) else arg(global_amax)
@@ -367,7 +367,7 @@ def quantize_block(
             seed if stochastic else None,
             offset if stochastic else None,
         )
-        target.run_with_workspace(job.plan, args)  # NVFP4: the device f32 tensor amax
+        target.run(job.plan, args, ws)  # NVFP4: the device f32 tensor amax
         backend = job.plan.backend
         if replay_key is not None and nonfinite == "propagate" and not p.is_nvfp4 and p.numel:
             desc, code_kind, scale_kind = job.desc, p.code_kind, p.scale_kind
