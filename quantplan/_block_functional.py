@@ -351,9 +351,11 @@ def quantize_block(
         ts_t = None if ts is None else _to_target(target, ts)
         backend = BackendKind.REFERENCE
     else:
-        codes_t = target.empty(p.codes_shape, job.codes_dtype)
-        scales_t = target.empty(p.scales_shape, job.scales_dtype)
-        ts_t = target.empty((1,), "float32") if p.is_nvfp4 else None
+        outputs = [(p.codes_shape, job.codes_dtype), (p.scales_shape, job.scales_dtype)]
+        if p.is_nvfp4:
+            outputs.append(((1,), "float32"))
+        (codes_t, scales_t, *tensor_scale), ws = target.empty_many(outputs, job.plan.workspace_size())
+        ts_t = tensor_scale[0] if tensor_scale else None
         arg = target.arg
         amax = global_amax if global_amax is None or isinstance(global_amax, (int, float)) else arg(global_amax)
         args = BlockScaledQuantizeArgs(
@@ -365,10 +367,9 @@ def quantize_block(
             seed if stochastic else None,
             offset if stochastic else None,
         )
-        target.run_with_workspace(job.plan, args)  # NVFP4: the device f32 tensor amax
+        target.run(job.plan, args, ws)  # NVFP4: the device f32 tensor amax
         backend = job.plan.backend
         if replay_key is not None and nonfinite == "propagate" and not p.is_nvfp4 and p.numel:
-            outputs = [(p.codes_shape, job.codes_dtype), (p.scales_shape, job.scales_dtype)]
             desc, code_kind, scale_kind = job.desc, p.code_kind, p.scale_kind
 
             def finish(x: Any, codes: Any, scales: Any) -> BlockQuantizedTensor:

@@ -99,6 +99,32 @@ def _import_torch() -> Any:
     return torch
 
 
+# ---- packed outputs ------------------------------------------------------------------------------
+
+#: The alignment of every region of a packed allocation (:func:`packed_offsets`): CuPy's memory
+#: pool's own, so a packed output is as aligned as one allocated alone.
+PACKED_ALIGNMENT = 256
+
+
+def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
+    """The bytes of a C-contiguous array of ``shape`` and ``dtype``."""
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Where regions of ``sizes`` bytes lie in one allocation, in order: ``(offsets, total)``,
+    offset i = the end of region i-1 rounded up to :data:`PACKED_ALIGNMENT` (region 0 at 0), total =
+    the end of the last region. An empty region counts as one byte, so every region starts at
+    its own address."""
+    offsets: list[int] = []
+    end = 0
+    for size in sizes:
+        start = -(-end // PACKED_ALIGNMENT) * PACKED_ALIGNMENT
+        offsets.append(start)
+        end = start + max(int(size), 1)
+    return offsets, end
+
+
 # ---- targets -----------------------------------------------------------------------------------
 
 
@@ -244,6 +270,35 @@ class Target:
 
         with cupy.cuda.Device(self.index):
             return cupy.empty(shape, dtype)
+
+    def empty_many(
+        self, specs: Sequence[tuple[tuple[int, ...], str]], workspace: int = 0
+    ) -> tuple[list[Any], Workspace | None]:
+        """Uninitialized arrays of ``specs`` ((shape, NumPy-style dtype) each) on this target, in
+        order, and a workspace of ``workspace`` bytes (None when 0). CuPy: all of them regions of
+        ONE allocation from CuPy's current allocator, at the offsets of :func:`packed_offsets`
+        (256-byte aligned, disjoint; the workspace last), as a replay allocates them; the arrays
+        own it jointly (it is freed when the last of them dies). PyTorch and NumPy: one
+        :meth:`empty` each, and :meth:`workspace`."""
+        if self.library != CUPY:
+            return [self.empty(shape, dtype) for shape, dtype in specs], self.workspace(workspace)
+        import cupy
+
+        dtypes = [np.dtype(dtype) for _, dtype in specs]
+        regions = [nbytes_of(shape, d) for (shape, _), d in zip(specs, dtypes, strict=True)]
+        offsets, total = packed_offsets([*regions, workspace] if workspace > 0 else regions)
+        if not offsets:
+            return [], None
+        with cupy.cuda.Device(self.index):
+            memory = cupy.cuda.alloc(total)
+            arrays = [
+                cupy.ndarray(shape, d, memory + offset)
+                for (shape, _), d, offset in zip(specs, dtypes, offsets[: len(specs)], strict=True)
+            ]
+            if workspace <= 0:
+                return arrays, None
+            buffer = cupy.ndarray((workspace,), np.uint8, memory + offsets[-1])
+        return arrays, ArrayWorkspace(buffer, workspace, memory.ptr + offsets[-1])
 
     def arg(self, a: Any) -> Any:
         """What a plan takes for array ``a`` of this target: the array itself, or for a PyTorch
@@ -561,16 +616,30 @@ def replay(
             contiguous = f"{x}._c_contiguous" if direct else f"{x}.flags.c_contiguous"
             lines.append(f"    m{i} = {x}.data")
             lines.append(f"    if m{i}.device_id != index or not {contiguous}: return None")
+        # Every output and the workspace: regions of ONE allocation (Target.empty_many's layout);
+        # a lone region is allocated by its array (one call fewer).
         body = []
-        for n, (shape, dtype) in enumerate(outputs):
-            names[f"d{n}"] = np.dtype(dtype)
-            body.append(f"o{n} = new({tuple(shape)!r}, d{n})")
-        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
-        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else f"{name}.data.ptr" for name in arrays)
-        if nbytes:
+        dtypes = [np.dtype(dtype) for _, dtype in outputs]
+        regions = [nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)]
+        offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
+        for n, d in enumerate(dtypes):
+            names[f"d{n}"] = d
+        if len(offsets) > 1:
+            names["alloc"] = cupy.cuda.alloc  # CuPy's current allocator (set_allocator's, when set)
+            body += [f"mem = alloc({total})", "p = mem.ptr"]
+            for n, (shape, _) in enumerate(outputs):
+                memory = f"mem + {offsets[n]}" if offsets[n] else "mem"
+                body.append(f"o{n} = new({tuple(shape)!r}, d{n}, {memory})")
+        elif outputs:
+            body += [f"o0 = new({tuple(outputs[0][0])!r}, d0)", "p = o0.data.ptr"]
+        elif nbytes:
             names["u8"] = np.dtype("uint8")
-            body.append(f"ws = new(({nbytes},), u8)")
-            pointers += ", ws.data.ptr"
+            body += [f"ws = new(({nbytes},), u8)", "p = ws.data.ptr"]
+        at = [f"p + {offset}" if offset else "p" for offset in offsets]
+        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
+        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else at[int(name[1:])] for name in arrays)
+        if nbytes:
+            pointers += f", {at[-1]}"
         body.append(f"if not launch(current().ptr, {pointers}): return None")
         lines.append("    if device() != index:  # outputs allocated and the plan launched on the arrays' device")
         lines.append("        with Device(index):")
@@ -655,6 +724,9 @@ def remember_replay(key: Hashable, make: Callable[[], Callable[..., Any] | None]
 
 __all__ = [
     "array_signature",
+    "nbytes_of",
+    "packed_offsets",
+    "PACKED_ALIGNMENT",
     "remember_replay",
     "replayed",
     "replay",

@@ -441,17 +441,15 @@ def quantize(
     arg = target.arg
     if dynamic:
         job = _quantizer(target, key, DynamicRangeQuantizeDescriptor, DynamicRangeQuantizePlan, fields)
-        codes = target.empty(job.codes_shape, job.codes_dtype)
-        scale_out = target.empty(job.param_shape, job.param_dtype)
-        zp_out = target.empty(job.param_shape, "int32") if mode is QuantMode.ASYMMETRIC else None
+        outputs = [(job.codes_shape, job.codes_dtype), (job.param_shape, job.param_dtype)]
+        if mode is QuantMode.ASYMMETRIC:
+            outputs.append((job.param_shape, "int32"))
+        (codes, scale_out, *zp), ws = target.empty_many(outputs, job.plan.workspace_size())  # CuPy: one allocation
+        zp_out = zp[0] if zp else None
         args: Any = DynamicRangeQuantizeArgs(arg(x), arg(codes), arg(scale_out), arg(zp_out), rng_seed, rng_offset)
-        target.run_with_workspace(job.plan, args)
+        target.run(job.plan, args, ws)
         deq = job.dequantize
-        if replayable and math.prod(shape):
-            outputs = [(job.codes_shape, job.codes_dtype), (job.param_shape, job.param_dtype)]
-            if zp_out is not None:
-                outputs.append((job.param_shape, "int32"))
-
+        if replayable and math.prod(shape):  # the replay allocates `outputs` as above
             if nonfinite != "propagate":  # the replay does the opt-in check (stack: finish, replay, quantize)
 
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:

@@ -236,13 +236,12 @@ def _run_coded(
     the plan checks (range, overlap with the input).
     """
     param_shape = (groups, _params_per_group(mode))
-    out = target.empty((nbytes,), "int8")
-    params = target.empty(param_shape, "float32")
+    (out, params), ws = target.empty_many([((nbytes,), "int8"), (param_shape, "float32")], plan.workspace_size())
     if numel == 0:
         params[...] = 0
         params[:, 0] = 1
     a = args(out, params)
-    target.run_with_workspace(plan, a, check=a.error_feedback is not None)
+    target.run(plan, a, ws, check=a.error_feedback is not None)
     if learn is not None and numel and a.error_feedback is None:  # replayed with the codes in their final shape
         key, inputs, finish, codes_shape = learn
         remember_replay(
