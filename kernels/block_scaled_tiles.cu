@@ -249,8 +249,7 @@ __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 c
 // One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
 // or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH: after
 // its own loads, the CTA prefetches the tile `ahead` CTAs ahead (prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH,
-          bool ASYNC>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH>
 __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
                                                void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
                                                float amax_floor, float enc_overflow, int layout, i64 dim_r,
@@ -290,22 +289,11 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   const bool stage_c = BLOCK == 32 && !TE && !f32_scale && full && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
                        (layout == kBlocked128x4 || (layout == kCompact && (col_blocks & 3) == 0));
 
-  // Phase A: rows to registers and shared memory; the rowwise copy from registers. ASYNC (aligned
-  // launches): the rows go to shared memory by cp.async (zeros outside x), and each pass's words
-  // are read back from there when used, so no pass stays in registers across the block scales.
-  u32 raw[ASYNC ? 1 : PASSES][4];
-  const u8* src = static_cast<const u8*>(x_ptr) + ((r0 + rp) * cols + c0 + ci * VEC) * W::bytes;
-  const i64 step = (i64)RPP * cols * W::bytes;
-  if constexpr (ASYNC) {
-    static_assert(ALIGNED, "cp.async copies whole 16-byte vectors");
-#pragma unroll
-    for (int p = 0; p < PASSES; ++p) {
-      const bool in = rp + p * RPP < rows_left && col_in;
-      const u32 dst = (u32)__cvta_generic_to_shared(tile + tile_word<SW>(rp + p * RPP, ci * 4));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(in ? src + p * step : src), "r"(in ? 16 : 0));
-    }
-    asm volatile("cp.async.commit_group;");
-  } else {
+  // Phase A: rows to registers and shared memory; the rowwise copy from registers.
+  u32 raw[PASSES][4];
+  {
+    const u8* src = static_cast<const u8*>(x_ptr) + ((r0 + rp) * cols + c0 + ci * VEC) * W::bytes;
+    const i64 step = (i64)RPP * cols * W::bytes;
 #pragma unroll
     for (int p = 0; p < PASSES; ++p) {
       const bool row_in = rp + p * RPP < rows_left;
@@ -322,35 +310,20 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
     }
   }
   if constexpr (PREFETCH) prefetch_tile<In>(x_ptr, rows, cols, r0, ahead);
-  if constexpr (ASYNC) {
-    asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's own copies, read back by itself
-  } else {
 #pragma unroll
-    for (int p = 0; p < PASSES; ++p)
-      *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
-  }
-  // The words of pass p: from registers, or (ASYNC) from shared memory at each use.
-  auto pass_words = [&](int p, u32(&v)[4]) {
-    if constexpr (ASYNC) {
-      const u32 a = (u32)__cvta_generic_to_shared(tile + tile_word<SW>(rp + p * RPP, ci * 4));
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(a));
-    } else {
-      v[0] = raw[p][0], v[1] = raw[p][1], v[2] = raw[p][2], v[3] = raw[p][3];
-    }
-  };
+  for (int p = 0; p < PASSES; ++p)
+    *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
 
   // The block keys of every pass, exchanged so that each lane holds whole maxima of KP passes; it
   // computes and stores their scales, and the factors of every pass come back by shuffles.
   u32 key[PASSES];
 #pragma unroll
   for (int p = 0; p < PASSES; ++p) {
-    u32 v[4];
-    pass_words(p, v);
     if constexpr (W::bytes == 2) {  // both lanes at once, then the larger lane
-      const u32 m = __vmaxu2(__vmaxu2(lane_keys(v[0]), lane_keys(v[1])), __vmaxu2(lane_keys(v[2]), lane_keys(v[3])));
+      const u32 m = __vmaxu2(__vmaxu2(lane_keys(raw[p][0]), lane_keys(raw[p][1])), __vmaxu2(lane_keys(raw[p][2]), lane_keys(raw[p][3])));
       key[p] = max(m & 0xFFFFu, m >> 16);
     } else {
-      key[p] = max(max(W::word_key(v[0]), W::word_key(v[1])), max(W::word_key(v[2]), W::word_key(v[3])));
+      key[p] = max(max(W::word_key(raw[p][0]), W::word_key(raw[p][1])), max(W::word_key(raw[p][2]), W::word_key(raw[p][3])));
     }
   }
   exchange_keys<PASSES, TEAM>(key, lane);
@@ -377,10 +350,8 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       EncodeFactor ef;
       ef.f = __shfl_sync(0xFFFFFFFFu, mine[p % KP].f, owner);
       ef.y = DIVIDE ? __shfl_sync(0xFFFFFFFFu, mine[p % KP].y, owner) : 0.0f;
-      u32 v[4];
-      pass_words(p, v);
       u32 packed[VEC / 4];
-      encode_with_factor<E, DIVIDE, SHORT, VEC>([&](int k) { return W::element(v, k); }, ef, packed);
+      encode_with_factor<E, DIVIDE, SHORT, VEC>([&](int k) { return W::element(raw[p], k); }, ef, packed);
       const bool row_in = rp + p * RPP < rows_left;
       if (full || (ALIGNED && row_in && col_in))
         store_code_run<VEC>(dst + p * step, packed);
@@ -530,10 +501,8 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 // The default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) run tile code with the rule fixed at
 // compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
 // divide_rn1. PREFETCH > 0 (aligned launches): each CTA prefetches into L2 the tile PREFETCH / 4
-// waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile). ASYNC (aligned
-// launches): the tile reaches shared memory by cp.async and phase A reads it back from there.
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0,
-          bool ASYNC = false>
+// waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile).
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -555,7 +524,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     ahead = PREFETCH * MIN_BLOCKS * ahead / 4;
   }
 #define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
-  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF, ASYNC && ALIGNED>(                                        \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF>(                                        \
       x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, rule, amax_floor, enc_overflow, layout, dim_r, dim_c, \
       tile, colkey, ahead)
   if constexpr (DIVIDE) {

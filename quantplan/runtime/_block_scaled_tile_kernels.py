@@ -81,13 +81,10 @@ class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
     for 128-row blocks). ``prefetch`` > 0 (aligned launches; 2 is the 16-bit default): each CTA prefetches into
-    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order.
-    ``async_copy`` (aligned launches): the tile goes to shared memory by ``cp.async`` and the rowwise
-    pass reads it back from there, so no row stays in registers (fewer registers, more CTAs)."""
+    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
     prefetch: int = 0
-    async_copy: bool = False
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -107,8 +104,7 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
 #: tests cover (the tuning table's first). ``pf0``: no L2 prefetch; ``pf2``: L2 prefetch of the
-#: tile half a wave ahead (the 16-bit default); ``a5`` / ``a6``: the tile by ``cp.async``, 5 / 6
-#: CTAs per multiprocessor.
+#: tile half a wave ahead (the 16-bit default).
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
     dtype: {"default": sched}
     | {
@@ -116,10 +112,8 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
-            ("a5", TransposeSchedule(5, sched.prefetch, async_copy=True)),
-            ("a6", TransposeSchedule(6, sched.prefetch, async_copy=True)),
         )
-        if other != sched and (dtype != "float32" or not other.async_copy)  # a 64 KiB f32 tile: 3 CTAs at most
+        if other != sched
     }
     for dtype, sched in TRANSPOSE_SCHEDULES.items()
 }
@@ -161,8 +155,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        *((sched.prefetch,) if sched.prefetch or (sched.async_copy and aligned) else ()),
-        *((True,) if sched.async_copy and aligned else ()),
+        *((sched.prefetch,) if sched.prefetch else ()),
     )
 
 
