@@ -227,13 +227,17 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
 
 namespace qp {
 
-// Prefetch into L2 the whole 128 x 128 tile at (r, c) of x (nothing for a partial one): thread t
-// takes 128-byte lines t, t + 256, ... of its rows. The CTA that later reads it finds it in L2,
-// and DRAM keeps reading while the resident CTAs compute.
+// Prefetch into L2 the 128 x 128 tile `ahead` CTAs after this one in launch order (blockIdx.x
+// fastest), when it is a whole tile (r0: this CTA's first row): thread t takes 128-byte lines t, t + 256, ... of its rows. The
+// CTA that takes over a slot later finds its tile in L2, and DRAM keeps reading while the resident
+// CTAs compute.
 template <class In>
-__device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 cols, i64 r, i64 c) {
+__device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 cols, i64 r0, u32 ahead) {
   constexpr int LINES = 128 * InputWords<In>::bytes / 128;  // 128-byte lines of one tile row
-  if (r < 0 || r + 128 > rows || c + 128 > cols) return;
+  const u32 n = blockIdx.y * gridDim.x + blockIdx.x + ahead;
+  if (n >= gridDim.x * gridDim.y) return;
+  const i64 r = r0 + ((i64)(n / gridDim.x) - blockIdx.y) * 128, c = (i64)(n % gridDim.x) * 128;
+  if (r + 128 > rows || c + 128 > cols) return;
 #pragma unroll
   for (int k = 0; k < LINES / 2; ++k) {
     const int i = threadIdx.x + 256 * k;
@@ -242,17 +246,14 @@ __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 c
   }
 }
 
-// One 128 x 128 tile of the fused transpose (block_scaled_transpose) at (r0, c0), the rule fixed
-// (RULE >= 0) or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH:
-// after its own loads, the CTA prefetches the tile at (pf_r, pf_c) (prefetch_tile). srow / scol
-// (non-null: the CTA stores its scales at the end): the rowwise byte scale of tile row tr and
-// block k goes to srow[8 tr + k], the columnwise one of column c and row quarter q to scol[8 c + q].
+// One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
+// or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH: after
+// its own loads, the CTA prefetches the tile `ahead` CTAs ahead (prefetch_tile).
 template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH>
 __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
-                                               void* scales_c, i64 rows, i64 cols, i64 r0, i64 c0, int rule,
+                                               void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
                                                float amax_floor, float enc_overflow, int layout, i64 dim_r,
-                                               i64 dim_c, u32* tile, u32* colkey, i64 pf_r, i64 pf_c, u8* srow,
-                                               u8* scol) {
+                                               i64 dim_c, u32* tile, u32* colkey, u32 ahead) {
   typedef InputWords<In> W;
   typedef BlockElement<Elem> E;
   constexpr int T = 128;                 // tile edge
@@ -274,6 +275,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   static_assert(!TE || (BLOCK == 32 && !DIVIDE), "the TE layout is MXFP8's");
 
   const int t = threadIdx.x, lane = t & 31, ci = t % CPR, rp = t / CPR;
+  const i64 c0 = (i64)blockIdx.x * T;
   const int rule_ = RULE >= 0 ? RULE : rule;
   const bool f32_scale = is_f32_rule(rule_);
   const int rows_left = (int)min(rows - r0, (i64)T), cols_left = (int)min(cols - c0, (i64)T);
@@ -284,7 +286,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   // Byte scales of a whole tile in the compact (with a multiple of 4 scale columns) or the 128x4
   // blocked layout: a column's four scales of this tile are one aligned word. Phase B stages them
   // in shared memory and 128 threads store one word each, instead of 512 single-byte stores.
-  const bool stage_c = BLOCK == 32 && !TE && !f32_scale && full && scol == nullptr && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
+  const bool stage_c = BLOCK == 32 && !TE && !f32_scale && full && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
                        (layout == kBlocked128x4 || (layout == kCompact && (col_blocks & 3) == 0));
 
   // Phase A: rows to registers and shared memory; the rowwise copy from registers.
@@ -307,7 +309,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       }
     }
   }
-  if constexpr (PREFETCH) prefetch_tile<In>(x_ptr, rows, cols, pf_r, pf_c);
+  if constexpr (PREFETCH) prefetch_tile<In>(x_ptr, rows, cols, r0, ahead);
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
@@ -334,13 +336,9 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
     const int tr = rp + ((j / DUP) * KP + i) * RPP;  // the tile row of this lane's i-th pass
     const BlockScale s = transpose_block_scale<E, RULE, DIVIDE, SHORT>(W::key_bits(key[i]), rule_, amax_floor, enc_overflow, mine[i]);
     if (j % DUP == 0 && tr < rows_left && team_ci * VEC < cols_left) {
-      if (srow != nullptr) {
-        srow[tr * 8 + team_ci * VEC / BLOCK] = (u8)s.stored;
-      } else {
-        const i64 r = r0 + tr;
-        const i64 off = layout == kCompact ? r * row_blocks + cb_r : scale_offset(layout, r, cb_r, row_blocks, dim_r);
-        store_scale(scales_r, f32_scale, off, s.stored);
-      }
+      const i64 r = r0 + tr;
+      const i64 off = layout == kCompact ? r * row_blocks + cb_r : scale_offset(layout, r, cb_r, row_blocks, dim_r);
+      store_scale(scales_r, f32_scale, off, s.stored);
     }
   }
   {
@@ -425,9 +423,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       continue;
     }
     if ((CPW == 2 || half == 0) && col_own < cols_left && m_loc < rows_left && (BLOCK == 32 || mp == 0)) {
-      if (scol != nullptr) {
-        scol[col_own * 8 + mp] = (u8)s.stored;
-      } else if (BLOCK == 32 && stage_c) {
+      if (BLOCK == 32 && stage_c) {
         reinterpret_cast<u8*>(colkey)[col_own * 4 + mp] = (u8)s.stored;
       } else {
         const i64 cb = (r0 + m_loc) / BLOCK;
@@ -506,8 +502,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 // compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
 // divide_rn1. PREFETCH > 0 (aligned launches): each CTA prefetches into L2 the tile PREFETCH / 4
 // waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0,
-          int TILES = 1>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -516,69 +511,35 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
                            qp::i64 pad_cols_c) {
   using namespace qp;
   constexpr bool SHORT = DIVIDE && InputWords<In>::bytes == 2;
-  constexpr int T = 128, EDGE = 128 * TILES;  // tile edge; the CTA's square of TILES x TILES tiles
   extern __shared__ uint4 smem_vectors[];
   u32* tile = reinterpret_cast<u32*>(smem_vectors);  // [128][words per row]
   // [4][128] column keys of each quarter (BLOCK = 128), the column factors of each quarter (TE;
   // all ones for a non-finite block), or the staged columnwise scales (BLOCK = 32: 4 bytes a column).
-  u32* colkey = tile + T * (T * InputWords<In>::bytes / 4);
-  // TILES > 1: the byte scales of the whole square, [EDGE rows][8] then [EDGE columns][8].
-  u8* stage = reinterpret_cast<u8*>(colkey + 4 * T);
-  const i64 rs = (row_tile_base + blockIdx.y) * EDGE, cs = (i64)blockIdx.x * EDGE;
-  const bool f32_scale = is_f32_rule(rule);
-  const i64 row_blocks = (cols + BLOCK - 1) / BLOCK, col_blocks = (rows + BLOCK - 1) / BLOCK;
-  // A whole square of MX byte scales in the compact layout leaves as one 8-byte store per row
-  // and per column of the square (instead of one 4-byte store per row and column of each tile).
-  const bool staged = TILES == 2 && BLOCK == 32 && !TE && ALIGNED && !f32_scale && layout == kCompact &&
-                      rs + EDGE <= rows && cs + EDGE <= cols && (row_blocks & 1) == 0 && (col_blocks & 1) == 0 &&
-                      ((reinterpret_cast<unsigned long long>(scales_r) | reinterpret_cast<unsigned long long>(scales_c)) & 7) == 0;
+  u32* colkey = tile + 128 * (128 * InputWords<In>::bytes / 4);
+  const i64 r0 = (row_tile_base + blockIdx.y) * 128;
   constexpr bool PF = PREFETCH > 0 && ALIGNED;
   u32 ahead = 0;
   if constexpr (PF) {
     asm("mov.u32 %0, %%nsmid;" : "=r"(ahead));
     ahead = PREFETCH * MIN_BLOCKS * ahead / 4;
   }
-  // Prefetch: one tile a CTA, the tile `ahead` CTAs after this one in launch order (blockIdx.x
-  // fastest); a square, its next tile (none after the last).
-  const u32 n_ahead = blockIdx.y * gridDim.x + blockIdx.x + ahead;
-  const i64 ahead_r = n_ahead < gridDim.x * gridDim.y ? rs + ((i64)(n_ahead / gridDim.x) - blockIdx.y) * T : -1;
-  const i64 ahead_c = (i64)(n_ahead % gridDim.x) * T;
-#pragma unroll 1
-  for (int k = 0; k < TILES * TILES; ++k) {
-    const int dr = k / TILES, dc = k % TILES;
-    const i64 r0 = rs + dr * T, c0 = cs + dc * T;
-    const i64 pf_r = TILES == 1 ? ahead_r : k + 1 < TILES * TILES ? rs + ((k + 1) / TILES) * T : -1;
-    const i64 pf_c = TILES == 1 ? ahead_c : cs + ((k + 1) % TILES) * T;
-    u8* srow = staged ? stage + dr * T * 8 + dc * 4 : nullptr;
-    u8* scol = staged ? stage + EDGE * 8 + dc * T * 8 + dr * 4 : nullptr;
-    if (r0 < rows && c0 < cols) {
 #define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
   transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF>(                                        \
-      x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, c0, rule, amax_floor, enc_overflow, layout, dim_r, \
-      dim_c, tile, colkey, pf_r, pf_c, srow, scol)
-      if constexpr (DIVIDE) {
-        QP_TRANSPOSE_TILE((int)kBlockF32Div);
-      } else {
-        constexpr int DEFAULT_RULE = BLOCK == 32 ? (int)kMxRceil : (int)kBlockF32Enc;
-        if (rule == DEFAULT_RULE)
-          QP_TRANSPOSE_TILE(DEFAULT_RULE);
-        else
-          QP_TRANSPOSE_TILE(-1);
-      }
+      x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, rule, amax_floor, enc_overflow, layout, dim_r, dim_c, \
+      tile, colkey, ahead)
+  if constexpr (DIVIDE) {
+    QP_TRANSPOSE_TILE((int)kBlockF32Div);
+  } else {
+    constexpr int DEFAULT_RULE = BLOCK == 32 ? (int)kMxRceil : (int)kBlockF32Enc;
+    if (rule == DEFAULT_RULE)
+      QP_TRANSPOSE_TILE(DEFAULT_RULE);
+    else
+      QP_TRANSPOSE_TILE(-1);
+  }
 #undef QP_TRANSPOSE_TILE
-    }
-    if (TILES > 1) __syncthreads();  // the next tile reuses the shared tile
-  }
-  if (staged) {  // row t and column t of the square: 8 scale bytes each
-    const int t = threadIdx.x;
-    if (t < EDGE) {
-      *reinterpret_cast<unsigned long long*>(static_cast<u8*>(scales_r) + (rs + t) * row_blocks + cs / BLOCK) =
-          *reinterpret_cast<const unsigned long long*>(stage + t * 8);
-      *reinterpret_cast<unsigned long long*>(static_cast<u8*>(scales_c) + (cs + t) * col_blocks + rs / BLOCK) =
-          *reinterpret_cast<const unsigned long long*>(stage + EDGE * 8 + t * 8);
-    }
-  }
 
+  const bool f32_scale = is_f32_rule(rule);
+  const i64 row_blocks = (cols + BLOCK - 1) / BLOCK, col_blocks = (rows + BLOCK - 1) / BLOCK;
   const i64 stride = (i64)gridDim.x * gridDim.y * 256;
   const i64 first = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * 256 + threadIdx.x;
   zero_scale_padding(scales_r, f32_scale, layout, rows, row_blocks, dim_r, pad_rows_r, pad_cols_r, first, stride);

@@ -1028,13 +1028,13 @@ def _prepare_transpose(p: BlockScaledProblem, device_id: int) -> _Launches:
     variants = (False, True) if cols % 16 == 0 and rows % 16 == 0 else (False,)
     names = [transpose_kernel_name(dtype, p.element, block, te, rule == "div", aligned, sched) for aligned in variants]
     functions = _load("block_scaled_tiles", names, device_id)
-    shared = transpose_shared_bytes(dtype, block, te, sched.tiles)
+    shared = transpose_shared_bytes(dtype, block, te)
     for fn in functions.values():
         allow_shared(fn, shared)
     slices = [
         (grid, {"row_tile_base": base, "pad_rows_r": pads_r[0], "pad_cols_r": pads_r[1],
                 "pad_rows_c": pads_c[0], "pad_cols_c": pads_c[1]})
-        for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c, sched.tiles)
+        for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c)
     ]  # fmt: skip
     return _sliced_launches(
         functions, names, shared, _TRANSPOSE_PARAMS, slices,

@@ -81,13 +81,10 @@ class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
     for 128-row blocks). ``prefetch`` > 0 (aligned launches; 2 is the 16-bit default): each CTA prefetches into
-    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order.
-    ``tiles`` = 2: a CTA covers a square of 2 x 2 tiles one after another (prefetching its next
-    tile), and stores the MX byte scales of a whole square as 8 bytes per row and per column."""
+    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
     prefetch: int = 0
-    tiles: int = 1
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -107,8 +104,7 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
 #: tests cover (the tuning table's first). ``pf0``: no L2 prefetch; ``pf2``: L2 prefetch of the
-#: tile half a wave ahead (the 16-bit default); ``t2`` / ``t2m3``: squares of 2 x 2 tiles per CTA
-#: (``t2m3``: 3 CTAs per multiprocessor).
+#: tile half a wave ahead (the 16-bit default).
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
     dtype: {"default": sched}
     | {
@@ -116,8 +112,6 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
-            ("t2", TransposeSchedule(sched.min_blocks, sched.prefetch, tiles=2)),
-            ("t2m3", TransposeSchedule(3, sched.prefetch, tiles=2)),
         )
         if other != sched
     }
@@ -161,8 +155,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        *((sched.prefetch,) if sched.prefetch or sched.tiles > 1 else ()),
-        *((sched.tiles,) if sched.tiles > 1 else ()),
+        *((sched.prefetch,) if sched.prefetch else ()),
     )
 
 
@@ -184,13 +177,12 @@ def instantiations() -> list[str]:
     return names
 
 
-def transpose_shared_bytes(input_dtype: str, block: int, te: bool = False, tiles: int = 1) -> int:
+def transpose_shared_bytes(input_dtype: str, block: int, te: bool = False) -> int:
     """Dynamic shared memory of one fused-transpose CTA: the tile, and the column keys (block 128),
     the column factors (TE layout) or the staged columnwise byte scales (block 32) of its four row
-    quarters; with ``tiles`` = 2 the byte scales of its square (8 per row and per column)."""
+    quarters."""
     itemsize = 2 if input_dtype in ("float16", "bfloat16") else 4
-    square = 2 * 8 * TRANSPOSE_TILE * tiles if tiles > 1 else 0
-    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + 4 * TRANSPOSE_TILE * 4 + square
+    return TRANSPOSE_TILE * TRANSPOSE_TILE * itemsize + 4 * TRANSPOSE_TILE * 4
 
 
 def row_tile_slices(row_tiles: int) -> list[tuple[int, int]]:
@@ -305,16 +297,15 @@ def tile_slices(
 
 
 def transpose_slices(
-    rows: int, cols: int, block: int, geo_r: Any, geo_c: Any, tiles: int = 1
+    rows: int, cols: int, block: int, geo_r: Any, geo_c: Any
 ) -> list[tuple[tuple[int, int], int, tuple[int, int], tuple[int, int]]]:
     """The launches of ``block_scaled_transpose`` over an [rows, cols] matrix: ``(grid,
     row_tile_base, (pad_rows_r, pad_cols_r), (pad_rows_c, pad_cols_c))`` each, one per
-    :data:`MAX_GRID_Y` rows of CTAs (a CTA: ``tiles`` x ``tiles`` tiles of :data:`TRANSPOSE_TILE`);
-    the first zero-fills both scale layouts' padding, the others pad nothing."""
-    edge = TRANSPOSE_TILE * tiles
-    col_tiles = -(-cols // edge)
+    :data:`MAX_GRID_Y` row tiles of :data:`TRANSPOSE_TILE`; the first zero-fills both scale
+    layouts' padding, the others pad nothing."""
+    col_tiles = -(-cols // TRANSPOSE_TILE)
     out = []
-    for i, (base, count) in enumerate(row_tile_slices(-(-rows // edge))):
+    for i, (base, count) in enumerate(row_tile_slices(-(-rows // TRANSPOSE_TILE))):
         first = i == 0
         pads_r = (geo_r.pad_rows, geo_r.pad_cols) if first else (rows, -(-cols // block))
         pads_c = (geo_c.pad_rows, geo_c.pad_cols) if first else (cols, -(-rows // block))
@@ -399,10 +390,10 @@ def quantize_transpose_block_scaled(
     name = transpose_kernel_name(dtype, element, block, te, rule == "div", aligned, sched)
     info = device_info(x.device.id)
     fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id, kernel_options())[name]
-    shared = transpose_shared_bytes(dtype, block, te, sched.tiles)
+    shared = transpose_shared_bytes(dtype, block, te)
     _allow_shared(fn, shared)
     stream = stream if stream is not None else cupy.cuda.get_current_stream()
-    for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c, sched.tiles):
+    for grid, base, pads_r, pads_c in transpose_slices(rows, cols, block, geo_r, geo_c):
         args = (
             x,
             codes_r,
