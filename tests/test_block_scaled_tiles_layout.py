@@ -175,13 +175,19 @@ def test_transpose_mapping(rng: np.random.Generator, dtype: str, block: int, lay
                             writes_r[r[i], span] += 1
                             if ci[i] % team == 0:
                                 sw_r[_offset(geo_r.layout, r[i], c[i] // block, -(-cols // block), geo_r.dim)] += 1
-                # Phase B: tasks (word column, row quarter); lanes of a warp read one shared row.
+                # Phase B: tasks g (row quarter g % 4, word column g // 4), a lane pair each (the
+                # two halves of the quarter); the eight lanes of a word column read its rows in
+                # eight 16-row groups, in eight banks through tile_word's swizzle.
                 tasks = np.arange(sw * 4)
-                wc, mp = tasks % sw, tasks // sw
-                for w0 in range(0, len(tasks), 32):
-                    for j in range(32):
-                        words = (mp[w0 : w0 + 32] * 32 + j) * sw + wc[w0 : w0 + 32]
+                wc, mp = tasks // 4, tasks % 4
+                lanes = np.arange(32)
+                for g0 in range(0, len(tasks), 16):
+                    g, half = g0 + lanes // 2, lanes % 2
+                    for jj in range(16):
+                        row = mp[g] * 32 + half * 16 + jj
+                        words = row * sw + (wc[g] ^ ((row >> 2) & 28))
                         assert len(np.unique(words % 32)) == 32, "phase B reads without bank conflicts"
+                        assert (words // sw == row).all(), "the swizzle stays inside the row"
                 colkey = np.stack([shared[q * 32 : q * 32 + 32].max(axis=0) for q in range(4)])
                 for q in tasks:
                     for h in range(cpw):
@@ -209,7 +215,8 @@ def test_transpose_phase_a_stores_without_bank_conflicts(dtype: str) -> None:
     vec, nbytes = VECTOR_ELEMENTS[dtype], BYTES[dtype]
     cpr, sw = TRANSPOSE_TILE // vec, TRANSPOSE_TILE * nbytes // 4
     t = np.arange(THREADS)
-    first_word = (t // cpr) * sw + (t % cpr) * 4
+    row = t // cpr
+    first_word = row * sw + ((t % cpr) * 4 ^ ((row >> 2) & 28))
     for q in range(0, THREADS, 8):
         banks = (first_word[q : q + 8, None] + np.arange(4)).ravel() % 32
         assert len(np.unique(banks)) == 32
