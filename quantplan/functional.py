@@ -54,7 +54,7 @@ from quantplan._block_functional import (
     quantize_block,
 )
 from quantplan._frontend import _LOCAL as _THREAD
-from quantplan._frontend import TORCH, Target, dtype_name, remember_replay, replay
+from quantplan._frontend import CUPY, TORCH, Target, dtype_name, nbytes_of, packed_offsets, remember_replay, replay
 from quantplan.ops import static_quantize as _static_quantize
 from quantplan.ops.dynamic_range import (
     DynamicRangeQuantizeArgs,
@@ -293,6 +293,72 @@ class QuantizedTensor:
         )
 
 
+class _Region:
+    """A field of :class:`_Packed`, made on first read: a ``cupy.ndarray`` over its region of the
+    allocation (None for an absent zero point), then stored in the instance, where later reads
+    find it without this descriptor (it defines no ``__set__``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        state = obj.__dict__
+        region = state["_layout"][self.name]
+        if region is None:
+            value = None
+        else:
+            memory = state["_memory"]
+            value = _cupy_array(region[0], region[1], memory + region[2] if region[2] else memory)
+        state[self.name] = value
+        return value
+
+
+class _Packed(QuantizedTensor):
+    """A QuantizedTensor of a replayed CuPy call: its arrays are regions of one allocation, each
+    made (a ``cupy.ndarray`` over the region) when first read and kept from then on. It holds the
+    allocation, so the memory lives while the QuantizedTensor or any of its arrays does. Reads,
+    ``nbytes``, ``repr``, ``dequantize``, ``==`` and ``dataclasses`` functions see the same fields
+    as an eager QuantizedTensor; pickling and copying give an eager one."""
+
+    codes = _Region("codes")
+    scale = _Region("scale")
+    zero_point = _Region("zero_point")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QuantizedTensor):
+            return NotImplemented
+        return bool(
+            (self.codes, self.scale, self.zero_point, self.descriptor)
+            == (other.codes, other.scale, other.zero_point, other.descriptor)
+        )
+
+    __hash__ = QuantizedTensor.__hash__  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return QuantizedTensor, (self.codes, self.scale, self.zero_point, self.descriptor)
+
+
+_QUANTIZED_TYPES = (QuantizedTensor, _Packed)
+_cupy_array: Any = None
+
+
+def _packed_layout(outputs: list[tuple[tuple[int, ...], str]]) -> dict[str, tuple[Any, ...] | None]:
+    """Field name -> (shape, dtype, offset) of each output in the replay's one allocation
+    (:func:`quantplan._frontend.packed_offsets`; zero_point None when symmetric)."""
+    global _cupy_array
+    import cupy
+
+    _cupy_array = cupy.ndarray
+    dtypes = [np.dtype(dtype) for _, dtype in outputs]
+    offsets, _ = packed_offsets([nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)])
+    regions = [(shape, d, offset) for (shape, _), d, offset in zip(outputs, dtypes, offsets, strict=True)]
+    return {"codes": regions[0], "scale": regions[1], "zero_point": regions[2] if len(regions) > 2 else None}
+
+
 def quantize(
     x: Any,
     dtype: ElementKind | str = "int8",
@@ -456,6 +522,16 @@ def quantize(
                     qt = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
                     return _check_scales(qt, nonfinite, 4)
 
+            elif target.library == CUPY:  # the arrays made when first read (FP8 codes stay uint8 in CuPy)
+                layout = _packed_layout(outputs)
+
+                def finish(x: Any, memory: Any) -> QuantizedTensor:
+                    qt = _new(_Packed)
+                    _set_fields(qt, "__dict__", {"descriptor": deq, "_memory": memory, "_layout": layout})
+                    return qt  # type: ignore[no-any-return]
+
+                remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish, memory=True))
+                return QuantizedTensor(codes, scale_out, zp_out, deq)
             elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
@@ -542,7 +618,22 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
         out_kind = qt.descriptor.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
         return _torch_ops.dequantize(qt, out_kind)
     replay_key: tuple[Any, ...] | None = None
-    if type(qt) is QuantizedTensor:
+    packed: dict[str, Any] | None = None
+    if type(qt) is _Packed:
+        # The result of a replayed CuPy quantize: the replay reads its regions' pointers from its one
+        # allocation, so none of its arrays is made. The key holds the ids of the descriptor and the
+        # layout (the same per problem), which the remembered replay keeps alive.
+        packed = qt.__dict__
+        try:
+            replay_key = (dequantize, id(qt.descriptor), dtype, id(packed["_layout"]))
+            fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):  # no plan cache yet; an unhashable dtype
+            replay_key = fast = None
+        if fast is not None:
+            result = fast(packed["_memory"])
+            if result is not None:
+                return result
+    elif type(qt) is QuantizedTensor:
         # A call like an earlier one: replayed (allocate, launch) without this layer. The key holds
         # the descriptor's id (hashing a descriptor costs microseconds); the remembered replay keeps
         # that descriptor alive, so no other object can have its id while the entry exists.
@@ -604,7 +695,19 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
 
         inputs, order = (2, ("x0", "o0", "x1")) if qt.zero_point is None else (3, ("x0", "o0", "x1", "x2"))
         outputs = [(desc.shape, out_dtype)]
-        remember_replay(replay_key, lambda: replay(target, plan, args, inputs, outputs, finish, order))
+        if packed is not None:  # the inputs: the regions of the quantize call's allocation
+            layout = packed["_layout"]
+            at = [region[2] for region in (layout["codes"], layout["scale"], layout["zero_point"]) if region]
+
+            def finish_packed(memory: Any, y: Any, _holds: Any = (desc, layout)) -> Any:  # the ids the key names
+                return y
+
+            remember_replay(
+                replay_key,
+                lambda: replay(target, plan, args, inputs, outputs, finish_packed, order, packed_inputs=at),
+            )
+        else:
+            remember_replay(replay_key, lambda: replay(target, plan, args, inputs, outputs, finish, order))
     return y
 
 
