@@ -628,7 +628,9 @@ def replay(
         else:
             inputs_at = [f"m{i}.ptr" for i in range(inputs)]
         kinds = _input_types(args, inputs, order) if packed_inputs is None else []
-        for i, x in enumerate(xs if packed_inputs is None else []):  # the caller's arrays: on the device, C-contiguous (the key fixed the rest)
+        for i, x in enumerate(
+            xs if packed_inputs is None else []
+        ):  # the caller's arrays: on the device, C-contiguous (the key fixed the rest)
             direct = _READERS.get(kinds[i]) is _cupy_operand_direct  # CuPy's flag without a flags object
             contiguous = f"{x}._c_contiguous" if direct else f"{x}.flags.c_contiguous"
             lines.append(f"    m{i} = {x}.data")

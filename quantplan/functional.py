@@ -121,6 +121,11 @@ def _traced(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor) and torch.compiler.is_compiling()
 
 
+#: Array types that torch.compile never traces (NumPy's, CuPy's once seen): the hot path skips
+#: :func:`_traced` for them.
+_UNTRACED: set[type] = {np.ndarray}
+
+
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
     """``value`` as an ElementKind of ``names``' family (an ElementKind, a short name or a kind name)."""
     kind = value if isinstance(value, ElementKind) else None
@@ -342,7 +347,6 @@ class _Packed(QuantizedTensor):
         return QuantizedTensor, (self.codes, self.scale, self.zero_point, self.descriptor)
 
 
-_QUANTIZED_TYPES = (QuantizedTensor, _Packed)
 _cupy_array: Any = None
 
 
@@ -430,7 +434,7 @@ def quantize(
     round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
     ``seed`` and ``offset``); deterministic.
     """
-    if _traced(x):  # torch.compile: through the torch.library operators
+    if type(x) not in _UNTRACED and _traced(x):  # torch.compile: through the torch.library operators
         from quantplan import _torch_ops
 
         code = _kind(dtype, CODE_NAMES, "dtype")
@@ -480,6 +484,8 @@ def quantize(
     if nonfinite not in NONFINITE:
         raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
     target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale, names=("x", "scale"))
+    if target.library != TORCH:
+        _UNTRACED.add(type(x))
     x = target.contiguous(x)
     float_kind = _float_kind(x)
     code_kind = _kind(dtype, CODE_NAMES, "dtype")
@@ -525,12 +531,12 @@ def quantize(
             elif target.library == CUPY:  # the arrays made when first read (FP8 codes stay uint8 in CuPy)
                 layout = _packed_layout(outputs)
 
-                def finish(x: Any, memory: Any) -> QuantizedTensor:
+                def packed(x: Any, memory: Any) -> QuantizedTensor:
                     qt = _new(_Packed)
                     _set_fields(qt, "__dict__", {"descriptor": deq, "_memory": memory, "_layout": layout})
                     return qt  # type: ignore[no-any-return]
 
-                remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish, memory=True))
+                remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, packed, memory=True))
                 return QuantizedTensor(codes, scale_out, zp_out, deq)
             elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
