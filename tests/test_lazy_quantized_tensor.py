@@ -193,6 +193,8 @@ def test_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Ge
                 if attempt:
                     assert not set(FIELDS) & set(vars(qt)), "a replay's QuantizedTensor made no array yet"
                 yd = qp.dequantize(qt, "float32")  # a replay reads the regions' pointers (from the 3rd call)
+                if attempt >= 2:
+                    assert not set(FIELDS) & set(vars(qt)), "the dequantize replay made no array"
                 assert np.array_equal(cupy.asnumpy(yd).view(np.uint32), y.view(np.uint32)), (shape, attempt)
                 assert np.array_equal(cupy.asnumpy(qt.codes), q), (shape, attempt)
                 assert np.array_equal(cupy.asnumpy(qt.scale).view(np.uint32), s.view(np.uint32))
@@ -207,5 +209,6 @@ def test_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Ge
                     assert pool.used_bytes() < held
                 del qt
                 cupy.cuda.get_current_stream().synchronize()
-                assert pool.used_bytes() == used, (shape, attempt)
+                if attempt:  # (the first call may also load the plans' tables)
+                    assert pool.used_bytes() == used, (shape, attempt)
     _frontend.clear_plan_cache()
