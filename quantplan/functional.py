@@ -264,7 +264,8 @@ class QuantizedTensor:
     float8 where the library has the type); ``scale``: float32 (float64 for F64 data) of the
     scope's parameter shape; ``zero_point``: int32 of the same shape, None when symmetric;
     ``descriptor``: the :class:`~quantplan.DequantizeDescriptor` that decodes them. All arrays are
-    of the input's library and device.
+    of the input's library and device. A repeated CuPy call returns one whose arrays are regions
+    of one allocation, each made on first read (it holds the allocation meanwhile).
     """
 
     codes: Any
