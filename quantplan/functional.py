@@ -619,7 +619,9 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     float64 output). **Dtypes:** ``dtype`` float16, bfloat16, float32, float64 (short names or
     ElementKind). The output is a new array of the codes' library and device.
     """
-    if type(qt) is QuantizedTensor and _traced(qt.codes):  # torch.compile: through the torch.library operator
+    if (
+        type(qt) is QuantizedTensor and type(qt.codes) not in _UNTRACED and _traced(qt.codes)
+    ):  # torch.compile: through the torch.library operator
         from quantplan import _torch_ops
 
         out_kind = qt.descriptor.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
@@ -672,6 +674,8 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
+    if target.library != TORCH:
+        _UNTRACED.add(type(qt.codes))
     key = (_static_quantize.DequantizePlan, desc, out_kind)
 
     def build() -> Any:
@@ -741,7 +745,7 @@ def fake_quantize(
 
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
-    if _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
+    if type(x) not in _UNTRACED and _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
         from quantplan import pytorch
 
         return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
@@ -778,6 +782,8 @@ def fake_quantize(
         None if zero_point is None or isinstance(zero_point, (int, float)) else zero_point,
         names=("x", "scale", "zero_point"),
     )
+    if target.library != TORCH:
+        _UNTRACED.add(type(x))
     x = target.contiguous(x)
     kind = _float_kind(x)
     chosen = _scope(scope, None, axis)
