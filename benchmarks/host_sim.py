@@ -348,6 +348,18 @@ def rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     token = qp.TokenScope()
     out.append(("qp.quantize(x, 'int8', scope=token) (scope made once)", lambda: qp.quantize(x, "int8", scope=token)))
     out.append(("qp.quantize(x, 'int8') (per tensor: a workspace)", lambda: qp.quantize(x, "int8")))
+    out.append(
+        (
+            "qp.quantize(x, 'int8', scope=token) then .codes and .scale (arrays made)",
+            lambda: (qt := qp.quantize(x, "int8", scope=token)).codes is qt.scale,
+        )
+    )
+    out.append(
+        (
+            "qp.dequantize(qp.quantize(x, 'int8', scope=token)) (round trip)",
+            lambda: qp.dequantize(qp.quantize(x, "int8", scope=token)),
+        )
+    )
     qt = qp.quantize(x, "int8", scope=token)
     out.append(("qp.dequantize(qt) (per token)", lambda: qp.dequantize(qt)))
     out.append(("qp.fake_quantize(x, 0.05)", lambda: qp.fake_quantize(x, 0.05)))

@@ -560,6 +560,8 @@ def replay(
     outputs: Sequence[tuple[tuple[int, ...], str]],
     finish: Callable[..., Any],
     order: Sequence[str] | None = None,
+    memory: bool = False,
+    packed_inputs: Sequence[int] | None = None,
 ) -> Callable[..., Any] | None:
     """A front-end call of one signature, replayed: ``fast(*arrays)`` for the ``inputs`` first
     array fields of ``args`` (the caller's arrays, of the dtypes and shapes of this call: the
@@ -571,7 +573,16 @@ def replay(
     None when a check fails or the launch is refused (nothing launched: the caller takes its full
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
-    they are not the inputs then the outputs (an array updated in place: an input named twice)."""
+    they are not the inputs then the outputs (an array updated in place: an input named twice).
+    ``memory`` (CuPy only): no output array is made; ``finish(*arrays, memory)`` receives the one
+    allocation (a ``cupy.cuda.MemoryPointer``) that holds the outputs at the offsets of
+    :func:`packed_offsets` of ``outputs`` (and the workspace after them), for a result that makes
+    its arrays when they are first read. ``packed_inputs`` (CuPy only): the inputs are regions of
+    one allocation at these byte offsets; ``fast(memory)`` takes that allocation (a
+    ``cupy.cuda.MemoryPointer``, checked to be on the target's device; its regions are contiguous
+    by construction) and ``finish(memory, *outputs)`` receives it in place of the arrays."""
+    if packed_inputs is not None and target.library != CUPY:
+        return None
     if not target.cuda or target.index is None or plan.device_id != target.index:
         return None
     index = target.index
@@ -610,8 +621,16 @@ def replay(
         names.update(
             new=cupy.ndarray, current=cupy.cuda.get_current_stream, Device=cupy.cuda.Device, device=runtime.getDevice
         )
-        kinds = _input_types(args, inputs, order)
-        for i, x in enumerate(xs):  # the caller's arrays: on the device, C-contiguous (the key fixed the rest)
+        if packed_inputs is not None:
+            lines = ["def fast(xm):", "    if xm.device_id != index: return None", "    q = xm.ptr"]
+            results = ", ".join(["xm", *(f"o{n}" for n in range(len(outputs)))])
+            inputs_at = [f"q + {offset}" if offset else "q" for offset in packed_inputs]
+        else:
+            inputs_at = [f"m{i}.ptr" for i in range(inputs)]
+        kinds = _input_types(args, inputs, order) if packed_inputs is None else []
+        for i, x in enumerate(
+            xs if packed_inputs is None else []
+        ):  # the caller's arrays: on the device, C-contiguous (the key fixed the rest)
             direct = _READERS.get(kinds[i]) is _cupy_operand_direct  # CuPy's flag without a flags object
             contiguous = f"{x}._c_contiguous" if direct else f"{x}.flags.c_contiguous"
             lines.append(f"    m{i} = {x}.data")
@@ -624,12 +643,16 @@ def replay(
         offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
         for n, d in enumerate(dtypes):
             names[f"d{n}"] = d
-        if len(offsets) > 1:
+        if memory:  # the outputs stay regions of `mem` until the result makes them
+            names["alloc"] = cupy.cuda.alloc
+            body += [f"mem = alloc({total})", "p = mem.ptr"]
+            results = ", ".join([*xs, "mem"])
+        elif len(offsets) > 1:
             names["alloc"] = cupy.cuda.alloc  # CuPy's current allocator (set_allocator's, when set)
             body += [f"mem = alloc({total})", "p = mem.ptr"]
             for n, (shape, _) in enumerate(outputs):
-                memory = f"mem + {offsets[n]}" if offsets[n] else "mem"
-                body.append(f"o{n} = new({tuple(shape)!r}, d{n}, {memory})")
+                region = f"mem + {offsets[n]}" if offsets[n] else "mem"
+                body.append(f"o{n} = new({tuple(shape)!r}, d{n}, {region})")
         elif outputs:
             body += [f"o0 = new({tuple(outputs[0][0])!r}, d0)", "p = o0.data.ptr"]
         elif nbytes:
@@ -637,7 +660,7 @@ def replay(
             body += [f"ws = new(({nbytes},), u8)", "p = ws.data.ptr"]
         at = [f"p + {offset}" if offset else "p" for offset in offsets]
         arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
-        pointers = ", ".join(f"m{name[1:]}.ptr" if name[0] == "x" else at[int(name[1:])] for name in arrays)
+        pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
         if nbytes:
             pointers += f", {at[-1]}"
         body.append(f"if not launch(current().ptr, {pointers}): return None")

@@ -54,7 +54,7 @@ from quantplan._block_functional import (
     quantize_block,
 )
 from quantplan._frontend import _LOCAL as _THREAD
-from quantplan._frontend import TORCH, Target, dtype_name, remember_replay, replay
+from quantplan._frontend import CUPY, TORCH, Target, dtype_name, nbytes_of, packed_offsets, remember_replay, replay
 from quantplan.ops import static_quantize as _static_quantize
 from quantplan.ops.dynamic_range import (
     DynamicRangeQuantizeArgs,
@@ -119,6 +119,11 @@ def _traced(x: Any) -> bool:
     torch.library operators, which it can trace). False without PyTorch imported."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor) and torch.compiler.is_compiling()
+
+
+#: Array types that torch.compile never traces (NumPy's, CuPy's once seen): the hot path skips
+#: :func:`_traced` for them.
+_UNTRACED: set[type] = {np.ndarray}
 
 
 def _kind(value: ElementKind | str, names: dict[str, ElementKind], what: str) -> ElementKind:
@@ -259,7 +264,8 @@ class QuantizedTensor:
     float8 where the library has the type); ``scale``: float32 (float64 for F64 data) of the
     scope's parameter shape; ``zero_point``: int32 of the same shape, None when symmetric;
     ``descriptor``: the :class:`~quantplan.DequantizeDescriptor` that decodes them. All arrays are
-    of the input's library and device.
+    of the input's library and device. A repeated CuPy call returns one whose arrays are regions
+    of one allocation, each made on first read (it holds the allocation meanwhile).
     """
 
     codes: Any
@@ -291,6 +297,71 @@ class QuantizedTensor:
             f"QuantizedTensor({d.input_element.name} codes of {d.shape}, {d.scope!r}, {d.mode.value}, {scale}"
             f"{zp}, {self.nbytes} bytes, {target.library} on {where})"
         )
+
+
+class _Region:
+    """A field of :class:`_Packed`, made on first read: a ``cupy.ndarray`` over its region of the
+    allocation (None for an absent zero point), then stored in the instance, where later reads
+    find it without this descriptor (it defines no ``__set__``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        state = obj.__dict__
+        region = state["_layout"][self.name]
+        if region is None:
+            value = None
+        else:
+            memory = state["_memory"]
+            value = _cupy_array(region[0], region[1], memory + region[2] if region[2] else memory)
+        state[self.name] = value
+        return value
+
+
+class _Packed(QuantizedTensor):
+    """A QuantizedTensor of a replayed CuPy call: its arrays are regions of one allocation, each
+    made (a ``cupy.ndarray`` over the region) when first read and kept from then on. It holds the
+    allocation, so the memory lives while the QuantizedTensor or any of its arrays does. Reads,
+    ``nbytes``, ``repr``, ``dequantize``, ``==`` and ``dataclasses`` functions see the same fields
+    as an eager QuantizedTensor; pickling and copying give an eager one."""
+
+    codes = _Region("codes")
+    scale = _Region("scale")
+    zero_point = _Region("zero_point")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QuantizedTensor):
+            return NotImplemented
+        return bool(
+            (self.codes, self.scale, self.zero_point, self.descriptor)
+            == (other.codes, other.scale, other.zero_point, other.descriptor)
+        )
+
+    __hash__ = QuantizedTensor.__hash__  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return QuantizedTensor, (self.codes, self.scale, self.zero_point, self.descriptor)
+
+
+_cupy_array: Any = None
+
+
+def _packed_layout(outputs: list[tuple[tuple[int, ...], str]]) -> dict[str, tuple[Any, ...] | None]:
+    """Field name -> (shape, dtype, offset) of each output in the replay's one allocation
+    (:func:`quantplan._frontend.packed_offsets`; zero_point None when symmetric)."""
+    global _cupy_array
+    import cupy
+
+    _cupy_array = cupy.ndarray
+    dtypes = [np.dtype(dtype) for _, dtype in outputs]
+    offsets, _ = packed_offsets([nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)])
+    regions = [(shape, d, offset) for (shape, _), d, offset in zip(outputs, dtypes, offsets, strict=True)]
+    return {"codes": regions[0], "scale": regions[1], "zero_point": regions[2] if len(regions) > 2 else None}
 
 
 def quantize(
@@ -364,7 +435,7 @@ def quantize(
     round half to even (or Philox stochastic rounding with ``rounding=Rounding.STOCHASTIC``, from
     ``seed`` and ``offset``); deterministic.
     """
-    if _traced(x):  # torch.compile: through the torch.library operators
+    if type(x) not in _UNTRACED and _traced(x):  # torch.compile: through the torch.library operators
         from quantplan import _torch_ops
 
         code = _kind(dtype, CODE_NAMES, "dtype")
@@ -414,6 +485,8 @@ def quantize(
     if nonfinite not in NONFINITE:
         raise InvalidProblem(f"nonfinite={nonfinite!r}: pass one of {', '.join(map(repr, NONFINITE))}")
     target = Target.of(x, None if scale is None or isinstance(scale, (int, float)) else scale, names=("x", "scale"))
+    if target.library != TORCH:
+        _UNTRACED.add(type(x))
     x = target.contiguous(x)
     float_kind = _float_kind(x)
     code_kind = _kind(dtype, CODE_NAMES, "dtype")
@@ -456,6 +529,16 @@ def quantize(
                     qt = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
                     return _check_scales(qt, nonfinite, 4)
 
+            elif target.library == CUPY:  # the arrays made when first read (FP8 codes stay uint8 in CuPy)
+                layout = _packed_layout(outputs)
+
+                def packed(x: Any, memory: Any) -> QuantizedTensor:
+                    qt = _new(_Packed)
+                    _set_fields(qt, "__dict__", {"descriptor": deq, "_memory": memory, "_layout": layout})
+                    return qt  # type: ignore[no-any-return]
+
+                remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, packed, memory=True))
+                return QuantizedTensor(codes, scale_out, zp_out, deq)
             elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
@@ -536,13 +619,30 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     float64 output). **Dtypes:** ``dtype`` float16, bfloat16, float32, float64 (short names or
     ElementKind). The output is a new array of the codes' library and device.
     """
-    if type(qt) is QuantizedTensor and _traced(qt.codes):  # torch.compile: through the torch.library operator
+    if (
+        type(qt) is QuantizedTensor and type(qt.codes) not in _UNTRACED and _traced(qt.codes)
+    ):  # torch.compile: through the torch.library operator
         from quantplan import _torch_ops
 
         out_kind = qt.descriptor.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
         return _torch_ops.dequantize(qt, out_kind)
     replay_key: tuple[Any, ...] | None = None
-    if type(qt) is QuantizedTensor:
+    packed: dict[str, Any] | None = None
+    if type(qt) is _Packed:
+        # The result of a replayed CuPy quantize: the replay reads its regions' pointers from its one
+        # allocation, so none of its arrays is made. The key holds the ids of the descriptor and the
+        # layout (the same per problem), which the remembered replay keeps alive.
+        packed = qt.__dict__
+        try:
+            replay_key = (dequantize, id(qt.descriptor), dtype, id(packed["_layout"]))
+            fast = _THREAD.plans.get(replay_key)  # type: ignore[union-attr]
+        except (AttributeError, TypeError):  # no plan cache yet; an unhashable dtype
+            replay_key = fast = None
+        if fast is not None:
+            result = fast(packed["_memory"])
+            if result is not None:
+                return result
+    elif type(qt) is QuantizedTensor:
         # A call like an earlier one: replayed (allocate, launch) without this layer. The key holds
         # the descriptor's id (hashing a descriptor costs microseconds); the remembered replay keeps
         # that descriptor alive, so no other object can have its id while the entry exists.
@@ -574,6 +674,8 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     desc = qt.descriptor
     out_kind = desc.output_element if dtype is None else _kind(dtype, FLOAT_NAMES, "dtype")
     target = Target.of(qt.codes, None if isinstance(qt.scale, (int, float)) else qt.scale)
+    if target.library != TORCH:
+        _UNTRACED.add(type(qt.codes))
     key = (_static_quantize.DequantizePlan, desc, out_kind)
 
     def build() -> Any:
@@ -604,7 +706,19 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
 
         inputs, order = (2, ("x0", "o0", "x1")) if qt.zero_point is None else (3, ("x0", "o0", "x1", "x2"))
         outputs = [(desc.shape, out_dtype)]
-        remember_replay(replay_key, lambda: replay(target, plan, args, inputs, outputs, finish, order))
+        if packed is not None:  # the inputs: the regions of the quantize call's allocation
+            layout = packed["_layout"]
+            at = [region[2] for region in (layout["codes"], layout["scale"], layout["zero_point"]) if region]
+
+            def finish_packed(memory: Any, y: Any, _holds: Any = (desc, layout)) -> Any:  # the ids the key names
+                return y
+
+            remember_replay(
+                replay_key,
+                lambda: replay(target, plan, args, inputs, outputs, finish_packed, order, packed_inputs=at),
+            )
+        else:
+            remember_replay(replay_key, lambda: replay(target, plan, args, inputs, outputs, finish, order))
     return y
 
 
@@ -631,7 +745,7 @@ def fake_quantize(
 
     **Shape limits:** any rank; ``axis=k`` is ``ChannelScope(k)``; default one scale for the tensor.
     """
-    if _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
+    if type(x) not in _UNTRACED and _traced(x):  # torch.compile: through the quantplan::fake_quantize operator
         from quantplan import pytorch
 
         return pytorch.traced_functional_fake_quantize(x, scale, zero_point, scope, axis, q_min, q_max)
@@ -668,6 +782,8 @@ def fake_quantize(
         None if zero_point is None or isinstance(zero_point, (int, float)) else zero_point,
         names=("x", "scale", "zero_point"),
     )
+    if target.library != TORCH:
+        _UNTRACED.add(type(x))
     x = target.contiguous(x)
     kind = _float_kind(x)
     chosen = _scope(scope, None, axis)

@@ -433,3 +433,42 @@ def test_pointer_stores_skipped_only_while_the_blocks_hold_them(base: str, recor
             plan._run_slow(stream, workspace, args, check)
         assert plan_calls.events(start) == expected, (base, which, path, check, stream)
     assert "run" in plan.__dict__, "no dispatcher was made"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"scope": qp.TokenScope()}, {"group_size": 100, "asymmetric": True}, {}],
+    ids=["per token", "groups asymmetric", "per tensor (a workspace)"],
+)
+def test_dequantize_of_a_replayed_quantize_launches_what_the_full_path_launches(
+    byte_recorder: Any, kwargs: dict[str, Any]
+) -> None:
+    """``qp.dequantize`` of a replayed CuPy quantize's result reads the pointers of its regions from
+    its one allocation (none of its arrays is made) and launches what the full path launches for
+    a QuantizedTensor of the same arrays, byte for byte."""
+    import cupy
+
+    from quantplan import _frontend
+    from quantplan.functional import QuantizedTensor
+
+    dtype = "uint4" if kwargs.get("asymmetric") else "int8"
+    x = host_sim.device_array(1 << 36, (16, 1000), "float16")
+    events, reset = byte_recorder
+    for _ in range(2):
+        for _ in range(2):  # the full paths, then a replayed quantize's dequantize (its full path)
+            qp.dequantize(qp.quantize(x, dtype, **kwargs), "float32")
+        reset()
+        qt = qp.quantize(x, dtype, **kwargs)
+        assert isinstance(qt, QuantizedTensor) and not {"codes", "scale", "zero_point"} & set(vars(qt))
+        start = len(events)
+        y = qp.dequantize(qt, "float32")
+        replayed = events[start:]
+        assert replayed and not {"codes", "scale", "zero_point"} & set(vars(qt)), "the replay made no array"
+        assert y.shape == (16, 1000) and y.dtype == np.float32
+        eager = QuantizedTensor(qt.codes, qt.scale, qt.zero_point, qt.descriptor)
+        _frontend.clear_plan_cache()
+        reset()
+        taken = cupy.empty(1, "uint8")  # qt's allocation's place: the output lands where the replay's did
+        start = len(events)
+        qp.dequantize(eager, "float32")
+        assert events[start:] == replayed and taken is not None
