@@ -195,7 +195,10 @@ def test_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Ge
                 yd = qp.dequantize(qt, "float32")  # a replay reads the regions' pointers (from the 3rd call)
                 if attempt >= 2:
                     assert not set(FIELDS) & set(vars(qt)), "the dequantize replay made no array"
-                assert np.array_equal(cupy.asnumpy(yd).view(np.uint32), y.view(np.uint32)), (shape, attempt)
+                got = cupy.asnumpy(yd)
+                nan = np.isnan(y)  # f16 data overflowing to Inf: NaN rows, whose payload bits may differ
+                assert np.array_equal(np.isnan(got), nan), (shape, attempt)
+                assert np.array_equal(got[~nan].view(np.uint32), y[~nan].view(np.uint32)), (shape, attempt)
                 assert np.array_equal(cupy.asnumpy(qt.codes), q), (shape, attempt)
                 assert np.array_equal(cupy.asnumpy(qt.scale).view(np.uint32), s.view(np.uint32))
                 assert (qt.zero_point is None) == (z is None)
