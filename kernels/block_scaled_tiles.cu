@@ -249,8 +249,7 @@ __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 c
 // One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
 // or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH: after
 // its own loads, the CTA prefetches the tile `ahead` CTAs ahead (prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH,
-          bool CLUSTER>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH>
 __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
                                                void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
                                                float amax_floor, float enc_overflow, int layout, i64 dim_r,
@@ -287,7 +286,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   // Byte scales of a whole tile in the compact (with a multiple of 4 scale columns) or the 128x4
   // blocked layout: a column's four scales of this tile are one aligned word. Phase B stages them
   // in shared memory and 128 threads store one word each, instead of 512 single-byte stores.
-  const bool stage_c = CLUSTER || BLOCK == 32 && !TE && !f32_scale && full && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
+  const bool stage_c = BLOCK == 32 && !TE && !f32_scale && full && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
                        (layout == kBlocked128x4 || (layout == kCompact && (col_blocks & 3) == 0));
 
   // Phase A: rows to registers and shared memory; the rowwise copy from registers.
@@ -337,13 +336,9 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
     const int tr = rp + ((j / DUP) * KP + i) * RPP;  // the tile row of this lane's i-th pass
     const BlockScale s = transpose_block_scale<E, RULE, DIVIDE, SHORT>(W::key_bits(key[i]), rule_, amax_floor, enc_overflow, mine[i]);
     if (j % DUP == 0 && tr < rows_left && team_ci * VEC < cols_left) {
-      if constexpr (CLUSTER) {  // staged: the cluster stores the rows' scales (cluster_store_scales)
-        reinterpret_cast<u8*>(colkey + T)[tr * 4 + team_ci * VEC / BLOCK] = (u8)s.stored;
-      } else {
-        const i64 r = r0 + tr;
-        const i64 off = layout == kCompact ? r * row_blocks + cb_r : scale_offset(layout, r, cb_r, row_blocks, dim_r);
-        store_scale(scales_r, f32_scale, off, s.stored);
-      }
+      const i64 r = r0 + tr;
+      const i64 off = layout == kCompact ? r * row_blocks + cb_r : scale_offset(layout, r, cb_r, row_blocks, dim_r);
+      store_scale(scales_r, f32_scale, off, s.stored);
     }
   }
   {
@@ -461,7 +456,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 
   if constexpr (BLOCK == 32 && !TE) {
     // The staged columnwise scales: each column's four bytes (its blocks in this tile) as one word.
-    if (stage_c && !CLUSTER) {
+    if (stage_c) {
       __syncthreads();
       if (t < T) {
         const i64 off = scale_offset(layout, c0 + t, r0 / BLOCK, col_blocks, dim_c);
@@ -501,56 +496,19 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   }
 }
 
-// CLUSTER (sm_90; MX blocks of 32, compact byte scales, whole tiles, rows and cols multiples of
-// 256): a cluster of 2 x 2 CTAs pairs each tile's staged scales with a neighbour's, so a row's
-// (column's) scales of two tiles leave as one 8-byte store: the x-neighbours share rows, each
-// storing half of them; the y-neighbours share columns. colkey holds the tile's columnwise
-// scales ([128 columns][4]) and colkey + 128 its rowwise ones ([128 rows][4]).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ u32 cluster_peer_word(const u32* p, u32 rank) {
-  u32 remote, v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)__cvta_generic_to_shared(p)), "r"(rank));
-  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void cluster_store_scales(const u32* colkey, u8* scales_r, u8* scales_c, i64 r0, i64 c0,
-                                                     i64 row_blocks, i64 col_blocks) {
-  __syncthreads();
-  cluster_sync();  // every CTA of the cluster has staged its scales
-  u32 rank;
-  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  const int rx = rank & 1, ry = rank >> 1, t = threadIdx.x;
-  if (t < 64) {  // rows rx * 64 + t: this tile's blocks and the x-neighbour's, the left tile's first
-    const int row = rx * 64 + t;
-    const unsigned long long own = colkey[128 + row], peer = cluster_peer_word(colkey + 128 + row, rank ^ 1);
-    *reinterpret_cast<unsigned long long*>(scales_r + (r0 + row) * row_blocks + (c0 - rx * 128) / 32) =
-        rx == 0 ? own | peer << 32 : peer | own << 32;
-  } else if (t < 128) {  // columns ry * 64 + t - 64: this tile's blocks and the y-neighbour's, the upper's first
-    const int col = ry * 64 + t - 64;
-    const unsigned long long own = colkey[col], peer = cluster_peer_word(colkey + col, rank ^ 2);
-    *reinterpret_cast<unsigned long long*>(scales_c + (c0 + col) * col_blocks + (r0 - ry * 128) / 32) =
-        ry == 0 ? own | peer << 32 : peer | own << 32;
-  }
-  cluster_sync();  // the neighbours have read this CTA's staged scales
-}
-
 }  // namespace qp
 
 // The default rules (MX rceil, FP8 enc; FP8 div is DIVIDE's) run tile code with the rule fixed at
 // compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
 // divide_rn1. PREFETCH > 0 (aligned launches): each CTA prefetches into L2 the tile PREFETCH / 4
 // waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile).
-// The kernel's body; CLUSTER: the scales through cluster_store_scales.
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH, bool CLUSTER>
-__device__ __forceinline__ void block_scaled_transpose_body(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
+__global__ void __launch_bounds__(256, MIN_BLOCKS)
+    block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
                            qp::i64 row_tile_base, int rule, float amax_floor, float enc_overflow, int layout,
                            qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
-                           qp::i64 pad_cols_c){
+                           qp::i64 pad_cols_c) {
   using namespace qp;
   constexpr bool SHORT = DIVIDE && InputWords<In>::bytes == 2;
   extern __shared__ uint4 smem_vectors[];
@@ -566,7 +524,7 @@ __device__ __forceinline__ void block_scaled_transpose_body(const void* __restri
     ahead = PREFETCH * MIN_BLOCKS * ahead / 4;
   }
 #define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
-  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF, CLUSTER>(                                        \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF>(                                        \
       x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, rule, amax_floor, enc_overflow, layout, dim_r, dim_c, \
       tile, colkey, ahead)
   if constexpr (DIVIDE) {
@@ -579,9 +537,6 @@ __device__ __forceinline__ void block_scaled_transpose_body(const void* __restri
       QP_TRANSPOSE_TILE(-1);
   }
 #undef QP_TRANSPOSE_TILE
-  if constexpr (CLUSTER)
-    cluster_store_scales(colkey, static_cast<u8*>(scales_r), static_cast<u8*>(scales_c), r0, (i64)blockIdx.x * 128,
-                         (cols + BLOCK - 1) / BLOCK, (rows + BLOCK - 1) / BLOCK);
 
   const bool f32_scale = is_f32_rule(rule);
   const i64 row_blocks = (cols + BLOCK - 1) / BLOCK, col_blocks = (rows + BLOCK - 1) / BLOCK;
@@ -590,27 +545,3 @@ __device__ __forceinline__ void block_scaled_transpose_body(const void* __restri
   zero_scale_padding(scales_r, f32_scale, layout, rows, row_blocks, dim_r, pad_rows_r, pad_cols_r, first, stride);
   zero_scale_padding(scales_c, f32_scale, layout, cols, col_blocks, dim_c, pad_rows_c, pad_cols_c, first, stride);
 }
-
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
-                           qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
-                           qp::i64 row_tile_base, int rule, float amax_floor, float enc_overflow, int layout,
-                           qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
-                           qp::i64 pad_cols_c) {
-  block_scaled_transpose_body<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, MIN_BLOCKS, PREFETCH, false>(
-      x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, row_tile_base, rule, amax_floor, enc_overflow, layout, dim_r, pad_rows_r, pad_cols_r, dim_c, pad_rows_c, pad_cols_c);
-}
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-// Clusters of 2 x 2 CTAs (cluster_store_scales); the launch's grid is even in x and y.
-template <class In, class Elem, int BLOCK, bool DIVIDE, int MIN_BLOCKS, int PREFETCH>
-__global__ void __cluster_dims__(2, 2, 1) __launch_bounds__(256, MIN_BLOCKS) block_scaled_transpose_cluster(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
-                           qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
-                           qp::i64 row_tile_base, int rule, float amax_floor, float enc_overflow, int layout,
-                           qp::i64 dim_r, qp::i64 pad_rows_r, qp::i64 pad_cols_r, qp::i64 dim_c, qp::i64 pad_rows_c,
-                           qp::i64 pad_cols_c) {
-  static_assert(BLOCK == 32 && !DIVIDE, "MX byte scales");
-  block_scaled_transpose_body<In, Elem, BLOCK, false, DIVIDE, true, MIN_BLOCKS, PREFETCH, true>(
-      x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, row_tile_base, rule, amax_floor, enc_overflow, layout, dim_r, pad_rows_r, pad_cols_r, dim_c, pad_rows_c, pad_cols_c);
-}
-#endif

@@ -36,7 +36,6 @@ along K, 2-D tiles only); scales uint8 (E8M0 / UE8M0) or float32.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -82,14 +81,10 @@ class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
     for 128-row blocks). ``prefetch`` > 0 (aligned launches; 2 is the 16-bit default): each CTA prefetches into
-    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order.
-    ``cluster`` (sm_90; MX blocks of 32 in the compact layout, rows and cols multiples of 256, else
-    the schedule without it): clusters of 2 x 2 CTAs store two tiles' scales of a row or a column
-    as one 8-byte store (``block_scaled_transpose_cluster``)."""
+    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
     prefetch: int = 0
-    cluster: bool = False
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -109,7 +104,7 @@ TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
 #: tests cover (the tuning table's first). ``pf0``: no L2 prefetch; ``pf2``: L2 prefetch of the
-#: tile half a wave ahead (the 16-bit default); ``cl``: clusters of 2 x 2 CTAs pairing their scales.
+#: tile half a wave ahead (the 16-bit default).
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
     dtype: {"default": sched}
     | {
@@ -117,7 +112,6 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
-            ("cl", TransposeSchedule(sched.min_blocks, sched.prefetch, cluster=True)),
         )
         if other != sched
     }
@@ -152,16 +146,6 @@ def transpose_kernel_name(
     input_dtype: str, element: str, block: int, te: bool, divide: bool, aligned: bool, sched: TransposeSchedule
 ) -> str:
     """The instantiation of ``block_scaled_transpose`` for one problem (``te``: TE's MXFP8 layout)."""
-    if sched.cluster:
-        return template_name(
-            "block_scaled_transpose_cluster",
-            INPUT_TAGS[input_dtype],
-            ELEMENT_TAGS[element],
-            block,
-            divide,
-            sched.min_blocks,
-            sched.prefetch,
-        )
     return template_name(
         "block_scaled_transpose",
         INPUT_TAGS[input_dtype],
@@ -403,17 +387,6 @@ def quantize_transpose_block_scaled(
         return codes_r, scales_r, codes_c, scales_c
     sched = schedule or TRANSPOSE_SCHEDULES[dtype]
     aligned = cols % 16 == 0 and rows % 16 == 0 and all(a.data.ptr % 16 == 0 for a in (x, codes_r, codes_c))
-    if sched.cluster and not (
-        aligned
-        and block == 32
-        and not te
-        and scale_layout == "compact"
-        and rows % 256 == 0
-        and cols % 256 == 0
-        and rows // TRANSPOSE_TILE <= MAX_GRID_Y
-        and device_info(x.device.id).arch.major >= 9
-    ):
-        sched = dataclasses.replace(sched, cluster=False)
     name = transpose_kernel_name(dtype, element, block, te, rule == "div", aligned, sched)
     info = device_info(x.device.id)
     fn = load_kernels("block_scaled_tiles", [name], info.arch, x.device.id, kernel_options())[name]
