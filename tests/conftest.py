@@ -1,6 +1,13 @@
-"""Shared fixtures: a fresh random generator per test (its seed printed on failure) and GPU gating."""
+"""Shared fixtures: a fresh random generator per test (its seed printed on failure), the simulated
+GPU's allocations (``simulated_allocations``) and GPU gating."""
 
 from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +21,47 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     request.node.user_properties.append(("seed", seed))
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)
+
+
+class _Owner:
+    """What a simulated allocation's memory holds: dies when the memory is freed."""
+
+
+@pytest.fixture
+def simulated_allocations(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[tuple[int, int, Any]], Any]]:
+    """The simulated GPU of ``benchmarks/host_sim.py`` (no kernel compiled or launched), CuPy's
+    allocator a bump allocator; yields (allocations as (ptr, size, weak
+    reference to the memory's owner), device_array)."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda import memory
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import host_sim
+
+    from quantplan import _frontend
+    from quantplan.runtime import _device, _fast_check, _launch
+
+    for owner, name, value in host_sim.gpu_patches(compile_kernels=False):
+        monkeypatch.setattr(owner, name, value)
+    for module, name in ((_launch, "current_device"), (_launch, "_current_stream"), (_fast_check, "current_device")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # bound on first use: restored afterwards
+    allocations: list[tuple[int, int, Any]] = []
+    base = [1 << 44]
+
+    def alloc(size: int) -> Any:
+        ptr, owner = base[0], _Owner()
+        base[0] += (size + 511) // 256 * 256
+        allocations.append((ptr, size, weakref.ref(owner)))
+        return memory.MemoryPointer(memory.UnownedMemory(ptr, max(size, 1), owner, device_id=0), 0)
+
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
+    _frontend.clear_plan_cache()
+    with cupy.cuda.using_allocator(alloc):
+        yield allocations, host_sim.device_array
+    _frontend.clear_plan_cache()
+    _device.cuda_available.cache_clear()
+    _device.device_info.cache_clear()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

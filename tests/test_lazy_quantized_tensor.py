@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import sys
-import weakref
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,45 +28,6 @@ from quantplan.vocabulary.types import ElementKind as EK
 FIELDS = ("codes", "scale", "zero_point")
 
 
-class _Owner:
-    """What a simulated allocation's memory holds: dies when the memory is freed."""
-
-
-@pytest.fixture
-def simulated(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The simulated GPU of ``benchmarks/host_sim.py``; yields (allocations as (ptr, size, weak
-    reference to the memory's owner), device_array)."""
-    cupy = pytest.importorskip("cupy")
-    from cupy.cuda import memory
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import host_sim
-
-    from quantplan.runtime import _device, _fast_check, _launch
-
-    for owner, name, value in host_sim.gpu_patches(compile_kernels=False):
-        monkeypatch.setattr(owner, name, value)
-    for module, name in ((_launch, "current_device"), (_launch, "_current_stream"), (_fast_check, "current_device")):
-        monkeypatch.setattr(module, name, getattr(module, name))  # bound on first use: restored afterwards
-    allocations: list[tuple[int, int, Any]] = []
-    base = [1 << 44]
-
-    def alloc(size: int) -> Any:
-        ptr, owner = base[0], _Owner()
-        base[0] += (size + 511) // 256 * 256
-        allocations.append((ptr, size, weakref.ref(owner)))
-        return memory.MemoryPointer(memory.UnownedMemory(ptr, max(size, 1), owner, device_id=0), 0)
-
-    _device.cuda_available.cache_clear()
-    _device.device_info.cache_clear()
-    _frontend.clear_plan_cache()
-    with cupy.cuda.using_allocator(alloc):
-        yield allocations, host_sim.device_array
-    _frontend.clear_plan_cache()
-    _device.cuda_available.cache_clear()
-    _device.device_info.cache_clear()
-
-
 CASES = [
     ("int8", {"scope": qp.TokenScope()}, (16, 1000)),
     ("uint4", {"group_size": 100, "asymmetric": True}, (5, 300)),
@@ -79,8 +37,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_lazy_fields_are_the_regions_of_the_allocation(simulated: Any, case: int) -> None:
-    allocations, dev = simulated
+def test_lazy_fields_are_the_regions_of_the_allocation(simulated_allocations: Any, case: int) -> None:
+    allocations, dev = simulated_allocations
     dtype, kwargs, shape = CASES[case]
     x = dev(1 << 40, shape, "float16")
     eager = qp.quantize(x, dtype, **kwargs)  # the full path
@@ -106,8 +64,8 @@ def test_lazy_fields_are_the_regions_of_the_allocation(simulated: Any, case: int
     assert repr(qt).startswith("QuantizedTensor(") and repr(qt).split(", cupy")[0] == repr(eager).split(", cupy")[0]
 
 
-def test_lazy_quantized_tensor_behaves_as_an_eager_one(simulated: Any) -> None:
-    _, dev = simulated
+def test_lazy_quantized_tensor_behaves_as_an_eager_one(simulated_allocations: Any) -> None:
+    _, dev = simulated_allocations
     x = dev(1 << 40, (6, 256), "float16")
     for _ in range(2):
         qt = qp.quantize(x, "uint8", group_size=64, asymmetric=True)
@@ -128,8 +86,8 @@ def test_lazy_quantized_tensor_behaves_as_an_eager_one(simulated: Any) -> None:
         qt.no_such_field  # noqa: B018
 
 
-def test_allocation_lives_while_the_quantized_tensor_or_an_array_does(simulated: Any) -> None:
-    allocations, dev = simulated
+def test_allocation_lives_while_the_quantized_tensor_or_an_array_does(simulated_allocations: Any) -> None:
+    allocations, dev = simulated_allocations
     x = dev(1 << 40, (16, 512), "float16")
     qp.quantize(x, "int8", scope=qp.TokenScope())
     qt = qp.quantize(x, "int8", scope=qp.TokenScope())  # nothing read
