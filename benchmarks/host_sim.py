@@ -13,10 +13,13 @@ and ``check=False`` and the compat call where the row has one, plus ``qp.quantiz
 arrays. ``--profile NAME``: cProfile of one row (the top functions by own time).
 
 ``--torch``: the ``plan.run`` rows with PyTorch operands and a PyTorch stream, as ``bench_peers.py``
-times them on the GPU: CPU tensors at 256-byte aligned addresses (``torch.frombuffer`` of aligned
-host memory) made to read as CUDA tensors of device 0 (``torch.Tensor.get_device`` is replaced by
-a C method that returns 0 for them, of about the same cost), and a stand-in of
-``torch.cuda.current_stream()`` (its ``cuda_stream``, a C getter of about the same cost).
+times them on the GPU, and ``qp.quantize`` / ``qp.dequantize`` rows on PyTorch tensors: CPU tensors
+at 256-byte aligned addresses (``torch.frombuffer`` of aligned host memory) made to read as CUDA
+tensors of device 0 (``torch.Tensor.get_device`` is replaced by a C method that returns 0 for
+them, of about the same cost; ``is_cuda`` reads True), a stand-in of ``torch.cuda.current_stream()``
+(its ``cuda_stream``, a C getter of about the same cost) and of the raw current-stream getter, and
+the front-ends' outputs allocated by ``torch.empty`` on the CPU (its allocator in place of the
+CUDA caching allocator: the allocation counts carry over, their cost only roughly).
 
 ``--alternate``: the ``plan.run`` rows alternate between two sets of operands (and workspaces)
 of the same shapes, so that every call passes pointers other than the previous call's (a
@@ -43,6 +46,7 @@ import argparse
 import cProfile
 import ctypes
 import itertools
+import math
 import os
 import pstats
 import re
@@ -51,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -177,7 +182,7 @@ def bar(name: str) -> str:
             return f"≤ {us:g}"
     if name.startswith("qp."):
         return "≤ its row's plan.run checked + 2"
-    if name.startswith("cupy."):
+    if name.startswith(("cupy.", "torch.")):
         return "—"
     return "≤ DeepSpeed's binding (GPU)"
 
@@ -260,11 +265,46 @@ def torch_device_array(shape: tuple[int, ...], dtype: Any) -> Any:
     return torch.frombuffer(raw[start : start + nbytes], dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def simulate_torch_cuda() -> None:
-    """Every tensor's ``get_device()`` reads 0 (its storage offset at 0; see ``--torch``)."""
+def torch_patches() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, value) of every patch that makes PyTorch CPU tensors read as CUDA
+    tensors of device 0 (see ``--torch``): ``get_device()`` is ``sparse_dim()`` (a C method that
+    returns 0 for every strided tensor, views included), ``is_cuda`` reads True, the raw
+    current stream of device 0 is 0 (through ``abs``, a C function), and the front-ends' target of
+    device 0 allocates on the CPU, 256-byte aligned as the CUDA caching allocator's blocks are (a
+    ``torch.empty`` 255 bytes longer, sliced: a little dearer than one ``torch.empty``)."""
     import torch
 
-    torch.Tensor.get_device = torch._C.TensorBase.storage_offset  # type: ignore[method-assign]
+    from quantplan import _frontend
+
+    _frontend._import_torch()
+    target = _frontend.Target(_frontend.TORCH, 0, 0, torch.device("cpu"))
+    targets = dict(_frontend._TARGETS)
+    targets[(_frontend.TORCH, 0, 0)] = target
+    cpu_empty, u8 = torch.empty, torch.uint8
+
+    def empty(*size: Any, dtype: Any, device: Any = None) -> Any:
+        shape = size[0] if len(size) == 1 and isinstance(size[0], tuple) else size
+        nbytes = math.prod(shape) * (dtype.itemsize if hasattr(dtype, "itemsize") else 1)
+        raw = cpu_empty(nbytes + 255, dtype=u8)
+        start = -raw.data_ptr() % 256
+        return raw[start : start + nbytes].view(dtype).view(shape)
+
+    module = types.ModuleType("torch")
+    module.__dict__.update(torch.__dict__)
+    module.empty = empty  # type: ignore[attr-defined]
+    return [
+        (torch.Tensor, "get_device", torch._C.TensorBase.sparse_dim),
+        (torch.Tensor, "is_cuda", property(lambda self: True)),
+        (_frontend, "_RAW_STREAM", [abs]),
+        (_frontend, "_TARGETS", targets),
+        (_frontend, "torch", module),
+    ]
+
+
+def simulate_torch_cuda() -> None:
+    """Apply :func:`torch_patches` for the life of the process."""
+    for owner, name, value in torch_patches():
+        setattr(owner, name, value)
 
 
 def _alternating(first: Callable[[], Any], second: Callable[[], Any]) -> Callable[[], Any]:
@@ -301,7 +341,8 @@ def _run_rows(
 
 
 def torch_rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
-    """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream (``--torch``)."""
+    """(name, call) of the ``plan.run`` host rows on PyTorch operands and stream, and the
+    ``qp.quantize`` / ``qp.dequantize`` rows on PyTorch tensors (``--torch``)."""
     import quantplan as qp
 
     stream = _TorchStream()
@@ -317,6 +358,33 @@ def torch_rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
                 ws = qp.Workspace(torch_device_array((plan.workspace_size(),), torch.uint8), plan.workspace_size())
             sets.append((operands, ws))
         out.extend(_run_rows(spec.name, plan, stream, sets, alternate))
+    import torch
+
+    x = torch_device_array((16, 8192), torch.float16)
+    token = qp.TokenScope()
+    out.append(("qp.quantize(x, 'int8', scope=token) (torch)", lambda: qp.quantize(x, "int8", scope=token)))
+    out.append(("qp.quantize(x, 'int8') (torch, per tensor: a workspace)", lambda: qp.quantize(x, "int8")))
+    out.append(
+        (
+            "qp.quantize(x, 'int8', scope=token) then .codes and .scale (torch, tensors made)",
+            lambda: (qt := qp.quantize(x, "int8", scope=token)).codes is qt.scale,
+        )
+    )
+    out.append(
+        (
+            "qp.dequantize(qp.quantize(x, 'int8', scope=token)) (torch, round trip)",
+            lambda: qp.dequantize(qp.quantize(x, "int8", scope=token)),
+        )
+    )
+    from quantplan import _frontend
+
+    empty = _frontend.torch.empty  # the simulated allocation (torch_patches)
+    out.append(
+        (
+            "torch.empty(16, 8192, dtype=int8) (a simulated allocation, for scale)",
+            lambda: empty(16, 8192, dtype=torch.int8),
+        )
+    )
     return out
 
 
