@@ -574,15 +574,13 @@ def replay(
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
     they are not the inputs then the outputs (an array updated in place: an input named twice).
-    ``memory`` (CuPy only): no output array is made; ``finish(*arrays, memory)`` receives the one
-    allocation (a ``cupy.cuda.MemoryPointer``) that holds the outputs at the offsets of
-    :func:`packed_offsets` of ``outputs`` (and the workspace after them), for a result that makes
-    its arrays when they are first read. ``packed_inputs`` (CuPy only): the inputs are regions of
-    one allocation at these byte offsets; ``fast(memory)`` takes that allocation (a
-    ``cupy.cuda.MemoryPointer``, checked to be on the target's device; its regions are contiguous
-    by construction) and ``finish(memory, *outputs)`` receives it in place of the arrays."""
-    if packed_inputs is not None and target.library != CUPY:
-        return None
+    ``memory``: no output array is made; ``finish(*arrays, memory)`` receives the one allocation
+    (CuPy: a ``cupy.cuda.MemoryPointer``; PyTorch: a 1-D uint8 tensor) that holds the outputs at
+    the offsets of :func:`packed_offsets` of ``outputs`` (and the workspace after them), for a
+    result that makes its arrays when they are first read. ``packed_inputs``: the inputs are
+    regions of one allocation at these byte offsets; ``fast(memory)`` takes that allocation (as
+    ``memory`` gives it, checked to be on the target's device; its regions are contiguous by
+    construction) and ``finish(memory, *outputs)`` receives it in place of the arrays."""
     if not target.cuda or target.index is None or plan.device_id != target.index:
         return None
     index = target.index
@@ -596,18 +594,34 @@ def replay(
         names.update(empty=torch.empty, device=target.device, stream=_RAW_STREAM[0] if _RAW_STREAM else None)
         if names["stream"] is None or launcher is None:
             return None
-        for x in xs:
-            lines.append(f"    if {x}.get_device() != index or not {x}.is_contiguous(): return None")
-        for n, (shape, dtype) in enumerate(outputs):
-            names[f"t{n}"] = _TORCH_DTYPES[dtype]
-            sizes = "".join(f"{extent}, " for extent in shape) if shape else "(), "
-            lines.append(f"    o{n} = empty({sizes}dtype=t{n}, device=device)")
-        pointer = "{}.data_ptr()"
-        pointers = _ordered(pointer, inputs, len(outputs), order)
+        names["u8"] = _TORCH_DTYPES["uint8"]
+        if packed_inputs is not None:  # the inputs: regions of one uint8 tensor (contiguous by construction)
+            lines = ["def fast(xm):", "    if xm.get_device() != index: return None", "    q = xm.data_ptr()"]
+            results = ", ".join(["xm", *(f"o{n}" for n in range(len(outputs)))])
+            inputs_at = [f"q + {offset}" if offset else "q" for offset in packed_inputs]
+        else:
+            for x in xs:
+                lines.append(f"    if {x}.get_device() != index or not {x}.is_contiguous(): return None")
+            inputs_at = [f"{x}.data_ptr()" for x in xs]
+        if memory:  # every output and the workspace: regions of ONE uint8 tensor (packed_offsets' layout)
+            regions = [nbytes_of(shape, np.dtype(dtype)) for shape, dtype in outputs]
+            offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
+            lines += [f"    mem = empty({total}, dtype=u8, device=device)", "    p = mem.data_ptr()"]
+            at = [f"p + {offset}" if offset else "p" for offset in offsets]
+            results = ", ".join([*xs, "mem"])
+        else:
+            for n, (shape, dtype) in enumerate(outputs):
+                names[f"t{n}"] = _TORCH_DTYPES[dtype]
+                sizes = "".join(f"{extent}, " for extent in shape) if shape else "(), "
+                lines.append(f"    o{n} = empty({sizes}dtype=t{n}, device=device)")
+            at = [f"o{n}.data_ptr()" for n in range(len(outputs))]
+            if nbytes:
+                lines.append(f"    ws = empty({nbytes}, dtype=u8, device=device)")
+                at.append("ws.data_ptr()")
+        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
+        pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
         if nbytes:
-            names["u8"] = _TORCH_DTYPES["uint8"]
-            lines.append(f"    ws = empty({nbytes}, dtype=u8, device=device)")
-            pointers += ", ws.data_ptr()"
+            pointers += f", {at[-1]}"
         lines.append(f"    if not launch(stream(index), {pointers}): return None")
         lines.append(f"    return finish({results})")
     else:
@@ -682,12 +696,6 @@ def _input_types(args: Any, inputs: int, order: Sequence[str] | None) -> list[ty
     arrays = [v for v in (getattr(args, name) for name in fields) if v is not None and not isinstance(v, (int, float))]
     named = list(order) if order is not None else [f"x{i}" for i in range(inputs)]
     return [type(arrays[named.index(f"x{i}")]) if f"x{i}" in named else object for i in range(inputs)]
-
-
-def _ordered(pointer: str, inputs: int, outputs: int, order: Sequence[str] | None) -> str:
-    """The launcher's pointer arguments: ``pointer`` of each array name, in ``order``."""
-    names = list(order) if order is not None else [f"x{i}" for i in range(inputs)] + [f"o{n}" for n in range(outputs)]
-    return ", ".join(pointer.format(name) for name in names)
 
 
 def replay_of(key: Hashable) -> Callable[..., Any] | None:

@@ -41,6 +41,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,7 @@ from quantplan._block_functional import (
     quantize_block,
 )
 from quantplan._frontend import _LOCAL as _THREAD
-from quantplan._frontend import CUPY, TORCH, Target, dtype_name, nbytes_of, packed_offsets, remember_replay, replay
+from quantplan._frontend import TORCH, Target, dtype_name, nbytes_of, packed_offsets, remember_replay, replay
 from quantplan.ops import static_quantize as _static_quantize
 from quantplan.ops.dynamic_range import (
     DynamicRangeQuantizeArgs,
@@ -264,8 +265,9 @@ class QuantizedTensor:
     float8 where the library has the type); ``scale``: float32 (float64 for F64 data) of the
     scope's parameter shape; ``zero_point``: int32 of the same shape, None when symmetric;
     ``descriptor``: the :class:`~quantplan.DequantizeDescriptor` that decodes them. All arrays are
-    of the input's library and device. A repeated CuPy call returns one whose arrays are regions
-    of one allocation, each made on first read (it holds the allocation meanwhile).
+    of the input's library and device. A repeated call on CUDA (CuPy or PyTorch) returns one
+    whose arrays are regions of one allocation, each made on first read (it holds the allocation
+    meanwhile).
     """
 
     codes: Any
@@ -300,9 +302,10 @@ class QuantizedTensor:
 
 
 class _Region:
-    """A field of :class:`_Packed`, made on first read: a ``cupy.ndarray`` over its region of the
-    allocation (None for an absent zero point), then stored in the instance, where later reads
-    find it without this descriptor (it defines no ``__set__``)."""
+    """A field of :class:`_Packed`, made on first read: an array over its region of the
+    allocation (a ``cupy.ndarray``, or a PyTorch view of the uint8 tensor; None for an absent zero
+    point), then stored in the instance, where later reads find it without this descriptor (it
+    defines no ``__set__``)."""
 
     __slots__ = ("name",)
 
@@ -317,16 +320,17 @@ class _Region:
         if region is None:
             value = None
         else:
-            memory = state["_memory"]
-            value = _cupy_array(region[0], region[1], memory + region[2] if region[2] else memory)
+            value = region[3](state["_memory"])
         state[self.name] = value
         return value
 
 
 class _Packed(QuantizedTensor):
-    """A QuantizedTensor of a replayed CuPy call: its arrays are regions of one allocation, each
-    made (a ``cupy.ndarray`` over the region) when first read and kept from then on. It holds the
-    allocation, so the memory lives while the QuantizedTensor or any of its arrays does. Reads,
+    """A QuantizedTensor of a replayed CUDA call (CuPy or PyTorch): its arrays are regions of one
+    allocation, each made (a ``cupy.ndarray`` over the region, or a view of PyTorch's uint8
+    tensor as the field's dtype and shape) when first read and kept from then on. It holds the
+    allocation, so the memory lives while the QuantizedTensor or any of its arrays does (a PyTorch
+    view shares the tensor's storage). Reads,
     ``nbytes``, ``repr``, ``dequantize``, ``==`` and ``dataclasses`` functions see the same fields
     as an eager QuantizedTensor; pickling and copying give an eager one."""
 
@@ -348,19 +352,42 @@ class _Packed(QuantizedTensor):
         return QuantizedTensor, (self.codes, self.scale, self.zero_point, self.descriptor)
 
 
-_cupy_array: Any = None
-
-
-def _packed_layout(outputs: list[tuple[tuple[int, ...], str]]) -> dict[str, tuple[Any, ...] | None]:
-    """Field name -> (shape, dtype, offset) of each output in the replay's one allocation
-    (:func:`quantplan._frontend.packed_offsets`; zero_point None when symmetric)."""
-    global _cupy_array
-    import cupy
-
-    _cupy_array = cupy.ndarray
+def _packed_layout(
+    outputs: list[tuple[tuple[int, ...], str]], library: str, code_kind: ElementKind
+) -> dict[str, tuple[Any, ...] | None]:
+    """Field name -> (shape, dtype, offset, make) of each output in the replay's one allocation
+    (:func:`quantplan._frontend.packed_offsets`; zero_point None when symmetric); ``make(memory)``
+    makes the field's array over its region: a ``cupy.ndarray`` (FP8 codes as uint8 bits), or a
+    view of PyTorch's uint8 tensor (FP8 codes typed as float8, as the eager result's)."""
     dtypes = [np.dtype(dtype) for _, dtype in outputs]
-    offsets, _ = packed_offsets([nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)])
-    regions = [(shape, d, offset) for (shape, _), d, offset in zip(outputs, dtypes, offsets, strict=True)]
+    sizes = [nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)]
+    offsets, _ = packed_offsets(sizes)
+    makers: list[Callable[..., Any]] = []
+    if library == TORCH:
+        import torch
+
+        names = [_CODE_TYPE_NAMES.get(code_kind, outputs[0][1]), *(dtype for _, dtype in outputs[1:])]
+        for (shape, _), name, offset, size in zip(outputs, names, offsets, sizes, strict=True):
+            kind, end = getattr(torch, name), offset + size
+
+            def torch_view(
+                memory: Any, shape: Any = shape, kind: Any = kind, offset: int = offset, end: int = end
+            ) -> Any:
+                return memory[offset:end].view(kind).view(shape)
+
+            makers.append(torch_view)
+    else:
+        import cupy
+
+        for (shape, _), d, offset in zip(outputs, dtypes, offsets, strict=True):
+
+            def cupy_array(memory: Any, shape: Any = shape, d: Any = d, offset: int = offset) -> Any:
+                return cupy.ndarray(shape, d, memory + offset if offset else memory)
+
+            makers.append(cupy_array)
+    regions = [
+        (shape, d, offset, make) for (shape, _), d, offset, make in zip(outputs, dtypes, offsets, makers, strict=True)
+    ]
     return {"codes": regions[0], "scale": regions[1], "zero_point": regions[2] if len(regions) > 2 else None}
 
 
@@ -529,8 +556,8 @@ def quantize(
                     qt = QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
                     return _check_scales(qt, nonfinite, 4)
 
-            elif target.library == CUPY:  # the arrays made when first read (FP8 codes stay uint8 in CuPy)
-                layout = _packed_layout(outputs)
+            elif target.cuda:  # the arrays made when first read (FP8 codes: uint8 in CuPy, float8 in PyTorch)
+                layout = _packed_layout(outputs, target.library, code_kind)
 
                 def packed(x: Any, memory: Any) -> QuantizedTensor:
                     qt = _new(_Packed)
@@ -538,7 +565,7 @@ def quantize(
                     return qt  # type: ignore[no-any-return]
 
                 remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, packed, memory=True))
-                return QuantizedTensor(codes, scale_out, zp_out, deq)
+                return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
             elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
@@ -629,7 +656,7 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
     replay_key: tuple[Any, ...] | None = None
     packed: dict[str, Any] | None = None
     if type(qt) is _Packed:
-        # The result of a replayed CuPy quantize: the replay reads its regions' pointers from its one
+        # The result of a replayed CUDA quantize: the replay reads its regions' pointers from its one
         # allocation, so none of its arrays is made. The key holds the ids of the descriptor and the
         # layout (the same per problem), which the remembered replay keeps alive.
         packed = qt.__dict__
@@ -699,7 +726,8 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
         target.arg(codes), target.arg(y), target.arg(scale), target.arg(qt.zero_point)
     )
     target.run(plan, args)
-    if replay_key is not None and codes is qt.codes and scale is qt.scale and 0 not in desc.shape:
+    # (A packed result's FP8 codes, viewed as uint8 for PyTorch, keep their region's pointer.)
+    if replay_key is not None and (codes is qt.codes or packed) and scale is qt.scale and 0 not in desc.shape:
 
         def finish(*arrays: Any, _holds: Any = desc) -> Any:  # holds the descriptor the key names by id
             return arrays[-1]

@@ -64,6 +64,32 @@ def simulated_allocations(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[lis
     _device.device_info.cache_clear()
 
 
+@pytest.fixture
+def simulated_torch(
+    simulated_allocations: tuple[list[tuple[int, int, Any]], Any], monkeypatch: pytest.MonkeyPatch
+) -> list[Any]:
+    """``simulated_allocations`` plus ``benchmarks/host_sim.py``'s PyTorch patches: CPU tensors
+    read as CUDA tensors of device 0 and the front-ends allocate 256-byte aligned CPU tensors;
+    returns the list of weak references to the tensors those allocations returned, in order."""
+    pytest.importorskip("torch")
+    import host_sim
+
+    from quantplan import _frontend
+
+    for owner, name, value in host_sim.torch_patches():
+        monkeypatch.setattr(owner, name, value)
+    made: list[Any] = []
+    empty = _frontend.torch.empty
+
+    def counted(*size: Any, dtype: Any, device: Any = None) -> Any:
+        tensor = empty(*size, dtype=dtype, device=device)
+        made.append(weakref.ref(tensor))
+        return tensor
+
+    monkeypatch.setattr(_frontend.torch, "empty", counted)
+    return made
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--nvrtc-sweep",

@@ -173,3 +173,115 @@ def test_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Ge
                 if attempt:  # (the first call may also load the plans' tables)
                     assert pool.used_bytes() == used, (shape, attempt)
     _frontend.clear_plan_cache()
+
+
+# ---- PyTorch CUDA tensors: the same single allocation, the fields views made on first read ---------
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_torch_lazy_fields_are_views_of_one_allocation(simulated_torch: Any, case: int) -> None:
+    import torch
+
+    made = simulated_torch
+    dtype, kwargs, shape = CASES[case]
+    x = torch.empty(shape, dtype=torch.float16)
+    eager = qp.quantize(x, dtype, **kwargs)  # the full path: one tensor per output (and workspace)
+    assert type(eager) is QuantizedTensor
+    start = len(made)
+    qt = qp.quantize(x, dtype, **kwargs)  # a replay
+    assert len(made) == start + 1, "one allocation for every output and the workspace"
+    assert isinstance(qt, QuantizedTensor) and not set(FIELDS) & set(vars(qt))
+    memory = vars(qt)["_memory"]
+    assert made[-1]() is memory and memory.dtype is torch.uint8 and memory.dim() == 1
+    expected = [a for a in (eager.codes, eager.scale, eager.zero_point) if a is not None]
+    offsets, total = packed_offsets([a.numel() * a.element_size() for a in expected])
+    assert memory.numel() >= total  # and the workspace after the outputs, where the plan needs one
+    scale = qt.scale  # one field alone
+    assert set(vars(qt)) & set(FIELDS) == {"scale"} and qt.scale is scale  # made once
+    got = [qt.codes, qt.scale] + ([qt.zero_point] if eager.zero_point is not None else [])
+    assert (qt.zero_point is None) == (eager.zero_point is None)
+    for a, e, offset in zip(got, expected, offsets, strict=True):
+        assert (a.shape, a.dtype, a.is_contiguous()) == (e.shape, e.dtype, True)  # FP8: float8, as eager
+        assert a.data_ptr() == memory.data_ptr() + offset and offset % 256 == 0
+        assert a.untyped_storage().data_ptr() == memory.untyped_storage().data_ptr()  # shares the storage
+    assert qt.descriptor is eager.descriptor and qt.shape == eager.shape == shape
+    assert qt.nbytes == eager.nbytes and repr(qt) == repr(eager).replace(f"{eager.nbytes} bytes", f"{qt.nbytes} bytes")
+    del qt, got, scale, a, memory
+    assert made[-1]() is None, "the allocation tensor dies with the QuantizedTensor and its fields"
+
+
+def test_torch_dequantize_of_a_lazy_result_replays_from_the_pointers(simulated_torch: Any) -> None:
+    import torch
+
+    made = simulated_torch
+    x = torch.empty((16, 512), dtype=torch.float16)
+    for dtype, kwargs in (("int8", {"scope": qp.TokenScope()}), ("fp8_e5m2", {"axis": 1})):
+        qp.dequantize(qp.quantize(x, dtype, **kwargs))  # full paths
+        qp.dequantize(qp.quantize(x, dtype, **kwargs))  # quantize replayed, dequantize's full path
+        qt = qp.quantize(x, dtype, **kwargs)
+        memory = made[-1]
+        start = len(made)
+        y = qp.dequantize(qt)  # a replay reading the allocation's pointers
+        assert len(made) == start + 1 and (y.shape, y.dtype) == ((16, 512), torch.float16)
+        assert not set(FIELDS) & set(vars(qt)), "no field made"
+        del qt
+        assert memory() is None and y.shape == (16, 512)
+
+
+@pytest.mark.gpu
+def test_torch_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    _frontend.clear_plan_cache()
+    cases = [
+        ((19, 105), {"group_size": 7, "asymmetric": True}, "uint8"),
+        ((33, 301), {"scope": qp.TokenScope()}, "int8"),
+        ((5, 257), {}, "int8"),  # per tensor: a workspace after the outputs
+        ((12, 64), {"group_size": 32, "asymmetric": True}, "uint4"),
+        ((9, 130), {"axis": 0}, "fp8_e4m3"),
+        ((3, 7, 41), {"scope": qp.TokenScope()}, "fp8_e5m2"),
+    ]
+    side = torch.cuda.Stream()
+    for shape, kwargs, name in cases:
+        for attempt in range(4):  # the full path, then replays (on a side stream from the 3rd call)
+            x = torch.from_numpy(random_floats(rng, shape, EK.F16))
+            ref = qp.quantize(x, name, **kwargs)  # PyTorch CPU: the reference backend
+            ref_y = qp.dequantize(ref, "float32").numpy()
+            xd = x.cuda()
+            stream = side if attempt >= 2 else torch.cuda.current_stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                before = torch.cuda.memory_allocated()
+                qt = qp.quantize(xd, name, **kwargs)
+                if attempt:
+                    assert not set(FIELDS) & set(vars(qt)), "a replay's QuantizedTensor made no tensor yet"
+                yd = qp.dequantize(qt, "float32")
+                if attempt >= 2:
+                    assert not set(FIELDS) & set(vars(qt)), "the dequantize replay made no tensor"
+                got_y = yd.cpu().numpy()
+            nan = np.isnan(ref_y)  # f16 data overflowing to Inf: NaN segments, whose payload bits may differ
+            assert np.array_equal(np.isnan(got_y), nan), (shape, attempt)
+            assert np.array_equal(got_y[~nan].view(np.uint32), ref_y[~nan].view(np.uint32)), (shape, attempt)
+            for field in FIELDS:
+                a, e = getattr(qt, field), getattr(ref, field)
+                assert (a is None) == (e is None), field
+                if a is None:
+                    continue
+                assert (a.device, a.dtype, a.shape, a.is_contiguous()) == (xd.device, e.dtype, e.shape, True), field
+                bits = a.view(torch.uint8) if a.element_size() == 1 else a
+                ebits = e.view(torch.uint8) if e.element_size() == 1 else e
+                assert np.array_equal(bits.cpu().numpy().view(np.uint8), ebits.numpy().view(np.uint8)), (field, shape)
+            if attempt >= 2:  # a field outlives the QuantizedTensor and keeps the allocation; then it is freed
+                del yd
+                scale = qt.scale
+                del qt
+                torch.cuda.synchronize()
+                assert torch.cuda.memory_allocated() > before
+                assert scale.cpu().numpy().view(np.uint8).tobytes() == ref.scale.numpy().view(np.uint8).tobytes()
+                del scale
+                assert torch.cuda.memory_allocated() == before, (shape, attempt)
+            else:
+                del qt, yd
+    torch.cuda.synchronize()
+    _frontend.clear_plan_cache()
