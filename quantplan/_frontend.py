@@ -575,7 +575,8 @@ def replay(
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
     they are not the inputs then the outputs (an array updated in place: an input named twice).
     ``memory``: no output array is made; ``finish(*arrays, memory)`` receives the one allocation
-    (CuPy: a ``cupy.cuda.MemoryPointer``; PyTorch: a 1-D uint8 tensor) that holds the outputs at
+    (CuPy: a ``cupy.cuda.MemoryPointer``; PyTorch: a 1-D uint8 tensor, its length rounded up to
+    :data:`PACKED_ALIGNMENT`) that holds the outputs at
     the offsets of :func:`packed_offsets` of ``outputs`` (and the workspace after them), for a
     result that makes its arrays when they are first read. ``packed_inputs``: the inputs are
     regions of one allocation at these byte offsets; ``fast(memory)`` takes that allocation (as
@@ -606,6 +607,7 @@ def replay(
         if memory:  # every output and the workspace: regions of ONE uint8 tensor (packed_offsets' layout)
             regions = [nbytes_of(shape, np.dtype(dtype)) for shape, dtype in outputs]
             offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
+            total = -(-total // PACKED_ALIGNMENT) * PACKED_ALIGNMENT  # whole aligned units: it reads as any dtype
             lines += [f"    mem = empty({total}, dtype=u8, device=device)", "    p = mem.data_ptr()"]
             at = [f"p + {offset}" if offset else "p" for offset in offsets]
             results = ", ".join([*xs, "mem"])

@@ -55,7 +55,15 @@ from quantplan._block_functional import (
     quantize_block,
 )
 from quantplan._frontend import _LOCAL as _THREAD
-from quantplan._frontend import TORCH, Target, dtype_name, nbytes_of, packed_offsets, remember_replay, replay
+from quantplan._frontend import (
+    TORCH,
+    Target,
+    dtype_name,
+    nbytes_of,
+    packed_offsets,
+    remember_replay,
+    replay,
+)
 from quantplan.ops import static_quantize as _static_quantize
 from quantplan.ops.dynamic_range import (
     DynamicRangeQuantizeArgs,
@@ -358,7 +366,9 @@ def _packed_layout(
     """Field name -> (shape, dtype, offset, make) of each output in the replay's one allocation
     (:func:`quantplan._frontend.packed_offsets`; zero_point None when symmetric); ``make(memory)``
     makes the field's array over its region: a ``cupy.ndarray`` (FP8 codes as uint8 bits), or a
-    view of PyTorch's uint8 tensor (FP8 codes typed as float8, as the eager result's)."""
+    view of PyTorch's uint8 tensor, whose length is a multiple of
+    :data:`quantplan._frontend.PACKED_ALIGNMENT` (it reads as any dtype; FP8 codes typed as
+    float8, as the eager result's)."""
     dtypes = [np.dtype(dtype) for _, dtype in outputs]
     sizes = [nbytes_of(shape, d) for (shape, _), d in zip(outputs, dtypes, strict=True)]
     offsets, _ = packed_offsets(sizes)
@@ -367,13 +377,16 @@ def _packed_layout(
         import torch
 
         names = [_CODE_TYPE_NAMES.get(code_kind, outputs[0][1]), *(dtype for _, dtype in outputs[1:])]
-        for (shape, _), name, offset, size in zip(outputs, names, offsets, sizes, strict=True):
-            kind, end = getattr(torch, name), offset + size
+        for (shape, _), name, offset in zip(outputs, names, offsets, strict=True):
+            kind = getattr(torch, name)
+            strides = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
+            at = offset // kind.itemsize  # the allocation's length is a multiple of PACKED_ALIGNMENT
 
             def torch_view(
-                memory: Any, shape: Any = shape, kind: Any = kind, offset: int = offset, end: int = end
+                memory: Any, shape: Any = shape, kind: Any = kind, strides: Any = strides, at: int = at
             ) -> Any:
-                return memory[offset:end].view(kind).view(shape)
+                whole = memory.view(kind)  # (as_strided's offset counts from the storage's start)
+                return whole.as_strided(shape, strides, whole.storage_offset() + at)
 
             makers.append(torch_view)
     else:
