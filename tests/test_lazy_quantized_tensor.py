@@ -6,7 +6,9 @@ at the regions' offsets) on first read, then keeps them. On the simulated GPU (C
 check that the fields are the regions of the allocation, the same as an eager QuantizedTensor's,
 made once; that the class's behaviour (``nbytes``, ``repr``, ``==``, ``dataclasses``, copying)
 is the eager one's; and that the allocation lives while the QuantizedTensor or one of its arrays
-does. On the GPU: the results and their dequantization equal the reference bit for bit.
+does. PyTorch CUDA tensors (simulated: CPU tensors that read as CUDA) get the same: one uint8
+tensor, fields its views made on first read, dequantize replayed from its pointers. On the GPU
+(CuPy and PyTorch): the results and their dequantization equal the reference bit for bit.
 """
 
 from __future__ import annotations
