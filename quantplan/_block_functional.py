@@ -376,7 +376,7 @@ def quantize_block(
                 typed = _typed(target, codes, code_kind, True), _typed(target, scales, scale_kind, False)
                 return BlockQuantizedTensor(*typed, None, desc, backend)
 
-            remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish))
+            remember_replay(replay_key, target, lambda: replay(target, job.plan, args, 1, outputs, finish))
     codes_t, scales_t = _typed(target, codes_t, p.code_kind, True), _typed(target, scales_t, p.scale_kind, False)
     qt = BlockQuantizedTensor(codes_t, scales_t, ts_t, job.desc, backend)
     if nonfinite != "propagate":

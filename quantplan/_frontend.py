@@ -739,11 +739,15 @@ def _declined(*arrays: Any) -> None:
     return None
 
 
-def remember_replay(key: Hashable, make: Callable[[], Callable[..., Any] | None]) -> None:
+def remember_replay(key: Hashable, target: Target, make: Callable[[], Callable[..., Any] | None]) -> None:
     """Keep ``make()`` (a :func:`replay`, or None where the call has none) under ``key`` in this
     thread's plan cache, once per key: a call without a replay is remembered as declined, so
     the full path does not try to make it again. ``key`` should start with the front-end
-    function it replays, so it cannot meet a plan's key."""
+    function it replays, so it cannot meet a plan's key. A call on the host (``target`` not CUDA)
+    remembers nothing: the key does not name the device, and a PyTorch CPU tensor's declined
+    replay would shut out the CUDA tensor of the same shape and dtype."""
+    if not target.cuda:
+        return
     cache = _LOCAL.plans
     if cache is None:
         cache = _new_cache()

@@ -286,7 +286,7 @@ def _quantize_dynamic_impl(
         if asymmetric:
             outputs.append((pshape, "int32"))
         finish = _finish_asymmetric if asymmetric else _finish_symmetric
-        remember_replay(key, lambda: replay(target, plan, args, 1, outputs, finish))
+        remember_replay(key, target, lambda: replay(target, plan, args, 1, outputs, finish))
     return codes, scale, zp
 
 

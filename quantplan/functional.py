@@ -577,7 +577,9 @@ def quantize(
                     _set_fields(qt, "__dict__", {"descriptor": deq, "_memory": memory, "_layout": layout})
                     return qt  # type: ignore[no-any-return]
 
-                remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, packed, memory=True))
+                remember_replay(
+                    replay_key, target, lambda: replay(target, job.plan, args, 1, outputs, packed, memory=True)
+                )
                 return QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
             elif _CODE_TYPE_NAMES.get(code_kind) is None or target.library not in (TORCH, "numpy"):
 
@@ -592,7 +594,7 @@ def quantize(
                 def finish(x: Any, codes: Any, scale: Any, zp: Any = None) -> QuantizedTensor:
                     return QuantizedTensor(_codes_view(target, codes, code_kind), scale, zp, deq)
 
-            remember_replay(replay_key, lambda: replay(target, job.plan, args, 1, outputs, finish))
+            remember_replay(replay_key, target, lambda: replay(target, job.plan, args, 1, outputs, finish))
         result = QuantizedTensor(_codes_view(target, codes, code_kind), scale_out, zp_out, deq)
         return result if nonfinite == "propagate" else _check_scales(result, nonfinite, 2)
     job = _quantizer(target, key, _static_quantize.QuantizeDescriptor, _static_quantize.QuantizePlan, fields)
@@ -756,10 +758,11 @@ def dequantize(qt: QuantizedTensor | BlockQuantizedTensor, dtype: ElementKind | 
 
             remember_replay(
                 replay_key,
+                target,
                 lambda: replay(target, plan, args, inputs, outputs, finish_packed, order, packed_inputs=at),
             )
         else:
-            remember_replay(replay_key, lambda: replay(target, plan, args, inputs, outputs, finish, order))
+            remember_replay(replay_key, target, lambda: replay(target, plan, args, inputs, outputs, finish, order))
     return y
 
 
@@ -843,7 +846,9 @@ def fake_quantize(
         if replay_key is not None:
             order = ["x0", "o0"] + [f"x{n + 1}" for n in range(2 - sum(plain))]
             outputs = [(shape, dtype_name(x))]
-            remember_replay(replay_key, lambda: replay(target, plan, args, len(order) - 1, outputs, _last, order))
+            remember_replay(
+                replay_key, target, lambda: replay(target, plan, args, len(order) - 1, outputs, _last, order)
+            )
     return y
 
 

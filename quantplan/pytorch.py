@@ -461,7 +461,7 @@ def _static_forward_replayed(
         args = FakeQuantizeArgs(target.arg(xc), target.arg(y), target.arg(s), target.arg(z))
         order = ["x0", "o0", "x1"] if tensor_scale else ["x0", "o0"]
         outputs = [(tuple(xc.shape), dtype_name(xc))]
-        remember_replay(key, lambda: replay(target, static.plan, args, len(order) - 1, outputs, _last, order))
+        remember_replay(key, target, lambda: replay(target, static.plan, args, len(order) - 1, outputs, _last, order))
     return y
 
 

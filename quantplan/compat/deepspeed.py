@@ -245,7 +245,9 @@ def _run_coded(
     if learn is not None and numel and a.error_feedback is None:  # replayed with the codes in their final shape
         key, inputs, finish, codes_shape = learn
         remember_replay(
-            key, lambda: replay(target, plan, a, inputs, [(codes_shape, "int8"), (param_shape, "float32")], finish)
+            key,
+            target,
+            lambda: replay(target, plan, a, inputs, [(codes_shape, "int8"), (param_shape, "float32")], finish),
         )
     return out, params
 
@@ -491,7 +493,7 @@ def _dequantize(quantized_data: Any, params: Any, groups: int, num_bits: int, qu
     target_.run_with_workspace(plan, args, check=False)
     if key is not None and q is quantized_data and p is params:  # replayed on the caller's arrays as they are
         outputs = [(shape, y_dtype)]  # allocated in the result's shape: no view per call
-        remember_replay(key, lambda: replay(target_, plan, args, 2, outputs, _last, order))
+        remember_replay(key, target_, lambda: replay(target_, plan, args, 2, outputs, _last, order))
     return y
 
 
@@ -716,7 +718,7 @@ def _moq(
     if work is not vals and not target_.is_contiguous(vals):
         target_.copy_into(vals, work)
     elif key is not None and numel:  # nearest rounding: replayed in place on the caller's array
-        remember_replay(key, lambda: replay(target_, plan, args, 1, [], _first, ("x0", "x0")))
+        remember_replay(key, target_, lambda: replay(target_, plan, args, 1, [], _first, ("x0", "x0")))
     return vals
 
 
