@@ -230,6 +230,21 @@ def test_torch_dequantize_of_a_lazy_result_replays_from_the_pointers(simulated_t
         assert memory() is None and y.shape == (16, 512)
 
 
+def _check_torch_fields(qt: Any, ref: Any, device: Any, shape: tuple[int, ...]) -> None:
+    """Every field of ``qt`` (CUDA) equals the reference's ``ref`` bit for bit, typed and shaped as it."""
+    import torch
+
+    for field in FIELDS:
+        a, e = getattr(qt, field), getattr(ref, field)
+        assert (a is None) == (e is None), field
+        if a is None:
+            continue
+        assert (a.device, a.dtype, a.shape, a.is_contiguous()) == (device, e.dtype, e.shape, True), field
+        bits = a.view(torch.uint8) if a.element_size() == 1 else a
+        ebits = e.view(torch.uint8) if e.element_size() == 1 else e
+        assert np.array_equal(bits.cpu().numpy().view(np.uint8), ebits.numpy().view(np.uint8)), (field, shape)
+
+
 @pytest.mark.gpu
 def test_torch_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
@@ -265,15 +280,7 @@ def test_torch_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.ran
             nan = np.isnan(ref_y)  # f16 data overflowing to Inf: NaN segments, whose payload bits may differ
             assert np.array_equal(np.isnan(got_y), nan), (shape, attempt)
             assert np.array_equal(got_y[~nan].view(np.uint32), ref_y[~nan].view(np.uint32)), (shape, attempt)
-            for field in FIELDS:
-                a, e = getattr(qt, field), getattr(ref, field)
-                assert (a is None) == (e is None), field
-                if a is None:
-                    continue
-                assert (a.device, a.dtype, a.shape, a.is_contiguous()) == (xd.device, e.dtype, e.shape, True), field
-                bits = a.view(torch.uint8) if a.element_size() == 1 else a
-                ebits = e.view(torch.uint8) if e.element_size() == 1 else e
-                assert np.array_equal(bits.cpu().numpy().view(np.uint8), ebits.numpy().view(np.uint8)), (field, shape)
+            _check_torch_fields(qt, ref, xd.device, shape)  # its views die with it: the memory counts below
             if attempt >= 2:  # a field outlives the QuantizedTensor and keeps the allocation; then it is freed
                 del yd
                 scale = qt.scale
