@@ -363,19 +363,7 @@ def torch_rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     x = torch_device_array((16, 8192), torch.float16)
     token = qp.TokenScope()
     out.append(("qp.quantize(x, 'int8', scope=token) (torch)", lambda: qp.quantize(x, "int8", scope=token)))
-    out.append(("qp.quantize(x, 'int8') (torch, per tensor: a workspace)", lambda: qp.quantize(x, "int8")))
-    out.append(
-        (
-            "qp.quantize(x, 'int8', scope=token) then .codes and .scale (torch, tensors made)",
-            lambda: (qt := qp.quantize(x, "int8", scope=token)).codes is qt.scale,
-        )
-    )
-    out.append(
-        (
-            "qp.dequantize(qp.quantize(x, 'int8', scope=token)) (torch, round trip)",
-            lambda: qp.dequantize(qp.quantize(x, "int8", scope=token)),
-        )
-    )
+    out += _functional_rows(x, "torch, ", "tensors made")
     from quantplan import _frontend
 
     empty = _frontend.torch.empty  # the simulated allocation (torch_patches)
@@ -386,6 +374,25 @@ def torch_rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
         )
     )
     return out
+
+
+def _functional_rows(x: Any, tag: str, made: str) -> list[tuple[str, Callable[[], Any]]]:
+    """The one-liner's rows on ``x`` beside the plain call: per tensor (a workspace), reading the
+    result's fields, and the quantize / dequantize round trip (``tag``: the row names' prefix)."""
+    import quantplan as qp
+
+    token = qp.TokenScope()
+    return [
+        (f"qp.quantize(x, 'int8') ({tag}per tensor: a workspace)", lambda: qp.quantize(x, "int8")),
+        (
+            f"qp.quantize(x, 'int8', scope=token) then .codes and .scale ({tag}{made})",
+            lambda: (qt := qp.quantize(x, "int8", scope=token)).codes is qt.scale,
+        ),
+        (
+            f"qp.dequantize(qp.quantize(x, 'int8', scope=token)) ({tag}round trip)",
+            lambda: qp.dequantize(qp.quantize(x, "int8", scope=token)),
+        ),
+    ]
 
 
 def rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
@@ -415,19 +422,7 @@ def rows(alternate: bool = False) -> list[tuple[str, Callable[[], Any]]]:
     out.append(("qp.quantize(x, 'int8', TokenScope())", lambda: qp.quantize(x, "int8", scope=qp.TokenScope())))
     token = qp.TokenScope()
     out.append(("qp.quantize(x, 'int8', scope=token) (scope made once)", lambda: qp.quantize(x, "int8", scope=token)))
-    out.append(("qp.quantize(x, 'int8') (per tensor: a workspace)", lambda: qp.quantize(x, "int8")))
-    out.append(
-        (
-            "qp.quantize(x, 'int8', scope=token) then .codes and .scale (arrays made)",
-            lambda: (qt := qp.quantize(x, "int8", scope=token)).codes is qt.scale,
-        )
-    )
-    out.append(
-        (
-            "qp.dequantize(qp.quantize(x, 'int8', scope=token)) (round trip)",
-            lambda: qp.dequantize(qp.quantize(x, "int8", scope=token)),
-        )
-    )
+    out += _functional_rows(x, "", "arrays made")
     qt = qp.quantize(x, "int8", scope=token)
     out.append(("qp.dequantize(qt) (per token)", lambda: qp.dequantize(qt)))
     out.append(("qp.fake_quantize(x, 0.05)", lambda: qp.fake_quantize(x, 0.05)))
