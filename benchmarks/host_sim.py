@@ -270,8 +270,9 @@ def torch_patches() -> list[tuple[Any, str, Any]]:
     tensors of device 0 (see ``--torch``): ``get_device()`` is ``sparse_dim()`` (a C method that
     returns 0 for every strided tensor, views included), ``is_cuda`` reads True, the raw
     current stream of device 0 is 0 (through ``abs``, a C function), and the front-ends' target of
-    device 0 allocates on the CPU, 256-byte aligned as the CUDA caching allocator's blocks are (a
-    ``torch.empty`` 255 bytes longer, sliced: a little dearer than one ``torch.empty``)."""
+    device 0 and their replays' allocations (``_frontend.torch_new_empty``) allocate on the CPU,
+    256-byte aligned as the CUDA caching allocator's blocks are (a ``torch.empty`` 255 bytes
+    longer, sliced: a little dearer than one ``torch.empty``)."""
     import torch
 
     from quantplan import _frontend
@@ -292,7 +293,12 @@ def torch_patches() -> list[tuple[Any, str, Any]]:
     module = types.ModuleType("torch")
     module.__dict__.update(torch.__dict__)
     module.empty = empty  # type: ignore[attr-defined]
+
+    def new_empty(device: Any, dtype: Any) -> Callable[..., Any]:
+        return lambda *size: module.empty(*size, dtype=dtype, device=device)  # (module.empty as patched then)
+
     return [
+        (_frontend, "torch_new_empty", new_empty),
         (torch.Tensor, "get_device", torch._C.TensorBase.sparse_dim),
         (torch.Tensor, "is_cuda", property(lambda self: True)),
         (_frontend, "_RAW_STREAM", [abs]),

@@ -5,10 +5,13 @@ kernel's ``cuLaunchKernel`` (7 rounds of 10 batches of 200 calls, the device syn
 each batch; the median round and the round range are printed):
 
 * ``plan.run`` checked and ``check=False`` (CuPy operands, outputs preallocated);
-* ``qp.quantize`` on a CuPy array and on a PyTorch tensor (outputs allocated per call);
+* ``qp.quantize`` on a CuPy array and on a PyTorch tensor (the result dies unread: its
+  allocation serves the next call), and on a bfloat16 tensor whose replay recycles nothing (an
+  allocation per call); the compat layer's ``quantize`` on the PyTorch tensor;
 * ``torch.ops.quantplan.quantize_dynamic`` called directly (the dispatcher and the operator);
 * allocations: ``cupy.empty`` of the codes and of the scales, the memory pool's ``malloc``, one
-  allocation and two arrays over it, ``torch.empty`` and ``Tensor.new_empty``.
+  allocation and two arrays over it, ``torch.empty`` and ``Tensor.new_empty``, and the replays'
+  allocations (``new_empty`` of a prototype of the dtype: no dtype or device argument parsed).
 
 Usage (on a GPU)::
 
@@ -50,6 +53,18 @@ def rows() -> dict[str, Callable[[], Any]]:
     op = torch.ops.quantplan.quantize_dynamic.default
     code, scope = _torch_ops._KIND_INDEX[qp.ElementKind.S8], _torch_ops.scope_ints(token)
 
+    from quantplan import _frontend
+    from quantplan.compat import deepspeed as ds
+
+    # the same call on bfloat16 with its replay built while RECYCLE_BYTES is 0: every call allocates
+    tb = tx.to(torch.bfloat16)
+    limit, _frontend.RECYCLE_BYTES = _frontend.RECYCLE_BYTES, 0
+    for _ in range(3):
+        qp.quantize(tb, "int8", scope=token)
+    _frontend.RECYCLE_BYTES = limit
+    new_i8 = _frontend.torch_new_empty(tx.device, torch.int8)
+    new_f32 = _frontend.torch_new_empty(tx.device, torch.float32)
+
     def one_buffer() -> Any:
         memory = pool.malloc(shape[0] * shape[1] + 256)
         return cupy.ndarray(shape, cupy.int8, memory), cupy.ndarray((16, 1), cupy.float32, memory + shape[0] * shape[1])
@@ -60,6 +75,8 @@ def rows() -> dict[str, Callable[[], Any]]:
         "plan.run check=False": lambda: plan.run(None, None, args, check=False),
         "qp.quantize (CuPy)": lambda: qp.quantize(x, "int8", scope=token),
         "qp.quantize (PyTorch)": lambda: qp.quantize(tx, "int8", scope=token),
+        "qp.quantize (PyTorch bf16, nothing recycled)": lambda: qp.quantize(tb, "int8", scope=token),
+        "compat quantize (PyTorch)": lambda: ds.quantize(tx, 16, 8, ds.Symmetric),
         "torch.ops.quantplan.quantize_dynamic": lambda: op(tx, code, scope, False, None, None, 0, False, None, 0),
         "cupy.empty codes": lambda: cupy.empty(shape, cupy.int8),
         "cupy.empty scales": lambda: cupy.empty((16, 1), cupy.float32),
@@ -67,6 +84,8 @@ def rows() -> dict[str, Callable[[], Any]]:
         "one malloc + two arrays": one_buffer,
         "torch.empty codes": lambda: torch.empty(shape, dtype=torch.int8, device="cuda"),
         "Tensor.new_empty codes": lambda: tx.new_empty(shape, dtype=torch.int8),
+        "int8 prototype's new_empty(16, 8192) (the replays')": lambda: new_i8(16, 8192),
+        "codes + scales by the prototypes (compat's two)": lambda: (new_i8(16, 8192), new_f32(16, 1)),
     }
 
 

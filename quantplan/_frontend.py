@@ -111,6 +111,12 @@ def nbytes_of(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
+#: The largest packed allocation a replay keeps for its next call (:func:`replay` with ``memory``):
+#: the result that held it died with none of its arrays made. Host-bound problems are small; a
+#: larger output costs more GPU time than its allocation costs host time.
+RECYCLE_BYTES = 1 << 20
+
+
 def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     """Where regions of ``sizes`` bytes lie in one allocation, in order: ``(offsets, total)``,
     offset i = the end of region i-1 rounded up to :data:`PACKED_ALIGNMENT` (region 0 at 0), total =
@@ -431,6 +437,19 @@ def _torch_cpu_target() -> Target:
 
 
 _RAW_STREAM: list[Callable[[int], int]] = []
+_NEW_EMPTY: dict[tuple[Any, Any], Callable[..., Any]] = {}
+
+
+def torch_new_empty(device: Any, dtype: Any) -> Callable[..., Any]:
+    """``new(*sizes)``: a fresh contiguous tensor of ``dtype`` on ``device`` (``new_empty`` of an
+    empty tensor of theirs, one per pair, kept): what ``torch.empty(*sizes, dtype=dtype,
+    device=device)`` allocates, through PyTorch's caching allocator, without parsing the dtype and
+    the device on every call (the replays' allocations)."""
+    key = (device, dtype)
+    new = _NEW_EMPTY.get(key)
+    if new is None:
+        new = _NEW_EMPTY[key] = torch.empty(0, dtype=dtype, device=device).new_empty
+    return new
 
 
 def _torch_stream(index: int) -> int:
@@ -518,10 +537,15 @@ def _store(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any) -> Any:
 
 
 def clear_plan_cache() -> None:
-    """Drop every cached plan of every front-end and thread (their kernels stay loaded); the next
-    call of each op selects again."""
+    """Drop every cached plan of every front-end and thread (their kernels stay loaded), and the
+    allocations their replays kept (:data:`RECYCLE_BYTES`); the next call of each op selects
+    again."""
     with _ALL_CACHES_LOCK:
         for cache in _ALL_CACHES:
+            for value in list(cache.values()):
+                spare = getattr(value, "__globals__", {}).get("spare")
+                if type(spare) is list:  # a replay's kept allocation (its function and names form a cycle)
+                    spare.clear()
             cache.clear()
 
 
@@ -574,11 +598,16 @@ def replay(
     path). None instead of a replay where the call has none (not CUDA, no traced launch).
     ``order``: the array fields of ``args`` as ``"x<i>"`` (input i) / ``"o<n>"`` (output n), where
     they are not the inputs then the outputs (an array updated in place: an input named twice).
-    ``memory``: no output array is made; ``finish(*arrays, memory)`` receives the one allocation
-    (CuPy: a ``cupy.cuda.MemoryPointer``; PyTorch: a 1-D uint8 tensor, its length rounded up to
-    :data:`PACKED_ALIGNMENT`) that holds the outputs at
-    the offsets of :func:`packed_offsets` of ``outputs`` (and the workspace after them), for a
-    result that makes its arrays when they are first read. ``packed_inputs``: the inputs are
+    ``memory``: no output array is made; ``finish(*arrays, memory, stream, spare)`` receives the
+    one allocation (CuPy: a ``cupy.cuda.MemoryPointer``; PyTorch: a 1-D uint8 tensor, its length
+    rounded up to :data:`PACKED_ALIGNMENT`) that holds the outputs at the offsets of
+    :func:`packed_offsets` of ``outputs`` (and the workspace after them), for a result that makes
+    its arrays when they are first read; ``stream`` (the raw handle it launched on) and
+    ``spare`` (the replay's list of at most one ``(stream, memory)`` pair; None above
+    :data:`RECYCLE_BYTES`) let a result that dies with none of its arrays made (nothing else can
+    reach its memory) append its allocation when the list is empty, and the next call on the
+    same stream takes it instead of allocating: stream order makes the reuse safe on that
+    stream, as the caching allocators' own reuse is. ``packed_inputs``: the inputs are
     regions of one allocation at these byte offsets; ``fast(memory)`` takes that allocation (as
     ``memory`` gives it, checked to be on the target's device; its regions are contiguous by
     construction) and ``finish(memory, *outputs)`` receives it in place of the arrays."""
@@ -592,10 +621,9 @@ def replay(
     nbytes = plan.workspace_size()  # a fresh workspace per call, as the full path allocates one
     if target.library == TORCH:
         launcher = pointer_launcher(plan, args, workspace=True)
-        names.update(empty=torch.empty, device=target.device, stream=_RAW_STREAM[0] if _RAW_STREAM else None)
+        names.update(stream=_RAW_STREAM[0] if _RAW_STREAM else None)
         if names["stream"] is None or launcher is None:
             return None
-        names["u8"] = _TORCH_DTYPES["uint8"]
         if packed_inputs is not None:  # the inputs: regions of one uint8 tensor (contiguous by construction)
             lines = ["def fast(xm):", "    if xm.get_device() != index: return None", "    q = xm.data_ptr()"]
             results = ", ".join(["xm", *(f"o{n}" for n in range(len(outputs)))])
@@ -604,27 +632,31 @@ def replay(
             for x in xs:
                 lines.append(f"    if {x}.get_device() != index or not {x}.is_contiguous(): return None")
             inputs_at = [f"{x}.data_ptr()" for x in xs]
+        lines.append("    h = stream(index)")
         if memory:  # every output and the workspace: regions of ONE uint8 tensor (packed_offsets' layout)
             regions = [nbytes_of(shape, np.dtype(dtype)) for shape, dtype in outputs]
             offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
             total = -(-total // PACKED_ALIGNMENT) * PACKED_ALIGNMENT  # whole aligned units: it reads as any dtype
-            lines += [f"    mem = empty({total}, dtype=u8, device=device)", "    p = mem.data_ptr()"]
+            names["new"] = torch_new_empty(target.device, _TORCH_DTYPES["uint8"])
+            lines += [f"    {line}" for line in _take_spare(names, total, "new")]
+            lines.append("    p = mem.data_ptr()")
             at = [f"p + {offset}" if offset else "p" for offset in offsets]
-            results = ", ".join([*xs, "mem"])
+            results = ", ".join([*xs, "mem", "h", "spare"])
         else:
             for n, (shape, dtype) in enumerate(outputs):
-                names[f"t{n}"] = _TORCH_DTYPES[dtype]
-                sizes = "".join(f"{extent}, " for extent in shape) if shape else "(), "
-                lines.append(f"    o{n} = empty({sizes}dtype=t{n}, device=device)")
+                names[f"new{n}"] = torch_new_empty(target.device, _TORCH_DTYPES[dtype])
+                sizes = ", ".join(str(extent) for extent in shape) if shape else "()"
+                lines.append(f"    o{n} = new{n}({sizes})")
             at = [f"o{n}.data_ptr()" for n in range(len(outputs))]
             if nbytes:
-                lines.append(f"    ws = empty({nbytes}, dtype=u8, device=device)")
+                names["new_ws"] = torch_new_empty(target.device, _TORCH_DTYPES["uint8"])
+                lines.append(f"    ws = new_ws({nbytes})")
                 at.append("ws.data_ptr()")
         arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
         pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
         if nbytes:
             pointers += f", {at[-1]}"
-        lines.append(f"    if not launch(stream(index), {pointers}): return None")
+        lines.append(f"    if not launch(h, {pointers}): return None")
         lines.append(f"    return finish({results})")
     else:
         # The launcher does not test the current device: the replay makes it the arrays' own.
@@ -659,10 +691,12 @@ def replay(
         offsets, total = packed_offsets([*regions, nbytes] if nbytes else regions)
         for n, d in enumerate(dtypes):
             names[f"d{n}"] = d
+        launch_stream = "current().ptr"
         if memory:  # the outputs stay regions of `mem` until the result makes them
             names["alloc"] = cupy.cuda.alloc
-            body += [f"mem = alloc({total})", "p = mem.ptr"]
-            results = ", ".join([*xs, "mem"])
+            body += ["h = current().ptr", *_take_spare(names, total, "alloc"), "p = mem.ptr"]
+            results = ", ".join([*xs, "mem", "h", "spare"])
+            launch_stream = "h"
         elif len(offsets) > 1:
             names["alloc"] = cupy.cuda.alloc  # CuPy's current allocator (set_allocator's, when set)
             body += [f"mem = alloc({total})", "p = mem.ptr"]
@@ -679,7 +713,7 @@ def replay(
         pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
         if nbytes:
             pointers += f", {at[-1]}"
-        body.append(f"if not launch(current().ptr, {pointers}): return None")
+        body.append(f"if not launch({launch_stream}, {pointers}): return None")
         lines.append("    if device() != index:  # outputs allocated and the plan launched on the arrays' device")
         lines.append("        with Device(index):")
         lines += [f"            {line}" for line in body]
@@ -689,6 +723,27 @@ def replay(
     names["launch"] = launcher
     exec(compile("\n".join(lines), "<quantplan front-end replay>", "exec"), names)
     return names["fast"]  # type: ignore[no-any-return]
+
+
+def _take_spare(names: dict[str, Any], total: int, allocate: str) -> list[str]:
+    """The lines of a replay that set ``mem``: the allocation its last result gave back (see
+    :func:`replay`'s ``memory``) when there is one for stream ``h``, else ``allocate(total)``.
+    ``names["spare"]`` is the replay's list of at most one ``(stream, memory)`` pair (None when
+    ``total`` exceeds :data:`RECYCLE_BYTES`: nothing is kept). Pop, then test: a result dying in
+    another thread may append between a test and a pop."""
+    if total > RECYCLE_BYTES:
+        names["spare"] = None
+        return [f"mem = {allocate}({total})"]
+    names["spare"] = []
+    return [
+        "mem = None",
+        "if spare:",
+        "    try:",
+        "        home, mem = spare.pop()",
+        "        if home != h: mem = None",
+        "    except IndexError: pass",
+        f"if mem is None: mem = {allocate}({total})",
+    ]
 
 
 def _input_types(args: Any, inputs: int, order: Sequence[str] | None) -> list[type]:

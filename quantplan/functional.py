@@ -340,7 +340,15 @@ class _Packed(QuantizedTensor):
     allocation, so the memory lives while the QuantizedTensor or any of its arrays does (a PyTorch
     view shares the tensor's storage). Reads,
     ``nbytes``, ``repr``, ``dequantize``, ``==`` and ``dataclasses`` functions see the same fields
-    as an eager QuantizedTensor; pickling and copying give an eager one."""
+    as an eager QuantizedTensor; pickling and copying give an eager one.
+
+    One that dies with none of its arrays made (nothing else can reach its memory:
+    ``dequantize`` reads the regions' pointers during its call only) gives its allocation back
+    to the replay that made it (:func:`quantplan._frontend.replay`'s ``memory``), whose next call on the
+    same stream takes it instead of allocating: a loop ``qt = qp.quantize(x); y =
+    qp.dequantize(qt)`` allocates its codes and scales once. Kept only up to
+    :data:`quantplan._frontend.RECYCLE_BYTES` a replay, and released with the plan cache
+    (:func:`quantplan.clear_plan_cache`)."""
 
     codes = _Region("codes")
     scale = _Region("scale")
@@ -358,6 +366,14 @@ class _Packed(QuantizedTensor):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return QuantizedTensor, (self.codes, self.scale, self.zero_point, self.descriptor)
+
+    def __del__(self) -> None:
+        # the allocation back to its replay's list, for the next call on the same stream (replay's ``memory``)
+        state = self.__dict__
+        spare = state.get("_spare")
+        if not spare and spare is not None and "codes" not in state and "scale" not in state:
+            if "zero_point" not in state:
+                spare.append((state["_stream"], state["_memory"]))
 
 
 def _packed_layout(
@@ -572,9 +588,16 @@ def quantize(
             elif target.cuda:  # the arrays made when first read (FP8 codes: uint8 in CuPy, float8 in PyTorch)
                 layout = _packed_layout(outputs, target.library, code_kind)
 
-                def packed(x: Any, memory: Any) -> QuantizedTensor:
+                def packed(x: Any, memory: Any, stream: int, spare: Any) -> QuantizedTensor:
                     qt = _new(_Packed)
-                    _set_fields(qt, "__dict__", {"descriptor": deq, "_memory": memory, "_layout": layout})
+                    state = {
+                        "descriptor": deq,
+                        "_memory": memory,
+                        "_layout": layout,
+                        "_stream": stream,
+                        "_spare": spare,
+                    }
+                    _set_fields(qt, "__dict__", state)
                     return qt  # type: ignore[no-any-return]
 
                 remember_replay(

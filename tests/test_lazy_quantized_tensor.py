@@ -95,22 +95,58 @@ def test_allocation_lives_while_the_quantized_tensor_or_an_array_does(simulated_
     qt = qp.quantize(x, "int8", scope=qp.TokenScope())  # nothing read
     owner = allocations[-1][2]
     assert owner() is not None
-    del qt
-    assert owner() is None, "an unread QuantizedTensor frees its allocation when it dies"
-    qt = qp.quantize(x, "int8", scope=qp.TokenScope())
-    owner = allocations[-1][2]
     scale = qt.scale
     del qt
     assert owner() is not None, "a field read keeps the allocation"
     del scale
-    assert owner() is None
+    assert owner() is None, "a result whose arrays were made gives nothing back: freed with them"
     qp.dequantize(qp.quantize(x, "int8", scope=qp.TokenScope()))  # the full path of dequantize
     qt = qp.quantize(x, "int8", scope=qp.TokenScope())
     owner = allocations[-1][2]
     y = qp.dequantize(qt)  # a replay reading the allocation's pointers
     assert owner() is not None and not set(FIELDS) & set(vars(qt))
     del qt
-    assert owner() is None and y.shape == (16, 512)
+    assert y.shape == (16, 512)
+    assert owner() is not None, "an unread result gives its allocation back to the replay"
+    _frontend.clear_plan_cache()
+    assert owner() is None, "the plan cache's release frees it"
+
+
+def test_an_unread_result_gives_its_allocation_to_the_next_call(simulated_allocations: Any) -> None:
+    allocations, dev = simulated_allocations
+    x = dev(1 << 40, (16, 512), "float16")
+    qp.quantize(x, "int8", scope=qp.TokenScope())  # the full path
+    made = len(allocations)
+    pointers = []
+    for _ in range(6):  # the loop ``qt = qp.quantize(x)``: two allocations (the live result and the next)
+        qt = qp.quantize(x, "int8", scope=qp.TokenScope())
+        pointers.append(int(qt._memory.ptr))
+    assert len(allocations) == made + 2, "the previous result dies after the call: its memory serves the next"
+    assert pointers[::2] == [pointers[0]] * 3 and pointers[1::2] == [pointers[1]] * 3 != pointers[:1]
+    ptr = pointers[-2]  # the spare, now
+    del qt
+    made = len(allocations)
+    kept = qp.quantize(x, "int8", scope=qp.TokenScope())
+    assert len(allocations) == made and int(kept._memory.ptr) == ptr, "the dead result's allocation, taken again"
+    other = qp.quantize(x, "int8", scope=qp.TokenScope())  # the spare is taken: a fresh one
+    assert len(allocations) == made + 1
+    second = allocations[-1][2]
+    del kept
+    del other  # one spare a replay: the second one is freed
+    assert second() is None
+    read = qp.quantize(x, "int8", scope=qp.TokenScope())  # takes the spare back
+    assert len(allocations) == made + 1 and int(read._memory.ptr) == ptr
+    codes = read.codes
+    del read, codes  # its arrays were made: freed, not kept
+    made = len(allocations)
+    qp.quantize(x, "int8", scope=qp.TokenScope())
+    assert len(allocations) == made + 1
+    big = dev(1 << 40, (65, 16384), "float16")  # outputs above RECYCLE_BYTES: never kept
+    assert 65 * 16384 > _frontend.RECYCLE_BYTES
+    qp.quantize(big, "int8", scope=qp.TokenScope())
+    qp.quantize(big, "int8", scope=qp.TokenScope())
+    owner = allocations[-1][2]
+    assert owner() is None
 
 
 # ---- on the GPU: bit for bit -----------------------------------------------------------------------
@@ -165,10 +201,16 @@ def test_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.random.Ge
                 if z is not None:
                     assert np.array_equal(cupy.asnumpy(qt.zero_point), z)
                 del yd
-                if attempt >= 2:  # unread or read, the allocation lives until the QuantizedTensor dies
+                if attempt >= 2:  # an unread result gives its allocation to the next call; a read one frees it
                     fresh = qp.quantize(xd, name, scope=scope, asymmetric=asymmetric)
-                    held = pool.used_bytes()
+                    ptr, held = int(fresh._memory.ptr), pool.used_bytes()
                     del fresh
+                    assert pool.used_bytes() == held
+                    again = qp.quantize(xd, name, scope=scope, asymmetric=asymmetric)
+                    assert int(again._memory.ptr) == ptr and pool.used_bytes() == held
+                    assert np.array_equal(cupy.asnumpy(again.codes), q), (shape, attempt)  # rewritten whole
+                    assert np.array_equal(cupy.asnumpy(again.scale).view(np.uint32), s.view(np.uint32))
+                    del again
                     assert pool.used_bytes() < held
                 del qt
                 cupy.cuda.get_current_stream().synchronize()
@@ -227,7 +269,13 @@ def test_torch_dequantize_of_a_lazy_result_replays_from_the_pointers(simulated_t
         assert len(made) == start + 1 and (y.shape, y.dtype) == ((16, 512), torch.float16)
         assert not set(FIELDS) & set(vars(qt)), "no field made"
         del qt
-        assert memory() is None and y.shape == (16, 512)
+        assert memory() is not None and y.shape == (16, 512), "unread: kept for the next call"
+        start = len(made)
+        again = qp.quantize(x, dtype, **kwargs)
+        assert len(made) == start and vars(again)["_memory"] is memory(), "the next call takes it"
+        del again
+        _frontend.clear_plan_cache()
+        assert memory() is None
 
 
 def _check_torch_fields(qt: Any, ref: Any, device: Any, shape: tuple[int, ...]) -> None:
@@ -294,3 +342,51 @@ def test_torch_lazy_quantized_tensor_on_the_gpu_equals_the_reference(rng: np.ran
                 del qt, yd
     torch.cuda.synchronize()
     _frontend.clear_plan_cache()
+
+
+@pytest.mark.gpu
+def test_torch_recycled_allocation_on_the_gpu(rng: np.random.Generator) -> None:
+    """An unread result's allocation serves the next call on the same stream (its outputs
+    rewritten whole: equal to the reference), never a call on another stream; the plan cache's
+    release frees it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    _frontend.clear_plan_cache()
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    side = torch.cuda.Stream()
+    for shape, kwargs, name in [
+        ((33, 301), {"scope": qp.TokenScope()}, "int8"),
+        ((5, 257), {}, "int8"),  # per tensor: the workspace is recycled too
+        ((12, 64), {"group_size": 32, "asymmetric": True}, "uint4"),
+    ]:
+        xs = [torch.from_numpy(random_floats(rng, shape, EK.F16)) for _ in range(3)]
+        refs = [qp.quantize(x, name, **kwargs) for x in xs]
+        xds = [x.cuda() for x in xs]
+        qp.quantize(xds[0], name, **kwargs)  # the full path
+        qt = qp.quantize(xds[0], name, **kwargs)
+        ptr = vars(qt)["_memory"].data_ptr()
+        del qt
+        again = qp.quantize(xds[1], name, **kwargs)
+        assert vars(again)["_memory"].data_ptr() == ptr, "the same stream takes the kept allocation"
+        _check_torch_fields(again, refs[1], xds[1].device, shape)  # reads its fields: freed after
+        del again
+        qt = qp.quantize(xds[2], name, **kwargs)
+        ptr = vars(qt)["_memory"].data_ptr()
+        y = qp.dequantize(qt, "float32")
+        del qt
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            other = qp.quantize(xds[0], name, **kwargs)
+            assert vars(other)["_memory"].data_ptr() != ptr, "another stream never takes it"
+            _check_torch_fields(other, refs[0], xds[0].device, shape)
+        torch.cuda.current_stream().wait_stream(side)
+        ref_y = qp.dequantize(refs[2], "float32").numpy()
+        got = y.cpu().numpy()
+        nan = np.isnan(ref_y)
+        assert np.array_equal(got[~nan].view(np.uint32), ref_y[~nan].view(np.uint32)), shape
+        del other, y
+    _frontend.clear_plan_cache()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == baseline
