@@ -352,10 +352,11 @@ def test_torch_recycled_allocation_on_the_gpu(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA device")
+    import weakref
+
     _frontend.clear_plan_cache()
-    torch.cuda.synchronize()
-    baseline = torch.cuda.memory_allocated()
     side = torch.cuda.Stream()
+    kept = []
     for shape, kwargs, name in [
         ((33, 301), {"scope": qp.TokenScope()}, "int8"),
         ((5, 257), {}, "int8"),  # per tensor: the workspace is recycled too
@@ -375,6 +376,7 @@ def test_torch_recycled_allocation_on_the_gpu(rng: np.random.Generator) -> None:
         qt = qp.quantize(xds[2], name, **kwargs)
         ptr = vars(qt)["_memory"].data_ptr()
         y = qp.dequantize(qt, "float32")
+        kept.append(weakref.ref(vars(qt)["_memory"]))
         del qt
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -387,6 +389,9 @@ def test_torch_recycled_allocation_on_the_gpu(rng: np.random.Generator) -> None:
         nan = np.isnan(ref_y)
         assert np.array_equal(got[~nan].view(np.uint32), ref_y[~nan].view(np.uint32)), shape
         del other, y
+        qt = qp.quantize(xds[2], name, **kwargs)  # kept for the next call
+        kept.append(weakref.ref(vars(qt)["_memory"]))
+        del qt
+        assert kept[-1]() is not None
     _frontend.clear_plan_cache()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == baseline
+    assert all(memory() is None for memory in kept), "the plan cache's release frees every kept allocation"

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic._internal._model_construction import ModelMetaclass  # BaseModel's metaclass (no public name)
 
 from quantplan.vocabulary._kinds import (
     BackendKind,
@@ -113,21 +114,49 @@ def _check_extents(shape: tuple[int, ...]) -> tuple[int, ...]:
 Shape = Annotated[tuple[int, ...], AfterValidator(_check_extents)]
 
 
-class TensorScope(Model):
+#: The scopes made so far, by class and keyword arguments (each value with its type, so that
+#: ``axis=True`` or ``axis=1.0`` are validated on their own and never meet ``axis=1``).
+_SCOPES: dict[tuple[Any, ...], Any] = {}
+_SCOPES_LIMIT = 1024
+
+
+class _ScopeValues(ModelMetaclass):
+    """Scopes are frozen values: a call with the arguments of an earlier one returns that
+    scope (equal, and immutable) without validating again, so ``qp.quantize(x, "int8",
+    scope=qp.TokenScope())`` in a loop costs a dictionary lookup, not a pydantic validation
+    (about a microsecond and a half). Up to :data:`_SCOPES_LIMIT` argument sets are kept; a bad
+    argument raises every time."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            return super().__call__(*args, **kwargs)
+        try:
+            key = (cls, *((name, type(value), value) for name, value in kwargs.items())) if kwargs else (cls,)
+            return _SCOPES[key]
+        except KeyError:
+            made = super().__call__(**kwargs)
+            if len(_SCOPES) < _SCOPES_LIMIT:
+                _SCOPES[key] = made
+            return made
+        except TypeError:  # an unhashable argument: validation says what is wrong with it
+            return super().__call__(**kwargs)
+
+
+class TensorScope(Model, metaclass=_ScopeValues):
     """One scale (and zero point) for the whole tensor. Parameter shape: all extents 1."""
 
     model_config = _FROZEN
     kind: Literal["tensor"] = "tensor"
 
 
-class TokenScope(Model):
+class TokenScope(Model, metaclass=_ScopeValues):
     """One parameter per row: all axes but the last. Parameter shape: input shape, last extent 1."""
 
     model_config = _FROZEN
     kind: Literal["token"] = "token"
 
 
-class ChannelScope(Model):
+class ChannelScope(Model, metaclass=_ScopeValues):
     """One parameter per index along ``axis`` (negative axes count from the end).
 
     Parameter shape: all extents 1 except ``axis``.
@@ -138,7 +167,7 @@ class ChannelScope(Model):
     axis: int
 
 
-class GroupScope(Model):
+class GroupScope(Model, metaclass=_ScopeValues):
     """One parameter per contiguous run of ``group_size`` elements along ``axis``.
 
     Parameter shape: the input shape with the ``axis`` extent divided by ``group_size``
