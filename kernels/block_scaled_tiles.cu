@@ -107,38 +107,6 @@ __device__ __forceinline__ bool is_f32_rule(int rule) { return rule >= kBlockF32
 // column in eight different 16-row groups fall in different banks.
 template <int SW> __device__ __forceinline__ int tile_word(int row, int wc) { return row * SW + (wc ^ ((row >> 2) & 28)); }
 
-// L2 eviction hints of the fused transpose (HINTS): x's lines are dead once loaded and the codes'
-// once written, so both leave L2 first (an evict_first policy), and the prefetched tiles last.
-__device__ __forceinline__ u64 evict_first_policy() {
-  u64 policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-template <bool HINTS> __device__ __forceinline__ uint4 load_x_vector(const void* src, u64 policy) {
-  if constexpr (HINTS) {
-    uint4 v;
-    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(src), "l"(policy));
-    return v;
-  } else {
-    return *reinterpret_cast<const uint4*>(src);
-  }
-}
-
-// store_code_run, with the policy when HINTS and N = 8 or 16 code bytes (one vector).
-template <bool HINTS, int N> __device__ __forceinline__ void store_codes_hinted(u8* dst, const u32* w, u64 policy) {
-  if constexpr (!HINTS || (N != 8 && N != 16)) {
-    store_code_run<N>(dst, w);
-  } else if constexpr (N == 16) {
-    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
-                 ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(policy));
-  } else {
-    asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(dst), "r"(w[0]), "r"(w[1]), "l"(policy));
-  }
-}
-
 }  // namespace qp
 
 template <class In, class Elem, int TILE_R, int TILE_C, int BLOCK_C, bool REPEAT, int VECS, bool DIVIDE, bool ALIGNED,
@@ -263,7 +231,7 @@ namespace qp {
 // fastest), when it is a whole tile (r0: this CTA's first row): thread t takes 128-byte lines t, t + 256, ... of its rows. The
 // CTA that takes over a slot later finds its tile in L2, and DRAM keeps reading while the resident
 // CTAs compute.
-template <class In, bool HINTS>
+template <class In>
 __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 cols, i64 r0, u32 ahead) {
   constexpr int LINES = 128 * InputWords<In>::bytes / 128;  // 128-byte lines of one tile row
   const u32 n = blockIdx.y * gridDim.x + blockIdx.x + ahead;
@@ -274,18 +242,14 @@ __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 c
   for (int k = 0; k < LINES / 2; ++k) {
     const int i = threadIdx.x + 256 * k;
     const u8* line = static_cast<const u8*>(x_ptr) + ((r + i / LINES) * cols + c) * InputWords<In>::bytes + (i % LINES) * 128;
-    if (HINTS)
-      asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(line));
-    else
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
   }
 }
 
 // One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
 // or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH: after
 // its own loads, the CTA prefetches the tile `ahead` CTAs ahead (prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH,
-          bool HINTS>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH>
 __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
                                                void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
                                                float amax_floor, float enc_overflow, int layout, i64 dim_r,
@@ -325,7 +289,6 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   const bool stage_c = BLOCK == 32 && !TE && !f32_scale && full && ((reinterpret_cast<unsigned long long>(scales_c) & 3) == 0) &&
                        (layout == kBlocked128x4 || (layout == kCompact && (col_blocks & 3) == 0));
 
-  const u64 policy = HINTS ? evict_first_policy() : 0;
   // Phase A: rows to registers and shared memory; the rowwise copy from registers.
   u32 raw[PASSES][4];
   {
@@ -337,7 +300,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       const u8* s = src + p * step;
       raw[p][0] = raw[p][1] = raw[p][2] = raw[p][3] = 0;
       if (full || (ALIGNED && row_in && col_in)) {
-        const uint4 v = load_x_vector<HINTS>(s, policy);
+        const uint4 v = *reinterpret_cast<const uint4*>(s);
         raw[p][0] = v.x, raw[p][1] = v.y, raw[p][2] = v.z, raw[p][3] = v.w;
       } else if (!ALIGNED && row_in) {
 #pragma unroll
@@ -346,7 +309,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       }
     }
   }
-  if constexpr (PREFETCH) prefetch_tile<In, HINTS>(x_ptr, rows, cols, r0, ahead);
+  if constexpr (PREFETCH) prefetch_tile<In>(x_ptr, rows, cols, r0, ahead);
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
@@ -391,7 +354,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       encode_with_factor<E, DIVIDE, SHORT, VEC>([&](int k) { return W::element(raw[p], k); }, ef, packed);
       const bool row_in = rp + p * RPP < rows_left;
       if (full || (ALIGNED && row_in && col_in))
-        store_codes_hinted<HINTS, VEC>(dst + p * step, packed, policy);
+        store_code_run<VEC>(dst + p * step, packed);
       else if (!ALIGNED && row_in && col_in)
         store_code_prefix<VEC>(dst + p * step, packed, cols_left - ci * VEC);
     }
@@ -484,7 +447,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       if (wc * CPW + h < cols_left && row0 < rows_left) {
         u8* dst = cdst + h * rows + m_loc;
         if (ALIGNED)  // rows % 16 == 0: the lane's 16 bytes are wholly in or out
-          store_codes_hinted<HINTS, H>(dst, packed, policy);
+          store_code_run<H>(dst, packed);
         else
           store_code_prefix<H>(dst, packed, rows_left - row0);
       }
@@ -539,8 +502,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 // compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
 // divide_rn1. PREFETCH > 0 (aligned launches): each CTA prefetches into L2 the tile PREFETCH / 4
 // waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0,
-          bool HINTS = false>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -562,7 +524,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     ahead = PREFETCH * MIN_BLOCKS * ahead / 4;
   }
 #define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
-  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF, HINTS && ALIGNED>(                      \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF>(                                        \
       x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, rule, amax_floor, enc_overflow, layout, dim_r, dim_c, \
       tile, colkey, ahead)
   if constexpr (DIVIDE) {

@@ -81,13 +81,10 @@ class TransposeSchedule:
     """The tuning of one fused transpose instantiation: ``min_blocks`` resident CTAs of 256 threads
     per multiprocessor; the tile is 128 x 128 (shared memory: the tile, plus 2 KiB of column keys
     for 128-row blocks). ``prefetch`` > 0 (aligned launches; 2 is the 16-bit default): each CTA prefetches into
-    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order.
-    ``hints`` (aligned launches): L2 eviction priorities, x's loads and the codes' stores evict-first,
-    the prefetches evict-last."""
+    L2 the tile ``prefetch`` / 4 waves (``min_blocks`` CTAs per multiprocessor) ahead in launch order."""
 
     min_blocks: int
     prefetch: int = 0
-    hints: bool = False
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -115,8 +112,6 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
-            ("pf2h", TransposeSchedule(sched.min_blocks, 2, True)),
-            ("pf4h", TransposeSchedule(sched.min_blocks, 4, True)),
         )
         if other != sched
     }
@@ -160,8 +155,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        *((sched.prefetch,) if sched.prefetch or sched.hints else ()),
-        *((True,) if sched.hints else ()),
+        *((sched.prefetch,) if sched.prefetch else ()),
     )
 
 
