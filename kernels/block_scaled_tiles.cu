@@ -107,6 +107,12 @@ __device__ __forceinline__ bool is_f32_rule(int rule) { return rule >= kBlockF32
 // column in eight different 16-row groups fall in different banks.
 template <int SW> __device__ __forceinline__ int tile_word(int row, int wc) { return row * SW + (wc ^ ((row >> 2) & 28)); }
 
+// Word column wc of the 16 rows from row0 (a multiple of 16: one 16-row group, so one xor for all
+// of them): rows row0 + j are at the returned pointer + j * SW, constant offsets.
+template <int SW> __device__ __forceinline__ const u32* tile_column(const u32* tile, int row0, int wc) {
+  return tile + tile_word<SW>(row0, wc);
+}
+
 }  // namespace qp
 
 template <class In, class Elem, int TILE_R, int TILE_C, int BLOCK_C, bool REPEAT, int VECS, bool DIVIDE, bool ALIGNED,
@@ -268,6 +274,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
   constexpr int CPW = 4 / W::bytes;      // columns per word
   constexpr int R = 32;                  // rows of one column block of phase B (a row quarter)
   constexpr int H = R / 2;               // rows of one phase-B task (half a quarter)
+  static_assert(H == 16, "a phase-B task reads one 16-row group of the swizzled tile (tile_column)");
   constexpr int TASKS = SW * (T / R) * 2 / 256;  // phase-B tasks per thread
   constexpr bool KEEP = BLOCK == 128 && TASKS <= 2;  // phase-B words stay in registers across the key barrier
   static_assert(E::per_byte == 1, "one code per byte");
@@ -378,8 +385,9 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       const int mp = TE ? g / SW : g & 3, wc = TE ? g % SW : g >> 2;
       const int col_own = wc * CPW + h_own;
       u32* wi = w[KEEP ? i : 0];
+      const u32* column = tile_column<SW>(tile, mp * R + half * H, wc);
 #pragma unroll
-      for (int jj = 0; jj < H; ++jj) wi[jj] = tile[tile_word<SW>(mp * R + half * H + jj, wc)];
+      for (int jj = 0; jj < H; ++jj) wi[jj] = column[jj * SW];
       u32 k = 0;
 #pragma unroll
       for (int jj = 0; jj < H; ++jj) k = W::bytes == 2 ? __vmaxu2(k, lane_keys(wi[jj])) : max(k, W::half_key(wi[jj], 0));
@@ -397,8 +405,9 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
     u8* const cdst = codes_c + (c0 + wc * CPW) * rows + r0 + half * H;
     u32* wi = w[KEEP ? i : 0];
     if (!KEEP) {
+      const u32* column = tile_column<SW>(tile, mp * R + half * H, wc);
 #pragma unroll
-      for (int jj = 0; jj < H; ++jj) wi[jj] = tile[tile_word<SW>(mp * R + half * H + jj, wc)];
+      for (int jj = 0; jj < H; ++jj) wi[jj] = column[jj * SW];
     }
     u32 key_own;
     if constexpr (BLOCK == 128) {
@@ -538,10 +547,14 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   }
 #undef QP_TRANSPOSE_TILE
 
-  const bool f32_scale = is_f32_rule(rule);
+  // Only launches whose scale grids have padding (the host passes the grids' own extents
+  // otherwise) index it: one uniform test instead of every thread's offsets.
   const i64 row_blocks = (cols + BLOCK - 1) / BLOCK, col_blocks = (rows + BLOCK - 1) / BLOCK;
-  const i64 stride = (i64)gridDim.x * gridDim.y * 256;
-  const i64 first = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * 256 + threadIdx.x;
-  zero_scale_padding(scales_r, f32_scale, layout, rows, row_blocks, dim_r, pad_rows_r, pad_cols_r, first, stride);
-  zero_scale_padding(scales_c, f32_scale, layout, cols, col_blocks, dim_c, pad_rows_c, pad_cols_c, first, stride);
+  if (pad_rows_r > rows || pad_cols_r > row_blocks || pad_rows_c > cols || pad_cols_c > col_blocks) {
+    const bool f32_scale = is_f32_rule(rule);
+    const i64 stride = (i64)gridDim.x * gridDim.y * 256;
+    const i64 first = ((i64)blockIdx.y * gridDim.x + blockIdx.x) * 256 + threadIdx.x;
+    zero_scale_padding(scales_r, f32_scale, layout, rows, row_blocks, dim_r, pad_rows_r, pad_cols_r, first, stride);
+    zero_scale_padding(scales_c, f32_scale, layout, cols, col_blocks, dim_c, pad_rows_c, pad_cols_c, first, stride);
+  }
 }
