@@ -85,6 +85,7 @@ class TransposeSchedule:
 
     min_blocks: int
     prefetch: int = 0
+    bulk: bool = False
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -112,6 +113,8 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
+            ("pf2b", TransposeSchedule(sched.min_blocks, 2, True)),
+            ("pf3b", TransposeSchedule(sched.min_blocks, 3, True)),
         )
         if other != sched
     }
@@ -155,7 +158,8 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        *((sched.prefetch,) if sched.prefetch else ()),
+        *((sched.prefetch,) if sched.prefetch or sched.bulk else ()),
+        *((True,) if sched.bulk else ()),
     )
 
 
