@@ -237,23 +237,13 @@ namespace qp {
 // fastest), when it is a whole tile (r0: this CTA's first row): thread t takes 128-byte lines t, t + 256, ... of its rows. The
 // CTA that takes over a slot later finds its tile in L2, and DRAM keeps reading while the resident
 // CTAs compute.
-template <class In, bool BULK>
+template <class In>
 __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 cols, i64 r0, u32 ahead) {
   constexpr int LINES = 128 * InputWords<In>::bytes / 128;  // 128-byte lines of one tile row
   const u32 n = blockIdx.y * gridDim.x + blockIdx.x + ahead;
   if (n >= gridDim.x * gridDim.y) return;
   const i64 r = r0 + ((i64)(n / gridDim.x) - blockIdx.y) * 128, c = (i64)(n % gridDim.x) * 128;
   if (r + 128 > rows || c + 128 > cols) return;
-#if __CUDA_ARCH__ >= 900
-  if constexpr (BULK) {  // one bulk prefetch of each tile row (contiguous), by the first 128 threads
-    constexpr u32 ROW = 128 * InputWords<In>::bytes;
-    if (threadIdx.x < 128) {
-      const u8* row = static_cast<const u8*>(x_ptr) + ((r + threadIdx.x) * cols + c) * InputWords<In>::bytes;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(ROW));
-    }
-    return;
-  }
-#endif
 #pragma unroll
   for (int k = 0; k < LINES / 2; ++k) {
     const int i = threadIdx.x + 256 * k;
@@ -265,8 +255,7 @@ __device__ __forceinline__ void prefetch_tile(const void* x_ptr, i64 rows, i64 c
 // One 128 x 128 tile of the fused transpose (block_scaled_transpose), the rule fixed (RULE >= 0)
 // or read at run time (RULE < 0); SHORT: divide_rn1 for the `div` rule; PREFETCH: after
 // its own loads, the CTA prefetches the tile `ahead` CTAs ahead (prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH,
-          bool BULK>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int RULE, bool SHORT, bool PREFETCH>
 __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, void* scales_r, u8* codes_c,
                                                void* scales_c, i64 rows, i64 cols, i64 r0, int rule,
                                                float amax_floor, float enc_overflow, int layout, i64 dim_r,
@@ -327,7 +316,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
       }
     }
   }
-  if constexpr (PREFETCH) prefetch_tile<In, BULK>(x_ptr, rows, cols, r0, ahead);
+  if constexpr (PREFETCH) prefetch_tile<In>(x_ptr, rows, cols, r0, ahead);
 #pragma unroll
   for (int p = 0; p < PASSES; ++p)
     *reinterpret_cast<uint4*>(tile + tile_word<SW>(rp + p * RPP, ci * 4)) = make_uint4(raw[p][0], raw[p][1], raw[p][2], raw[p][3]);
@@ -522,8 +511,7 @@ __device__ __forceinline__ void transpose_tile(const void* x_ptr, u8* codes_r, v
 // compile time, the others read it at run time; the `div` rule of 16-bit inputs divides with
 // divide_rn1. PREFETCH > 0 (aligned launches): each CTA prefetches into L2 the tile PREFETCH / 4
 // waves ahead (a wave: MIN_BLOCKS CTAs per multiprocessor; prefetch_tile).
-template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0,
-          bool BULK = false>
+template <class In, class Elem, int BLOCK, bool TE, bool DIVIDE, bool ALIGNED, int MIN_BLOCKS, int PREFETCH = 0>
 __global__ void __launch_bounds__(256, MIN_BLOCKS)
     block_scaled_transpose(const void* __restrict__ x_ptr, qp::u8* __restrict__ codes_r, void* __restrict__ scales_r,
                            qp::u8* __restrict__ codes_c, void* __restrict__ scales_c, qp::i64 rows, qp::i64 cols,
@@ -545,7 +533,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     ahead = PREFETCH * MIN_BLOCKS * ahead / 4;
   }
 #define QP_TRANSPOSE_TILE(RULE_)                                                                                   \
-  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF, BULK>(                                      \
+  transpose_tile<In, Elem, BLOCK, TE, DIVIDE, ALIGNED, RULE_, SHORT, PF>(                                        \
       x_ptr, codes_r, scales_r, codes_c, scales_c, rows, cols, r0, rule, amax_floor, enc_overflow, layout, dim_r, dim_c, \
       tile, colkey, ahead)
   if constexpr (DIVIDE) {

@@ -85,7 +85,6 @@ class TransposeSchedule:
 
     min_blocks: int
     prefetch: int = 0
-    bulk: bool = False
 
 
 #: (2-D block, input dtype) -> TileSchedule.
@@ -113,8 +112,6 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
-            ("pf2b", TransposeSchedule(sched.min_blocks, 2, True)),
-            ("pf3b", TransposeSchedule(sched.min_blocks, 3, True)),
         )
         if other != sched
     }
@@ -158,8 +155,7 @@ def transpose_kernel_name(
         divide,
         aligned,
         sched.min_blocks,
-        *((sched.prefetch,) if sched.prefetch or sched.bulk else ()),
-        *((True,) if sched.bulk else ()),
+        *((sched.prefetch,) if sched.prefetch else ()),
     )
 
 
