@@ -529,10 +529,19 @@ def _new_cache() -> OrderedDict[Hashable, Any]:
     return cache
 
 
+def _release_kept(value: Any) -> None:
+    """Free the allocation a dropped cache entry's replay kept for its next call (a replay's
+    function and its names form a cycle, which would hold the memory until the cyclic collector
+    ran)."""
+    spare = getattr(value, "__globals__", {}).get("spare")
+    if type(spare) is list:
+        spare.clear()
+
+
 def _store(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any) -> Any:
     cache[key] = value
     if len(cache) > PLAN_CACHE_SIZE:
-        cache.popitem(last=False)
+        _release_kept(cache.popitem(last=False)[1])
     return value
 
 
@@ -543,9 +552,7 @@ def clear_plan_cache() -> None:
     with _ALL_CACHES_LOCK:
         for cache in _ALL_CACHES:
             for value in list(cache.values()):
-                spare = getattr(value, "__globals__", {}).get("spare")
-                if type(spare) is list:  # a replay's kept allocation (its function and names form a cycle)
-                    spare.clear()
+                _release_kept(value)
             cache.clear()
 
 

@@ -149,6 +149,25 @@ def test_an_unread_result_gives_its_allocation_to_the_next_call(simulated_alloca
     assert owner() is None
 
 
+def test_an_evicted_replay_frees_what_it_kept(simulated_allocations: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    allocations, dev = simulated_allocations
+    monkeypatch.setattr(_frontend, "PLAN_CACHE_SIZE", 4)
+    x = dev(1 << 40, (16, 512), "float16")
+    qp.quantize(x, "int8", scope=qp.TokenScope())
+    qp.quantize(x, "int8", scope=qp.TokenScope())  # a replay: its result dies unread
+    owner = allocations[-1][2]
+    assert owner() is not None, "kept for the next call"
+    gc.disable()  # the release must not wait for the cyclic collector
+    try:
+        for rows in range(1, 9):  # other problems push the replay out of the plan cache
+            qp.quantize(dev(1 << 40, (rows, 64), "float16"), "int8", scope=qp.TokenScope())
+        assert owner() is None, "the evicted replay's kept allocation is freed"
+    finally:
+        gc.enable()
+
+
 # ---- on the GPU: bit for bit -----------------------------------------------------------------------
 
 
