@@ -659,10 +659,7 @@ def replay(
                 names["new_ws"] = torch_new_empty(target.device, _TORCH_DTYPES["uint8"])
                 lines.append(f"    ws = new_ws({nbytes})")
                 at.append("ws.data_ptr()")
-        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
-        pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
-        if nbytes:
-            pointers += f", {at[-1]}"
+        pointers = _launch_pointers(order, len(xs), len(outputs), inputs_at, at, bool(nbytes))
         lines.append(f"    if not launch(h, {pointers}): return None")
         lines.append(f"    return finish({results})")
     else:
@@ -716,10 +713,7 @@ def replay(
             names["u8"] = np.dtype("uint8")
             body += [f"ws = new(({nbytes},), u8)", "p = ws.data.ptr"]
         at = [f"p + {offset}" if offset else "p" for offset in offsets]
-        arrays = list(order) if order is not None else [*xs, *(f"o{n}" for n in range(len(outputs)))]
-        pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
-        if nbytes:
-            pointers += f", {at[-1]}"
+        pointers = _launch_pointers(order, len(xs), len(outputs), inputs_at, at, bool(nbytes))
         body.append(f"if not launch({launch_stream}, {pointers}): return None")
         lines.append("    if device() != index:  # outputs allocated and the plan launched on the arrays' device")
         lines.append("        with Device(index):")
@@ -730,6 +724,19 @@ def replay(
     names["launch"] = launcher
     exec(compile("\n".join(lines), "<quantplan front-end replay>", "exec"), names)
     return names["fast"]  # type: ignore[no-any-return]
+
+
+def _launch_pointers(
+    order: Sequence[str] | None, inputs: int, outputs: int, inputs_at: list[str], at: list[str], workspace: bool
+) -> str:
+    """The launcher's pointer arguments of a replay, as source: input ``i``'s ``inputs_at[i]`` and
+    output ``n``'s ``at[n]`` in ``order`` (default: the inputs, then the outputs), and the
+    workspace's (``at[-1]``) last where the plan has one."""
+    arrays = (
+        list(order) if order is not None else [*(f"x{i}" for i in range(inputs)), *(f"o{n}" for n in range(outputs))]
+    )
+    pointers = ", ".join(inputs_at[int(name[1:])] if name[0] == "x" else at[int(name[1:])] for name in arrays)
+    return f"{pointers}, {at[-1]}" if workspace else pointers
 
 
 def _take_spare(names: dict[str, Any], total: int, allocate: str) -> list[str]:
