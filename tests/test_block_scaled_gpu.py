@@ -113,6 +113,39 @@ def test_fp8_1x128_matches_reference(
         np.testing.assert_array_equal(got, want, err_msg=f"scales {shape}")
 
 
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("rule", ["div", "mul_rcp", "enc", "ue8m0"])
+def test_fp8_1x128_large_schedules_match_reference(rng: np.random.Generator, dtype: type, rule: str) -> None:
+    """A problem past the small-problem threshold runs the large rows of the tuning table (``div``:
+    SCHEDULES, the multiplying rules: MULTIPLY_SCHEDULES), in every scale layout of the rule."""
+    from quantplan.runtime import _block_scaled_kernels as bk
+    from quantplan.runtime._device import device_info
+
+    shape = (4352, 1024)  # 34,816 blocks of 128: past the small row of both schedules on 132 multiprocessors
+    name = "bfloat16" if dtype is ml_dtypes.bfloat16 else "float16"
+    teams = shape[0] * shape[1] // 128
+    sched = bk.choose_schedule(name, 128, True, teams, device_info(0).sm_count, divide=rule == "div")
+    table = bk.SCHEDULES if rule == "div" else bk.MULTIPLY_SCHEDULES
+    assert sched is table[True, 128, False]
+    x = _data(rng, shape, dtype, 128)
+    scale_format = "ue8m0" if rule == "ue8m0" else "f32"
+    ref = rbs.fp8_block_quantize(
+        x, block=(1, 128), scale_format=scale_format, elem_op="div" if rule == "ue8m0" else rule
+    )
+    layouts = ("compact", "column_major", "packed_ue8m0") if rule == "ue8m0" else ("compact", "column_major")
+    for layout in layouts:
+        codes, scales = _run(x, element="e4m3", block=128, rule=rule, layout=layout)
+        np.testing.assert_array_equal(codes, ref.codes, err_msg=layout)
+        if layout == "compact":
+            want = ref.scales
+        elif layout == "column_major":
+            want = rbs.col_major_tma_aligned(ref.scales)
+        else:
+            want = rbs.deepgemm_sf_layout(ref.scales)
+        got = scales.reshape(-1).view(np.uint8)
+        np.testing.assert_array_equal(got, np.ascontiguousarray(want).reshape(-1).view(np.uint8), err_msg=layout)
+
+
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32], ids=lambda d: np.dtype(d).name)
 def test_fp8_scale_layouts(rng: np.random.Generator, dtype: type) -> None:
     for shape in [(7, 384), (64, 1024), (5, 130)]:

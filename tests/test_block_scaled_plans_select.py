@@ -623,6 +623,13 @@ def test_choose_schedule_by_size_and_parity() -> None:
     assert bk.choose_schedule("bfloat16", 16, True, 8192 * 512 + 1, sms) is bk.SCHEDULES[True, 16, True]
     # Ragged or misaligned problems take the general row at every size.
     assert bk.choose_schedule("float32", 128, False, 1 << 24, sms) is bk.SCHEDULES[False, 128, False]
+    # FP8 1x128 on 16-bit inputs: the multiplying rules take their own large row, `div` the table's;
+    # float32 and the small row are the table's for every rule.
+    teams = 8192 * 64
+    assert bk.choose_schedule("bfloat16", 128, True, teams, sms) is bk.MULTIPLY_SCHEDULES[True, 128, False]
+    assert bk.choose_schedule("float16", 128, True, teams, sms, divide=True) is bk.SCHEDULES[True, 128, False]
+    assert bk.choose_schedule("float32", 128, True, teams, sms) is bk.SCHEDULES[True, 128, False]
+    assert bk.choose_schedule("bfloat16", 128, True, 16 * 64, sms) is bk.SCHEDULES[True, 128, True]
 
 
 @pytest.mark.parametrize("slots", [1, 31, 64, 1000, 132 * 256 - 1, 132 * 256, 10**7])
@@ -642,6 +649,11 @@ def test_launch_shape_covers_every_slot(slots: int, unroll: int, resident: int) 
 def test_instantiations_are_unique_and_named_from_the_table() -> None:
     names = bk.instantiations()
     assert len(names) == len(set(names))
-    for (contiguous, block, _), sched in bk.SCHEDULES.items():
+    for key, sched in bk.SCHEDULES.items():
+        contiguous, block, _ = key
         element = {16: "nvfp4", 32: "e4m3", 128: "e5m2"}[block]
-        assert bk.kernel_name("float16", element, block, False, contiguous, sched) in names
+        multiplying = bk.MULTIPLY_SCHEDULES.get(key, sched)
+        assert bk.kernel_name("float16", element, block, False, contiguous, multiplying) in names
+        assert bk.kernel_name("float32", element, block, False, contiguous, sched) in names
+        if block == 128:
+            assert bk.kernel_name("float16", element, block, True, contiguous, sched) in names

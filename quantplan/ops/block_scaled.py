@@ -932,10 +932,11 @@ def _prepare_lanes(p: BlockScaledProblem, device_id: int) -> _Launches:
     geo = scale_geometry(p.layout, rows, per_row, p.scale_kind is ElementKind.F32)
     contiguous = cols % block == 0
     teams = rows * per_row
-    schedules = [choose_schedule(dtype, block, False, teams, info.sm_count, p.stochastic)]
+    divide = rule == "div"
+    schedules = [choose_schedule(dtype, block, False, teams, info.sm_count, p.stochastic, divide)]
     if contiguous:
-        schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count, p.stochastic))
-    names = [kernel_name(dtype, element, block, rule == "div", i == 1, sched) for i, sched in enumerate(schedules)]
+        schedules.append(choose_schedule(dtype, block, True, teams, info.sm_count, p.stochastic, divide))
+    names = [kernel_name(dtype, element, block, divide, i == 1, sched) for i, sched in enumerate(schedules)]
     amax_name = amax_kernel_name(dtype) if p.is_nvfp4 and p.two_level else None
     functions = _load("block_scaled", names + ([amax_name] if amax_name else []), device_id)
     fixed = dict(

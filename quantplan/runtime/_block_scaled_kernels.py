@@ -122,28 +122,46 @@ STOCHASTIC_CANDIDATES: tuple[Schedule, ...] = (
     Schedule(vecs=4, unroll=1, min_blocks=4, persistent=True),
     Schedule(vecs=8, unroll=1, min_blocks=3, persistent=True),
 )
+#: FP8 blocks of 128 whose rule multiplies (``enc``, ``mul_rcp``, ``ue8m0``) on 16-bit inputs take
+#: these instead: two vectors per thread (a team of eight a block). ``div`` keeps four: its
+#: per-element division runs faster with longer runs per thread (two vectors: 96% of a copy
+#: against 99%), while ``enc`` with column-major scales ran at 98.3% with four and 99.4% with two
+#: (``benchmarks/probe_block_scaled.py``, docs/performance.md).
+MULTIPLY_SCHEDULES: dict[tuple[bool, int, bool], Schedule] = {
+    (True, 128, False): Schedule(vecs=2, unroll=1, min_blocks=4),
+}
 SMALL_BLOCKS_PER_SM = 4
 #: Elements of one 16-byte vector, by input dtype.
 VECTOR_ELEMENTS = {"float16": 8, "bfloat16": 8, "float32": 4}
 
 
-def _schedule(key: tuple[bool, int, bool], stochastic: bool) -> Schedule:
-    return STOCHASTIC_SCHEDULES.get(key, SCHEDULES[key]) if stochastic else SCHEDULES[key]
+def _schedule(key: tuple[bool, int, bool], stochastic: bool, multiply: bool = False) -> Schedule:
+    if stochastic:
+        return STOCHASTIC_SCHEDULES.get(key, SCHEDULES[key])
+    return MULTIPLY_SCHEDULES.get(key, SCHEDULES[key]) if multiply else SCHEDULES[key]
 
 
 def choose_schedule(
-    input_dtype: str, block: int, contiguous: bool, teams: int, sm_count: int, stochastic: bool = False
+    input_dtype: str,
+    block: int,
+    contiguous: bool,
+    teams: int,
+    sm_count: int,
+    stochastic: bool = False,
+    divide: bool = False,
 ) -> Schedule:
     """The table's schedule for ``teams`` blocks of ``block`` elements on ``sm_count``
     multiprocessors (``stochastic``: NVFP4 with stochastic rounding, from
-    :data:`STOCHASTIC_SCHEDULES` where it has a row)."""
+    :data:`STOCHASTIC_SCHEDULES` where it has a row; ``divide``: the FP8 ``div`` rule, else a 16-bit
+    input takes :data:`MULTIPLY_SCHEDULES` where it has a row)."""
+    multiply = not divide and VECTOR_ELEMENTS[input_dtype] == 8
     if not contiguous:
-        return _schedule((False, block, False), stochastic)
-    large = _schedule((True, block, False), stochastic)
+        return _schedule((False, block, False), stochastic, multiply)
+    large = _schedule((True, block, False), stochastic, multiply)
     small = -(-large.slots(input_dtype, block, teams) // BLOCK_THREADS) < SMALL_BLOCKS_PER_SM * sm_count
     if not small and teams % large.blocks_per_thread(input_dtype, block):
         small = True  # whole blocks per thread need a whole number of slots: the one-block schedule
-    return _schedule((True, block, small), stochastic)
+    return _schedule((True, block, small), stochastic, multiply)
 
 
 def kernel_name(input_dtype: str, element: str, block: int, divide: bool, contiguous: bool, schedule: Schedule) -> str:
@@ -177,9 +195,10 @@ def instantiations() -> list[str]:
                 names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in MX_ELEMENTS]
             else:
                 names += [
-                    kernel_name(dtype, element, 128, divide, contiguous, sched)
+                    kernel_name(dtype, element, 128, divide, contiguous, _schedule(key, False, multiply))
                     for element in FP8_ELEMENTS
                     for divide in (False, True)
+                    for multiply in [not divide and VECTOR_ELEMENTS[dtype] == 8]
                 ]
     names += [amax_kernel_name(dtype) for dtype in INPUT_TAGS]
     names += [
@@ -297,7 +316,7 @@ def quantize_block_scaled(
     divide = rule == "div"
     info = device_info(x.device.id)
     teams = rows * blocks_per_row
-    sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count, stochastic)
+    sched = schedule or choose_schedule(dtype, block, contiguous, teams, info.sm_count, stochastic, divide)
     name = kernel_name(dtype, "nvfp4_sr" if stochastic else element, block, divide, contiguous, sched)
     fn = load_kernels("block_scaled", [name], info.arch, x.device.id, kernel_options())[name]
     slots = sched.slots(dtype, block, teams)
