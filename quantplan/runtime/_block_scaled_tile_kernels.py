@@ -98,13 +98,14 @@ TILE_SCHEDULES: dict[tuple[tuple[int, int], str], TileSchedule] = {
 }
 #: input dtype -> TransposeSchedule.
 TRANSPOSE_SCHEDULES: dict[str, TransposeSchedule] = {
-    "bfloat16": TransposeSchedule(4, prefetch=2),
-    "float16": TransposeSchedule(4, prefetch=2),
+    "bfloat16": TransposeSchedule(3, prefetch=2),
+    "float16": TransposeSchedule(3, prefetch=2),
     "float32": TransposeSchedule(2),
 }
 #: input dtype -> {tag: TransposeSchedule}: the schedules the probe times side by side and the GPU
 #: tests cover (the tuning table's first). ``pf0``: no L2 prefetch; ``pf2``: L2 prefetch of the
-#: tile half a wave ahead (the 16-bit default).
+#: tile half a wave ahead (the 16-bit default); ``m4``: four resident CTAs (64 registers) instead of
+#: three (72), the 16-bit default until session 19.
 TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
     dtype: {"default": sched}
     | {
@@ -112,6 +113,7 @@ TRANSPOSE_CANDIDATES: dict[str, dict[str, TransposeSchedule]] = {
         for tag, other in (
             ("pf0", TransposeSchedule(sched.min_blocks)),
             ("pf2", TransposeSchedule(sched.min_blocks, 2)),
+            *((("m4", TransposeSchedule(4, sched.prefetch)),) if sched.min_blocks == 3 else ()),
         )
         if other != sched
     }
