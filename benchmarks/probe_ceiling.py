@@ -130,21 +130,17 @@ __global__ void __launch_bounds__(32) move_bulk(const unsigned char* x, unsigned
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// The fused transpose's bytes with no math: a CTA of 256 threads reads a 128 x 128 tile of 16-bit
-// x (rows of cols elements), stores one byte per element row-major (y_r [rows, cols]) and one byte
-// per element transposed (y_c [cols, rows]). Shared rows padded by one word (column reads of 32
-// consecutive rows fall in 32 banks). PF: after its loads, each CTA prefetches into L2 the tile
-// half a wave (MIN_BLOCKS CTAs a multiprocessor) ahead in launch order, as the quantizer does.
-template <int MIN_BLOCKS, bool PF>
-__global__ void __launch_bounds__(256, MIN_BLOCKS)
-    move_transpose(const unsigned short* __restrict__ x, unsigned char* __restrict__ y_r,
-                   unsigned char* __restrict__ y_c, long long rows, long long cols) {
-  constexpr int SW = 65;  // words per shared row: 64 + 1
-  __shared__ u32 tile[128 * SW];
-  const int t = threadIdx.x;
-  const long long r0 = (long long)blockIdx.y * 128, c0 = (long long)blockIdx.x * 128;
-  const int ci = t % 16, rp = t / 16;  // 16 threads x 8 elements a row, 16 rows a pass
+// Phase A of both transpose kernels: this CTA's 128 x 128 tile of 16-bit x into v (thread t: the 8
+// elements at column 8 (t % 16) of rows t / 16 + 16 p); PF: then the L2 prefetch of the tile half a
+// wave (MIN_BLOCKS CTAs a multiprocessor) ahead in launch order, one 128-byte line per thread, as
+// the quantizer does; then each element's high byte stored row-major into y_r (the rowwise copy)
+// and each vector handed to to_shared(tile row, 16-byte column, vector); then the CTA's barrier.
+template <int MIN_BLOCKS, bool PF, class ToShared>
+__device__ __forceinline__ void tile_phase_a(const unsigned short* x, unsigned char* y_r, long long cols,
+                                             ToShared to_shared) {
+  const int t = threadIdx.x, ci = t % 16, rp = t / 16;
   uint4 v[8];
+  const long long r0 = (long long)blockIdx.y * 128, c0 = (long long)blockIdx.x * 128;
 #pragma unroll
   for (int p = 0; p < 8; ++p)
     v[p] = *reinterpret_cast<const uint4*>(x + (r0 + rp + 16 * p) * cols + c0 + ci * 8);
@@ -154,20 +150,34 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
     const u32 n = blockIdx.y * gridDim.x + blockIdx.x + MIN_BLOCKS * sms / 2;
     if (n < gridDim.x * gridDim.y) {
       const long long pr = (long long)(n / gridDim.x) * 128, pc = (long long)(n % gridDim.x) * 128;
-      // 256 lines of 128 bytes: one per thread
       asm volatile("prefetch.global.L2 [%0];" ::"l"(x + (pr + t / 2) * cols + pc + (t % 2) * 64));
     }
   }
 #pragma unroll
   for (int p = 0; p < 8; ++p) {
-    const int r = rp + 16 * p;
-    // high bytes of the 8 elements: the row-major "codes"
     const u32 lo = __byte_perm(v[p].x, v[p].y, 0x7531), hi = __byte_perm(v[p].z, v[p].w, 0x7531);
-    *reinterpret_cast<uint2*>(y_r + (r0 + r) * cols + c0 + ci * 8) = make_uint2(lo, hi);
-    u32* row = tile + r * SW + ci * 4;
-    row[0] = v[p].x, row[1] = v[p].y, row[2] = v[p].z, row[3] = v[p].w;
+    *reinterpret_cast<uint2*>(y_r + (r0 + rp + 16 * p) * cols + c0 + ci * 8) = make_uint2(lo, hi);
+    to_shared(rp + 16 * p, ci, v[p]);
   }
   __syncthreads();
+}
+
+// The fused transpose's bytes with no math: a CTA of 256 threads reads a 128 x 128 tile of 16-bit
+// x (rows of cols elements), stores one byte per element row-major (y_r [rows, cols]) and one byte
+// per element transposed (y_c [cols, rows]). Shared rows padded by one word (column reads of 32
+// consecutive rows fall in 32 banks). PF: load_tile's prefetch.
+template <int MIN_BLOCKS, bool PF>
+__global__ void __launch_bounds__(256, MIN_BLOCKS)
+    move_transpose(const unsigned short* __restrict__ x, unsigned char* __restrict__ y_r,
+                   unsigned char* __restrict__ y_c, long long rows, long long cols) {
+  constexpr int SW = 65;  // words per shared row: 64 + 1
+  __shared__ u32 tile[128 * SW];
+  const int t = threadIdx.x;
+  const long long r0 = (long long)blockIdx.y * 128, c0 = (long long)blockIdx.x * 128;
+  tile_phase_a<MIN_BLOCKS, PF>(x, y_r, cols, [&](int r, int ci, uint4 v) {
+    u32* row = tile + r * SW + ci * 4;
+    row[0] = v.x, row[1] = v.y, row[2] = v.z, row[3] = v.w;
+  });
   // Phase B: thread t takes word column wc (columns 2wc, 2wc + 1) of rows rg * 32 ... + 31.
   const int wc = t % 64, rg = t / 64;
   u32 a[8], b[8];
@@ -197,28 +207,9 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS)
   __shared__ __align__(16) u32 tile[128 * 64];
   const int t = threadIdx.x;
   const long long r0 = (long long)blockIdx.y * 128, c0 = (long long)blockIdx.x * 128;
-  const int ci = t % 16, rp = t / 16;
-  uint4 v[8];
-#pragma unroll
-  for (int p = 0; p < 8; ++p)
-    v[p] = *reinterpret_cast<const uint4*>(x + (r0 + rp + 16 * p) * cols + c0 + ci * 8);
-  if (PF) {
-    u32 sms;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-    const u32 n = blockIdx.y * gridDim.x + blockIdx.x + MIN_BLOCKS * sms / 2;
-    if (n < gridDim.x * gridDim.y) {
-      const long long pr = (long long)(n / gridDim.x) * 128, pc = (long long)(n % gridDim.x) * 128;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(x + (pr + t / 2) * cols + pc + (t % 2) * 64));
-    }
-  }
-#pragma unroll
-  for (int p = 0; p < 8; ++p) {
-    const int r = rp + 16 * p;
-    const u32 lo = __byte_perm(v[p].x, v[p].y, 0x7531), hi = __byte_perm(v[p].z, v[p].w, 0x7531);
-    *reinterpret_cast<uint2*>(y_r + (r0 + r) * cols + c0 + ci * 8) = make_uint2(lo, hi);
-    *reinterpret_cast<uint4*>(tile + r * 64 + ((ci * 4) ^ (4 * (r >> 4)))) = v[p];
-  }
-  __syncthreads();
+  tile_phase_a<MIN_BLOCKS, PF>(x, y_r, cols, [&](int r, int ci, uint4 v) {
+    *reinterpret_cast<uint4*>(tile + r * 64 + ((ci * 4) ^ (4 * (r >> 4)))) = v;
+  });
 #pragma unroll
   for (int task = 0; task < 2; ++task) {
     const int g = t + 256 * task, q = g % 8, wc = g / 8;  // 16-row group q of word column wc
