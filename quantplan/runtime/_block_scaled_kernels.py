@@ -135,10 +135,15 @@ SMALL_BLOCKS_PER_SM = 4
 VECTOR_ELEMENTS = {"float16": 8, "bfloat16": 8, "float32": 4}
 
 
-def _schedule(key: tuple[bool, int, bool], stochastic: bool, multiply: bool = False) -> Schedule:
+def _schedule(key: tuple[bool, int, bool], input_dtype: str, stochastic: bool, divide: bool = False) -> Schedule:
+    """The row of ``key``: :data:`STOCHASTIC_SCHEDULES` for stochastic rounding, else
+    :data:`MULTIPLY_SCHEDULES` for a rule that does not divide on a 16-bit input, where they have
+    one; :data:`SCHEDULES` otherwise."""
     if stochastic:
         return STOCHASTIC_SCHEDULES.get(key, SCHEDULES[key])
-    return MULTIPLY_SCHEDULES.get(key, SCHEDULES[key]) if multiply else SCHEDULES[key]
+    if not divide and VECTOR_ELEMENTS[input_dtype] == 8:
+        return MULTIPLY_SCHEDULES.get(key, SCHEDULES[key])
+    return SCHEDULES[key]
 
 
 def choose_schedule(
@@ -154,14 +159,13 @@ def choose_schedule(
     multiprocessors (``stochastic``: NVFP4 with stochastic rounding, from
     :data:`STOCHASTIC_SCHEDULES` where it has a row; ``divide``: the FP8 ``div`` rule, else a 16-bit
     input takes :data:`MULTIPLY_SCHEDULES` where it has a row)."""
-    multiply = not divide and VECTOR_ELEMENTS[input_dtype] == 8
     if not contiguous:
-        return _schedule((False, block, False), stochastic, multiply)
-    large = _schedule((True, block, False), stochastic, multiply)
+        return _schedule((False, block, False), input_dtype, stochastic, divide)
+    large = _schedule((True, block, False), input_dtype, stochastic, divide)
     small = -(-large.slots(input_dtype, block, teams) // BLOCK_THREADS) < SMALL_BLOCKS_PER_SM * sm_count
     if not small and teams % large.blocks_per_thread(input_dtype, block):
         small = True  # whole blocks per thread need a whole number of slots: the one-block schedule
-    return _schedule((True, block, small), stochastic, multiply)
+    return _schedule((True, block, small), input_dtype, stochastic, divide)
 
 
 def kernel_name(input_dtype: str, element: str, block: int, divide: bool, contiguous: bool, schedule: Schedule) -> str:
@@ -188,17 +192,16 @@ def instantiations() -> list[str]:
         for dtype in INPUT_TAGS:
             if block == 16:
                 names += [
-                    kernel_name(dtype, element, 16, False, contiguous, _schedule(key, element == "nvfp4_sr"))
+                    kernel_name(dtype, element, 16, False, contiguous, _schedule(key, dtype, element == "nvfp4_sr"))
                     for element in NVFP4_ELEMENTS
                 ]
             elif block == 32:
                 names += [kernel_name(dtype, element, 32, False, contiguous, sched) for element in MX_ELEMENTS]
             else:
                 names += [
-                    kernel_name(dtype, element, 128, divide, contiguous, _schedule(key, False, multiply))
+                    kernel_name(dtype, element, 128, divide, contiguous, _schedule(key, dtype, False, divide))
                     for element in FP8_ELEMENTS
                     for divide in (False, True)
-                    for multiply in [not divide and VECTOR_ELEMENTS[dtype] == 8]
                 ]
     names += [amax_kernel_name(dtype) for dtype in INPUT_TAGS]
     names += [
