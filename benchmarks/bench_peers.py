@@ -1595,6 +1595,22 @@ def block_specs() -> list[BlockSpec]:
             b("FP8 128x128 enc f32", "fp8_block_e4m3", block=(128, 128), mode="enc", peer="fp8_rhs"),
             b("FP8 128x128 div f32", "fp8_block_e4m3", block=(128, 128), mode="div", peer="fp8_rhs"),
             b("MXFP8 e4m3 rceil rowwise + columnwise", "mxfp8_e4m3", mode="rceil", fused=True, peer="to_mx_pair"),
+            b(
+                "MXFP8 e4m3 rceil rowwise + columnwise, 128x4 blocked scales",
+                "mxfp8_e4m3",
+                mode="rceil",
+                layout="blocked",
+                fused=True,
+                peer="to_mx_pair",
+            ),
+            b(
+                "FP8 1x128 enc column-major rowwise + columnwise",
+                "fp8_block_e4m3",
+                mode="enc",
+                layout="column_major",
+                fused=True,
+                peer="fp8_lhs_pair",
+            ),
             b("FP8 1x128 enc rowwise + columnwise", "fp8_block_e4m3", mode="enc", fused=True, peer="fp8_lhs_pair"),
             BlockSpec("MXFP8 e4m3 rceil", "mxfp8_e4m3", SMALL, dtype, mode="rceil", peer="to_mx"),
         ]
@@ -1781,7 +1797,8 @@ def _block_reference(spec: BlockSpec, xh: Any, mode: str | None = None) -> list[
             pair = rb.quantize_transpose(xh, "mx", element=spec.element, scale_mode=spec.mode)
         else:
             pair = rb.quantize_transpose(xh, "fp8_block", block=(1, 128), scale_format="f32", elem_op=spec.mode)
-        return [pair.rowwise.codes, pair.rowwise.scales, pair.columnwise.codes, pair.columnwise.scales]
+        lay = {"blocked": rb.to_blocked, "column_major": rb.col_major_tma_aligned}.get(spec.layout, lambda s: s)
+        return [pair.rowwise.codes, lay(pair.rowwise.scales), pair.columnwise.codes, lay(pair.columnwise.scales)]
     desc = _block_desc(spec if mode is None else replace(spec, mode=mode))
     amax = BLOCK_AMAX if spec.amax == "given" else None
     codes, scales, ts = reference_quantize(desc._problem(), xh, amax, SEED if spec.stochastic else 0, 0)
@@ -1858,13 +1875,13 @@ def _block_peer(spec: BlockSpec, peers: Mapping[str, Any]) -> tuple[str, Callabl
         f, modes = f if key == "to_mx" else (f, peers["to_mx"][1])
         elem = {"e4m3": torch.float8_e4m3fn, "e2m3": "fp6_e2m3", "e2m1": torch.float4_e2m1fn_x2}[spec.element]
         sm = modes.RCEIL if spec.mode == "rceil" else modes.FLOOR
+        swizzled = spec.layout == "blocked"
         if key == "to_mx_pair":
             return (
-                f"{wrap('to_mx')} dim0 + dim1 {sm.name}",
-                lambda x: [t for pair in f(x, elem, sm) for t in pair],
+                f"{wrap('to_mx')} dim0 + dim1 {sm.name}" + (" swizzled" if swizzled else ""),
+                lambda x: [t for pair in f(x, elem, sm, is_swizzled_scales=swizzled) for t in pair],
                 "",
             )
-        swizzled = spec.layout == "blocked"
         name = f"{wrap('to_mx')} {sm.name}" + (" swizzled" if swizzled else "")
         return name, lambda x: f(x, elem, 32, sm, is_swizzled_scales=swizzled), ""
     if key == "nvfp4":
@@ -1892,6 +1909,9 @@ def _compare_peer(spec: BlockSpec, got: list[Any], ours: list[Any], xh: Any, p: 
             d = _byte_diff(got[::-1], ours, ("codes", "scales"))
             return "= ours" if not d else f"≠ ours: {d}"
         return _compare_mx_blocks(got, ours[:2], xh.reshape(-1, xh.shape[-1]), spec)
+    if spec.peer == "to_mx_pair" and spec.layout == "blocked":  # torchao's (scales, codes) per cast
+        d = _byte_diff([got[1], got[0], got[3], got[2]], ours, ("row codes", "row scales", "col codes", "col scales"))
+        return "= ours" if not d else f"≠ ours: {d}"
     if spec.peer == "to_mx_pair":
         row = _compare_mx_blocks(got[:2], ours[:2], xh, spec)
         col = _compare_mx_blocks(got[2:], ours[2:], xh.T.copy(), spec)
@@ -1903,6 +1923,8 @@ def _compare_peer(spec: BlockSpec, got: list[Any], ours: list[Any], xh: Any, p: 
         mine = "= ours" if not d else f"≠ ours (te order vs torchao's): {d}"
         return mine + ("; = reference scale_mode='torchao'" if not dr else f"; ≠ reference scale_mode='torchao': {dr}")
     if spec.peer == "fp8_lhs_pair":
+        if spec.layout == "column_major":  # torchao's scales are column-major views: their storage order
+            got = [got[0], got[1].t(), got[2], got[3].t()]
         d = _byte_diff(got, ours, ("row codes", "row scales", "col codes", "col scales"))
         return "= ours (enc; torchao floors amax at 1e-12)" if not d else f"≠ ours: {d}"
     import numpy as np

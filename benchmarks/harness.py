@@ -387,8 +387,8 @@ def load_torchao(compile: bool = True) -> tuple[dict[str, Any], list[str]]:
 
         peers["to_mx"] = (wrap(to_mx), ScaleCalculationMode)
 
-        def to_mx_pair(x: Any, elem: Any, mode: Any) -> Any:  # torchao's dim0 and dim1 casts
-            return to_mx(x, elem, 32, mode), to_mx(x.t().contiguous(), elem, 32, mode)
+        def to_mx_pair(x: Any, elem: Any, mode: Any, **kw: Any) -> Any:  # torchao's dim0 and dim1 casts
+            return to_mx(x, elem, 32, mode, **kw), to_mx(x.t().contiguous(), elem, 32, mode, **kw)
 
         peers["to_mx_pair"] = wrap(to_mx_pair)
     except Exception as exc:  # torchao missing or its API moved
