@@ -1535,7 +1535,7 @@ class BlockSpec:
     ``fused``: rowwise and columnwise copies from one read (``block`` 32: MXFP8; 128: FP8 1x128);
     ``amax``: NVFP4's tensor amax, ``given`` (:data:`BLOCK_AMAX`) or ``computed``; ``peer``: the
     torchao producer timed on the same input (``to_mx``, ``to_mx_pair``, ``nvfp4``, ``nvfp4_amax``,
-    ``fp8_lhs``, ``fp8_lhs_pair``, ``fp8_rhs``); ``math``: the ``benchmarks/block_math.py``
+    ``fp8_lhs``, ``fp8_lhs_pair``, ``fp8_rhs``, ``fp8_rhs_t``); ``math``: the ``benchmarks/block_math.py``
     function timed under ``torch.compile`` (``mx`` or ``fp8``) where torchao lacks the format or layout.
     """
 
@@ -1592,8 +1592,15 @@ def block_specs() -> list[BlockSpec]:
             b("FP8 1x128 div f32", "fp8_block_e4m3", mode="div", math="fp8"),
             b("FP8 1x128 enc f32 column-major", "fp8_block_e4m3", mode="enc", layout="column_major", peer="fp8_lhs"),
             b("FP8 1x128 UE8M0 packed (DeepGEMM)", "fp8_block_e4m3_ue8m0", layout="packed_ue8m0", math="fp8"),
-            b("FP8 128x128 enc f32", "fp8_block_e4m3", block=(128, 128), mode="enc", peer="fp8_rhs"),
-            b("FP8 128x128 div f32", "fp8_block_e4m3", block=(128, 128), mode="div", peer="fp8_rhs"),
+            b("FP8 128x128 enc f32", "fp8_block_e4m3", block=(128, 128), mode="enc", peer="fp8_rhs_t"),
+            b("FP8 128x128 div f32", "fp8_block_e4m3", block=(128, 128), mode="div", peer="fp8_rhs_t"),
+            b(
+                "FP8 128x128 enc f32, against column-major codes",
+                "fp8_block_e4m3",
+                block=(128, 128),
+                mode="enc",
+                peer="fp8_rhs",
+            ),
             b("MXFP8 e4m3 rceil rowwise + columnwise", "mxfp8_e4m3", mode="rceil", fused=True, peer="to_mx_pair"),
             b(
                 "MXFP8 e4m3 rceil rowwise + columnwise, 128x4 blocked scales",
@@ -1889,7 +1896,11 @@ def _block_peer(spec: BlockSpec, peers: Mapping[str, Any]) -> tuple[str, Callabl
         return wrap("NVFP4Tensor.to_nvfp4"), lambda x: f(x, pts.to(x.device)), ""
     if key == "nvfp4_amax":
         return wrap("to_nvfp4, amax of x"), f, ""
-    name = {"fp8_lhs": "torchao triton act_quant_lhs", "fp8_rhs": "torchao triton weight_quant_rhs"}[key]
+    name = {
+        "fp8_lhs": "torchao triton act_quant_lhs",
+        "fp8_rhs": "torchao triton weight_quant_rhs (column-major codes)",
+        "fp8_rhs_t": "torchao triton weight_quant_transposed_rhs",
+    }[key]
     return name, lambda x: f(x, 128), ""
 
 
@@ -1931,6 +1942,8 @@ def _compare_peer(spec: BlockSpec, got: list[Any], ours: list[Any], xh: Any, p: 
 
     import quantplan as qp
 
+    if spec.peer == "fp8_rhs_t":  # x^T's codes and scales as column-major views: their storage is x's order
+        got = [got[0].t(), got[1].t()]
     dtype = np.float32 if p.scale_kind is qp.ElementKind.F32 else np.uint8
     ours_scales = compact_scales(p, _host_bytes(ours[1]).view(dtype).reshape(p.scales_shape))
     d = _byte_diff(got, [ours[0], ours_scales], ("codes", "scales"))

@@ -368,9 +368,11 @@ def load_torchao(compile: bool = True) -> tuple[dict[str, Any], list[str]]:
     ``to_mx``: ``(to_mx, ScaleCalculationMode)``, ``to_mx`` under ``torch.compile`` (how torchao
     runs it on Hopper) unless ``compile`` is False; ``nvfp4``: ``f(x, per_tensor_scale)`` calling
     ``NVFP4Tensor.to_nvfp4`` (compiled likewise), returning the tensor; ``fp8_lhs``,
-    ``fp8_lhs_t``, ``fp8_rhs``: the Triton kernels ``triton_fp8_blockwise_act_quant_lhs`` (1x128),
-    ``..._act_quant_transposed_lhs`` (128x1 of x, written transposed) and
-    ``..._weight_quant_rhs`` (128x128), each ``f(x, block_size)``. A missing torchao or a moved
+    ``fp8_lhs_t``, ``fp8_rhs``, ``fp8_rhs_t``: the Triton kernels ``triton_fp8_blockwise_act_quant_lhs``
+    (1x128), ``..._act_quant_transposed_lhs`` (128x1 of x, written transposed),
+    ``..._weight_quant_rhs`` (128x128, codes and scales written column-major) and
+    ``..._weight_quant_transposed_rhs`` (128x128 tiles of x, the transposed view of x's codes stored
+    column-major: x's own row-major order, scales likewise), each ``f(x, block_size)``. A missing torchao or a moved
     API leaves its names out; the benches then report the peer as unavailable.
     """
     import torch
@@ -412,6 +414,7 @@ def load_torchao(compile: bool = True) -> tuple[dict[str, Any], list[str]]:
         peers["fp8_lhs"] = kernels.triton_fp8_blockwise_act_quant_lhs
         peers["fp8_lhs_t"] = kernels.triton_fp8_blockwise_act_quant_transposed_lhs
         peers["fp8_rhs"] = kernels.triton_fp8_blockwise_weight_quant_rhs
+        peers["fp8_rhs_t"] = kernels.triton_fp8_blockwise_weight_quant_transposed_rhs
     except Exception as exc:  # Triton missing (no GPU) or the kernels moved
         missing.append(f"blockwise_fp8_training kernels: {type(exc).__name__}: {exc}")
     return peers, missing
