@@ -436,6 +436,11 @@ class BlockScaledQuantizeDescriptor(_BlockScaledFields):
     ``te_mxfp8`` (MXFP8, 1x32, compact) TransformerEngine's untransposed columnwise copy ([M, K]
     codes, [⌈M/32⌉, K] scales).
 
+    When to use: for a GEMM operand, the ``scale_layout`` the GEMM reads (``blocked`` for cuBLAS /
+    CUTLASS MX operands, ``column_major`` or ``packed_ue8m0`` for DeepGEMM): no second pass lays the
+    scales out, and with ``columnwise`` the fused kernel runs faster in these layouts (a tile's
+    scales are contiguous) than in ``compact`` (about 95.6% against 88% of a copy on an H100).
+
     Shapes it implies: ``codes_shape``, ``scales_shape`` (the layout's buffer),
     ``compact_scales_shape``, ``tensor_scale_shape`` (NVFP4); ``scales_dtype``;
     ``columnwise_codes_shape`` / ``columnwise_scales_shape`` (None without ``columnwise``).
