@@ -590,12 +590,7 @@ def layout_scales(p: BlockScaledProblem, compact: np.ndarray) -> np.ndarray:
     """The compact scales of ``p`` laid out in ``p.layout`` (NumPy; the reference backend's writer)."""
     if p.layout == "compact":
         return compact
-    s = _scale_matrix(p, compact)
-    if p.layout == "blocked":
-        return rb.to_blocked(s)
-    if p.layout == "column_major":
-        return rb.col_major_tma_aligned(s)
-    return rb.deepgemm_sf_layout(s)
+    return _layout_matrix(p.layout, _scale_matrix(p, compact))
 
 
 def compact_scales(p: BlockScaledProblem, buffer: np.ndarray) -> np.ndarray:
