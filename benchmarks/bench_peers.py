@@ -1796,16 +1796,12 @@ def _block_reference(spec: BlockSpec, xh: Any, mode: str | None = None) -> list[
     codes, the layout's scale buffer[, S_dec]; fused: rowwise then columnwise codes and scales."""
     import numpy as np
 
-    import quantplan.reference.block_scaled as rb
-    from quantplan.ops.block_scaled import reference_quantize
+    from quantplan.ops.block_scaled import reference_columnwise, reference_quantize
 
-    if spec.fused:
-        if spec.family == "mx":
-            pair = rb.quantize_transpose(xh, "mx", element=spec.element, scale_mode=spec.mode)
-        else:
-            pair = rb.quantize_transpose(xh, "fp8_block", block=(1, 128), scale_format="f32", elem_op=spec.mode)
-        lay = {"blocked": rb.to_blocked, "column_major": rb.col_major_tma_aligned}.get(spec.layout, lambda s: s)
-        return [pair.rowwise.codes, lay(pair.rowwise.scales), pair.columnwise.codes, lay(pair.columnwise.scales)]
+    if spec.fused:  # the plan's own reference writers: each copy's scales in the row's layout
+        p = _block_desc(spec)._problem()
+        codes, scales, _ = reference_quantize(p, xh)
+        return [codes, scales, *reference_columnwise(p, xh)]
     desc = _block_desc(spec if mode is None else replace(spec, mode=mode))
     amax = BLOCK_AMAX if spec.amax == "given" else None
     codes, scales, ts = reference_quantize(desc._problem(), xh, amax, SEED if spec.stochastic else 0, 0)
